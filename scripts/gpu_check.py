@@ -1,0 +1,173 @@
+"""GPU check: numbaflash against PyTorch SDPA on the same inputs, then timings.
+
+Run on a machine with a CUDA GPU and PyTorch (no simulator):
+
+    python scripts/gpu_check.py [--out DIR] [--skip-timing]
+
+1. Versions: date, GPU, driver, Python, numba, numba-cuda, numpy, torch.
+2. Agreement: for each case, numbaflash (every forward version) against PyTorch SDPA's
+   MATH backend in float64 on the same inputs. Bound (TESTING.md's rule, with PyTorch's
+   float32 MATH backend, TF32 off, as the naive same-precision baseline):
+       max|ours - ref64| <= 2 * max|sdpa_fp32_math - ref64| + 2 * spacing(max|ref64|)
+   Bottom-right causal is given to SDPA as an explicit boolean mask (its is_causal is
+   top-left).
+3. Timing: forward at (2, 16, 4096, 64) and (2, 16, 4096, 128), numbaflash v1/v2 against
+   SDPA float32 EFFICIENT, CUDA events, median of repeated runs after warm-up.
+
+Prints a table and writes gpu_check.json (and the same text) into --out.
+"""
+
+import argparse
+import datetime
+import json
+import platform
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+from numba import cuda
+import numba
+
+import numbaflash
+from numbaflash import masks
+
+RESULTS = {"agreement": [], "timing": []}
+
+
+def versions():
+    import importlib.metadata as md
+    dev = torch.cuda.get_device_properties(0)
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "gpu": dev.name, "sm_count": dev.multi_processor_count,
+        "driver_cuda": ".".join(map(str, cuda.cudadrv.driver.driver.get_version())),
+        "python": platform.python_version(), "numba": numba.__version__,
+        "numba_cuda": md.version("numba-cuda"), "numpy": np.__version__,
+        "torch": torch.__version__,
+    }
+
+
+def sdpa(q, k, v, causal, backend):
+    """PyTorch SDPA with an explicit mask for the bottom-right alignment."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    Sq, Sk = q.shape[-2], k.shape[-2]
+    mask, is_causal = None, False
+    if causal == "top_left":
+        is_causal = True
+    elif causal == "bottom_right":
+        mask = torch.from_numpy(masks.visible(Sq, Sk, "bottom_right")).to(q.device)
+    be = {"math": SDPBackend.MATH, "efficient": SDPBackend.EFFICIENT_ATTENTION}[backend]
+    with sdpa_kernel(be):
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=is_causal)
+
+
+def agreement(case, rng):
+    B, H, Sq, Sk, d, causal, dtype = case
+    npdt = np.dtype(dtype)
+    q, k, v = (rng.uniform(-4, 4, (B, H, S, d)).astype(npdt) for S in (Sq, Sk, Sk))
+    t64 = [torch.from_numpy(a.astype(np.float64)).cuda() for a in (q, k, v)]
+    ref = sdpa(*t64, causal, "math")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    base_dt = torch.float64 if dtype == "float64" else torch.float32
+    base = sdpa(*[t.to(base_dt) for t in t64], causal, "math").double()
+    # Rows that see no key: SDPA's MATH gives NaN there; numbaflash gives exactly 0.
+    seen = torch.from_numpy(masks.visible(Sq, Sk, causal).any(axis=1)).cuda()
+    ref = torch.where(seen[:, None], ref, 0.0)
+    base = torch.where(seen[:, None], base, 0.0)
+    base_err = (base - ref).abs().max().item()
+    bound = 2 * base_err + 2 * np.spacing(ref.abs().max().item())
+    if dtype == "float64":
+        bound = 1e-12 * max(1.0, ref.abs().max().item())
+    qd, kd, vd = (cuda.to_device(a) for a in (q, k, v))
+    for version in ("v1", "v2"):
+        out = numbaflash.attention(qd, kd, vd, causal=causal, version=version).copy_to_host()
+        got = torch.from_numpy(out.astype(np.float64)).cuda()
+        err = (got - ref).abs().max().item()
+        masked_zero = bool((got[..., ~seen, :] == 0).all().item())
+        ok = err <= bound and masked_zero and not torch.isnan(got).any().item()
+        row = dict(shape=[B, H, Sq, Sk, d], causal=causal, dtype=dtype, version=version,
+                   err=err, baseline_err=base_err, bound=bound, ok=ok)
+        RESULTS["agreement"].append(row)
+        print(f"{str((B, H, Sq, Sk, d)):28s} {str(causal):13s} {dtype:8s} {version}  "
+              f"err {err:.2e}  bound {bound:.2e}  {'ok' if ok else 'FAIL'}", flush=True)
+
+
+def time_cuda(fn, reps=20, warmup=3):
+    """Median milliseconds of fn() over reps runs, timed with CUDA events."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def timing(shape, causal):
+    B, H, N, d = shape
+    flops = 4 * B * H * N * N * d * (0.5 if causal else 1.0)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(B, H, N, d, device="cuda", generator=g) for _ in range(3))
+    qd, kd, vd = (cuda.as_cuda_array(t) for t in (q, k, v))
+    mode = "top_left" if causal else False   # Sq == Sk: both alignments are the same mask
+    rows = {}
+    rows["sdpa_efficient"] = time_cuda(lambda: sdpa(q, k, v, mode, "efficient"))
+    for version in ("v1", "v2"):
+        rows[f"numbaflash_{version}"] = time_cuda(
+            lambda: numbaflash.attention(qd, kd, vd, causal=mode, version=version), reps=5 if version == "v1" else 20)
+    for name, ms in rows.items():
+        r = dict(shape=list(shape), causal=causal, impl=name, ms=ms, tflops=flops / ms / 1e9,
+                 vs_sdpa=rows["sdpa_efficient"] / ms)
+        RESULTS["timing"].append(r)
+        print(f"forward {str(shape):20s} causal={causal!s:5s} {name:18s} {ms:9.3f} ms "
+              f"{r['tflops']:6.2f} TFLOP/s  {r['vs_sdpa']:.3f}x SDPA", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--skip-timing", action="store_true")
+    args = ap.parse_args()
+    RESULTS["versions"] = versions()
+    print(json.dumps(RESULTS["versions"]), flush=True)
+    print("backend:", numbaflash.backend(), flush=True)
+    rng = np.random.default_rng(0)
+    cases = [
+        (2, 16, 4096, 4096, 64, None, "float32"),
+        (2, 16, 4096, 4096, 64, "bottom_right", "float32"),
+        (1, 8, 4096, 4096, 128, None, "float32"),
+        (1, 8, 4096, 4096, 128, "top_left", "float32"),
+        (1, 4, 1000, 3000, 128, "bottom_right", "float32"),
+        (1, 4, 3000, 1000, 64, "bottom_right", "float32"),   # fully masked rows
+        (1, 4, 3000, 1000, 64, "top_left", "float32"),
+        (2, 3, 1025, 97, 59, None, "float32"),
+        (1, 2, 777, 1023, 111, "bottom_right", "float32"),
+        (1, 2, 513, 257, 256, "bottom_right", "float32"),
+        (1, 4, 1024, 1024, 64, "bottom_right", "float64"),
+        (1, 2, 300, 700, 256, None, "float64"),
+    ]
+    t0 = time.time()
+    for case in cases:
+        agreement(case, rng)
+    print(f"agreement: {time.time() - t0:.1f} s", flush=True)
+    if not args.skip_timing:
+        for shape in ((2, 16, 4096, 64), (2, 16, 4096, 128)):
+            for causal in (False, True):
+                timing(shape, causal)
+    ok = all(r["ok"] for r in RESULTS["agreement"])
+    RESULTS["all_ok"] = ok
+    with open(f"{args.out}/gpu_check.json", "w") as f:
+        json.dump(RESULTS, f, indent=1)
+    print("ALL OK" if ok else "SOME CASES FAILED", flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
