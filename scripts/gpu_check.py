@@ -87,7 +87,7 @@ def agreement(case, rng):
         got = torch.from_numpy(out.astype(np.float64)).cuda()
         err = (got - ref).abs().max().item()
         masked_zero = bool((got[..., ~seen, :] == 0).all().item())
-        ok = err <= bound and masked_zero and not torch.isnan(got).any().item()
+        ok = bool(err <= bound and masked_zero and not torch.isnan(got).any().item())
         row = dict(shape=[B, H, Sq, Sk, d], causal=causal, dtype=dtype, version=version,
                    err=err, baseline_err=base_err, bound=bound, ok=ok)
         RESULTS["agreement"].append(row)
