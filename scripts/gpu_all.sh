@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Everything numbaflash checks on a real GPU, in one place, logs under $OUT (default ./gpu-out).
+#
+#   bash scripts/gpu_all.sh tests       # the property suite with real CUDA, GPU-sized shapes
+#   bash scripts/gpu_all.sh check       # agreement with PyTorch SDPA (float64) + timings
+#   bash scripts/gpu_all.sh sanitize    # compute-sanitizer memcheck, racecheck, synccheck, initcheck
+#
+# Each part prints a short summary last. Needs a CUDA GPU, PyTorch, and numpy < 2.5.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-gpu-out}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+unset NUMBA_ENABLE_CUDASIM
+
+part="${1:-}"
+case "$part" in
+tests)
+    # NUMBAFLASH_PROFILE=gpu: more examples; the strategies draw GPU-sized shapes when the
+    # backend is the GPU. -p no:cacheprovider: the checkout may be read-only.
+    NUMBAFLASH_PROFILE="${NUMBAFLASH_PROFILE:-gpu}" timeout "${TEST_TIMEOUT:-420}" \
+        python3 -m pytest -p no:cacheprovider -q -x --durations=15 "${@:2}" tests 2>&1 \
+        | tee "$OUT/gpu_tests.txt"
+    exit "${PIPESTATUS[0]}"
+    ;;
+check)
+    python3 scripts/gpu_check.py --out "$OUT" "${@:2}" 2>&1 | tee "$OUT/gpu_check.txt"
+    exit "${PIPESTATUS[0]}"
+    ;;
+sanitize)
+    status=0
+    for tool in memcheck racecheck synccheck initcheck; do
+        compute-sanitizer --tool "$tool" python3 scripts/sanitize_target.py \
+            > "$OUT/sanitize_$tool.txt" 2>&1
+        summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitize_$tool.txt" | tail -n 1)
+        calls=$(grep -c ": ok$" "$OUT/sanitize_$tool.txt")
+        echo "$tool: ${summary:-NO SUMMARY LINE} ($calls calls completed)"
+        case "$summary" in
+            *" 0 errors"*|*" 0 hazards"*) ;;
+            *) status=1 ;;
+        esac
+    done | tee "$OUT/sanitize_summary.txt"
+    grep -q "NO SUMMARY\|[1-9][0-9]* errors\|[1-9][0-9]* hazards" "$OUT/sanitize_summary.txt" && exit 1
+    exit 0
+    ;;
+*)
+    echo "usage: bash scripts/gpu_all.sh tests|check|sanitize" >&2
+    exit 2
+    ;;
+esac
