@@ -6,12 +6,25 @@ returns that plan without running anything, and every launch logs it on the
 
     import logging; logging.basicConfig(level=logging.INFO)
 
-Tile rule (v2 forward): the first (Br, Bc) in ``TILE_CANDIDATES`` whose shared memory
-(Qi padded to Br x (d+1), plus Kj and Vj of Bc x d, in the accumulator dtype) fits in the
-48 KB of static shared memory a block may use. Bigger tiles mean fewer reloads of K and V
-(Br) and fewer barriers (Bc). Examples, float32: d=64 -> (64, 32); d=128 -> (32, 16);
-d=256 -> (16, 8). Callers may pass ``tiles=(Br, Bc)``; it is checked against the same
-limits (Br <= 1024 threads, shared memory <= 48 KB).
+Tile rule (v2 forward): Br = 64 query rows (threads) per block, and Bc the largest power
+of two up to 64 whose Kj and Vj tiles (Bc x d each, in the accumulator dtype) fit in the
+48 KB of static shared memory a block may use (Qi lives in registers, so Br costs no
+shared memory). Bigger Bc means fewer barriers per key. Examples, float32: d=64 -> (64, 64);
+d=128 -> (64, 32); d=256 -> (64, 16); float64 halves Bc. Callers may pass
+``tiles=(Br, Bc)``; it is checked against the same limits (Br <= 1024 threads, shared
+memory <= 48 KB).
+
+``plan_backward`` returns ``Plans``, one ``Plan`` per kernel in launch order (D, then
+dK/dV, then dQ for v1). Tile rule (backward): one (Br, Bc) for the whole pass, the same
+tiling of the (i, j) tile pairs as Algorithm 2: the first candidate in
+``TILE_CANDIDATES`` for which both tiled kernels fit in 48 KB of static shared memory.
+The dK/dV kernel holds Kj, Vj padded to Bc x (d+1), Qi and dOi of Br x d, and L_i, D_i
+of Br; the dQ kernel holds Qi, dOi padded to Br x (d+1) and Kj, Vj of Bc x d (all in the
+accumulator dtype). Each kernel holds two tiles more than the forward's, so tiles are
+smaller. Examples, float32: d=16 -> (64, 64); d=64 -> (32, 32); d=128 -> (16, 16);
+d=256 -> (8, 8). Bc is the dK/dV kernel's thread count and Br the dQ kernel's, so a
+caller's ``tiles=(Br, Bc)`` is checked against both (each <= 1024) and both shared
+memory sizes.
 """
 
 import logging
@@ -44,17 +57,19 @@ def backend():
 
 
 def forward_shared_bytes(Br, Bc, d, acc_dtype):
-    """Shared memory of the v2 forward kernel: Qi (Br, d+1) + Kj, Vj (Bc, d)."""
-    return (Br * (d + 1) + 2 * Bc * d) * np.dtype(acc_dtype).itemsize
+    """Shared memory of the v2 forward kernel: Kj, Vj (Bc, d). (Br is threads, not memory.)"""
+    return 2 * Bc * d * np.dtype(acc_dtype).itemsize
+
+
+FORWARD_BR = 64                # v2 forward: query rows (threads) per block
 
 
 def default_forward_tiles(d, acc_dtype):
-    """The documented tile rule (module docstring): largest candidate that fits."""
-    for Br, Bc in TILE_CANDIDATES:
-        if forward_shared_bytes(Br, Bc, d, acc_dtype) <= SHARED_MEM_LIMIT:
-            return Br, Bc
-    raise ValueError(f"no tile size fits head dim {d} in {acc_dtype} within "
-                     f"{SHARED_MEM_LIMIT} bytes of shared memory")
+    """The documented forward tile rule (module docstring): Br = 64, largest Bc that fits."""
+    Bc = 64
+    while Bc > 1 and forward_shared_bytes(FORWARD_BR, Bc, d, acc_dtype) > SHARED_MEM_LIMIT:
+        Bc //= 2
+    return FORWARD_BR, Bc
 
 
 def check_tiles(tiles, d, acc_dtype):
