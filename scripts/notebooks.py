@@ -1,0 +1,79 @@
+"""Keep the notebooks' .py (source) and .ipynb (what GitHub and Jupyter open) in step.
+
+    python scripts/notebooks.py sync            # rewrite each .ipynb from its .py, keeping
+                                                # the outputs of cells whose source is unchanged
+    python scripts/notebooks.py execute [NAME]  # run notebooks top to bottom and store the
+                                                # outputs in the .ipynb (all, or those whose
+                                                # file name contains NAME)
+
+The .py file (jupytext py:percent) is the one to edit and review. ``execute`` runs under
+the CUDA simulator unless NUMBA_ENABLE_CUDASIM is already set in the environment (set it
+to 0 on a GPU machine to store GPU-sized outputs). It prints each notebook's wall time.
+tests/test_notebooks.py checks that the pairs agree and that every notebook runs.
+Needs the ``test`` extra (jupytext, nbclient, ipykernel, matplotlib).
+"""
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import jupytext
+from jupytext.combine import combine_inputs_with_outputs
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
+
+
+def sources(name=None):
+    """The notebooks' .py sources, in order, optionally filtered by a name fragment."""
+    return [p for p in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.py")) if name is None or name in p.name]
+
+
+def kernel_env():
+    """The environment a notebook kernel runs in: the simulator unless told otherwise,
+    the repository on the path, and matplotlib's inline backend (no MPLBACKEND)."""
+    env = dict(os.environ)
+    env.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env.pop("MPLBACKEND", None)
+    return env
+
+
+def sync(py):
+    """Write py's .ipynb twin from py, keeping outputs of unchanged cells."""
+    nb = jupytext.read(py)
+    ipynb = py.with_suffix(".ipynb")
+    if ipynb.exists():
+        nb = combine_inputs_with_outputs(nb, jupytext.read(ipynb), fmt="py:percent")
+    jupytext.write(nb, ipynb)
+
+
+def execute(py, timeout=600):
+    """Run py top to bottom in a fresh kernel; write the outputs to its .ipynb; return seconds."""
+    nb = jupytext.read(py)
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                            resources={"metadata": {"path": str(NOTEBOOKS)}})
+    t0 = time.perf_counter()
+    client.execute(env=kernel_env())
+    seconds = time.perf_counter() - t0
+    jupytext.write(nb, py.with_suffix(".ipynb"))
+    return seconds
+
+
+def main(argv):
+    if not argv or argv[0] not in ("sync", "execute"):
+        print(__doc__)
+        return 2
+    for py in sources(argv[1] if len(argv) > 1 else None):
+        if argv[0] == "sync":
+            sync(py)
+            print("synced", py.relative_to(ROOT))
+        else:
+            print(f"executed {py.relative_to(ROOT)} in {execute(py):.1f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
