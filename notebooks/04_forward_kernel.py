@@ -252,9 +252,10 @@ ax.legend()
 plt.show()
 
 # %% [markdown]
-# Both error distributions sit at float32 rounding ($10^{-8}$ to $10^{-7}$ relative to
-# outputs of size about 1). The kernel sums in a different order from NumPy, so the two
-# histograms differ, but neither is systematically worse.
+# Both error distributions sit at float32 rounding (outputs here are of size about 1, and
+# float32 keeps about 7 significant digits). The kernel adds in a different order from
+# NumPy, so the two histograms differ; the rule above (at most twice the baseline's
+# largest error) is what the test suite asserts for every shape it draws.
 #
 # ## Causal masks, and rows that see nothing
 #
@@ -403,16 +404,22 @@ def check_lse_kernel(kernel):
             raise AssertionError(f"[{name}] out-of-bounds index ({e}): the grid has "
                                  f"{-(-Sq_x // threads) * threads} threads per head for {Sq_x} "
                                  f"rows; threads with row >= Q.shape[1] must return early") from None
+        except (OverflowError, ValueError) as e:
+            raise AssertionError(f"[{name}] {type(e).__name__} ({e}) inside the kernel: the "
+                                 f"simulator's math.exp and math.log raise where a GPU would "
+                                 f"give inf or NaN. Keep a running max and use exp(s - m_new) "
+                                 f"and exp(m_old - m_new), whose arguments are <= 0") from None
         got = L_out.copy_to_host()
         want = reference.forward(Qx, Kx, Kx)[1]
         if np.isnan(got).all():
             raise AssertionError(f"[{name}] L is still all NaN: the kernel wrote nothing")
         if np.isnan(got).any():
-            rows = np.argwhere(np.isnan(got))[:, 1]
-            raise AssertionError(f"[{name}] L is NaN in {np.isnan(got).sum()} places (first "
-                                 f"rows {sorted(set(rows.tolist()))[:5]}): were those rows "
-                                 f"written? check row = blockIdx.x * blockDim.x + threadIdx.x "
-                                 f"and bh = blockIdx.y; or exp(-inf - (-inf)) gave NaN")
+            heads, rows = np.nonzero(np.isnan(got))
+            raise AssertionError(f"[{name}] L is NaN in {heads.size} places (heads "
+                                 f"{sorted(set(heads.tolist()))}, first rows "
+                                 f"{sorted(set(rows.tolist()))[:5]}): were those rows written? "
+                                 f"check row = blockIdx.x * blockDim.x + threadIdx.x and "
+                                 f"bh = blockIdx.y; or did exp(-inf - (-inf)) give NaN?")
         if np.isinf(got).any():
             raise AssertionError(f"[{name}] inf in L: exp overflowed. Keep a running max and "
                                  f"use exp(s - m_new), exp(m_old - m_new)")
