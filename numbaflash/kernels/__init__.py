@@ -10,9 +10,15 @@ def simulating():
 
 
 def jit_options():
-    """Options for @cuda.jit. The simulator rejects ``lineinfo``; on a GPU it lets
-    compute-sanitizer and profilers name source lines, at no cost to the machine code."""
-    return {} if simulating() else {"lineinfo": True}
+    """Options for every @cuda.jit kernel of numbaflash (none at the moment).
+
+    ``lineinfo=True`` would let compute-sanitizer and profilers name source lines, but
+    with numba-cuda 0.30.4 and NVVM from CUDA 13.0 and 13.5 it made the v2 forward's PTX
+    branch to a label that does not exist ("ptxas: Unknown symbol '$L__BB0_159'", seen on
+    the H200 on 2026-11-30; tests/ptx_check.py checks for it). The simulator rejects it
+    anyway. Options the simulator rejects must only be added when not ``simulating()``.
+    """
+    return {}
 
 
 def acc_type(acc_dtype):
