@@ -56,12 +56,16 @@ def test_pair_in_sync(py):
 
 
 @pytest.mark.parametrize("py", SOURCES, ids=[p.stem for p in SOURCES])
-def test_notebook_runs(py):
+def test_notebook_runs(py, tmp_path, monkeypatch):
     if py.stem in GPU_ONLY:
         pytest.skip("needs a GPU")
     nb = jupytext.read(py)
+    # Jupyter, IPython and matplotlib write their files under tmp_path, so the test needs
+    # no writable home directory.
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+               IPYTHONDIR=str(tmp_path / "ipython"), MPLCONFIGDIR=str(tmp_path / "mpl"))
     env.pop("MPLBACKEND", None)          # the inline backend, as in Jupyter
     client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
                             resources={"metadata": {"path": str(NOTEBOOKS)}})
