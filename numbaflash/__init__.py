@@ -3,6 +3,10 @@
 Public API:
     attention(q, k, v, *, causal=False, scale=None, return_lse=False, version=None, tiles=None)
     explain(q, k, v, ...)   -> the Plan that attention would run, and why
+    attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, version=None,
+                       tiles=None) -> (dq, dk, dv)
+    attention_vjp(q, k, v, *, causal=False, scale=None, ...) -> (out, vjp), vjp(dout) -> (dq, dk, dv)
+    explain_backward(q, k, v, ...) -> the Plans (one per kernel) the backward would run
     backend()               -> "gpu" or "simulator"
 
 Tiers (each the test oracle for the next): ``reference`` (dense NumPy), ``tiled``
@@ -10,9 +14,10 @@ Tiers (each the test oracle for the next): ``reference`` (dense NumPy), ``tiled`
 """
 
 from . import reference, tiled
-from .api import attention, explain
-from .dispatch import Plan, backend
+from .api import attention, attention_backward, attention_vjp, explain, explain_backward
+from .dispatch import Plan, Plans, backend
 from .masks import CAUSAL_MODES
 
-__all__ = ["attention", "explain", "backend", "Plan", "CAUSAL_MODES", "reference", "tiled"]
+__all__ = ["attention", "attention_backward", "attention_vjp", "explain", "explain_backward",
+           "backend", "Plan", "Plans", "CAUSAL_MODES", "reference", "tiled"]
 __version__ = "0.1.0"

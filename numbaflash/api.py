@@ -1,10 +1,11 @@
-"""The public entry points: ``attention`` and ``explain``."""
+"""The public entry points: ``attention``, ``attention_backward``, ``attention_vjp``,
+``explain`` and ``explain_backward``."""
 
 import numpy as np
 
 from . import arrays
-from .dispatch import launch_forward, plan_forward
-from .validate import check_attention_inputs
+from .dispatch import launch_backward, launch_forward, plan_backward, plan_forward
+from .validate import check_attention_inputs, check_backward_inputs
 
 
 def attention(q, k, v, *, causal=False, scale=None, return_lse=False, version=None, tiles=None):
@@ -67,3 +68,111 @@ def explain(q, k, v, *, causal=False, scale=None, version=None, tiles=None):
     """
     p = check_attention_inputs(q, k, v, causal, scale)
     return plan_forward(p, version, tiles)
+
+
+def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, version=None,
+                       tiles=None):
+    """Gradients of ``attention`` (FlashAttention-2 backward, Algorithm 2).
+
+    Args:
+        dout: the upstream gradient dL/dout, with q's shape and dtype.
+        q, k, v: the forward's inputs, as for ``attention``.
+        out, lse: what ``attention(q, k, v, causal=causal, scale=scale, return_lse=True)``
+            returned: out with q's shape and dtype, lse (..., Sq) in float32 (float64 for
+            float64 inputs). The backward recomputes the probabilities from lse, so both
+            must come from the same q, k, v, causal and scale.
+            All six host (NumPy) arrays, or all device arrays (see ``attention``).
+        causal, scale: as given to the forward.
+        version: backward version ("v1": deterministic, the default; "v2": atomic dQ, a
+            lesson, float32/float64 only); see ``explain_backward`` and
+            numbaflash/kernels/backward.py.
+        tiles: (Br, Bc) for the backward kernels; None uses the documented rule in dispatch.py.
+
+    Returns:
+        ``(dq, dk, dv)`` with the shapes and dtype of q, k, v (float16 inputs are computed
+        in float32 and the gradients rounded to float16, like the forward's output).
+        Rows that see no key give a zero dq row; keys no row sees get zero dk and dv rows.
+        Empty inputs give zero or empty gradients without a launch (Sk = 0: dq is zero,
+        dk and dv are empty).
+
+    Raises:
+        ValueError / TypeError for bad shapes or dtypes (dout, out, lse included), scale,
+        causal mode, head dim, version or tiles, before anything is launched.
+        RuntimeError if there is neither a GPU nor the simulator.
+    """
+    p = check_backward_inputs(dout, q, k, v, out, lse, causal, scale)
+    host = not arrays.on_device((dout, q, k, v, out, lse))
+    plans = plan_backward(p, version, tiles)
+    q_shape = p.lead + (p.Sq, p.d)
+    k_shape = p.lead + (p.Sk, p.d)
+
+    if p.BH == 0 or p.Sq == 0 or p.Sk == 0:
+        # Nothing to launch: no (query, key) pair is visible, so every gradient is 0.
+        return (arrays.filled(q_shape, 0, p.dtype, host),
+                arrays.filled(k_shape, 0, p.dtype, host),
+                arrays.filled(k_shape, 0, p.dtype, host))
+
+    acc = np.dtype(p.acc_dtype)
+    Q = arrays.as_kernel_array(q, (p.BH, p.Sq, p.d), "q")
+    K = arrays.as_kernel_array(k, (p.BH, p.Sk, p.d), "k")
+    V = arrays.as_kernel_array(v, (p.BH, p.Sk, p.d), "v")
+    O = arrays.as_kernel_array(out, (p.BH, p.Sq, p.d), "out")
+    dO = arrays.as_kernel_array(dout, (p.BH, p.Sq, p.d), "dout")
+    L = arrays.as_kernel_array(lse, (p.BH, p.Sq), "lse")
+    D = arrays.device_empty((p.BH, p.Sq), acc)            # scratch: D = rowsum(dO * O)
+    if plans[-1].version == "v2":
+        # v2 adds into dQ with atomics, so it starts from zeros (copied from the host:
+        # v2 is a lesson, and this copy is one of its costs).
+        dQ = arrays.filled((p.BH, p.Sq, p.d), 0, p.dtype, host=False)
+    else:
+        dQ = arrays.device_empty((p.BH, p.Sq, p.d), p.dtype)
+    dK = arrays.device_empty((p.BH, p.Sk, p.d), p.dtype)
+    dV = arrays.device_empty((p.BH, p.Sk, p.d), p.dtype)
+    launch_backward(plans, p, Q, K, V, O, dO, L, D, dQ, dK, dV)
+    return (arrays.finish(dQ, q_shape, host), arrays.finish(dK, k_shape, host),
+            arrays.finish(dV, k_shape, host))
+
+
+def attention_vjp(q, k, v, *, causal=False, scale=None, forward_version=None,
+                  forward_tiles=None, backward_version=None, backward_tiles=None):
+    """Run the forward now and return ``(out, vjp)``, where ``vjp(dout) -> (dq, dk, dv)``.
+
+    The same as ``attention(..., return_lse=True)`` followed by ``attention_backward``,
+    without carrying out and lse by hand. ``vjp`` may be called any number of times.
+    It keeps references to q, k, v (not copies): do not modify them before calling it.
+
+    Args:
+        q, k, v, causal, scale: as for ``attention``.
+        forward_version, forward_tiles: ``version`` and ``tiles`` of the forward.
+        backward_version, backward_tiles: ``version`` and ``tiles`` of the backward.
+
+    Returns:
+        ``(out, vjp)``: out as ``attention`` returns it (host or device, like the inputs);
+        ``vjp(dout)`` takes dout with out's shape and dtype and returns
+        ``(dq, dk, dv)`` as ``attention_backward`` does.
+
+    Raises:
+        ValueError / TypeError as ``attention`` and ``attention_backward``, for the
+        backward options too, before the forward runs; ``vjp`` raises them for a bad dout.
+    """
+    p = check_attention_inputs(q, k, v, causal, scale)
+    plan_backward(p, backward_version, backward_tiles)     # bad backward options fail now
+    out, lse = attention(q, k, v, causal=causal, scale=scale, return_lse=True,
+                         version=forward_version, tiles=forward_tiles)
+
+    def vjp(dout):
+        """Gradients (dq, dk, dv) of the attention above for the upstream gradient dout."""
+        return attention_backward(dout, q, k, v, out, lse, causal=causal, scale=scale,
+                                  version=backward_version, tiles=backward_tiles)
+
+    return out, vjp
+
+
+def explain_backward(q, k, v, *, causal=False, scale=None, version=None, tiles=None):
+    """Validate like ``attention`` and return the backward's ``Plans`` without running them.
+
+    ``print(numbaflash.explain_backward(q, k, v))`` shows one line per kernel (D, dK/dV,
+    dQ for v1): version, tiles, grid, block, shared memory, backend and why.
+    """
+    p = check_attention_inputs(q, k, v, causal, scale)
+    return plan_backward(p, version, tiles)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda
 
+from .kernels import backward as bwd_kernels
 from .kernels import forward as fwd_kernels
 from .kernels import simulating
 
@@ -44,6 +45,8 @@ MAX_THREADS = 1024             # threads per block
 V1_THREADS = 64                # v1: threads (query rows) per block
 TILE_CANDIDATES = ((64, 64), (64, 32), (32, 32), (32, 16), (16, 16), (16, 8), (8, 8), (8, 4), (4, 4))
 DEFAULT_FORWARD = "v2"
+DEFAULT_BACKWARD = "v1"
+PREPROCESS_THREADS = 64        # backward D = rowsum(dO * O): query rows per block
 
 
 def backend():
@@ -72,14 +75,20 @@ def default_forward_tiles(d, acc_dtype):
     return FORWARD_BR, Bc
 
 
-def check_tiles(tiles, d, acc_dtype):
-    """Validate a caller's (Br, Bc) for the v2 forward; ValueError names the limit."""
+def _parse_tiles(tiles):
+    """A caller's tiles as two positive ints (Br, Bc); ValueError otherwise."""
     try:
         Br, Bc = (int(t) for t in tiles)
     except (TypeError, ValueError):
         raise ValueError(f"tiles must be a pair of positive ints (Br, Bc); got {tiles!r}") from None
     if Br < 1 or Bc < 1:
         raise ValueError(f"tiles must be positive; got (Br, Bc) = ({Br}, {Bc})")
+    return Br, Bc
+
+
+def check_tiles(tiles, d, acc_dtype):
+    """Validate a caller's (Br, Bc) for the v2 forward; ValueError names the limit."""
+    Br, Bc = _parse_tiles(tiles)
     if Br > MAX_THREADS:
         raise ValueError(f"Br = {Br} exceeds {MAX_THREADS}: one thread per query row, and a "
                          f"block holds at most {MAX_THREADS} threads")
@@ -158,3 +167,137 @@ def launch_forward(plan, p, Q, K, V, O, L):
     kernel = forward_kernel(plan, p)
     scale = np.dtype(p.acc_dtype).type(p.softmax_scale)   # keep the kernel's arithmetic in acc dtype
     kernel[plan.grid, plan.block](Q, K, V, O, L, scale, np.int64(p.causal_offset))
+
+
+# ---------------------------------------------------------------------------------------
+# Backward
+
+
+class Plans(tuple):
+    """The kernels a pass runs, in launch order (a tuple of ``Plan``); str() gives one
+    line per kernel."""
+
+    def __str__(self):
+        return "\n".join(str(plan) for plan in self)
+
+
+def dkdv_shared_bytes(Br, Bc, d, acc_dtype):
+    """Shared memory of the dK/dV kernels: Kj, Vj (Bc, d+1) + Qi, dOi (Br, d) + L_i, D_i (Br)."""
+    return (2 * Bc * (d + 1) + 2 * Br * d + 2 * Br) * np.dtype(acc_dtype).itemsize
+
+
+def dq_shared_bytes(Br, Bc, d, acc_dtype):
+    """Shared memory of the dQ kernel: Qi, dOi (Br, d+1) + Kj, Vj (Bc, d)."""
+    return (2 * Br * (d + 1) + 2 * Bc * d) * np.dtype(acc_dtype).itemsize
+
+
+def backward_shared_bytes(Br, Bc, d, acc_dtype):
+    """The larger of the two tiled backward kernels' shared memory (the tile rule's test)."""
+    return max(dkdv_shared_bytes(Br, Bc, d, acc_dtype), dq_shared_bytes(Br, Bc, d, acc_dtype))
+
+
+def default_backward_tiles(d, acc_dtype):
+    """The documented backward tile rule (module docstring): largest candidate that fits."""
+    for Br, Bc in TILE_CANDIDATES:
+        if backward_shared_bytes(Br, Bc, d, acc_dtype) <= SHARED_MEM_LIMIT:
+            return Br, Bc
+    raise ValueError(f"no backward tile size fits head dim {d} in {acc_dtype} within "
+                     f"{SHARED_MEM_LIMIT} bytes of shared memory")
+
+
+def check_backward_tiles(tiles, d, acc_dtype):
+    """Validate a caller's (Br, Bc) for the backward; ValueError names the limit."""
+    Br, Bc = _parse_tiles(tiles)
+    for name, n, what in (("Br", Br, "query row (dQ kernel)"), ("Bc", Bc, "key row (dK/dV kernel)")):
+        if n > MAX_THREADS:
+            raise ValueError(f"{name} = {n} exceeds {MAX_THREADS}: the backward runs one thread "
+                             f"per {what}, and a block holds at most {MAX_THREADS} threads")
+    need = backward_shared_bytes(Br, Bc, d, acc_dtype)
+    if need > SHARED_MEM_LIMIT:
+        raise ValueError(f"tiles (Br, Bc) = ({Br}, {Bc}) need {need} bytes of shared memory in "
+                         f"the backward at head dim {d} in {acc_dtype}; the limit is "
+                         f"{SHARED_MEM_LIMIT} (48 KB static shared memory per block)")
+    return Br, Bc
+
+
+def plan_backward(p, version=None, tiles=None):
+    """Choose the backward kernels for Problem ``p``; returns ``Plans`` in launch order.
+
+    ``version`` None means the default (v1: deterministic). Raises ValueError for an
+    unknown version, bad tiles, or v2 with float16 inputs.
+    """
+    where = backend()
+    if version is None:
+        version = DEFAULT_BACKWARD
+        reason = (f"{version} is the default: deterministic (no atomics, so repeated runs are "
+                  f"bitwise identical)")
+    elif version in bwd_kernels.VERSIONS:
+        reason = f"{version} was asked for by the caller"
+    else:
+        raise ValueError(f"unknown backward version {version!r}; choose from {bwd_kernels.VERSIONS}")
+    if version == "v2" and np.dtype(p.dtype) != np.dtype(p.acc_dtype):
+        raise ValueError(f"backward v2 adds into dQ with atomics in the output dtype, so it needs "
+                         f"float32 or float64 inputs; got {np.dtype(p.dtype)} (use v1)")
+
+    if tiles is None:
+        Br, Bc = default_backward_tiles(p.d, p.acc_dtype)
+        reason += f"; tiles by the default backward rule for d={p.d} in {p.acc_dtype}"
+    else:
+        Br, Bc = check_backward_tiles(tiles, p.d, p.acc_dtype)
+        reason += "; tiles given by the caller"
+    Tr, Tc = math.ceil(p.Sq / Br), math.ceil(p.Sk / Bc)
+    threads = PREPROCESS_THREADS
+    preprocess = Plan("backward D", version, "backward_preprocess", where, None, None,
+                      (math.ceil(p.Sq / threads), p.BH), (threads,), 0, p.acc_dtype, p.causal,
+                      f"D = rowsum(dO * O) (Alg.2 l.4), {threads} query rows per block")
+    shared_dkdv = dkdv_shared_bytes(Br, Bc, p.d, p.acc_dtype)
+    if version == "v1":
+        return Plans((
+            preprocess,
+            Plan("backward dK dV", "v1", "backward_dkdv_v1", where, Br, Bc, (Tc, p.BH), (Bc,),
+                 shared_dkdv, p.acc_dtype, p.causal,
+                 reason + "; one block per K/V tile, one thread per key row"),
+            Plan("backward dQ", "v1", "backward_dq_v1", where, Br, Bc, (Tr, p.BH), (Br,),
+                 dq_shared_bytes(Br, Bc, p.d, p.acc_dtype), p.acc_dtype, p.causal,
+                 reason + "; one block per Q tile, one thread per query row"),
+        ))
+    return Plans((
+        preprocess,
+        Plan("backward dK dV dQ", "v2", "backward_dkdv_dq_v2", where, Br, Bc, (Tc, p.BH), (Bc,),
+             shared_dkdv, p.acc_dtype, p.causal,
+             reason + "; one block per K/V tile; dQ by atomic adds (not bitwise reproducible)"),
+    ))
+
+
+def backward_kernel(plan, p):
+    """The compiled-kernel factory call for one backward plan."""
+    causal = p.causal is not None
+    if plan.kernel == "backward_preprocess":
+        return bwd_kernels.make_backward_preprocess(p.d, p.acc_dtype)
+    make = {"backward_dkdv_v1": bwd_kernels.make_backward_dkdv_v1,
+            "backward_dq_v1": bwd_kernels.make_backward_dq_v1,
+            "backward_dkdv_dq_v2": bwd_kernels.make_backward_dkdv_dq_v2}[plan.kernel]
+    return make(plan.Br, plan.Bc, p.d, causal, p.acc_dtype)
+
+
+def launch_backward(plans, p, Q, K, V, O, dO, L, D, dQ, dK, dV):
+    """Launch the planned backward kernels, in order, on device arrays.
+
+    Q, O, dO, dQ are (BH, Sq, d); K, V, dK, dV are (BH, Sk, d); L and D are (BH, Sq) in
+    the accumulator dtype (D is scratch, written by the first kernel). For v2, dQ must be
+    zero-filled (its kernel adds into it).
+    """
+    scale = np.dtype(p.acc_dtype).type(p.softmax_scale)   # keep the kernel's arithmetic in acc dtype
+    offset = np.int64(p.causal_offset)
+    for plan in plans:
+        log.info("%s", plan)
+        kernel = backward_kernel(plan, p)
+        launch = kernel[plan.grid, plan.block]
+        if plan.kernel == "backward_preprocess":
+            launch(dO, O, D)
+        elif plan.kernel == "backward_dkdv_v1":
+            launch(Q, K, V, dO, L, D, dK, dV, scale, offset)
+        elif plan.kernel == "backward_dq_v1":
+            launch(Q, K, V, dO, L, D, dQ, scale, offset)
+        else:
+            launch(Q, K, V, dO, L, D, dQ, dK, dV, scale, offset)

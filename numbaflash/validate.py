@@ -92,3 +92,29 @@ def check_attention_inputs(q, k, v, causal=False, scale=None):
                    acc_dtype="float64" if qt == np.float64 else "float32",
                    causal=mode, causal_offset=causal_offset(Sq, Sk, mode),
                    softmax_scale=float(scale))
+
+
+def check_backward_inputs(dout, q, k, v, out, lse, causal=False, scale=None):
+    """Validate the backward's inputs; return the ``Problem`` (as ``check_attention_inputs``).
+
+    q, k, v and the options are checked as for the forward. dout and out must have q's
+    shape and dtype; lse must have shape (..., Sq) (q's leading dims) and the accumulator
+    dtype that ``attention(..., return_lse=True)`` returns: float32 for float16 and float32
+    inputs, float64 for float64. Raises ValueError/TypeError.
+    """
+    p = check_attention_inputs(q, k, v, causal, scale)
+    qs, qt = _shape_dtype(q, "q")
+    for name, x in (("dout", dout), ("out", out)):
+        s, t = _shape_dtype(x, name)
+        if s != qs:
+            raise ValueError(f"{name} must have q's shape {qs}; got {s}")
+        if t != qt:
+            raise TypeError(f"{name} must have q's dtype {qt}; got {t}")
+    ls, lt = _shape_dtype(lse, "lse")
+    if ls != p.lead + (p.Sq,):
+        raise ValueError(f"lse must have shape {p.lead + (p.Sq,)} (q's leading dims and Sq); "
+                         f"got {ls}")
+    if lt != np.dtype(p.acc_dtype):
+        raise TypeError(f"lse must be {p.acc_dtype} for {qt} inputs (what attention(..., "
+                        f"return_lse=True) returns); got {lt}")
+    return p
