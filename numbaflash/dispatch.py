@@ -44,7 +44,6 @@ SHARED_MEM_LIMIT = 48 * 1024   # static shared memory per block (bytes)
 MAX_THREADS = 1024             # threads per block
 V1_THREADS = 64                # v1: threads (query rows) per block
 TILE_CANDIDATES = ((64, 64), (64, 32), (32, 32), (32, 16), (16, 16), (16, 8), (8, 8), (8, 4), (4, 4))
-DEFAULT_FORWARD = "v2"
 DEFAULT_BACKWARD = "v1"
 PREPROCESS_THREADS = 64        # backward D = rowsum(dO * O): query rows per block
 
@@ -123,12 +122,69 @@ class Plan:
                 f"{self.acc_dtype}, causal={self.causal}. Why: {self.reason}")
 
 
+V3_MAX_HEAD_DIM = 128         # v3 keeps Q (split in two) and O fragments in registers
+
+
+def v3_shared_bytes(Bc, d):
+    """Shared memory of the v3 forward: Kj, Vj of (Bc, DP + 4) float32, DP = d rounded up to 8."""
+    return 2 * Bc * ((d + 7) // 8 * 8 + 4) * 4
+
+
+def v3_refusal(p, where):
+    """Why forward v3 cannot run Problem ``p`` here, or None if it can."""
+    if where != "gpu":
+        return ("v3 uses the tensor cores through inline PTX and warp shuffles, which the "
+                "simulator cannot run")
+    if p.acc_dtype != "float32":
+        return "v3 computes in float32 (3xTF32); float64 inputs run on v2"
+    if p.d > V3_MAX_HEAD_DIM:
+        return (f"v3 keeps its Q and O fragments in registers, which holds head dims up to "
+                f"{V3_MAX_HEAD_DIM}")
+    return None
+
+
+def default_v3_tiles(d):
+    """v3 tile rule: Br = 64 (four warps of 16 rows); Bc the largest of 64, 32, 16 that fits."""
+    for Bc in (64, 32, 16):
+        if v3_shared_bytes(Bc, d) <= SHARED_MEM_LIMIT:
+            return fwd_kernels.V3_BR, Bc
+    raise ValueError(f"no v3 tile fits head dim {d} in {SHARED_MEM_LIMIT} bytes")
+
+
+def check_v3_tiles(tiles, d):
+    Br, Bc = _parse_tiles(tiles)
+    chunk = fwd_kernels.V3_CHUNK
+    if Br != fwd_kernels.V3_BR or Bc % chunk:
+        raise ValueError(f"v3 tiles must be (Br, Bc) = ({fwd_kernels.V3_BR}, a multiple of "
+                         f"{chunk}): four warps of 16 query rows, keys in chunks of {chunk}; "
+                         f"got ({Br}, {Bc})")
+    if v3_shared_bytes(Bc, d) > SHARED_MEM_LIMIT:
+        raise ValueError(f"v3 tiles (64, {Bc}) need {v3_shared_bytes(Bc, d)} bytes of shared "
+                         f"memory at head dim {d}; the limit is {SHARED_MEM_LIMIT}")
+    return Br, Bc
+
+
+def _default_forward_version(p, where):
+    """The default forward version for ``p`` and why (measured: docs/gpu-results.md)."""
+    refusal = v3_refusal(p, where)
+    if refusal is None and p.causal is None:
+        return "v3", ("v3 is the default: the fastest forward on the GPU (tensor cores, "
+                      "3xTF32), measured on the H200")
+    if refusal is None:
+        return "v2", ("v2 is the default for causal attention: in v3 a NaN or inf in V would "
+                      "reach rows that cannot see that key through 0 * NaN in the tensor-core "
+                      "product; v2 never reads masked keys")
+    return "v2", f"v2 is the default here: {refusal}"
+
+
 def plan_forward(p, version=None, tiles=None):
-    """Choose the forward kernel for Problem ``p``. ``version`` None means the default."""
+    """Choose the forward kernel for Problem ``p``. ``version`` None means the default.
+
+    Never falls back silently: a version that cannot run ``p`` raises ValueError saying why.
+    """
     where = backend()
     if version is None:
-        version = DEFAULT_FORWARD
-        reason = f"{version} is the default: the fastest forward version that runs on the {where}"
+        version, reason = _default_forward_version(p, where)
     elif version in fwd_kernels.VERSIONS:
         reason = f"{version} was asked for by the caller"
     else:
@@ -136,11 +192,25 @@ def plan_forward(p, version=None, tiles=None):
 
     if version == "v1":
         if tiles is not None:
-            raise ValueError("tiles apply to the tiled kernel (v2); v1 has no tiles")
+            raise ValueError("tiles apply to the tiled kernels (v2, v3); v1 has no tiles")
         threads = V1_THREADS
         return Plan("forward", "v1", "forward_v1", where, None, None,
                     (math.ceil(p.Sq / threads), p.BH), (threads,), 0, p.acc_dtype, p.causal,
                     reason + f"; {threads} query rows per block")
+
+    if version == "v3":
+        refusal = v3_refusal(p, where)
+        if refusal is not None:
+            raise ValueError(f"forward v3 cannot run this input: {refusal}")
+        if tiles is None:
+            Br, Bc = default_v3_tiles(p.d)
+            reason += f"; tiles by the v3 rule for d={p.d}"
+        else:
+            Br, Bc = check_v3_tiles(tiles, p.d)
+            reason += "; tiles given by the caller"
+        return Plan("forward", "v3", "forward_v3", where, Br, Bc, (math.ceil(p.Sq / Br), p.BH),
+                    (32 * fwd_kernels.V3_WARPS,), v3_shared_bytes(Bc, p.d), p.acc_dtype,
+                    p.causal, reason)
 
     if tiles is None:
         Br, Bc = default_forward_tiles(p.d, p.acc_dtype)
@@ -158,6 +228,8 @@ def forward_kernel(plan, p):
     causal = p.causal is not None
     if plan.version == "v1":
         return fwd_kernels.make_forward_v1(p.d, causal, p.acc_dtype)
+    if plan.version == "v3":
+        return fwd_kernels.make_forward_v3(plan.Bc, p.d, causal)
     return fwd_kernels.make_forward_v2(plan.Br, plan.Bc, p.d, causal, p.acc_dtype)
 
 

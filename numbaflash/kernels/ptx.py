@@ -1,0 +1,66 @@
+"""Inline-PTX helpers for the tensor-core kernels (GPU only: the simulator cannot run PTX).
+
+numba-cuda has no API for the tensor cores' ``mma`` instructions, but an ``@intrinsic``
+can emit any PTX through ``llvmlite.ir.InlineAsm``. Two helpers are enough:
+
+    tf32_round(x)   x rounded to TF32 (10 mantissa bits), returned as a float32 value:
+                    ``cvt.rna.tf32.f32``.
+    mma_tf32(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3) -> (d0, d1, d2, d3)
+                    one warp-wide D = A B + C with A 16x8 (row-major), B 8x8 (column-major),
+                    C and D 16x8, all accumulated in float32:
+                    ``mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32``.
+                    Every lane of the warp passes its own fragment registers.
+
+Fragment layout of m16n8k8 (PTX ISA, "Matrix Fragments for mma.m16n8k8", .tf32), for the
+lane ``lane``, with ``g = lane // 4`` (the "group", 0..7) and ``t = lane % 4`` (0..3):
+
+    A (16 x 8):  a0 = A[g, t]      a1 = A[g + 8, t]     a2 = A[g, t + 4]   a3 = A[g + 8, t + 4]
+    B (8 x 8):   b0 = B[t, g]      b1 = B[t + 4, g]
+    C, D (16x8): c0 = C[g, 2t]     c1 = C[g, 2t + 1]    c2 = C[g + 8, 2t]  c3 = C[g + 8, 2t + 1]
+
+3xTF32: TF32 keeps only 10 of float32's 23 mantissa bits, so a product of TF32 values is
+not float32-accurate. Splitting each operand as x = big + small (big = tf32(x),
+small = tf32(x - big)) and summing big*big + big*small + small*big (the small*small term
+is below float32's precision) recovers float32 accuracy at three tensor-core products per
+one; this is what PyTorch's float32 "efficient" attention does on sm80+.
+"""
+
+from llvmlite import ir
+from numba import types
+from numba.cuda.extending import intrinsic
+
+_F32 = ir.FloatType()
+_I32 = ir.IntType(32)
+
+
+@intrinsic
+def tf32_round(typingctx, x):
+    """x rounded to the nearest TF32 value (ties away from zero), as a float32."""
+    sig = types.float32(types.float32)
+
+    def codegen(context, builder, sig, args):
+        cvt = ir.InlineAsm(ir.FunctionType(_I32, [_F32]), "cvt.rna.tf32.f32 $0, $1;", "=r,f")
+        return builder.bitcast(builder.call(cvt, args), _F32)
+
+    return sig, codegen
+
+
+@intrinsic
+def mma_tf32(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    """(d0, d1, d2, d3) = A B + C for one m16n8k8 TF32 tile; see the module docstring."""
+    f32 = types.float32
+    sig = types.UniTuple(f32, 4)(f32, f32, f32, f32, f32, f32, f32, f32, f32, f32)
+
+    def codegen(context, builder, sig, args):
+        ab = [builder.bitcast(a, _I32) for a in args[:6]]       # A and B travel as .b32
+        fnty = ir.FunctionType(ir.LiteralStructType([_F32] * 4), [_I32] * 6 + [_F32] * 4)
+        mma = ir.InlineAsm(
+            fnty,
+            "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+            "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
+            "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f")
+        res = builder.call(mma, ab + list(args[6:]))
+        vals = [builder.extract_value(res, i) for i in range(4)]
+        return context.make_tuple(builder, sig.return_type, vals)
+
+    return sig, codegen
