@@ -235,23 +235,22 @@ def timing(shape, causal):
             reps=5 if version == "v1" else 20)
     rows["forward", "numbaflash_default"] = time_cuda(
         lambda: numbaflash.attention(qd, kd, vd, causal=mode))
-    if hasattr(numbaflash, "attention_backward"):
-        qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
-        dout = torch.randn_like(q)
-        o = sdpa(qg, kg, vg, mode, "efficient")
-        rows["backward", "sdpa_efficient"] = time_cuda(
-            lambda: torch.autograd.grad(o, (qg, kg, vg), dout, retain_graph=True))
-        rows["fwd+bwd", "sdpa_efficient"] = time_cuda(
-            lambda: torch.autograd.grad(sdpa(qg, kg, vg, mode, "efficient"), (qg, kg, vg), dout))
-        dd = cuda.as_cuda_array(dout)
-        out, lse = numbaflash.attention(qd, kd, vd, causal=mode, return_lse=True)
-        rows["backward", "numbaflash"] = time_cuda(
-            lambda: numbaflash.attention_backward(dd, qd, kd, vd, out, lse, causal=mode), reps=5)
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    dout = torch.randn_like(q)
+    o = sdpa(qg, kg, vg, mode, "efficient")
+    rows["backward", "sdpa_efficient"] = time_cuda(
+        lambda: torch.autograd.grad(o, (qg, kg, vg), dout, retain_graph=True))
+    rows["fwd+bwd", "sdpa_efficient"] = time_cuda(
+        lambda: torch.autograd.grad(sdpa(qg, kg, vg, mode, "efficient"), (qg, kg, vg), dout))
+    dd = cuda.as_cuda_array(dout)
+    out, lse = numbaflash.attention(qd, kd, vd, causal=mode, return_lse=True)
+    rows["backward", "numbaflash"] = time_cuda(
+        lambda: numbaflash.attention_backward(dd, qd, kd, vd, out, lse, causal=mode), reps=5)
 
-        def fwd_bwd():
-            o2, l2 = numbaflash.attention(qd, kd, vd, causal=mode, return_lse=True)
-            numbaflash.attention_backward(dd, qd, kd, vd, o2, l2, causal=mode)
-        rows["fwd+bwd", "numbaflash"] = time_cuda(fwd_bwd, reps=5)
+    def fwd_bwd():
+        o2, l2 = numbaflash.attention(qd, kd, vd, causal=mode, return_lse=True)
+        numbaflash.attention_backward(dd, qd, kd, vd, o2, l2, causal=mode)
+    rows["fwd+bwd", "numbaflash"] = time_cuda(fwd_bwd, reps=5)
     factor = {"forward": 1.0, "backward": 2.5, "fwd+bwd": 3.5}
     for (what, name), ms in rows.items():
         r = dict(shape=list(shape), causal=causal, what=what, impl=name, ms=ms,
@@ -300,19 +299,17 @@ def main():
     for case in cases:
         agreement(case, rng)
     print(f"agreement: {time.time() - t0:.1f} s", flush=True)
-    ok_extra = True
-    if hasattr(numbaflash, "attention_backward"):
-        t0 = time.time()
-        for case in BACKWARD_CASES:
-            backward_agreement(case, rng)
-        print(f"backward agreement: {time.time() - t0:.1f} s", flush=True)
-        ok_extra = determinism()
-        memory()
+    t0 = time.time()
+    for case in BACKWARD_CASES:
+        backward_agreement(case, rng)
+    print(f"backward agreement: {time.time() - t0:.1f} s", flush=True)
+    deterministic = determinism()
+    memory()
     if not args.skip_timing:
         for shape in ((2, 16, 4096, 64), (2, 16, 4096, 128), (1, 16, 16384, 64)):
             for causal in (False, True):
                 timing(shape, causal)
-    ok = ok_extra and all(r["ok"] for r in RESULTS["agreement"] + RESULTS["backward_agreement"])
+    ok = deterministic and all(r["ok"] for r in RESULTS["agreement"] + RESULTS["backward_agreement"])
     RESULTS["all_ok"] = ok
     with open(f"{args.out}/gpu_check.json", "w") as f:
         json.dump(RESULTS, f, indent=1)

@@ -11,6 +11,7 @@ import numpy as np
 from numba import cuda
 
 import numbaflash
+from numbaflash.kernels.backward import VERSIONS as BACKWARD_VERSIONS
 from numbaflash.kernels.forward import VERSIONS as FORWARD_VERSIONS
 
 CASES = [  # (B, H, Sq, Sk, d, causal)
@@ -39,12 +40,17 @@ def main():
                 cuda.synchronize()
                 print(f"forward {version} {(B, H, Sq, Sk, d)} {causal} {np.dtype(dtype).name}: ok",
                       flush=True)
-            if hasattr(numbaflash, "attention_backward"):
-                dout = cuda.to_device(rng.standard_normal((B, H, Sq, d)).astype(dtype))
-                numbaflash.attention_backward(dout, q, k, v, out, lse, causal=causal)
+            dout = cuda.to_device(rng.standard_normal((B, H, Sq, d)).astype(dtype))
+            for version in BACKWARD_VERSIONS:
+                try:
+                    numbaflash.attention_backward(dout, q, k, v, out, lse, causal=causal,
+                                                  version=version)
+                except ValueError as e:     # e.g. v2 (atomics) with float16: says why
+                    print(f"backward {version} {np.dtype(dtype).name}: not run ({e})")
+                    continue
                 cuda.synchronize()
-                print(f"backward {(B, H, Sq, Sk, d)} {causal} {np.dtype(dtype).name}: ok",
-                      flush=True)
+                print(f"backward {version} {(B, H, Sq, Sk, d)} {causal} "
+                      f"{np.dtype(dtype).name}: ok", flush=True)
 
 
 if __name__ == "__main__":
