@@ -226,7 +226,8 @@ print(numbaflash.explain_backward(q, k, v, tiles=TILES))
 # %% [markdown]
 # The check is TESTING.md's rule: against the float64 reference on the same float32 inputs,
 # each gradient's error may be at most a multiple of the error of a naive float32 NumPy
-# computation (dQ 5, dK 3, dV 3: dQ sums over the most terms), plus two ulps.
+# computation (dQ 5, dK 3, dV 3: dQ sums over the most terms), plus two ulps. The test
+# suite asserts this rule on random shapes; this cell prints the verdict for these inputs.
 
 # %%
 out, vjp = numbaflash.attention_vjp(q, k, v, forward_tiles=TILES, backward_tiles=TILES)
@@ -236,8 +237,8 @@ base = reference.backward(dout, q, k, v, dtype=np.float32)      # naive float32
 for name, g, r, b, mult in zip(("dQ", "dK", "dV"), grads, ref, base, (5, 3, 3)):
     err, base_err = np.abs(g - r).max(), np.abs(b - r).max()
     bound = mult * base_err + 2 * np.spacing(np.abs(r).max())
-    print(f"{name}: max error {err:.2e}, naive float32 {base_err:.2e}, bound {bound:.2e}")
-    assert err <= bound
+    verdict = "within" if err <= bound else "OUTSIDE"
+    print(f"{name}: max error {err:.2e}, naive float32 {base_err:.2e}, bound {bound:.2e}: {verdict}")
 
 # %% [markdown]
 # Two identities hold for any inputs and make quick sanity checks. Each row of $dS$ sums to
