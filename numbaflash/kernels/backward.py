@@ -37,6 +37,10 @@ v1  Three kernels, no atomics; the default.
     (i, j) pair (S, dV, dP, dK; S, dP, dQ) instead of Alg.2's 5, 40% more arithmetic.
     What it buys: every element of dQ, dK, dV has one owner thread that sums in a fixed
     order, so repeated runs are bitwise identical, and no zero-filled dQ is needed.
+    Registers (ptxas for sm_90, default tiles): no spills at d = 64 in float32. At
+    d = 128 the dK/dV thread's two rows of d accumulators (256 floats) spill; in float64
+    the dK/dV kernel spills from d = 64 and the dQ kernel at d = 128 (tests/ptx_check.py
+    prints the table).
 
 v2  A lesson, not the default: Alg.2 l.15 as the paper writes it. backward_dkdv_dq_v2 is
     backward_dkdv_v1 plus, inside the loop over Q tiles, cuda.atomic.add of
@@ -49,6 +53,12 @@ v2  A lesson, not the default: Alg.2 l.15 as the paper writes it. backward_dkdv_
     dQ itself, so it needs dQ in the accumulator dtype: float32 or float64 inputs only
     (flash-attention adds into a float32 scratch buffer and converts it afterwards, and
     offers a deterministic mode for the reason in (1)).
+
+Float32 sums: every accumulator (dKj, dVj over the Q tiles; dQi over the K/V tiles) adds
+one tile's terms into a fresh partial first and then adds the partial, as the forward does
+with l. Adding Sq terms one by one made dK's error 3x a float32 matmul's on the H200 at
+Sq = 1024 (the bound of TESTING.md's rule). The price is d more registers per
+accumulator: from d = 64 on, the dK/dV kernels spill (tests/ptx_check.py reports it).
 
 No GPU timings yet. Fully masked rows (causal with Sq > Sk, where L = -inf) have P = 0:
 the kernels skip them before computing exp, so they give a zero dQ row, add nothing to
@@ -123,6 +133,8 @@ def make_backward_dkdv_v1(Br, Bc, d, causal, acc_dtype):
         D_i = cuda.shared.array(Br, acc)
         dk_j = cuda.local.array(d, acc)  # this thread's row of dKj (registers)
         dv_j = cuda.local.array(d, acc)  # this thread's row of dVj
+        dk_t = cuda.local.array(d, acc)  # one Q tile's part of them (see below)
+        dv_t = cuda.local.array(d, acc)
         # Alg.2 l.6: load Kj, Vj. The Bc threads copy the tile together (consecutive
         # threads, consecutive addresses); rows past Sk are 0 and never used.
         for idx in range(c, Bc * d, Bc):
@@ -161,6 +173,12 @@ def make_backward_dkdv_v1(Br, Bc, d, causal, acc_dtype):
             # Wait until the Q-side tiles are complete before any thread reads them.
             cuda.syncthreads()
             if active:
+                # This Q tile's terms are summed on their own, then added to dKj and dVj:
+                # in float32, adding Sq terms one by one into dKj made its error 3x that of
+                # a float32 matmul on the H200 at Sq = 1024 (as l in the forward, v2).
+                for k in range(d):
+                    dk_t[k] = ZERO
+                    dv_t[k] = ZERO
                 for r in range(Br):
                     row = i * Br + r
                     visible = row < Sq and (not causal or col <= row + causal_offset)
@@ -170,8 +188,11 @@ def make_backward_dkdv_v1(Br, Bc, d, causal, acc_dtype):
                         p, ds = _p_and_ds(Qi, dOi, Kj, Vj, r, c, L_i[r], D_i[r],
                                           softmax_scale, d, ZERO)   # Alg.2 l.10-14
                         for k in range(d):
-                            dv_j[k] += p * dOi[r, k]     # Alg.2 l.12: dVj += Pij^T dOi
-                            dk_j[k] += ds * Qi[r, k]     # Alg.2 l.16: dKj += dSij^T Qi
+                            dv_t[k] += p * dOi[r, k]     # Alg.2 l.12: dVj += Pij^T dOi
+                            dk_t[k] += ds * Qi[r, k]     # Alg.2 l.16: dKj += dSij^T Qi
+                for k in range(d):
+                    dk_j[k] += dk_t[k]
+                    dv_j[k] += dv_t[k]
 
         if active:                      # Alg.2 l.18: write dKj, dVj
             for k in range(d):
@@ -210,6 +231,7 @@ def make_backward_dq_v1(Br, Bc, d, causal, acc_dtype):
         Kj = cuda.shared.array((Bc, d), acc)
         Vj = cuda.shared.array((Bc, d), acc)
         dq_i = cuda.local.array(d, acc)  # this thread's row of dQi (registers)
+        dq_t = cuda.local.array(d, acc)  # one K/V tile's part of it
         # Alg.2 l.9: load this row of Qi and dOi (only thread r reads row r: no barrier
         # needed before use), and its L and D into registers.
         for k in range(d):
@@ -239,6 +261,8 @@ def make_backward_dq_v1(Br, Bc, d, causal, acc_dtype):
             cuda.syncthreads()
             # A row that sees no key (L = -inf, or past Sq) has P = 0: skip it.
             if active and L_row != NEG_INF:
+                for k in range(d):      # this K/V tile's part, summed on its own (as dKj)
+                    dq_t[k] = ZERO
                 for c in range(Bc):
                     col = j * Bc + c
                     visible = col < Sk and (not causal or col <= row + causal_offset)
@@ -246,7 +270,9 @@ def make_backward_dq_v1(Br, Bc, d, causal, acc_dtype):
                         p, ds = _p_and_ds(Qi, dOi, Kj, Vj, r, c, L_row, D_row,
                                           softmax_scale, d, ZERO)   # Alg.2 l.10-14
                         for k in range(d):
-                            dq_i[k] += ds * Kj[c, k]     # Alg.2 l.15: dQi += dSij Kj
+                            dq_t[k] += ds * Kj[c, k]     # Alg.2 l.15: dQi += dSij Kj
+                for k in range(d):
+                    dq_i[k] += dq_t[k]
 
         if active:
             for k in range(d):
@@ -285,6 +311,8 @@ def make_backward_dkdv_dq_v2(Br, Bc, d, causal, acc_dtype):
         D_i = cuda.shared.array(Br, acc)
         dk_j = cuda.local.array(d, acc)  # this thread's row of dKj (registers)
         dv_j = cuda.local.array(d, acc)  # this thread's row of dVj
+        dk_t = cuda.local.array(d, acc)  # one Q tile's part of them (see below)
+        dv_t = cuda.local.array(d, acc)
         for idx in range(c, Bc * d, Bc):  # Alg.2 l.6: load Kj, Vj
             cc = idx // d
             k = idx % d
@@ -317,6 +345,9 @@ def make_backward_dkdv_dq_v2(Br, Bc, d, causal, acc_dtype):
             # Wait until the Q-side tiles are complete before any thread reads them.
             cuda.syncthreads()
             if active:
+                for k in range(d):      # this Q tile's part, summed on its own (as in v1)
+                    dk_t[k] = ZERO
+                    dv_t[k] = ZERO
                 for r in range(Br):
                     row = i * Br + r
                     visible = row < Sq and (not causal or col <= row + causal_offset)
@@ -324,11 +355,14 @@ def make_backward_dkdv_dq_v2(Br, Bc, d, causal, acc_dtype):
                         p, ds = _p_and_ds(Qi, dOi, Kj, Vj, r, c, L_i[r], D_i[r],
                                           softmax_scale, d, ZERO)   # Alg.2 l.10-14
                         for k in range(d):
-                            dv_j[k] += p * dOi[r, k]     # Alg.2 l.12
-                            dk_j[k] += ds * Qi[r, k]     # Alg.2 l.16
+                            dv_t[k] += p * dOi[r, k]     # Alg.2 l.12
+                            dk_t[k] += ds * Qi[r, k]     # Alg.2 l.16
                             # Alg.2 l.15: dQi += dSij Kj, straight into HBM. Every thread
                             # of every block with a visible column adds here: atomics.
                             cuda.atomic.add(dQ, (bh, row, k), softmax_scale * ds * Kj[c, k])
+                for k in range(d):
+                    dk_j[k] += dk_t[k]
+                    dv_j[k] += dv_t[k]
 
         if active:                      # Alg.2 l.18
             for k in range(d):
