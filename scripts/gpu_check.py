@@ -272,6 +272,12 @@ BACKWARD_CASES = [
 ]
 
 
+def save(out_dir):
+    """Write what is known so far (a run cut short by a timeout still leaves its results)."""
+    with open(f"{out_dir}/gpu_check.json", "w") as f:
+        json.dump(RESULTS, f, indent=1)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
@@ -299,20 +305,22 @@ def main():
     for case in cases:
         agreement(case, rng)
     print(f"agreement: {time.time() - t0:.1f} s", flush=True)
+    save(args.out)
     t0 = time.time()
     for case in BACKWARD_CASES:
         backward_agreement(case, rng)
     print(f"backward agreement: {time.time() - t0:.1f} s", flush=True)
     deterministic = determinism()
     memory()
+    save(args.out)
     if not args.skip_timing:
         for shape in ((2, 16, 4096, 64), (2, 16, 4096, 128), (1, 16, 16384, 64)):
             for causal in (False, True):
                 timing(shape, causal)
+                save(args.out)
     ok = deterministic and all(r["ok"] for r in RESULTS["agreement"] + RESULTS["backward_agreement"])
     RESULTS["all_ok"] = ok
-    with open(f"{args.out}/gpu_check.json", "w") as f:
-        json.dump(RESULTS, f, indent=1)
+    save(args.out)
     print("ALL OK" if ok else "SOME CASES FAILED", flush=True)
     return 0 if ok else 1
 
