@@ -1,0 +1,258 @@
+"""Compile kernels to PTX for sm_90 (H100/H200) without a GPU, and optionally link them.
+
+The simulator never compiles anything, so the CI suite would not notice a kernel that
+the real compiler rejects (an unsupported construct, a float64 literal in a float32
+kernel, more static shared memory than a block may have). This script compiles each
+kernel in ENTRIES with ``numba.cuda.compile_ptx`` (NVVM, from the CUDA wheels), then, if
+asked, links the PTX with nvJitLink for sm_90 and reads ptxas's report: registers,
+stack frame, spill stores/loads, shared memory.
+
+It must run with NUMBA_ENABLE_CUDASIM=0 (the simulator's numba.cuda has no compiler), so
+tests/test_ptx.py runs it in a subprocess:
+
+    NUMBA_ENABLE_CUDASIM=0 python tests/ptx_check.py [--group forward] [--match f32] [--link]
+
+It prints one JSON object per kernel on stdout (lines starting with "PTXCHECK "):
+name, group, ok, error, ptx_bytes, f64_lines (for kernels that must not use float64),
+and with --link: registers, stack_bytes, spill_stores, spill_loads, smem_bytes, log.
+
+Adding kernels: write a function that returns a list of ``Entry`` and add it to GROUPS
+(e.g. ``GROUPS["backward"] = backward_entries``). An Entry holds a name, a zero-argument
+callable that returns the @cuda.jit dispatcher (the cached factory call), the argument
+types, and whether its PTX must be free of float64 (float16/float32 kernels).
+"""
+
+import argparse
+import json
+import os
+import re
+import sys
+import traceback
+from dataclasses import dataclass
+from typing import Callable
+
+if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
+    sys.exit("ptx_check.py needs NUMBA_ENABLE_CUDASIM=0: the simulator cannot compile to PTX")
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import numba  # noqa: E402
+from numba import cuda  # noqa: E402
+from numba.cuda import dispatcher as cuda_dispatcher  # noqa: E402
+
+CC = (9, 0)
+ARCH = "sm_90"
+
+
+class _FakeDevice:
+    compute_capability = CC
+
+
+if not cuda.is_available():
+    # Without a GPU (CI), compile_ptx works for a kernel alone, but a kernel that calls a
+    # @cuda.jit(device=True) function (forward's _write_row) fails: while typing the call,
+    # numba-cuda's dispatcher asks the *current device* for its compute capability, which
+    # initialises the CUDA driver ("CUDA driver library cannot be found"). Answer that
+    # question with the target we compile for; nothing else in this process touches a device.
+    cuda_dispatcher.get_current_device = lambda: _FakeDevice()
+
+from numbaflash import dispatch  # noqa: E402
+from numbaflash.kernels import forward as fwd  # noqa: E402
+
+
+@dataclass
+class Entry:
+    name: str
+    group: str
+    build: Callable           # () -> the @cuda.jit dispatcher (a cached factory call)
+    signature: tuple          # numba types of the kernel's arguments
+    no_f64: bool              # the PTX must contain no .f64 instruction or register
+
+
+def array(dtype, ndim):
+    return numba.types.Array(numba.from_dtype(dtype), ndim, "C")
+
+
+def forward_signature(dtype, acc):
+    """forward_vN(Q, K, V, O, L, softmax_scale, causal_offset)."""
+    t3 = array(dtype, 3)
+    return (t3, t3, t3, t3, array(acc, 2), numba.from_dtype(acc), numba.int64)
+
+
+def forward_entries():
+    """Every forward version x float16/float32/float64 x causal off/on x d in 1, 64, 128,
+    256, with each version's default tiles, where the version supports the combination
+    (v3: float16/float32 and d <= 128)."""
+    import numpy as np
+    out = []
+    for dtype in ("float16", "float32", "float64"):
+        acc = "float64" if dtype == "float64" else "float32"
+        sig = forward_signature(np.dtype(dtype), np.dtype(acc))
+        for d in (1, 64, 128, 256):
+            for causal in (False, True):
+                tag = f"{dtype}-d{d}-{'causal' if causal else 'full'}"
+                out.append(Entry(f"forward_v1-{tag}", "forward",
+                                 lambda d=d, c=causal, a=acc: fwd.make_forward_v1(d, c, a),
+                                 sig, dtype != "float64"))
+                Br, Bc = dispatch.default_forward_tiles(d, acc)
+                out.append(Entry(f"forward_v2-{tag}-tiles{Br}x{Bc}", "forward",
+                                 lambda Br=Br, Bc=Bc, d=d, c=causal, a=acc:
+                                 fwd.make_forward_v2(Br, Bc, d, c, a),
+                                 sig, dtype != "float64"))
+                if "v3" in fwd.VERSIONS and acc == "float32" and d <= dispatch.V3_MAX_HEAD_DIM:
+                    # v3 (tensor cores, GPU only): float32 accumulation, d <= 128
+                    Br, Bc = dispatch.default_v3_tiles(d)
+                    out.append(Entry(f"forward_v3-{tag}-tiles{Br}x{Bc}", "forward",
+                                     lambda Bc=Bc, d=d, c=causal: fwd.make_forward_v3(Bc, d, c),
+                                     sig, True))
+    assert {e.name.split("-")[0] for e in out} == {f"forward_{v}" for v in fwd.VERSIONS}, \
+        "a forward version is missing from ptx_check.forward_entries"
+    return out
+
+
+def backward_signatures(dtype, acc):
+    """The backward kernels' argument types: (preprocess, dkdv_v1, dq_v1, dkdv_dq_v2).
+
+    backward_preprocess(dO, O, D); backward_dkdv_v1(Q, K, V, dO, L, D, dK, dV, scale,
+    offset); backward_dq_v1(Q, K, V, dO, L, D, dQ, scale, offset); backward_dkdv_dq_v2(Q,
+    K, V, dO, L, D, dQ, dK, dV, scale, offset), where dQ is in the accumulator dtype.
+    """
+    t3, a2, a3 = array(dtype, 3), array(acc, 2), array(acc, 3)
+    scale, offset = numba.from_dtype(acc), numba.int64
+    return ((t3, t3, a2),
+            (t3, t3, t3, t3, a2, a2, t3, t3, scale, offset),
+            (t3, t3, t3, t3, a2, a2, t3, scale, offset),
+            (t3, t3, t3, t3, a2, a2, a3, t3, t3, scale, offset))
+
+
+def backward_entries():
+    """Every backward kernel x float16/float32/float64 x causal off/on (the preprocessing
+    kernel has no mask) x d in 1, 64, 128, 256, with the default backward tiles; v2 only
+    where it runs (float32, float64)."""
+    import numpy as np
+
+    from numbaflash.kernels import backward as bwd
+    out = []
+    for dtype in ("float16", "float32", "float64"):
+        acc = "float64" if dtype == "float64" else "float32"
+        pre, dkdv, dq, v2 = backward_signatures(np.dtype(dtype), np.dtype(acc))
+        no_f64 = dtype != "float64"
+        for d in (1, 64, 128, 256):
+            out.append(Entry(f"backward_preprocess-{dtype}-d{d}", "backward",
+                             lambda d=d, a=acc: bwd.make_backward_preprocess(d, a), pre, no_f64))
+            Br, Bc = dispatch.default_backward_tiles(d, acc)
+            for causal in (False, True):
+                tag = f"{dtype}-d{d}-{'causal' if causal else 'full'}-tiles{Br}x{Bc}"
+                args = dict(Br=Br, Bc=Bc, d=d, c=causal, a=acc)
+                out.append(Entry(f"backward_dkdv_v1-{tag}", "backward",
+                                 lambda kw=args: bwd.make_backward_dkdv_v1(
+                                     kw["Br"], kw["Bc"], kw["d"], kw["c"], kw["a"]),
+                                 dkdv, no_f64))
+                out.append(Entry(f"backward_dq_v1-{tag}", "backward",
+                                 lambda kw=args: bwd.make_backward_dq_v1(
+                                     kw["Br"], kw["Bc"], kw["d"], kw["c"], kw["a"]),
+                                 dq, no_f64))
+                if dtype != "float16":
+                    out.append(Entry(f"backward_dkdv_dq_v2-{tag}", "backward",
+                                     lambda kw=args: bwd.make_backward_dkdv_dq_v2(
+                                         kw["Br"], kw["Bc"], kw["d"], kw["c"], kw["a"]),
+                                     v2, no_f64))
+    return out
+
+
+GROUPS = {"forward": forward_entries, "backward": backward_entries}
+
+
+F64_RE = re.compile(r"\.f64\b")
+
+
+def f64_lines(ptx):
+    """PTX lines that use float64: instructions (add.f64, cvt.f64.f32, ...) or registers."""
+    return [ln.strip() for ln in ptx.splitlines()
+            if F64_RE.search(ln) and not ln.lstrip().startswith("//")]
+
+
+def link(ptx, name):
+    """Link PTX for ARCH with nvJitLink; returns ptxas's verbose info log."""
+    from cuda.bindings import nvjitlink
+    handle = nvjitlink.create(2, [f"-arch={ARCH}", "-verbose"])
+    try:
+        data = ptx.encode()
+        nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), name)
+        try:
+            nvjitlink.complete(handle)
+        except Exception:
+            size = nvjitlink.get_error_log_size(handle)
+            buf = bytearray(size)
+            nvjitlink.get_error_log(handle, buf)
+            raise RuntimeError(f"nvJitLink failed: {buf.decode(errors='replace')}") from None
+        size = nvjitlink.get_info_log_size(handle)
+        buf = bytearray(size)
+        nvjitlink.get_info_log(handle, buf)
+        return buf.decode(errors="replace").rstrip("\x00")
+    finally:
+        nvjitlink.destroy(handle)
+
+
+def parse_link_log(log):
+    """Numbers for the kernel entry from ptxas's verbose report."""
+    def grab(pattern):
+        m = re.search(pattern, log)
+        return int(m.group(1)) if m else None
+    return {
+        "registers": grab(r"Used (\d+) registers"),
+        "stack_bytes": grab(r"(\d+) bytes stack frame"),
+        "spill_stores": grab(r"(\d+) bytes spill stores"),
+        "spill_loads": grab(r"(\d+) bytes spill loads"),
+        "smem_bytes": grab(r"(\d+) bytes smem"),
+    }
+
+
+def check(entry, do_link):
+    result = {"name": entry.name, "group": entry.group, "no_f64": entry.no_f64}
+    try:
+        kernel = entry.build()
+        ptx, _ = cuda.compile_ptx(kernel.py_func, entry.signature, cc=CC)
+        result["ptx_bytes"] = len(ptx)
+        if entry.no_f64:                # float64 kernels are allowed their .f64
+            bad = f64_lines(ptx)
+            result["f64_lines"] = bad[:10]
+            result["f64_count"] = len(bad)
+        else:
+            result["f64_lines"], result["f64_count"] = [], None
+        if do_link:
+            log = link(ptx, entry.name)
+            result.update(parse_link_log(log))
+            result["log"] = log[-2000:]
+        result["ok"] = True
+    except Exception as exc:
+        result["ok"] = False
+        result["error"] = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        result["traceback"] = traceback.format_exc()[-3000:]
+    return result
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--group", action="append", choices=sorted(GROUPS),
+                    help="entry groups to check (default: all)")
+    ap.add_argument("--match", action="append", default=[],
+                    help="only entries whose name contains every given substring")
+    ap.add_argument("--link", action="store_true", help="also link with nvJitLink")
+    ap.add_argument("--list", action="store_true", help="print entry names and exit")
+    args = ap.parse_args(argv)
+    entries = [e for g in (args.group or sorted(GROUPS)) for e in GROUPS[g]()]
+    entries = [e for e in entries if all(m in e.name for m in args.match)]
+    if args.list:
+        print("\n".join(e.name for e in entries))
+        return 0
+    if not entries:
+        print("no entries selected", file=sys.stderr)
+        return 2
+    for entry in entries:
+        print("PTXCHECK " + json.dumps(check(entry, args.link)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,309 @@
+"""Hypothesis strategies for attention inputs, shared by the forward and backward suites.
+
+One ``@st.composite`` draws every dimension once, then builds consistent arrays:
+
+    from strategies import attention_cases, make_case, examples
+
+    @settings(max_examples=examples())
+    @given(case=attention_cases(dtypes=("float32",), with_dout=True))
+    def test_something(case):
+        out = numbaflash.attention(case.q, case.k, case.v, **case.options())
+        ...
+
+What a drawn ``AttentionCase`` holds:
+
+    B, H, Sq, Sk, d      q is (B, H, Sq, d); k, v are (B, H, Sk, d); dout (if asked) like q
+    dtype                np.float16, np.float32 or np.float64 (all arrays have it)
+    causal               None, "bottom_right" or "top_left"
+    tiles                (Br, Bc) for a tiled kernel, or None ("use the default rule")
+    scale                None (1/sqrt(d)) or a number
+    values               "uniform" (uniform in [-4, 4]) or "grid" (multiples of 0.5 in
+                         [-4, 4]: many exact ties between scores, which exercise the
+                         "running max did not change" paths)
+    seed                 the arrays are a pure function of the fields above and this seed
+
+Every element is float32-exact (and float16-exact for float16 cases), lies in [-4, 4], and
+is never subnormal: inputs are "already rounded to the test dtype" (TESTING.md), so the
+float64 reference sees exactly what the kernel sees. Extremes (x100 logits, NaN, inf) are
+not drawn here: the tests that want them build them from a drawn case.
+
+``repr(case)`` is a ``make_case(...)`` call that rebuilds the same case. When Hypothesis
+reports a counterexample, paste it into an ``@example(case=make_case(...))`` on the test,
+so that it is checked on every run from then on (TESTING.md: every counterexample ever
+found becomes an @example).
+
+Sizes follow the backend (``numbaflash.backend()``):
+
+    simulator  d <= 16, B*H <= 2, seqlens <= 40 and at most 3 tiles + 1 row per axis,
+               tiles from {2, 4, 8, 16}. The simulator pays ~150 us per thread launched
+               and 5-40 ms per barrier round per block, so each axis crosses only 2-3 tile
+               boundaries.
+    gpu        seqlens up to 4096, d in {64, 128} plus odd 59, 111 (and 1, 16, 256), B*H
+               up to 9, B*H*Sq*Sk <= 2^23 (the float64 reference's cost), and for float16
+               B*H*Sq*Sk*d <= 2^25 (NumPy's float16 matmul is slow); the production default
+               tiles 3 times in 4, another candidate that fits otherwise.
+
+Seqlens are biased toward the tile boundaries {1, T-1, T, T+1, 2T+1} of the tile T on their
+axis (Br for Sq, Bc for Sk), half the time; otherwise uniform in the allowed range.
+
+Example counts: ``examples(factor)`` scales the active Hypothesis profile's max_examples
+(conftest.py registers the profiles; the count there is meant for kernel tests, which run
+a kernel on every example). Tests that only run NumPy use a larger factor.
+"""
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from hypothesis import settings
+from hypothesis import strategies as st
+
+from numbaflash import dispatch
+
+DTYPES = ("float16", "float32", "float64")
+CAUSAL_MODES = (None, "bottom_right", "top_left")
+VALUE_KINDS = ("uniform", "grid")
+# None (the default 1/sqrt(d)) is first, so Hypothesis shrinks toward it.
+SCALES = (None, 0.5, 0.3)
+
+
+def current_backend():
+    """'gpu', 'simulator', or 'none' (no GPU and no simulator: only NumPy tests can run)."""
+    try:
+        return dispatch.backend()
+    except RuntimeError:
+        return "none"
+
+
+def on_gpu():
+    return current_backend() == "gpu"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How big drawn problems may be on one backend."""
+    max_batch_heads: int            # B * H <= this
+    max_seqlen: int                 # Sq, Sk <= this
+    head_dims: tuple                # d is drawn from these (the first is where shrinking goes)
+    tile_sizes: tuple | None        # Br and Bc each drawn from these; None: production candidates
+    max_tiles_per_axis: int | None  # seqlen <= this * T + 1 for tile T on that axis (cost cap)
+    default_tile: int               # the T used for boundary bias when a case has no tiles
+    max_score_elements: int         # B * H * Sq * Sk <= this (the dense reference's memory/time)
+    max_half_macs: int | None = None  # float16: B * H * Sq * Sk * d <= this (NumPy's float16
+                                      # matmul, used by the float16 baseline, has no BLAS:
+                                      # ~50 M multiply-adds per second)
+    other_tiles_odds: int = 1       # draw a non-default tile 1 in this many times (GPU: each
+                                    # new tile size is a new 1-2 s JIT compile)
+
+
+SIM_SIZES = Sizes(max_batch_heads=2, max_seqlen=40, head_dims=(4, 1, 2, 3, 5, 8, 13, 16),
+                  tile_sizes=(4, 2, 8, 16), max_tiles_per_axis=3, default_tile=8,
+                  max_score_elements=2 * 40 * 40)
+GPU_SIZES = Sizes(max_batch_heads=9, max_seqlen=4096, head_dims=(64, 128, 59, 111, 1, 16, 256),
+                  tile_sizes=None, max_tiles_per_axis=None, default_tile=64,
+                  max_score_elements=2 ** 23, max_half_macs=2 ** 25, other_tiles_odds=4)
+
+
+def sizes_for_backend(backend=None):
+    """SIM_SIZES unless the backend is a real GPU."""
+    return GPU_SIZES if (backend or current_backend()) == "gpu" else SIM_SIZES
+
+
+def examples(factor=1.0):
+    """max_examples for a test: the active profile's count times ``factor`` (at least 1).
+
+    Call it in ``@settings(max_examples=examples(...))``; the profile is loaded by
+    conftest.py before test modules are imported, so this reads the right one.
+    """
+    return max(1, int(round(settings.default.max_examples * factor)))
+
+
+# ---------------------------------------------------------------------------------------
+# Arrays
+# ---------------------------------------------------------------------------------------
+
+def random_values(rng, shape, dtype, values="uniform"):
+    """An array of ``shape`` in ``dtype``: float32-exact (and dtype-exact), in [-4, 4],
+    no subnormals (they are flushed to 0)."""
+    dtype = np.dtype(dtype)
+    if values == "uniform":
+        x = rng.uniform(-4.0, 4.0, size=shape).astype(np.float32).astype(dtype)
+    elif values == "grid":
+        x = (rng.integers(-8, 9, size=shape) * 0.5).astype(dtype)
+    else:
+        raise ValueError(f"unknown values kind {values!r}")
+    x[np.abs(x) < np.finfo(dtype).tiny] = 0
+    return x
+
+
+@dataclass(frozen=True, repr=False)
+class AttentionCase:
+    """A drawn attention problem (see the module docstring). Arrays are NumPy, 4D."""
+    B: int
+    H: int
+    Sq: int
+    Sk: int
+    d: int
+    dtype: type
+    causal: str | None
+    tiles: tuple | None
+    scale: float | None
+    values: str
+    seed: int
+    with_dout: bool
+    q: np.ndarray = field(compare=False)
+    k: np.ndarray = field(compare=False)
+    v: np.ndarray = field(compare=False)
+    dout: np.ndarray | None = field(compare=False)
+    # For tests that need more random data (a permutation, a shift vector): a Generator
+    # seeded from this case's seed, so the data is reproducible from the case's repr.
+    rng: np.random.Generator = field(compare=False)
+
+    def options(self, with_tiles=True, **override):
+        """Keyword arguments for ``numbaflash.attention``: causal, scale (and tiles when
+        ``with_tiles`` is true and the case has them). ``override`` wins."""
+        kw = {"causal": self.causal, "scale": self.scale}
+        if with_tiles and self.tiles is not None:
+            kw["tiles"] = self.tiles
+        kw.update(override)
+        return kw
+
+
+    def random_like(self, shape, values=None):
+        """More arrays with this case's dtype and value rules, from ``self.rng`` (each call
+        gives new values; the sequence is reproducible from the case's repr)."""
+        return random_values(self.rng, shape, self.dtype, values or self.values)
+
+    def _repr_pretty_(self, p, cycle):      # Hypothesis and IPython print this
+        p.text(repr(self))
+
+    def __repr__(self):
+        return (f"make_case(B={self.B}, H={self.H}, Sq={self.Sq}, Sk={self.Sk}, d={self.d}, "
+                f"dtype={np.dtype(self.dtype).name!r}, causal={self.causal!r}, "
+                f"tiles={self.tiles!r}, scale={self.scale!r}, values={self.values!r}, "
+                f"seed={self.seed}, with_dout={self.with_dout})")
+
+
+def make_case(B, H, Sq, Sk, d, dtype="float32", causal=None, tiles=None, scale=None,
+              values="uniform", seed=0, with_dout=False):
+    """Build an AttentionCase deterministically (what the strategy draws, and what
+    ``@example(case=make_case(...))`` pins)."""
+    dtype = np.dtype(dtype).type
+    rng = np.random.default_rng(seed)
+    q = random_values(rng, (B, H, Sq, d), dtype, values)
+    k = random_values(rng, (B, H, Sk, d), dtype, values)
+    v = random_values(rng, (B, H, Sk, d), dtype, values)
+    dout = random_values(rng, (B, H, Sq, d), dtype, values) if with_dout else None
+    return AttentionCase(B, H, Sq, Sk, d, dtype, causal, None if tiles is None else tuple(tiles),
+                         scale, values, seed, with_dout, q, k, v, dout,
+                         np.random.default_rng([seed, 1]))
+
+
+# ---------------------------------------------------------------------------------------
+# Strategies
+# ---------------------------------------------------------------------------------------
+
+def forward_tile_candidates(d, acc_dtype, sizes=None):
+    """The (Br, Bc) pairs the forward v2 kernel may be drawn with for head dim d.
+
+    Simulator: every pair from ``sizes.tile_sizes`` (small tiles; shared memory is never a
+    limit there). GPU: the default rule's choice first (what users get), then the other
+    candidates of dispatch.TILE_CANDIDATES that fit in shared memory.
+    """
+    sizes = sizes or sizes_for_backend()
+    if sizes.tile_sizes is not None:
+        return [(Br, Bc) for Br in sizes.tile_sizes for Bc in sizes.tile_sizes]
+    default = tuple(dispatch.default_forward_tiles(d, acc_dtype))
+    fits = [t for t in dispatch.TILE_CANDIDATES if t != default and
+            dispatch.forward_shared_bytes(*t, d, acc_dtype) <= dispatch.SHARED_MEM_LIMIT]
+    return [default] + fits
+
+
+def seqlens(tile, lo, hi):
+    """A seqlen in [lo, hi], half the time one of the boundaries {1, T-1, T, T+1, 2T+1}."""
+    boundaries = sorted({n for n in (1, tile - 1, tile, tile + 1, 2 * tile + 1) if lo <= n <= hi})
+    uniform = st.integers(lo, hi)
+    return st.one_of(st.sampled_from(boundaries), uniform) if boundaries else uniform
+
+
+def _axis_max(sizes, tile, max_seqlen):
+    hi = sizes.max_seqlen if max_seqlen is None else min(max_seqlen, sizes.max_seqlen)
+    if sizes.max_tiles_per_axis is not None:
+        hi = min(hi, sizes.max_tiles_per_axis * tile + 1)
+    return hi
+
+
+@st.composite
+def attention_cases(draw, *, dtypes=DTYPES, causal=CAUSAL_MODES, tiles="forward",
+                    with_dout=False, min_seqlen=1, max_seqlen=None, head_dims=None,
+                    max_batch_heads=None, values=VALUE_KINDS, scales=SCALES, sizes=None,
+                    same_seqlen=False):
+    """Draw an ``AttentionCase``: dimensions first, then consistent q, k, v (and dout).
+
+    Args:
+        dtypes: dtype names to draw from ("float16", "float32", "float64").
+        causal: causal modes to draw from (None, "bottom_right", "top_left").
+        tiles: "forward" draws (Br, Bc) for the forward v2 kernel (forward_tile_candidates);
+            None gives cases without tiles (the kernel's default rule); a callable
+            ``f(d, acc_dtype) -> list of (Br, Bc)`` draws from its list (e.g. the
+            backward kernel's own limits).
+        with_dout: also draw dout (B, H, Sq, d), the upstream gradient for backward tests.
+        min_seqlen: 0 allows empty sequences (Sq = 0 or Sk = 0).
+        max_seqlen: a further cap on Sq and Sk (the backend's cap always applies).
+        head_dims: d is drawn from these instead of the backend's list.
+        max_batch_heads: a further cap on B * H.
+        values: value kinds to draw from ("uniform", "grid").
+        scales: softmax scales to draw from (None = 1/sqrt(d)).
+        sizes: a Sizes to use instead of the backend's.
+        same_seqlen: draw Sk = Sq.
+    """
+    sizes = sizes or sizes_for_backend()
+    dtype = draw(st.sampled_from(dtypes))
+    acc_dtype = "float64" if dtype == "float64" else "float32"
+    d = draw(st.sampled_from(head_dims or sizes.head_dims))
+
+    if tiles is None:
+        case_tiles = None
+        Tq = Tk = sizes.default_tile
+    else:
+        candidates = (forward_tile_candidates(d, acc_dtype, sizes) if tiles == "forward"
+                      else list(tiles(d, acc_dtype)))
+        if not candidates:
+            raise ValueError(f"no tile candidates for d={d} in {acc_dtype}")
+        # The first candidate (the default on a GPU) unless a 1-in-odds draw says otherwise;
+        # shrinking goes to the first candidate.
+        other = sizes.other_tiles_odds <= 1 or draw(st.integers(1, sizes.other_tiles_odds)) == \
+            sizes.other_tiles_odds
+        case_tiles = draw(st.sampled_from(candidates)) if other else candidates[0]
+        Tq, Tk = case_tiles
+
+    # What the dense reference (and the float16 baseline) can afford: Sq * Sk <= budget.
+    budget = sizes.max_score_elements
+    if dtype == "float16" and sizes.max_half_macs is not None:
+        budget = min(budget, sizes.max_half_macs // d)
+    cap_q = math.isqrt(budget) if same_seqlen else budget
+    Sq = draw(seqlens(Tq, min_seqlen, min(cap_q, _axis_max(sizes, Tq, max_seqlen))))
+    if same_seqlen:
+        Sk = Sq
+    else:
+        Sk = draw(seqlens(Tk, min_seqlen, min(budget // max(1, Sq),
+                                              _axis_max(sizes, Tk, max_seqlen))))
+
+    max_bh = sizes.max_batch_heads if max_batch_heads is None else min(max_batch_heads,
+                                                                       sizes.max_batch_heads)
+    max_bh = max(1, min(max_bh, budget // max(1, Sq * Sk)))
+    B = draw(st.integers(1, max_bh))
+    H = draw(st.integers(1, max_bh // B))
+
+    mode = draw(st.sampled_from(causal))
+    scale = draw(st.sampled_from(scales))
+    kind = draw(st.sampled_from(values))
+    seed = draw(st.integers(0, 2 ** 32 - 1))
+    return make_case(B, H, Sq, Sk, d, dtype, mode, case_tiles, scale, kind, seed, with_dout)
+
+
+@st.composite
+def split_points(draw, n):
+    """An index s in [0, n], biased toward the ends (empty parts are the hard case)."""
+    return draw(st.one_of(st.sampled_from(sorted({0, n, min(1, n), max(n - 1, 0)})),
+                          st.integers(0, n)))

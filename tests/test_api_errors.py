@@ -1,0 +1,285 @@
+"""Bad inputs give a clear ValueError/TypeError before anything is launched, and explain()
+and the INFO log say what would run and why.
+
+Every error test runs with the launcher replaced by one that fails the test, so an error
+raised by a kernel (or no error at all) cannot pass for a validation error.
+"""
+
+import logging
+import math
+import re
+import types
+
+import numpy as np
+import pytest
+from numba import cuda
+
+import numbaflash
+import numbaflash.api
+from numbaflash import dispatch
+from numbaflash.kernels.forward import VERSIONS
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    """Fail the test if anything reaches the kernel launcher."""
+    def launched(*args, **kwargs):
+        raise AssertionError("a kernel was launched; validation should have raised first")
+    monkeypatch.setattr(numbaflash.api, "launch_forward", launched)
+    monkeypatch.setattr(dispatch, "launch_forward", launched)
+
+
+def arrays(shape_q=(2, 3, 5, 8), shape_kv=(2, 3, 6, 8), dtype=np.float32):
+    q = np.zeros(shape_q, dtype)
+    k = np.zeros(shape_kv, dtype)
+    v = np.zeros(shape_kv, dtype)
+    return q, k, v
+
+
+def raises(exc, match, *args, **kwargs):
+    with pytest.raises(exc, match=match):
+        numbaflash.attention(*args, **kwargs)
+    with pytest.raises(exc, match=match):       # explain validates the same way
+        numbaflash.explain(*args, **kwargs)
+
+
+pytestmark = pytest.mark.usefixtures("no_launch")
+
+
+# --- shapes -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape_q,shape_k,shape_v,match", [
+    ((5, 8), (6, 8), (7, 8), r"k and v must have the same shape"),
+    ((5, 8), (6, 4), (6, 4), r"q and k must have the same head dim"),
+    ((2, 5, 8), (3, 6, 8), (3, 6, 8), r"same leading \(batch, heads\) dims"),
+    ((2, 3, 5, 8), (2, 4, 6, 8), (2, 4, 6, 8), r"same leading \(batch, heads\) dims"),
+    ((2, 5, 8), (6, 8), (6, 8), r"same rank"),
+    ((2, 3, 5, 8), (2, 3, 6, 8), (2, 3, 7, 8), r"k and v must have the same shape"),
+])
+def test_mismatched_shapes(shape_q, shape_k, shape_v, match):
+    q, k, v = np.zeros(shape_q, np.float32), np.zeros(shape_k, np.float32), np.zeros(
+        shape_v, np.float32)
+    raises(ValueError, match, q, k, v)
+
+
+@pytest.mark.parametrize("shape", [(8,), (1, 1, 1, 5, 8)], ids=["rank1", "rank5"])
+def test_rank_1_or_5(shape):
+    q = k = v = np.zeros(shape, np.float32)
+    raises(ValueError, r"rank 2 \(seqlen, d\), 3 \(heads, seqlen, d\) or 4", q, k, v)
+
+
+def test_not_an_array():
+    raises(TypeError, r"q must be an array", [[1.0, 2.0]], np.zeros((1, 2)), np.zeros((1, 2)))
+
+
+# --- dtypes -----------------------------------------------------------------------------
+
+def test_mismatched_dtypes():
+    q, k, v = arrays()
+    raises(TypeError, r"same dtype; got float32, float64, float32", q, k.astype(np.float64), v)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint8, np.bool_, np.complex64])
+def test_unsupported_dtype(dtype):
+    q, k, v = arrays(dtype=dtype)
+    raises(TypeError, r"unsupported dtype .*float16 \(computed in float32\), float32 and float64",
+           q, k, v)
+
+
+# --- head dim ---------------------------------------------------------------------------
+
+def test_head_dim_zero():
+    q, k, v = arrays((4, 0), (5, 0))
+    raises(ValueError, r"head dim must be at least 1; got 0", q, k, v)
+
+
+@pytest.mark.parametrize("d", [257, 512])
+def test_head_dim_above_the_maximum_names_256_and_why(d):
+    q, k, v = arrays((4, d), (5, d))
+    raises(ValueError, rf"head dim {d} exceeds the maximum 256.*shared memory", q, k, v)
+
+
+def test_head_dim_256_is_accepted():
+    q, k, v = arrays((4, 256), (5, 256))
+    plan = numbaflash.explain(q, k, v)
+    assert plan.kernel == "forward_v2"
+
+
+# --- options ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("scale", [math.inf, -math.inf, math.nan, np.float32("nan"),
+                                   np.float64("inf")])
+def test_nonfinite_scale(scale):
+    raises(ValueError, r"scale must be finite", *arrays(), scale=scale)
+
+
+@pytest.mark.parametrize("scale", ["0.5", 1j, [0.5], True])
+def test_scale_of_the_wrong_type(scale):
+    raises(TypeError, r"scale must be a real number or None", *arrays(), scale=scale)
+
+
+@pytest.mark.parametrize("causal", ["bottom-right", "BOTTOM_RIGHT", "causal", 1, 0, "", "top"])
+def test_unknown_causal_mode(causal):
+    raises(ValueError, r"causal must be False, True, 'bottom_right' or 'top_left'", *arrays(),
+           causal=causal)
+
+
+@pytest.mark.parametrize("version", ["v99", "V2", "", 2, "flash"])
+def test_unknown_version(version):
+    raises(ValueError, r"unknown forward version .*choose from \('v1', 'v2'", *arrays(),
+           version=version)
+
+
+def test_tiles_with_v1():
+    raises(ValueError, r"tiles apply to the tiled kernels? .*; v1 has no tiles", *arrays(),
+           version="v1", tiles=(4, 4))
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_version_either_runs_here_or_says_why_not(version):
+    """A version that cannot run an input here (e.g. a GPU-only version on the simulator)
+    raises a ValueError that says so and why; it never falls back silently."""
+    try:
+        plan = numbaflash.explain(*arrays(), version=version)
+    except ValueError as err:
+        assert re.search(rf"forward {version} cannot run this input: .+", str(err)), str(err)
+        if numbaflash.backend() == "simulator":
+            assert "simulator" in str(err)
+    else:
+        assert plan.version == version and plan.kernel == f"forward_{version}"
+
+
+def explain_or_skip(*args, **kwargs):
+    """explain(), or a visible skip with the library's reason if the version cannot run
+    here (test_a_version_either_runs_here_or_says_why_not checks that refusal)."""
+    try:
+        return numbaflash.explain(*args, **kwargs)
+    except ValueError as err:
+        if "cannot run" not in str(err):
+            raise
+        pytest.skip(str(err))
+
+
+@pytest.mark.parametrize("tiles,match", [
+    ((0, 4), r"tiles must be positive; got \(Br, Bc\) = \(0, 4\)"),
+    ((4, -1), r"tiles must be positive"),
+    ((1025, 1), r"Br = 1025 exceeds 1024: one thread per query row"),
+    ((2048, 4), r"Br = 2048 exceeds 1024"),
+    ((64, 32), r"tiles \(Br, Bc\) = \(64, 32\) need \d+ bytes of shared memory at head dim "
+               r"256 in float32; the limit is 49152 \(48 KB static shared memory per block\)"),
+    ((4,), r"tiles must be a pair of positive ints"),
+    ((4, 4, 4), r"tiles must be a pair of positive ints"),
+    ("ab", r"tiles must be a pair of positive ints"),
+    (4, r"tiles must be a pair of positive ints"),
+])
+def test_bad_tiles(tiles, match):
+    q, k, v = arrays((2, 5, 256), (2, 6, 256))
+    raises(ValueError, match, q, k, v, version="v2", tiles=tiles)
+
+
+def test_tiles_too_big_for_shared_memory_in_float64():
+    q, k, v = arrays((5, 256), (6, 256), dtype=np.float64)
+    raises(ValueError, r"need \d+ bytes of shared memory at head dim 256 in float64", q, k, v,
+           tiles=(64, 16))
+
+
+@pytest.mark.parametrize("tiles", [(8.5, 8), (8, 4.0000001)])
+def test_tiles_that_are_not_integers(tiles):
+    """A tile size that is not an integer is rejected, not silently truncated (int(8.5) = 8
+    would run (8, 8) while the caller asked for something else)."""
+    with pytest.raises((TypeError, ValueError), match=r"tiles must be a pair of positive ints"):
+        numbaflash.explain(*arrays(), tiles=tiles)
+
+
+def test_numpy_integer_tiles_are_accepted():
+    plan = numbaflash.explain(*arrays(), tiles=(np.int64(8), np.int32(4)))
+    assert (plan.Br, plan.Bc) == (8, 4)
+
+
+def test_batch_heads_above_the_grid_limit():
+    fake = types.SimpleNamespace(shape=(65536, 1, 4, 8), dtype=np.dtype(np.float32))
+    with pytest.raises(ValueError, match=r"batch \* heads = 65536 exceeds 65535"):
+        numbaflash.explain(fake, fake, fake)
+
+
+# --- host and device --------------------------------------------------------------------
+
+def test_mixed_host_and_device_inputs():
+    q, k, v = arrays()
+    with pytest.raises(TypeError, match=r"inputs mix host \(NumPy\) and device arrays"):
+        numbaflash.attention(q, cuda.to_device(k), v)
+    with pytest.raises(TypeError, match=r"inputs mix host \(NumPy\) and device arrays"):
+        numbaflash.attention(cuda.to_device(q), k, v)
+
+
+@pytest.mark.parametrize("which", ["q", "k", "v"])
+def test_noncontiguous_device_input(which):
+    q, k, v = arrays((2, 5, 16), (2, 6, 16))
+    dev = {"q": cuda.to_device(q), "k": cuda.to_device(k), "v": cuda.to_device(v)}
+    dev[which] = cuda.to_device(np.zeros(dev[which].shape[:-1] + (32,), np.float32))[..., ::2]
+    assert not dev[which].is_c_contiguous()
+    with pytest.raises(ValueError, match=rf"{which} is a non-contiguous device array.*"
+                                         r"C-contiguous"):
+        numbaflash.attention(dev["q"], dev["k"], dev["v"])
+
+
+# --- explain() and the log ----------------------------------------------------------------
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_explain_names_kernel_tiles_backend_and_reason(version):
+    q, k, v = arrays((2, 3, 5, 8), (2, 3, 6, 8))
+    plan = explain_or_skip(q, k, v, causal=True, version=version)
+    assert isinstance(plan, numbaflash.Plan)
+    text = str(plan)
+    assert plan.kernel == f"forward_{version}" and f"forward_{version}" in text
+    assert numbaflash.backend() in text and plan.backend == numbaflash.backend()
+    assert "Why:" in text and plan.reason and plan.reason in text
+    assert "causal=bottom_right" in text
+    if version == "v1":
+        assert plan.Br is None and "tiles" not in text
+    else:
+        assert f"tiles (Br, Bc) = ({plan.Br}, {plan.Bc})" in text
+
+
+def test_explain_default_names_the_default_and_its_tile_rule():
+    plan = numbaflash.explain(*arrays())
+    assert plan.version in VERSIONS and plan.kernel == f"forward_{plan.version}"
+    assert "default" in plan.reason and "tiles by the" in plan.reason and "d=8" in plan.reason
+    plan = numbaflash.explain(*arrays(), version="v2", tiles=(4, 2))
+    assert (plan.Br, plan.Bc) == (4, 2) and "tiles given by the caller" in plan.reason
+
+
+@pytest.mark.parametrize("d,dtype,tiles", [
+    (64, "float32", (64, 64)), (128, "float32", (64, 32)), (256, "float32", (64, 16)),
+    (256, "float64", (64, 8)), (64, "float64", (64, 32)), (16, "float16", (64, 64)),
+])
+def test_default_tiles_follow_the_documented_rule(d, dtype, tiles):
+    """dispatch.py's docstring examples for v2: Br = 64; float32 d=64 -> Bc 64, d=128 -> 32,
+    d=256 -> 16; float64 halves Bc; float16 is computed in float32."""
+    fake = types.SimpleNamespace(shape=(1, 1, 4096, d), dtype=np.dtype(dtype))
+    plan = numbaflash.explain(fake, fake, fake, version="v2")
+    assert (plan.Br, plan.Bc) == tiles
+    assert plan.shared_bytes <= dispatch.SHARED_MEM_LIMIT
+    assert plan.grid == (math.ceil(4096 / tiles[0]), 1) and plan.block == (tiles[0],)
+
+
+def test_explain_launches_nothing():
+    plan = numbaflash.explain(*arrays())       # no_launch would fail the test otherwise
+    assert plan.grid == (math.ceil(5 / plan.Br), 6)
+
+
+@pytest.fixture
+def allow_launch(monkeypatch):
+    monkeypatch.undo()      # this test launches for real
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_attention_logs_its_plan_at_info(version, allow_launch, caplog):
+    q, k, v = arrays((1, 5, 4), (1, 3, 4))
+    explain_or_skip(q, k, v, version=version)
+    with caplog.at_level(logging.INFO, logger="numbaflash"):
+        numbaflash.attention(q, k, v, version=version)
+    records = [r for r in caplog.records if r.name == "numbaflash"]
+    assert len(records) == 1 and records[0].levelno == logging.INFO
+    assert f"forward_{version}" in records[0].getMessage()
+    assert "Why:" in records[0].getMessage()

@@ -1,0 +1,103 @@
+"""Every forward kernel compiles to PTX for sm_90 and links with nvJitLink (no GPU needed).
+
+The simulator runs the kernels but never compiles them; this is where the real compiler
+sees them. tests/ptx_check.py does the work in a subprocess with NUMBA_ENABLE_CUDASIM=0
+(the simulator's numba.cuda cannot compile), one subprocess per dtype so that
+pytest-xdist spreads them over its workers. Checked for every entry:
+
+- compile_ptx succeeds, and nvJitLink links the PTX for sm_90 (ptxas accepts it, e.g.
+  the static shared memory fits);
+- float16 and float32 kernels contain no .f64 instruction or register (a float64 literal
+  or a Python float sneaking into the arithmetic doubles its cost on the GPU);
+- forward v2 at d = 64 in float32 (the common case) spills no registers.
+
+The registers, stack and spills ptxas reports are printed in the terminal summary
+("numbaflash PTX report"), for every run.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "ptx_check.py")
+
+
+def run_ptx_check(*args):
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
+    proc = subprocess.run([sys.executable, SCRIPT, *args], env=env, capture_output=True,
+                          text=True, timeout=900, cwd=os.path.dirname(HERE))
+    results = [json.loads(line[len("PTXCHECK "):]) for line in proc.stdout.splitlines()
+               if line.startswith("PTXCHECK ")]
+    if proc.returncode != 0 or not results:
+        pytest.fail(f"ptx_check.py {' '.join(args)} exited {proc.returncode} with "
+                    f"{len(results)} results\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n"
+                    f"{proc.stderr[-5000:]}")
+    return results
+
+
+def table(results):
+    rows = [f"{'kernel':<46} {'regs':>5} {'stack':>6} {'spill st':>9} {'spill ld':>9} "
+            f"{'smem':>6} {'f64':>4}"]
+    for r in results:
+        rows.append(f"{r['name']:<46} {r.get('registers')!s:>5} {r.get('stack_bytes')!s:>6} "
+                    f"{r.get('spill_stores')!s:>9} {r.get('spill_loads')!s:>9} "
+                    f"{r.get('smem_bytes')!s:>6} {r.get('f64_count')!s:>4}")
+    return "\n".join(rows)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_forward_kernels_compile_and_link_for_sm90(dtype, record_property):
+    results = run_ptx_check("--group", "forward", f"--match=-{dtype}-", "--link")
+    record_property("ptx_report", table(results))
+    print(table(results))
+    # every version x 4 head dims x causal off/on, where the version supports it (v3:
+    # float16/float32, d <= 128): nothing silently left out
+    from numbaflash.kernels.forward import VERSIONS
+    want = 8 * len([v for v in VERSIONS if v != "v3"])
+    if "v3" in VERSIONS and dtype != "float64":
+        want += 6
+    assert len(results) == want, [r["name"] for r in results]
+
+    failed = [f"{r['name']}: {r['error']}\n{r.get('traceback', '')}" for r in results
+              if not r["ok"]]
+    assert not failed, "kernels that do not compile or link:\n" + "\n".join(failed)
+
+    with_f64 = [f"{r['name']}: {r['f64_count']} lines, e.g. {r['f64_lines'][:3]}"
+                for r in results if r["no_f64"] and r["f64_count"]]
+    assert not with_f64, f"{dtype} kernels with float64 in their PTX:\n" + "\n".join(with_f64)
+
+    for r in results:
+        assert r["registers"] is not None, f"no register count in ptxas's log:\n{r['log']}"
+        assert r["spill_stores"] is not None, f"no spill count in ptxas's log:\n{r['log']}"
+
+    if dtype == "float32":
+        v2_d64 = [r for r in results if r["name"].startswith("forward_v2-float32-d64-")]
+        assert len(v2_d64) == 2
+        for r in v2_d64:
+            assert r["spill_stores"] == 0 and r["spill_loads"] == 0, (
+                f"{r['name']} spills registers: {r['spill_stores']} bytes stored, "
+                f"{r['spill_loads']} loaded\n{r['log']}")
+
+
+def test_f64_detector_sees_float64():
+    """The .f64 check can fail: a float32 kernel with a float64 literal is caught."""
+    code = r"""
+import math, numba
+from numba import cuda
+def k(x):
+    x[0] = x[0] * 0.1 + math.exp(numba.float64(x[0]))   # float64 sneaks in
+ptx, _ = cuda.compile_ptx(k, (numba.types.Array(numba.float32, 1, "C"),), cc=(9, 0))
+import ptx_check
+print("F64LINES", len(ptx_check.f64_lines(ptx)))
+"""
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0", PYTHONPATH=os.pathsep.join(
+        [HERE, os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    count = int(proc.stdout.split("F64LINES")[1].split()[0])
+    assert count > 0
