@@ -77,9 +77,12 @@ def default_forward_tiles(d, acc_dtype):
 def _parse_tiles(tiles):
     """A caller's tiles as two positive ints (Br, Bc); ValueError otherwise."""
     try:
-        Br, Bc = (int(t) for t in tiles)
+        Br, Bc = tiles
     except (TypeError, ValueError):
         raise ValueError(f"tiles must be a pair of positive ints (Br, Bc); got {tiles!r}") from None
+    if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in (Br, Bc)):
+        raise ValueError(f"tiles must be a pair of positive ints (Br, Bc); got {tiles!r}")
+    Br, Bc = int(Br), int(Bc)
     if Br < 1 or Bc < 1:
         raise ValueError(f"tiles must be positive; got (Br, Bc) = ({Br}, {Bc})")
     return Br, Bc
@@ -165,16 +168,18 @@ def check_v3_tiles(tiles, d):
 
 
 def _default_forward_version(p, where):
-    """The default forward version for ``p`` and why (measured: docs/gpu-results.md)."""
-    refusal = v3_refusal(p, where)
-    if refusal is None and p.causal is None:
-        return "v3", ("v3 is the default: the fastest forward on the GPU (tensor cores, "
-                      "3xTF32), measured on the H200")
-    if refusal is None:
-        return "v2", ("v2 is the default for causal attention: in v3 a NaN or inf in V would "
-                      "reach rows that cannot see that key through 0 * NaN in the tensor-core "
-                      "product; v2 never reads masked keys")
-    return "v2", f"v2 is the default here: {refusal}"
+    """The default forward version for ``p`` and why.
+
+    v2 everywhere. v3 (tensor cores) is faster on the GPU (docs/gpu-results.md) but exact
+    only for finite inputs: inside its tensor-core products a NaN or inf in K or V can
+    reach rows that never see that key (0 * NaN), which v1 and v2 rule out. Until v3
+    handles non-finite inputs exactly, it runs only when asked for.
+    """
+    why = "v2 is the default: exact for every input, on the GPU and the simulator"
+    if v3_refusal(p, where) is None:
+        why += ("; v3 (tensor cores) is faster here but assumes finite inputs: pass "
+                "version='v3' to use it")
+    return "v2", why
 
 
 def plan_forward(p, version=None, tiles=None):

@@ -35,8 +35,10 @@ def _scores(q, k, causal, scale, dtype):
 def _softmax_rows(S, mask):
     """P = softmax(S) row-wise and L = logsumexp(S); fully masked rows give P = 0, L = -inf."""
     m = S.max(axis=-1, keepdims=True) if S.shape[-1] else np.full(S.shape[:-1] + (1,), -np.inf, S.dtype)
-    any_visible = np.isfinite(m) | np.isnan(m)      # a NaN row is not "masked": let it propagate
-    m_safe = np.where(any_visible, m, 0)             # avoid (-inf) - (-inf) = nan
+    # A row that sees at least one key is not "masked", whatever its scores: a NaN or +inf
+    # score makes it NaN (exp(inf - inf)), as in the kernels; no silent repair.
+    any_visible = mask.any(axis=-1, keepdims=True)
+    m_safe = np.where(any_visible & (m != -np.inf), m, 0)   # avoid (-inf) - (-inf) = nan
     E = np.where(mask, np.exp(S - m_safe), 0)        # masked entries contribute exactly 0
     l = E.sum(axis=-1, keepdims=True)
     with np.errstate(divide="ignore", invalid="ignore"):

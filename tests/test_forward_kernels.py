@@ -64,6 +64,14 @@ ALL_VERSIONS = version_params("float32")
 F64_VERSIONS = version_params("float64")
 
 
+def finite_inputs_only(version):
+    """v3's documented contract is finite inputs (kernels/forward.py): inside its
+    tensor-core products a NaN or inf in K or V can reach rows that never see that key.
+    Tests of non-finite inputs check every version whose contract covers them."""
+    if version == "v3":
+        pytest.skip("v3 assumes finite inputs (its documented contract; not the default)")
+
+
 def attention(q, k, v, version, **opts):
     """numbaflash.attention(..., return_lse=True, version=version), after asking explain()
     whether this version can run this input. If the library refuses it ("... cannot run
@@ -280,6 +288,7 @@ def test_nan_in_a_key_reaches_exactly_the_rows_that_see_it(case, version, data):
 def test_nan_in_a_value_reaches_its_column_of_the_rows_that_see_it(case, version, data):
     """NaN in V[c, j]: O[r, j] is NaN exactly for the rows r that see c; every other element
     of O and all of lse are bitwise unchanged (V does not enter the softmax)."""
+    finite_inputs_only(version)
     c = data.draw(st.integers(0, case.Sk - 1), label="c")
     j = data.draw(st.integers(0, case.d - 1), label="j")
     v2 = case.v.copy()
@@ -322,6 +331,7 @@ def test_nan_in_padded_keys_has_no_effect(case, version, pad):
     """top_left with Sk >= Sq: key columns >= Sq are never visible. Appending ``pad`` rows of
     NaN to K and V (a padded batch) leaves out and lse bitwise unchanged, also where the
     padding fills the ragged last K/V tile."""
+    finite_inputs_only(version)
     Sk = max(case.Sk, case.Sq)
     k, v = case.random_like(case.k.shape[:-2] + (Sk, case.d)), case.random_like(
         case.v.shape[:-2] + (Sk, case.d))
@@ -470,6 +480,7 @@ def test_inf_in_a_visible_input_matches_the_reference(version, name):
     """An infinity in q, k or v (float32, Sq = 6, Sk = 7, bottom_right): the kernel's NaN,
     +inf and -inf positions equal the reference's exactly, and the rest is within the rule.
     A -inf score is a zero weight, like a masked key."""
+    finite_inputs_only(version)
     where, index, value, finite = INF_CASES[name]
     case = fixed_case(6, 7, d=3, causal="bottom_right", seed=21)
     arrays = {"q": case.q.copy(), "k": case.k.copy(), "v": case.v.copy()}

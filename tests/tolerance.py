@@ -8,7 +8,18 @@ For a tensor T in {O, lse, dQ, dK, dV} computed by a kernel in a low precision:
     mult: O 2, lse 2, dV 3, dK 3, dQ 5
 
 (spacing is taken in the dtype of the tensor the kernel returned: float16 for a float16
-O, float32 for its lse.) float64 kernels have no lower-precision baseline: they must be
+O, float32 for its lse.)
+
+Fallback (TESTING.md: "absolute fallbacks where a baseline is not meaningful: ... float32
+within about 1e-5 relative for O and lse"): for float32 O and lse the bound is at least
+FALLBACK_RTOL = 2e-6 (about 16 float32 ulps) times the tensor's natural magnitude (below).
+On small problems the naive baseline's error is one or two roundings and can be zero by
+luck, and the rule then demands that the kernel, which sums in another order, be luckier
+still. Two cases Hypothesis found, both kernels correct: lse of a single key, a score of
+0.019 summed from products of size 4 (error 1.9e-7, rule bound 6.6e-9); and O at
+(Sq, Sk, d) = (5, 15, 8) with scores up to 64 (error 2.7e-6, rule bound 2.6e-6). On large
+problems the rule's own bound is the larger one (at (2, 16, 4096, 64): 4.5e-5 against a
+fallback of 8e-6), so the rule still decides there. float64 kernels have no lower-precision baseline: they must be
 within 1e-12 relative. Relative to what: to the tensor's natural magnitude, not only to
 max|ref|, because ref can cancel to ~0 (O is a weighted mean of V rows that may sum to 0;
 lse = m + log l can be 0): bound = 1e-12 * max(max|ref|, magnitude), with magnitude
@@ -38,6 +49,7 @@ from numbaflash.masks import visible
 
 MULT = {"O": 2, "lse": 2, "dV": 3, "dK": 3, "dQ": 5}
 FLOAT64_RTOL = 1e-12
+FALLBACK_RTOL = {("O", "float32"): 2e-6, ("lse", "float32"): 2e-6}
 
 
 def to_host(x):
@@ -143,6 +155,11 @@ def assert_matches_reference(name, got, ref, base=None, *, exact=None, kind=None
         bound = mult * base_err + 2 * spacing
         how = (f"{mult} x baseline error {base_err:.6g} ({base.dtype} naive formula) + "
                f"2 x spacing(max|ref| = {max_ref:.6g}) = 2 x {spacing:.6g} [{got.dtype}]")
+        fallback = FALLBACK_RTOL.get((kind or name, got.dtype.name))
+        if fallback is not None and fallback * float(magnitude) > bound:
+            bound = fallback * float(magnitude)
+            how = (f"the fallback {fallback:g} x magnitude {float(magnitude):.6g}, larger than "
+                   f"the rule's " + how)
     if not err <= bound:
         raise AssertionError(
             f"{name}: max |kernel - ref| = {err:.6g} exceeds the bound {bound:.6g} = {how}; "
@@ -211,7 +228,9 @@ def forward_magnitudes(q, k, v, *, causal=None, scale=None):
     """``(mag_O, mag_L)``: the natural sizes of O and lse for the float64 relative rule.
 
     O is a convex combination of V rows: max|V| (finite entries). lse lies between the
-    row's max score and that plus log(Sk): max|visible finite score| + log(Sk).
+    row's max score and that plus log(Sk), and each score is a dot product whose rounding
+    scales with its terms, not its value: max over visible pairs of scale * sum_k |q_k k_k|,
+    plus log(Sk).
     """
     q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
     fv = np.abs(v[np.isfinite(v)])
@@ -219,7 +238,7 @@ def forward_magnitudes(q, k, v, *, causal=None, scale=None):
     Sq, Sk, d = q.shape[-2], k.shape[-2], q.shape[-1]
     scale = 1.0 / np.sqrt(d) if scale is None else scale
     with np.errstate(all="ignore"):
-        S = np.abs(scale * (q @ np.swapaxes(k, -1, -2)))
+        S = abs(scale) * (np.abs(q) @ np.swapaxes(np.abs(k), -1, -2))
     S = S[np.isfinite(S) & np.broadcast_to(visible(Sq, Sk, causal), S.shape)]
     mag_L = (float(S.max()) if S.size else 0.0) + float(np.log(max(Sk, 1)))
     return mag_O, mag_L

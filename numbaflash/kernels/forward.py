@@ -36,9 +36,10 @@ v3  Tensor cores (GPU only). The same Algorithm 1 with the two matrix products,
     (2, 16, 4096, 64) against v2's 8.5 and PyTorch SDPA's 34; what holds it back is
     register pressure (249 registers a thread, 2 blocks per SM), the TF32 splits done
     on every load, and K/V tiles loaded without overlap with the math.
-    Caveat: a NaN or inf in V at a key that a causal mask hides from some rows of a
-    tile reaches those rows (0 * NaN inside the product); v1 and v2 never read masked
-    keys. The dispatcher therefore uses v3 by default only without a causal mask.
+    Contract: finite inputs. A NaN or inf in V at a key that a mask hides from some rows
+    of a tile reaches those rows (0 * NaN inside the product), and an inf in K turns that
+    key's TF32 split into NaN; v1 and v2 never read masked keys and keep +-inf scores.
+    So v3 runs only when asked for (version="v3"); the default is v2.
 
 Fully masked rows (causal with Sq > Sk, or Sk = 0) end with l = 0: they write O = 0 and
 L = -inf. NaN in a visible input propagates to the rows that see it; masked keys are
