@@ -5,11 +5,13 @@ it, 1-2 s on a GPU, and a simulated launch is slow by nature). ``max_examples`` 
 count for kernel tests; NumPy-only tests ask for a multiple via ``strategies.examples()``.
 
     profile     max_examples  used by
-    sim         10            the default under the simulator:
+    sim         20            the default under the simulator:
                                   NUMBA_ENABLE_CUDASIM=1 pytest -n auto
                                   bash scripts/run test        (a developer's machine)
-    gpu         100           the default when numbaflash.backend() == "gpu":
+    gpu         25            the default when numbaflash.backend() == "gpu":
                                   pytest -n 0 tests/           (on a machine with a GPU)
+    gpu-quick   6             asked for by name when GPU time is short:
+                                  NUMBAFLASH_PROFILE=gpu-quick bash scripts/gpu_all.sh tests
     thorough    1000          asked for by name, e.g. before a release:
                                   NUMBAFLASH_PROFILE=thorough pytest ...
     numbaflash-ci             whenever the CI environment variable is set (CI=true, as
@@ -50,7 +52,7 @@ from hypothesis import settings
 
 from numbaflash.kernels import simulating
 
-PROFILE_EXAMPLES = {"sim": 20, "gpu": 25, "thorough": 1000}
+PROFILE_EXAMPLES = {"sim": 20, "gpu": 25, "gpu-quick": 6, "thorough": 1000}
 for _name, _n in PROFILE_EXAMPLES.items():
     settings.register_profile(_name, max_examples=_n, deadline=None)
 
