@@ -4,6 +4,7 @@
 #   bash scripts/gpu_all.sh tests       # the property suite with real CUDA, GPU-sized shapes
 #   bash scripts/gpu_all.sh check       # agreement with PyTorch SDPA (float64) + timings
 #   bash scripts/gpu_all.sh sanitize    # compute-sanitizer memcheck, racecheck, synccheck, initcheck
+#                                         (SANITIZER_TOOLS="memcheck racecheck" picks some)
 #
 # Each part prints a short summary last. Needs a CUDA GPU, PyTorch, and numpy < 2.5.
 set -uo pipefail
@@ -18,8 +19,11 @@ case "$part" in
 tests)
     # NUMBAFLASH_PROFILE=gpu: more examples; the strategies draw GPU-sized shapes when the
     # backend is the GPU. -p no:cacheprovider: the checkout may be read-only.
+    # Arguments after "tests" replace the default selection (the whole tests/ folder).
+    targets=("${@:2}")
+    [ ${#targets[@]} -gt 0 ] || targets=(tests)
     NUMBAFLASH_PROFILE="${NUMBAFLASH_PROFILE:-gpu}" timeout "${TEST_TIMEOUT:-420}" \
-        python3 -m pytest -p no:cacheprovider -q -x --durations=15 "${@:2}" tests 2>&1 \
+        python3 -m pytest -p no:cacheprovider -q --maxfail=20 --durations=15 "${targets[@]}" 2>&1 \
         | tee "$OUT/gpu_tests.txt"
     exit "${PIPESTATUS[0]}"
     ;;
@@ -29,7 +33,7 @@ check)
     ;;
 sanitize)
     status=0
-    for tool in memcheck racecheck synccheck initcheck; do
+    for tool in ${SANITIZER_TOOLS:-memcheck racecheck synccheck initcheck}; do
         compute-sanitizer --tool "$tool" python3 scripts/sanitize_target.py \
             > "$OUT/sanitize_$tool.txt" 2>&1
         summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitize_$tool.txt" | tail -n 1)
