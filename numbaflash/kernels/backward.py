@@ -37,10 +37,10 @@ v1  Three kernels, no atomics; the default.
     (i, j) pair (S, dV, dP, dK; S, dP, dQ) instead of Alg.2's 5, 40% more arithmetic.
     What it buys: every element of dQ, dK, dV has one owner thread that sums in a fixed
     order, so repeated runs are bitwise identical, and no zero-filled dQ is needed.
-    Registers (ptxas for sm_90, default tiles): no spills at d = 64 in float32. At
-    d = 128 the dK/dV thread's two rows of d accumulators (256 floats) spill; in float64
-    the dK/dV kernel spills from d = 64 and the dQ kernel at d = 128 (tests/ptx_check.py
-    prints the table).
+    Registers (ptxas for sm_90, default tiles, float32): the dQ kernel does not spill up
+    to d = 64; the dK/dV kernel, with four rows of d accumulators per thread (dKj, dVj and
+    their per-tile partials, below), spills from d = 64 on (164-284 bytes at d = 64, about
+    2.4 KB at d = 128). tests/ptx_check.py prints the table.
 
 v2  A lesson, not the default: Alg.2 l.15 as the paper writes it. backward_dkdv_dq_v2 is
     backward_dkdv_v1 plus, inside the loop over Q tiles, cuda.atomic.add of
