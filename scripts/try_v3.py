@@ -1,4 +1,11 @@
-"""Scratch check of forward v3 (tensor cores) on a GPU: agreement and timing."""
+"""Forward v3 (tensor cores) on a GPU: agreement with the float64 reference, and timing
+against v2 and PyTorch SDPA (EFFICIENT, float32). It calls the v3 kernel factory directly.
+
+    python scripts/try_v3.py
+
+This is the script behind docs/gpu/2026-11-30/02_v3_check.txt (see docs/gpu-results.md).
+scripts/gpu_check.py covers v3 too, through numbaflash.attention(version="v3").
+"""
 import math, statistics, sys
 import numpy as np
 import torch
