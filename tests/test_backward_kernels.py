@@ -88,6 +88,8 @@ def cases(dtypes, **kw):
 @given(case=cases(("float64", "float32", "float16")))
 @example(case=make_case(B=1, H=1, Sq=1, Sk=1, d=8, dtype="float32", causal=None, tiles=(4, 4),
                         scale=None, values="uniform", seed=817524, with_dout=True))
+@example(case=make_case(B=1, H=1, Sq=1, Sk=1, d=111, dtype="float32", causal=None,
+                        tiles=(32, 16), scale=0.3, values="grid", seed=0, with_dout=True))
 def test_matches_reference(version, case):
     if np.dtype(case.dtype).name not in VERSION_DTYPES[version]:      # v2: float32 instead
         case = make_case(case.B, case.H, case.Sq, case.Sk, case.d, "float32", case.causal,
