@@ -5,6 +5,7 @@
 #   bash scripts/gpu_all.sh check       # agreement with PyTorch SDPA (float64) + timings
 #   bash scripts/gpu_all.sh sanitize    # compute-sanitizer memcheck, racecheck, synccheck, initcheck
 #                                         (SANITIZER_TOOLS="memcheck racecheck" picks some)
+#   bash scripts/gpu_all.sh all         # the three above, each time-limited, logs packed in one file
 #
 # Each part prints a short summary last. Needs a CUDA GPU, PyTorch, and numpy < 2.5.
 set -uo pipefail
@@ -47,8 +48,23 @@ sanitize)
     grep -q "NO SUMMARY\|[1-9][0-9]* errors\|[1-9][0-9]* hazards" "$OUT/sanitize_summary.txt" && exit 1
     exit 0
     ;;
+all)
+    # Everything, each part under its own time limit, logs in $OUT and packed into
+    # $OUT/gpu_logs.tgz (the device tool returns at most 8 files). About 9 minutes.
+    status=0
+    OUT="$OUT" timeout "${CHECK_TIMEOUT:-240}" bash "$0" check > "$OUT/check_console.txt" 2>&1 || status=1
+    tail -n 3 "$OUT/check_console.txt"
+    OUT="$OUT" NUMBAFLASH_PROFILE="${NUMBAFLASH_PROFILE:-gpu-quick}" TEST_TIMEOUT="${TEST_TIMEOUT:-170}" \
+        bash "$0" tests tests/test_forward_kernels.py tests/test_backward_kernels.py \
+        > "$OUT/tests_console.txt" 2>&1 || status=1
+    tail -n 1 "$OUT/tests_console.txt"
+    OUT="$OUT" SANITIZER_TOOLS="${SANITIZER_TOOLS:-memcheck racecheck synccheck}" \
+        timeout "${SANITIZE_TIMEOUT:-150}" bash "$0" sanitize || status=1
+    tar czf "$OUT/gpu_logs.tgz" -C "$OUT" --exclude gpu_logs.tgz .
+    exit $status
+    ;;
 *)
-    echo "usage: bash scripts/gpu_all.sh tests|check|sanitize" >&2
+    echo "usage: bash scripts/gpu_all.sh tests|check|sanitize|all" >&2
     exit 2
     ;;
 esac
