@@ -31,8 +31,10 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, version=No
         or Sk = 0) give out = 0 and lse = -inf.
 
     Raises:
-        ValueError / TypeError for bad shapes, dtypes, scale, causal mode, head dim, tiles,
-        before anything is launched. RuntimeError if there is neither a GPU nor the simulator.
+        ValueError: bad shapes, scale, causal mode, head dim, version or tiles, or a
+            version that cannot run this input; raised before anything is launched.
+        TypeError: unsupported or mismatched dtypes, or inputs that are not arrays.
+        RuntimeError: there is neither a GPU nor the simulator.
     """
     p = check_attention_inputs(q, k, v, causal, scale)
     host = not arrays.on_device((q, k, v))
@@ -96,9 +98,10 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, ver
         dk and dv are empty).
 
     Raises:
-        ValueError / TypeError for bad shapes or dtypes (dout, out, lse included), scale,
-        causal mode, head dim, version or tiles, before anything is launched.
-        RuntimeError if there is neither a GPU nor the simulator.
+        ValueError: bad shapes (dout, out, lse included), scale, causal mode, head dim,
+            version or tiles; raised before anything is launched.
+        TypeError: unsupported or mismatched dtypes (dout, out, lse included).
+        RuntimeError: there is neither a GPU nor the simulator.
     """
     p = check_backward_inputs(dout, q, k, v, out, lse, causal, scale)
     host = not arrays.on_device((dout, q, k, v, out, lse))
@@ -152,8 +155,9 @@ def attention_vjp(q, k, v, *, causal=False, scale=None, forward_version=None,
         ``(dq, dk, dv)`` as ``attention_backward`` does.
 
     Raises:
-        ValueError / TypeError as ``attention`` and ``attention_backward``, for the
-        backward options too, before the forward runs; ``vjp`` raises them for a bad dout.
+        ValueError: as ``attention`` and ``attention_backward``, for the backward options
+            too, before the forward runs; ``vjp`` raises it for a bad dout.
+        TypeError: as ``attention``; ``vjp`` raises it for a dout of the wrong dtype.
     """
     p = check_attention_inputs(q, k, v, causal, scale)
     plan_backward(p, backward_version, backward_tiles)     # bad backward options fail now
