@@ -62,10 +62,11 @@ def masked_matmul(P, V, mask):
     """P @ V, where masked entries of P (mask False) never touch V.
 
     A NaN or inf in V must reach only the rows that see it: plain P @ V gives 0 * NaN = NaN
-    in rows where that key is masked. When V is finite this is just P @ V; otherwise only
-    the visible terms are summed (O(Sq Sk d) memory: used only for non-finite V).
+    in rows where that key is masked (and a NaN in P must not reach V's masked rows).
+    When both are finite this is just P @ V; otherwise only the visible terms are summed
+    (O(Sq Sk d) memory: used only for non-finite inputs).
     """
-    if np.isfinite(V).all():
+    if np.isfinite(V).all() and np.isfinite(P).all():
         return P @ V
     terms = P[..., :, :, None] * V[..., None, :, :]
     return np.where(mask[..., :, :, None], terms, 0).sum(axis=-2)
@@ -88,17 +89,24 @@ def backward(dout, q, k, v, causal=False, scale=None, dtype=np.float64):
 
     Returns ``(dQ, dK, dV)`` with the shapes of q, k, v. Fully masked rows have P = 0,
     so they give a zero dQ row and contribute nothing to dK and dV.
+
+    Every sum runs over visible (row, key) pairs only (``masked_matmul``), as in the
+    kernels: a NaN in a row's inputs makes that row's terms NaN, and so the dK, dV rows of
+    the keys it sees, but never reaches a key the row cannot see (a plain matmul would,
+    through 0 * NaN).
     """
     d = np.shape(q)[-1]
     scale = default_scale(d) if scale is None else scale
     Q, K, V, dO = (np.asarray(a, dtype=dtype) for a in (q, k, v, dout))
     S, mask = _scores(Q, K, causal, scale, dtype)
     P, _ = _softmax_rows(S, mask)
-    O = P @ V
-    dV = np.swapaxes(P, -1, -2) @ dO
+    P = np.where(mask, P, 0)            # a NaN row's masked entries are 0, not 0/NaN
+    mask_T = np.swapaxes(mask, -1, -2)
+    O = masked_matmul(P, V, mask)
+    dV = masked_matmul(np.swapaxes(P, -1, -2), dO, mask_T)
     dP = dO @ np.swapaxes(V, -1, -2)
     D = np.sum(dO * O, axis=-1, keepdims=True)
-    dS = P * (dP - D)
-    dQ = (dS @ K) * dtype(scale)
-    dK = (np.swapaxes(dS, -1, -2) @ Q) * dtype(scale)
+    dS = np.where(mask, P * (dP - D), 0)
+    dQ = masked_matmul(dS, K, mask) * dtype(scale)
+    dK = masked_matmul(np.swapaxes(dS, -1, -2), Q, mask_T) * dtype(scale)
     return dQ, dK, dV

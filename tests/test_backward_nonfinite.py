@@ -35,13 +35,9 @@ bitwise unchanged, but it does reach the dK, dV of every key that a row seeing i
 and NaN in the q or dO row of a fully masked query changes no bit anywhere.
 
 The same NaN positions come out of the reference's formulas with every sum restricted to
-visible pairs (``masked_reference_backward`` below). numbaflash.reference.backward itself
-uses plain matmuls, in which a masked pair's P = 0 meets a NaN as 0 * NaN = NaN, and its
-P has NaN in the masked entries of a NaN row; so under a causal mask it reports NaN in
-dK and dV rows of keys the poisoned rows do not see (and for NaN V in masked keys, or NaN
-in a fully masked row, NaN nearly everywhere). Those cases are strict xfails in
-``test_nan_positions_equal_reference_backward``: the day the reference is fixed they
-XPASS, and the marks must go.
+visible pairs (``masked_reference_backward`` below), and out of numbaflash.reference.backward,
+which sums the same way since this file found that its plain matmuls (0 * NaN over masked
+pairs) put NaN where the math has none.
 """
 
 import numpy as np
@@ -308,10 +304,6 @@ SCENARIOS = {
     "q-fully-masked-row": (1, 1, 9, 5, 4, "bottom_right", [("q", 2)]),
     "dout-fully-masked-row": (1, 1, 9, 5, 4, "bottom_right", [("dout", 2)]),
 }
-REFERENCE_AGREES = {"dout-unmasked", "q-unmasked", "k-unmasked", "v-unmasked"}
-REFERENCE_BUG = ("reference.backward: 0 * NaN over masked pairs gives NaN where the math "
-                 "has none (see the module docstring)")
-
 
 def scenario_run(name, dtype, version):
     """(kernel grads, inputs dict, case) of one SCENARIOS entry."""
@@ -339,15 +331,10 @@ def test_nan_positions_equal_masked_reference(dtype, version, name):
 
 
 @pytest.mark.parametrize("dtype, version", COMBOS)
-@pytest.mark.parametrize("name", [
-    n if n in REFERENCE_AGREES else
-    pytest.param(n, marks=pytest.mark.xfail(strict=True, raises=AssertionError,
-                                            reason=REFERENCE_BUG))
-    for n in SCENARIOS])
+@pytest.mark.parametrize("name", list(SCENARIOS))
 def test_nan_positions_equal_reference_backward(dtype, version, name):
     """np.isnan of the kernels' gradients equals np.isnan of numbaflash.reference.backward's
-    on the same inputs. They agree without a mask; with one, the reference is wrong (module
-    docstring), so those scenarios are strict xfails."""
+    on the same inputs, with and without masks."""
     grads, arrays, case = scenario_run(name, dtype, version)
     ref = reference.backward(arrays["dout"], arrays["q"], arrays["k"], arrays["v"],
                              causal=case.causal, scale=case.scale)
