@@ -482,18 +482,13 @@ def test_backward_kernels_compile_and_link_for_sm90(dtype, record_property):
     case) the dQ kernel spills no registers. (The dK/dV kernels keep four rows of d
     accumulators, dKj and dVj plus one Q tile's part of each, which float32 accuracy
     needs (see backward.py); from d = 64 on they spill: reported, not failed.)"""
-    from test_ptx import run_ptx_check, table
+    from test_ptx import assert_compiled_without_f64, run_ptx_check, table
     results = run_ptx_check("--group", "backward", f"--match=-{dtype}-", "--link")
     record_property("ptx_report", table(results))
     print(table(results))
     per_d = 1 + 2 * (2 if dtype == "float16" else 3)     # preprocess + kernels x causal
     assert len(results) == 4 * per_d, [r["name"] for r in results]
-    failed = [f"{r['name']}: {r['error']}\n{r.get('traceback', '')}" for r in results
-              if not r["ok"]]
-    assert not failed, "kernels that do not compile or link:\n" + "\n".join(failed)
-    with_f64 = [f"{r['name']}: {r['f64_count']} lines, e.g. {r['f64_lines'][:3]}"
-                for r in results if r["no_f64"] and r["f64_count"]]
-    assert not with_f64, f"{dtype} kernels with float64 in their PTX:\n" + "\n".join(with_f64)
+    assert_compiled_without_f64(results, dtype)
     if dtype == "float32":
         d64 = [r for r in results if "-d64-" in r["name"] and "backward_dq_v1-" in r["name"]]
         assert len(d64) == 2

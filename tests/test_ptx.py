@@ -39,6 +39,17 @@ def run_ptx_check(*args):
     return results
 
 
+def assert_compiled_without_f64(results, dtype):
+    """Every kernel compiled and linked, and those that must avoid float64 (float16 and
+    float32 kernels) have none in their PTX."""
+    failed = [f"{r['name']}: {r['error']}\n{r.get('traceback', '')}" for r in results
+              if not r["ok"]]
+    assert not failed, "kernels that do not compile or link:\n" + "\n".join(failed)
+    with_f64 = [f"{r['name']}: {r['f64_count']} lines, e.g. {r['f64_lines'][:3]}"
+                for r in results if r["no_f64"] and r["f64_count"]]
+    assert not with_f64, f"{dtype} kernels with float64 in their PTX:\n" + "\n".join(with_f64)
+
+
 def table(results):
     rows = [f"{'kernel':<46} {'regs':>5} {'stack':>6} {'spill st':>9} {'spill ld':>9} "
             f"{'smem':>6} {'f64':>4}"]
@@ -62,13 +73,7 @@ def test_forward_kernels_compile_and_link_for_sm90(dtype, record_property):
         want += 6
     assert len(results) == want, [r["name"] for r in results]
 
-    failed = [f"{r['name']}: {r['error']}\n{r.get('traceback', '')}" for r in results
-              if not r["ok"]]
-    assert not failed, "kernels that do not compile or link:\n" + "\n".join(failed)
-
-    with_f64 = [f"{r['name']}: {r['f64_count']} lines, e.g. {r['f64_lines'][:3]}"
-                for r in results if r["no_f64"] and r["f64_count"]]
-    assert not with_f64, f"{dtype} kernels with float64 in their PTX:\n" + "\n".join(with_f64)
+    assert_compiled_without_f64(results, dtype)
 
     for r in results:
         assert r["registers"] is not None, f"no register count in ptxas's log:\n{r['log']}"
