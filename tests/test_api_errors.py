@@ -216,7 +216,7 @@ def test_mixed_host_and_device_inputs():
 def test_noncontiguous_device_input(which):
     q, k, v = arrays((2, 5, 16), (2, 6, 16))
     dev = {"q": cuda.to_device(q), "k": cuda.to_device(k), "v": cuda.to_device(v)}
-    dev[which] = cuda.to_device(np.zeros(dev[which].shape[:-1] + (32,), np.float32))[..., ::2]
+    dev[which] = cuda.to_device(np.zeros(dev[which].shape[:-1] + (32,), np.float32))[:, :, ::2]
     assert not dev[which].is_c_contiguous()
     with pytest.raises(ValueError, match=rf"{which} is a non-contiguous device array.*"
                                          r"C-contiguous"):

@@ -134,6 +134,12 @@ def test_float64_matches_reference(case, version):
 # 80 outputs: O error 2.6e-6 (v2), 2.7e-6 (v1) against a bound of 2.13e-6.
 @example(case=make_case(B=1, H=2, Sq=5, Sk=15, d=8, dtype="float32", causal=None,
                         tiles=(4, 16), scale=0.5, values="uniform", seed=1))
+# Found on the H200 (2026-11-30): scores summed from large terms; the kernels' errors
+# (1.28e-5 v1, 1.09e-5 v3) match a plain float32 dot product's (tolerance.py, Fallback).
+@example(case=make_case(B=1, H=1, Sq=63, Sk=15, d=256, dtype="float32", causal=None,
+                        tiles=(64, 16), scale=None, values="uniform", seed=0))
+@example(case=make_case(B=1, H=1, Sq=1, Sk=63, d=64, dtype="float32", causal=None,
+                        tiles=(64, 64), scale=0.5, values="uniform", seed=0))
 def test_float32_matches_reference(case, version):
     out, lse = run(case, version)
     check(case, version, out, lse)
@@ -381,8 +387,11 @@ def test_seqlen_one(version, causal, Sq, Sk):
     case = fixed_case(Sq, Sk, causal=causal, seed=Sq + 10 * Sk)
     out, lse = run(case, version)
     check(case, version, out, lse)
-    if Sk == 1 and not fully_masked_rows(Sq, Sk, causal).any():
-        # one key: softmax is exactly 1, so every row of O is exactly V[0]
+    if Sk == 1 and not fully_masked_rows(Sq, Sk, causal).any() and version != "v3":
+        # one key: softmax is exactly 1, so every row of O is exactly V[0]. Not for v3:
+        # 3xTF32 splits V into two TF32 parts that carry 22 of float32's 24 significant
+        # bits, so its O is V within the rule checked above, not bitwise (H200, 2026-11-30:
+        # an ulp or two off in 2 of 3 elements).
         assert np.array_equal(out, np.broadcast_to(case.v, out.shape))
 
 

@@ -12,14 +12,22 @@ O, float32 for its lse.)
 
 Fallback (TESTING.md: "absolute fallbacks where a baseline is not meaningful: ... float32
 within about 1e-5 relative for O and lse"): for float32 O and lse the bound is at least
-FALLBACK_RTOL = 2e-6 (about 16 float32 ulps) times the tensor's natural magnitude (below).
-On small problems the naive baseline's error is one or two roundings and can be zero by
-luck, and the rule then demands that the kernel, which sums in another order, be luckier
-still. Two cases Hypothesis found, both kernels correct: lse of a single key, a score of
-0.019 summed from products of size 4 (error 1.9e-7, rule bound 6.6e-9); and O at
-(Sq, Sk, d) = (5, 15, 8) with scores up to 64 (error 2.7e-6, rule bound 2.6e-6). On large
-problems the rule's own bound is the larger one (at (2, 16, 4096, 64): 4.5e-5 against a
-fallback of 8e-6), so the rule still decides there. float64 kernels have no lower-precision baseline: they must be
+FALLBACK_RTOL = 1e-5, TESTING.md's number, times the tensor's natural magnitude (below).
+The rule alone is too strict in two situations, both found by Hypothesis with correct kernels:
+- small problems, where the naive baseline's error is one or two roundings and can be zero
+  by luck: lse of a single key, a score of 0.019 summed from products of size 4 (error
+  1.9e-7, rule bound 6.6e-9); O at (Sq, Sk, d) = (5, 15, 8) with scores up to 64 (error
+  2.7e-6, rule bound 2.6e-6);
+- scores summed from large terms, where NumPy's blocked matmul (the baseline) is luckier
+  than a plain float32 dot product. On the H200 (2026-11-30): v1 at (Sq, Sk, d) = (63, 15,
+  256), scale * sum|q||k| up to 74: O error 1.28e-5 (rule bound 2.8e-6); v3 at (1, 63, 64),
+  scale 0.5, sum up to 160: O error 1.09e-5. A NumPy emulation of the plain float32
+  formula with sequential fused multiply-adds has errors 1.6e-5 and 1.1e-5 on the same
+  inputs, so the kernels are as accurate as float32 arithmetic allows there. (A first
+  fallback of 2e-6, stricter than TESTING.md, failed these; it was raised to TESTING.md's
+  1e-5, with max|V| = 4 these errors are 3.2e-6 and 2.7e-6 relative.)
+On large problems the rule's own bound is about as large (at (2, 16, 4096, 64): 4.5e-5,
+the fallback 4e-5), so the rule still decides there. float64 kernels have no lower-precision baseline: they must be
 within 1e-12 relative. Relative to what: to the tensor's natural magnitude, not only to
 max|ref|, because ref can cancel to ~0 (O is a weighted mean of V rows that may sum to 0;
 lse = m + log l can be 0): bound = 1e-12 * max(max|ref|, magnitude), with magnitude
@@ -49,7 +57,7 @@ from numbaflash.masks import visible
 
 MULT = {"O": 2, "lse": 2, "dV": 3, "dK": 3, "dQ": 5}
 FLOAT64_RTOL = 1e-12
-FALLBACK_RTOL = {("O", "float32"): 2e-6, ("lse", "float32"): 2e-6}
+FALLBACK_RTOL = {("O", "float32"): 1e-5, ("lse", "float32"): 1e-5}
 
 
 def to_host(x):
