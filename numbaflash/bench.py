@@ -820,8 +820,9 @@ def format_table(records):
     for r in records:
         status = _status(r)
         if r["note"] and r["ms"] is None:
-            notes.append(r["note"])
-            status += f" [{len(notes)}]"
+            if r["note"] not in notes:           # the same reason is listed once
+                notes.append(r["note"])
+            status += f" [{notes.index(r['note']) + 1}]"
         rows.append((
             f"({r['B']},{r['H']},{r['Sq']},{r['Sk']},{r['d']})",
             "yes" if r["causal"] else "no", r["dtype"], r["what"], r["impl"],
