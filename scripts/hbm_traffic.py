@@ -160,11 +160,15 @@ def parse_ncu_csv(text):
 
 
 def find_ncu(ncu=None):
-    """Path of the ncu executable, or None."""
+    """Path of the ncu executable: ``ncu`` if given, else $NCU, ncu on PATH, or where the
+    CUDA toolkit and Nsight Compute installers put it. None if there is none."""
     if ncu:
         return ncu if Path(ncu).exists() or shutil.which(ncu) else None
-    for candidate in (shutil.which("ncu"), "/usr/local/cuda/bin/ncu"):
-        if candidate and Path(candidate).exists():
+    candidates = [os.environ.get("NCU"), shutil.which("ncu"), "/usr/local/cuda/bin/ncu"]
+    candidates += sorted(map(str, Path("/usr/local").glob("cuda-*/bin/ncu")), reverse=True)
+    candidates += sorted(map(str, Path("/opt/nvidia").glob("nsight-compute/*/ncu")), reverse=True)
+    for candidate in candidates:
+        if candidate and Path(candidate).is_file():
             return candidate
     return None
 
@@ -222,6 +226,18 @@ def run_ncu(cmd, timeout):
     return launches, None, seconds
 
 
+def _model_fields(shape, Br, Bc, itemsize, acc):
+    """The entry fields that come from the model, not from ncu."""
+    import numpy as np
+    from numbaflash import dispatch
+
+    B, H, N, d = shape
+    read, write = model_bytes(B, H, N, d, Br, itemsize, np.dtype(acc).itemsize)
+    return {"shared_bytes": dispatch.forward_shared_bytes(Br, Bc, d, acc),
+            "sram_elements": sram_elements(Br, Bc, d), "model_read": read, "model_write": write,
+            "theorem2": theorem2_accesses(B, H, N, d, sram_elements(Br, Bc, d))}
+
+
 def measure(shape, dtype="float32", pairs=None, ncu=None, timeout=300, log=print):
     """Profile one v2 forward launch per tile pair; returns a JSON-ready dict.
 
@@ -230,29 +246,22 @@ def measure(shape, dtype="float32", pairs=None, ncu=None, timeout=300, log=print
     ``result["error"]`` is set when ncu could not be run at all.
     """
     import numpy as np
-    from numbaflash import dispatch
 
-    B, H, N, d = shape
     itemsize = np.dtype(dtype).itemsize
     acc = "float64" if dtype == "float64" else "float32"
-    pairs = tile_pairs(d, dtype) if pairs is None else pairs
+    pairs = tile_pairs(shape[3], dtype) if pairs is None else pairs
     path = find_ncu(ncu)
     result = {"shape": list(shape), "dtype": dtype, "kernel_regex": KERNEL_REGEX,
               "ncu": path, "ncu_version": ncu_version(path) if path else None,
               "metrics": None, "error": None, "pairs": []}
     if path is None:
-        where = ncu or "not on PATH, not in /usr/local/cuda/bin"
+        where = ncu or "not in $NCU, on PATH, in /usr/local/cuda*/bin or /opt/nvidia/nsight-compute"
         result["error"] = f"Nsight Compute (ncu) was not found ({where}): nothing was measured"
     # ncu may reject the L2 metric or --print-units on some versions: the first pair
     # tries the full set, then the DRAM metrics alone; later pairs keep what worked.
     attempts = [(DRAM_METRICS + (L2_METRIC,), True), (DRAM_METRICS, True), (DRAM_METRICS, False)]
     for Br, Bc in pairs:
-        read_model, write_model = model_bytes(B, H, N, d, Br, itemsize, np.dtype(acc).itemsize)
-        entry = {"Br": Br, "Bc": Bc,
-                 "shared_bytes": dispatch.forward_shared_bytes(Br, Bc, d, acc),
-                 "sram_elements": sram_elements(Br, Bc, d),
-                 "model_read": read_model, "model_write": write_model,
-                 "theorem2": theorem2_accesses(B, H, N, d, sram_elements(Br, Bc, d)),
+        entry = {"Br": Br, "Bc": Bc, **_model_fields(shape, Br, Bc, itemsize, acc),
                  "dram_read": None, "dram_write": None, "l2_read": None,
                  "kernel": None, "seconds": None, "error": result["error"]}
         result["pairs"].append(entry)
@@ -272,6 +281,13 @@ def measure(shape, dtype="float32", pairs=None, ncu=None, timeout=300, log=print
         if error is not None:
             entry["error"] = "\n".join(errors)
             log(f"({Br}, {Bc}): not measured: {entry['error']}")
+            if "did not finish" in entry["error"]:
+                # Pairs come in decreasing Br by default: the next ones would take longer.
+                for Br2, Bc2 in pairs[len(result["pairs"]):]:
+                    result["pairs"].append(dict(entry, Br=Br2, Bc=Bc2, seconds=None,
+                                                error=f"not tried: ({Br}, {Bc}) timed out"))
+                    result["pairs"][-1].update(_model_fields(shape, Br2, Bc2, itemsize, acc))
+                break
             if not any(e["dram_read"] is not None for e in result["pairs"]):
                 # The first pair failed every way: ncu itself does not work here
                 # (no counter permission, no kernel matched); the others would fail too.
@@ -331,7 +347,8 @@ def main(argv=None):
     ap.add_argument("--dtype", default="float32", choices=("float16", "float32", "float64"))
     ap.add_argument("--tiles", help="tile pairs BrxBc, comma-separated (default: every "
                     "forward candidate that fits shared memory at this head dim)")
-    ap.add_argument("--ncu", help="path of ncu (default: ncu on PATH, or /usr/local/cuda/bin/ncu)")
+    ap.add_argument("--ncu", help="path of ncu (default: $NCU, ncu on PATH, /usr/local/cuda*/bin/ncu "
+                    "or /opt/nvidia/nsight-compute/*/ncu)")
     ap.add_argument("--timeout", type=float, default=300, help="seconds per ncu run (default 300)")
     ap.add_argument("--json", help="write the result to this file")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

@@ -202,3 +202,29 @@ def test_measure_without_ncu_says_so(tmp_path):
     assert "not found" in result["error"]
     assert result["pairs"][0]["dram_read"] is None
     assert result["pairs"][0]["model_read"] > 0
+
+
+def test_measure_stops_at_a_timeout(tmp_path):
+    # Pairs come in decreasing Br: after one times out, the smaller (slower) ones are not
+    # tried, and each says so; nothing is measured for them.
+    body = '''
+        import time
+        time.sleep(30)
+    '''
+    result = hbm.measure((1, 1, 128, 64), "float32", [(64, 64), (32, 32), (16, 16)],
+                         ncu=_fake_ncu(tmp_path, body), timeout=1, log=lambda *a: None)
+    assert [(e["Br"], e["Bc"]) for e in result["pairs"]] == [(64, 64), (32, 32), (16, 16)]
+    assert "did not finish in 1 s" in result["pairs"][0]["error"]
+    assert [e["error"] for e in result["pairs"][1:]] == ["not tried: (64, 64) timed out"] * 2
+    assert all(e["dram_read"] is None for e in result["pairs"])
+    assert result["pairs"][2]["model_read"] == hbm.model_bytes(1, 1, 128, 64, 16)[0]
+
+
+def test_main_without_ncu_writes_json_and_exits_2(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    status = hbm.main(["--shape", "1", "1", "128", "64", "--tiles", "64x64",
+                       "--ncu", str(tmp_path / "missing"), "--json", str(out)])
+    assert status == 2
+    assert "not found" in capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert data["pairs"][0]["Br"] == 64 and data["pairs"][0]["dram_read"] is None
