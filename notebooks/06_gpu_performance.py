@@ -59,13 +59,13 @@ from numbaflash.kernels import forward as fwd_kernels
 
 # ---- sizes: B * H = 16 heads, head dim 64, float32 (shrink the N lists on a smaller GPU)
 B, H, D, DTYPE = 1, 16, 64, "float32"
-N_FORWARD = [512, 1024, 2048, 4096, 8192, 16384]     # section 2 (forward) and 3
-N_FWD_BWD = [512, 1024, 2048, 4096, 8192, 16384]     # section 2 (forward + backward) and 3
+N_FORWARD = [1024, 2048, 4096, 8192, 16384]     # section 2 (forward) and 3
+N_FWD_BWD = [1024, 2048, 4096, 8192, 16384]     # section 2 (forward + backward) and 3
 FORWARD_VERSIONS = None      # None: the default forward and every other version; or e.g. (None, "v3")
 REPEATS, WARMUP = 10, 2                              # forward: median of REPEATS after WARMUP
 REPEATS_BWD, WARMUP_BWD = 5, 1                       # forward + backward: slower, fewer runs
 HBM_SHAPE = (1, 16, 16384, 64)                       # section 4: (B, H, N, d), one ncu run per tile pair
-HBM_TILES = None                                     # None: every forward tile candidate that fits
+HBM_TILES = [(8, 64), (16, 64), (32, 64), (64, 64), (128, 64)]   # Bc fixed, Br varied; None: every candidate that fits
 # ---- section 5's ceilings: the H200's, measured on 2026-11-30 (PERFORMANCE.md). Another GPU
 # ---- has other ceilings: replace these three numbers with its own.
 PEAK_FP32 = 51e12          # FLOP/s: cuBLAS float32 GEMM with TF32 off (plain FMA units; datasheet 67e12)
