@@ -61,7 +61,7 @@ from numbaflash.kernels import forward as fwd_kernels
 B, H, D, DTYPE = 1, 16, 64, "float32"
 N_FORWARD = [1024, 2048, 4096, 8192, 16384]     # section 2 (forward) and 3
 N_FWD_BWD = [1024, 2048, 4096, 8192, 16384]     # section 2 (forward + backward) and 3
-FORWARD_VERSIONS = None      # None: the default forward and every other version; or e.g. (None, "v3")
+FORWARD_VERSIONS = (None, "v3", "v4")   # None: the default forward and every other version (v1 too)
 REPEATS, WARMUP = 10, 2                              # forward: median of REPEATS after WARMUP
 REPEATS_BWD, WARMUP_BWD = 5, 1                       # forward + backward: slower, fewer runs
 HBM_SHAPE = (1, 16, 16384, 64)                       # section 4: (B, H, N, d), one ncu run per tile pair
