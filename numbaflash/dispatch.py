@@ -121,7 +121,8 @@ class Plan:
     acc_dtype: str
     causal: str | None
     reason: str
-    thread_tile: tuple | None = None    # v4: (TM, TN), the block of Sij each thread owns
+    thread_tile: tuple | None = None    # forward v4, backward v3: (TM, TN), the block of Sij
+                                        # each thread owns
 
     def __str__(self):
         tiles = f"tiles (Br, Bc) = ({self.Br}, {self.Bc}), " if self.Br else ""
@@ -399,6 +400,114 @@ def check_backward_tiles(tiles, d, acc_dtype):
     return Br, Bc
 
 
+# --- backward v3 (register-blocked SIMT; opt-in) ----------------------------------------
+
+# v3 tile rule: the first (Br, Bc, TM, TN) of BWD_V3_CANDIDATES whose two kernels fit in
+# 48 KB of static shared memory and whose accumulators fit BWD_V3_MAX_ACC_REGS per thread:
+# the dK/dV kernel keeps dKj, dVj and one Q tile's part of each (4 TN DNY values, DNY =
+# d / TY rounded up), the dQ kernel dQi and one K/V tile's part (2 TM DNX, DNX = d / TX
+# rounded up). If no candidate meets the register bound (d > 128 in float32), the first
+# that fits in shared memory (ptxas then reports spills; tests/ptx_check.py prints them).
+# Under the simulator, BWD_V3_SIM_TILES: small blocks (16 threads) that still have two
+# threads and two entries per thread on each axis.
+BWD_V3_CANDIDATES = ((32, 32, 4, 2), (16, 16, 2, 1), (16, 16, 1, 1), (8, 8, 1, 1),
+                     (4, 4, 1, 1))
+BWD_V3_MAX_ACC_REGS = 64
+BWD_V3_SIM_TILES = (8, 8, 2, 2)
+
+
+def dkdv_v3_shared_bytes(Br, Bc, TM, TN, d, acc_dtype):
+    """Shared memory of backward_dkdv_v3: KjT, VjT (DPY, Bc+1), QiT, dOiT (DPY, Br+1),
+    Pij, dSij (Br, Bc+1), L_i, D_i (Br); DPY = d rounded up to TY = Br // TM."""
+    _, _, DPY, _, _, _ = bwd_kernels.v3_thread_grid(Br, Bc, TM, TN, d)
+    n = 2 * DPY * (Bc + 1) + 2 * DPY * (Br + 1) + 2 * Br * (Bc + 1) + 2 * Br
+    return n * np.dtype(acc_dtype).itemsize
+
+
+def dq_v3_shared_bytes(Br, Bc, TM, TN, d, acc_dtype):
+    """Shared memory of backward_dq_v3: QiT, dOiT (DPX, Br+1), KjT, VjT (DPX, Bc+1),
+    dSij (Br, Bc+1); DPX = d rounded up to TX = Bc // TN."""
+    _, _, _, _, DPX, _ = bwd_kernels.v3_thread_grid(Br, Bc, TM, TN, d)
+    n = 2 * DPX * (Br + 1) + 2 * DPX * (Bc + 1) + Br * (Bc + 1)
+    return n * np.dtype(acc_dtype).itemsize
+
+
+def backward_v3_acc_regs(Br, Bc, TM, TN, d):
+    """Accumulators per thread of (the dK/dV kernel, the dQ kernel), partials included."""
+    _, _, _, DNY, _, DNX = bwd_kernels.v3_thread_grid(Br, Bc, TM, TN, d)
+    return 4 * TN * DNY, 2 * TM * DNX
+
+
+def _v3_fits(t, d, acc_dtype):
+    return max(dkdv_v3_shared_bytes(*t, d, acc_dtype),
+               dq_v3_shared_bytes(*t, d, acc_dtype)) <= SHARED_MEM_LIMIT
+
+
+def default_backward_v3_tiles(d, acc_dtype):
+    """The v3 tile rule (above), (Br, Bc, TM, TN). GPU, float32: d <= 64 -> (32, 32, 4, 2),
+    128 threads; d = 128 -> (16, 16, 2, 1), 128 threads; d = 256 -> (8, 8, 1, 1), 64
+    threads (over the register bound); float64: d = 64 -> (16, 16, 2, 1)."""
+    if simulating():
+        return BWD_V3_SIM_TILES
+    fits = [t for t in BWD_V3_CANDIDATES if _v3_fits(t, d, acc_dtype)]
+    for t in fits:
+        if max(backward_v3_acc_regs(*t, d)) <= BWD_V3_MAX_ACC_REGS:
+            return t
+    if fits:
+        return fits[0]
+    raise ValueError(f"backward v3 cannot run this input: no v3 tile fits head dim {d} in "
+                     f"{acc_dtype} within {SHARED_MEM_LIMIT} bytes of shared memory")
+
+
+def check_backward_v3_tiles(tiles, d, acc_dtype):
+    """A caller's v3 tiles: (Br, Bc, TM, TN), or (Br, Bc) with TM, TN the largest of 4, 2, 1
+    dividing Br, Bc (as forward v4). ValueError names the limit."""
+    if isinstance(tiles, (tuple, list)) and len(tiles) == 4:
+        Br, Bc = _parse_tiles(tiles[:2])
+        TM, TN = _parse_tiles(tiles[2:])
+    else:
+        Br, Bc = _parse_tiles(tiles)
+        TM = next(t for t in (4, 2, 1) if Br % t == 0)
+        TN = next(t for t in (4, 2, 1) if Bc % t == 0)
+    if Br % TM or Bc % TN:
+        raise ValueError(f"backward v3 tiles need TM to divide Br and TN to divide Bc; got "
+                         f"(Br, Bc, TM, TN) = ({Br}, {Bc}, {TM}, {TN})")
+    threads = (Br // TM) * (Bc // TN)
+    if threads > MAX_THREADS:
+        raise ValueError(f"backward v3 tiles ({Br}, {Bc}, {TM}, {TN}) need {threads} threads "
+                         f"((Br / TM) x (Bc / TN)); a block holds at most {MAX_THREADS}")
+    need = max(dkdv_v3_shared_bytes(Br, Bc, TM, TN, d, acc_dtype),
+               dq_v3_shared_bytes(Br, Bc, TM, TN, d, acc_dtype))
+    if need > SHARED_MEM_LIMIT:
+        raise ValueError(f"backward v3 tiles (Br, Bc, TM, TN) = ({Br}, {Bc}, {TM}, {TN}) need "
+                         f"{need} bytes of shared memory at head dim {d} in {acc_dtype}; the "
+                         f"limit is {SHARED_MEM_LIMIT} (48 KB static shared memory per block)")
+    return Br, Bc, TM, TN
+
+
+def _plan_backward_v3(p, where, tiles, reason, preprocess):
+    if tiles is None:
+        Br, Bc, TM, TN = default_backward_v3_tiles(p.d, p.acc_dtype)
+        reason += f"; tiles by the v3 rule for d={p.d} in {p.acc_dtype}"
+        if where == "simulator":
+            reason += " (small tiles on the simulator, where every thread and barrier is slow)"
+    else:
+        Br, Bc, TM, TN = check_backward_v3_tiles(tiles, p.d, p.acc_dtype)
+        reason += "; tiles given by the caller"
+    reason += "; v3 is experimental (not yet measured on the H200)"
+    threads = (Br // TM) * (Bc // TN)
+    Tr, Tc = math.ceil(p.Sq / Br), math.ceil(p.Sk / Bc)
+    return Plans((
+        preprocess,
+        Plan("backward dK dV", "v3", "backward_dkdv_v3", where, Br, Bc, (Tc, p.BH), (threads,),
+             dkdv_v3_shared_bytes(Br, Bc, TM, TN, p.d, p.acc_dtype), p.acc_dtype, p.causal,
+             reason + "; one block per K/V tile, each thread a block of keys", (TM, TN)),
+        Plan("backward dQ", "v3", "backward_dq_v3", where, Br, Bc, (Tr, p.BH), (threads,),
+             dq_v3_shared_bytes(Br, Bc, TM, TN, p.d, p.acc_dtype), p.acc_dtype, p.causal,
+             reason + "; one block per Q tile, each thread a block of query rows", (TM, TN)),
+    ))
+
+
 def plan_backward(p, version=None, tiles=None):
     """Choose the backward kernels for Problem ``p``; returns ``Plans`` in launch order.
 
@@ -418,6 +527,13 @@ def plan_backward(p, version=None, tiles=None):
         raise ValueError(f"backward v2 adds into dQ with atomics in the output dtype, so it needs "
                          f"float32 or float64 inputs; got {np.dtype(p.dtype)} (use v1)")
 
+    threads = PREPROCESS_THREADS
+    preprocess = Plan("backward D", version, "backward_preprocess", where, None, None,
+                      (math.ceil(p.Sq / threads), p.BH), (threads,), 0, p.acc_dtype, p.causal,
+                      f"D = rowsum(dO * O) (Alg.2 l.4), {threads} query rows per block")
+    if version == "v3":
+        return _plan_backward_v3(p, where, tiles, reason, preprocess)
+
     if tiles is None:
         Br, Bc = default_backward_tiles(p.d, p.acc_dtype)
         reason += f"; tiles by the default backward rule for d={p.d} in {p.acc_dtype}"
@@ -425,10 +541,6 @@ def plan_backward(p, version=None, tiles=None):
         Br, Bc = check_backward_tiles(tiles, p.d, p.acc_dtype)
         reason += "; tiles given by the caller"
     Tr, Tc = math.ceil(p.Sq / Br), math.ceil(p.Sk / Bc)
-    threads = PREPROCESS_THREADS
-    preprocess = Plan("backward D", version, "backward_preprocess", where, None, None,
-                      (math.ceil(p.Sq / threads), p.BH), (threads,), 0, p.acc_dtype, p.causal,
-                      f"D = rowsum(dO * O) (Alg.2 l.4), {threads} query rows per block")
     shared_dkdv = dkdv_shared_bytes(Br, Bc, p.d, p.acc_dtype)
     if version == "v1":
         return Plans((
@@ -453,6 +565,11 @@ def backward_kernel(plan, p):
     causal = p.causal is not None
     if plan.kernel == "backward_preprocess":
         return bwd_kernels.make_backward_preprocess(p.d, p.acc_dtype)
+    if plan.version == "v3":
+        make = {"backward_dkdv_v3": bwd_kernels.make_backward_dkdv_v3,
+                "backward_dq_v3": bwd_kernels.make_backward_dq_v3}[plan.kernel]
+        TM, TN = plan.thread_tile
+        return make(plan.Br, plan.Bc, TM, TN, p.d, causal, p.acc_dtype)
     make = {"backward_dkdv_v1": bwd_kernels.make_backward_dkdv_v1,
             "backward_dq_v1": bwd_kernels.make_backward_dq_v1,
             "backward_dkdv_dq_v2": bwd_kernels.make_backward_dkdv_dq_v2}[plan.kernel]
@@ -474,9 +591,9 @@ def launch_backward(plans, p, Q, K, V, O, dO, L, D, dQ, dK, dV):
         launch = kernel[plan.grid, plan.block]
         if plan.kernel == "backward_preprocess":
             launch(dO, O, D)
-        elif plan.kernel == "backward_dkdv_v1":
+        elif plan.kernel in ("backward_dkdv_v1", "backward_dkdv_v3"):
             launch(Q, K, V, dO, L, D, dK, dV, scale, offset)
-        elif plan.kernel == "backward_dq_v1":
+        elif plan.kernel in ("backward_dq_v1", "backward_dq_v3"):
             launch(Q, K, V, dO, L, D, dQ, scale, offset)
         else:
             launch(Q, K, V, dO, L, D, dQ, dK, dV, scale, offset)

@@ -138,8 +138,9 @@ def backward_signatures(dtype, acc):
 
 def backward_entries():
     """Every backward kernel x float16/float32/float64 x causal off/on (the preprocessing
-    kernel has no mask) x d in 1, 64, 128, 256, with the default backward tiles; v2 only
-    where it runs (float32, float64)."""
+    kernel has no mask) x d in 1, 64, 128, 256, with the default backward tiles (v3: its
+    own rule, dispatch.default_backward_v3_tiles); v2 only where it runs (float32,
+    float64)."""
     import numpy as np
 
     from numbaflash.kernels import backward as bwd
@@ -168,6 +169,19 @@ def backward_entries():
                                      lambda kw=args: bwd.make_backward_dkdv_dq_v2(
                                          kw["Br"], kw["Bc"], kw["d"], kw["c"], kw["a"]),
                                      v2, no_f64))
+            # v3 (register-blocked SIMT): its own tile rule (GPU candidates; this script
+            # runs without the simulator), the same signatures as v1's kernels
+            t = dispatch.default_backward_v3_tiles(d, acc)
+            for causal in (False, True):
+                tag = (f"{dtype}-d{d}-{'causal' if causal else 'full'}-tiles{t[0]}x{t[1]}"
+                       f"-thread{t[2]}x{t[3]}")
+                out.append(Entry(f"backward_dkdv_v3-{tag}", "backward",
+                                 lambda t=t, d=d, c=causal, a=acc:
+                                 bwd.make_backward_dkdv_v3(*t, d, c, a), dkdv, no_f64))
+                out.append(Entry(f"backward_dq_v3-{tag}", "backward",
+                                 lambda t=t, d=d, c=causal, a=acc:
+                                 bwd.make_backward_dq_v3(*t, d, c, a), dq, no_f64))
+    assert {e.name.split("-")[0] for e in out} >= {"backward_dkdv_v3", "backward_dq_v3"}
     return out
 
 

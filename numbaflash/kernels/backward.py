@@ -73,7 +73,7 @@ from numba import cuda
 
 from . import acc_type, jit_options
 
-VERSIONS = ("v1", "v2")
+VERSIONS = ("v1", "v2", "v3")
 
 
 @functools.lru_cache(maxsize=None)
@@ -370,6 +370,397 @@ def make_backward_dkdv_dq_v2(Br, Bc, d, causal, acc_dtype):
                 dV[bh, col, k] = dv_j[k]
 
     return backward_dkdv_dq_v2
+
+
+# --- v3: register-blocked SIMT ------------------------------------------------------------
+
+LOG2E = 1.4426950408889634              # log2(e): exp(x) = exp2(x * LOG2E)
+
+
+def v3_thread_grid(Br, Bc, TM, TN, d):
+    """The shape constants of a v3 kernel, shared by both kernels and by dispatch.py.
+
+    Returns (TY, TX, DPY, DNY, DPX, DNX): a TY x TX grid of threads (TY = Br // TM,
+    TX = Bc // TN); the dK/dV kernel splits the head dim over the TY threads of a key
+    column (d padded to DPY, DNY = DPY // TY columns each), the dQ kernel over the TX
+    threads of a query row (d padded to DPX, DNX = DPX // TX columns each).
+    """
+    assert Br % TM == 0 and Bc % TN == 0, (Br, Bc, TM, TN)
+    TY = Br // TM
+    TX = Bc // TN
+    DPY = (d + TY - 1) // TY * TY
+    DPX = (d + TX - 1) // TX * TX
+    return TY, TX, DPY, DPY // TY, DPX, DPX // TX
+
+
+@functools.lru_cache(maxsize=None)
+def make_backward_dkdv_v3(Br, Bc, TM, TN, d, causal, acc_dtype):
+    """v3 dK/dV kernel (Alg.2 l.5-19 without l.15), register-blocked.
+
+    Launch: grid (Tc, BH) with Tc = ceil(Sk / Bc), block (TY * TX,) with TY = Br // TM and
+    TX = Bc // TN; thread tid is (ty, tx) = (tid // TX, tid % TX).
+
+    Per Q tile, thread (ty, tx) owns a TM x TN block of Sij, Pij, dPij and dSij: query rows
+    r_a = ty + TY*a (a < TM) and keys c_b = tx + TX*b (b < TN). Across the whole loop it
+    owns a TN x DNY block of dKj and of dVj: the same keys c_b and head-dim columns
+    k_e = ty + TY*e (e < DNY; d is padded with zeros to DPY = DNY * TY, never written).
+
+    Shared memory (accumulator dtype): KjT, VjT (DPY, Bc + 1), Kj and Vj transposed,
+    staged once; QiT, dOiT (DPY, Br + 1), per Q tile; Pij, dSij (Br, Bc + 1), per Q tile;
+    L_i (Br), the logsumexp times log2(e), and D_i (Br). The +1 pads make the transposing
+    stores and the column reads QiT[k_e, r] (different ty, different k_e) hit different
+    banks. ``dispatch.dkdv_v3_shared_bytes`` counts them.
+
+    Rows whose L is -inf (they see no key) and rows past Sq are staged as zeros, so that a
+    NaN in their q or dO can never meet a zero P: the sums over rows below have no test
+    except on the causal diagonal.
+    """
+    acc = acc_type(acc_dtype)
+    ZERO = acc(0)
+    NEG_INF = acc(-math.inf)
+    LOG2E_ACC = acc(LOG2E)
+    TY, TX, DP, DN, _, _ = v3_thread_grid(Br, Bc, TM, TN, d)
+    THREADS = TY * TX
+    BrP = Br + 1                        # padded row lengths (shared array shapes must be
+    BcP = Bc + 1                        # compile-time constants)
+
+    @cuda.jit(**jit_options())
+    def backward_dkdv_v3(Q, K, V, dO, L, D, dK, dV, softmax_scale, causal_offset):
+        bh = cuda.blockIdx.y
+        j = cuda.blockIdx.x             # K/V tile index (Alg.2 l.5: one block per j)
+        tid = cuda.threadIdx.x
+        ty = tid // TX
+        tx = tid % TX
+        Sq = Q.shape[1]
+        Sk = K.shape[1]
+        # P = exp(S * scale - L) = exp2(S * scale * log2(e) - L * log2(e)): one FMA and an
+        # exp2 per entry (L_i below is staged already multiplied by log2(e)).
+        scale_log2 = softmax_scale * LOG2E_ACC
+
+        KjT = cuda.shared.array((DP, BcP), acc)
+        VjT = cuda.shared.array((DP, BcP), acc)
+        QiT = cuda.shared.array((DP, BrP), acc)
+        dOiT = cuda.shared.array((DP, BrP), acc)
+        Pij = cuda.shared.array((Br, BcP), acc)
+        dSij = cuda.shared.array((Br, BcP), acc)
+        L_i = cuda.shared.array(Br, acc)
+        D_i = cuda.shared.array(Br, acc)
+        s = cuda.local.array((TM, TN), acc)     # this thread's block of Sij, then Pij
+        dp = cuda.local.array((TM, TN), acc)    # ... of dPij, then dSij
+        qa = cuda.local.array(TM, acc)          # one k step: TM values of Qi, of dOi ...
+        da = cuda.local.array(TM, acc)
+        kb = cuda.local.array(TN, acc)          # ... and TN of Kj, of Vj
+        vb = cuda.local.array(TN, acc)
+        pb = cuda.local.array(TN, acc)          # one query row: TN values of Pij, of dSij ...
+        sb = cuda.local.array(TN, acc)
+        qe = cuda.local.array(DN, acc)          # ... and DN of Qi, of dOi
+        oe = cuda.local.array(DN, acc)
+        dk = cuda.local.array((TN, DN), acc)    # this thread's block of dKj, dVj
+        dv = cuda.local.array((TN, DN), acc)
+        dk_t = cuda.local.array((TN, DN), acc)  # one Q tile's part of them (as in v1)
+        dv_t = cuda.local.array((TN, DN), acc)
+
+        # Alg.2 l.6: stage Kj, Vj transposed (zeros past Sk and past d).
+        for idx in range(tid, Bc * DP, THREADS):
+            c = idx // DP
+            k = idx % DP
+            col = j * Bc + c
+            inside = col < Sk and k < d
+            KjT[k, c] = acc(K[bh, col, k]) if inside else ZERO
+            VjT[k, c] = acc(V[bh, col, k]) if inside else ZERO
+        for b in range(TN):             # Alg.2 l.7: dKj = 0, dVj = 0
+            for e in range(DN):
+                dk[b, e] = ZERO
+                dv[b, e] = ZERO
+
+        # Alg.2 l.8: loop over Q tiles; causal blocks start at the first one with a row
+        # that sees column j*Bc (see tiled.first_q_tile).
+        Tr = (Sq + Br - 1) // Br
+        i_start = 0
+        if causal:                      # (floor division: a negative first row gives tile 0)
+            first_row = j * Bc - causal_offset
+            i_start = min(Tr, max(0, first_row // Br))
+        last_col = j * Bc + Bc - 1      # the block's last key
+        for i in range(i_start, Tr):
+            # Wait until every thread is done with the previous tile's QiT, dOiT, Pij,
+            # dSij, L_i, D_i (for the first tile: until KjT and VjT are complete).
+            cuda.syncthreads()
+            # Alg.2 l.9: load Qi, dOi (transposed), L_i, D_i. A row past Sq or with
+            # L = -inf is zeros, and its L_i is -inf, so it is skipped below.
+            for idx in range(tid, Br * DP, THREADS):
+                r = idx // DP
+                k = idx % DP
+                row = i * Br + r
+                keep = row < Sq and k < d
+                if keep:
+                    keep = L[bh, row] != NEG_INF
+                QiT[k, r] = acc(Q[bh, row, k]) if keep else ZERO
+                dOiT[k, r] = acc(dO[bh, row, k]) if keep else ZERO
+            for r in range(tid, Br, THREADS):
+                row = i * Br + r
+                L_i[r] = L[bh, row] * LOG2E_ACC if row < Sq else NEG_INF
+                D_i[r] = D[bh, row] if row < Sq else ZERO
+            # Wait until QiT, dOiT, L_i, D_i are complete.
+            cuda.syncthreads()
+
+            # Alg.2 l.10 and l.13: Sij = Qi Kj^T and dPij = dOi Vj^T, TM x TN each per
+            # thread; per k step 2 (TM + TN) loads for 2 TM TN FMAs.
+            for a in range(TM):
+                for b in range(TN):
+                    s[a, b] = ZERO
+                    dp[a, b] = ZERO
+            for k in range(d):
+                for a in range(TM):
+                    qa[a] = QiT[k, ty + TY * a]
+                    da[a] = dOiT[k, ty + TY * a]
+                for b in range(TN):
+                    kb[b] = KjT[k, tx + TX * b]
+                    vb[b] = VjT[k, tx + TX * b]
+                for a in range(TM):
+                    for b in range(TN):
+                        s[a, b] += qa[a] * kb[b]
+                        dp[a, b] += da[a] * vb[b]
+            # Alg.2 l.11 and l.14: Pij = exp(Sij - L_i), dSij = Pij * (dPij - D_i); masked
+            # pairs get exactly 0 without an exp (and without reading their S or dP).
+            for a in range(TM):
+                r = ty + TY * a
+                row = i * Br + r
+                L_r = L_i[r]
+                D_r = D_i[r]
+                for b in range(TN):
+                    c = tx + TX * b
+                    col = j * Bc + c
+                    visible = (L_r != NEG_INF and col < Sk
+                               and (not causal or col <= row + causal_offset))
+                    p = ZERO
+                    ds = ZERO
+                    if visible:
+                        p = math.exp2(s[a, b] * scale_log2 - L_r)
+                        ds = p * (dp[a, b] - D_r)
+                    Pij[r, c] = p
+                    dSij[r, c] = ds
+            # Wait until Pij and dSij are complete.
+            cuda.syncthreads()
+
+            # Alg.2 l.12 and l.16: dVj += Pij^T dOi, dKj += dSij^T Qi, this Q tile's part
+            # summed on its own; per row 2 (TN + DN) loads for 2 TN DN FMAs.
+            for b in range(TN):
+                for e in range(DN):
+                    dk_t[b, e] = ZERO
+                    dv_t[b, e] = ZERO
+            if not causal or last_col <= i * Br + causal_offset:
+                # every row of the tile sees every key of the block: no test
+                for r in range(Br):
+                    for b in range(TN):
+                        pb[b] = Pij[r, tx + TX * b]
+                        sb[b] = dSij[r, tx + TX * b]
+                    for e in range(DN):
+                        oe[e] = dOiT[ty + TY * e, r]
+                        qe[e] = QiT[ty + TY * e, r]
+                    for b in range(TN):
+                        for e in range(DN):
+                            dv_t[b, e] += pb[b] * oe[e]
+                            dk_t[b, e] += sb[b] * qe[e]
+            else:
+                # the causal diagonal: hidden (row, key) pairs never read q or dO, so a
+                # NaN in the row of a query that does not see the key has no effect
+                for r in range(Br):
+                    row = i * Br + r
+                    for b in range(TN):
+                        pb[b] = Pij[r, tx + TX * b]
+                        sb[b] = dSij[r, tx + TX * b]
+                    for e in range(DN):
+                        oe[e] = dOiT[ty + TY * e, r]
+                        qe[e] = QiT[ty + TY * e, r]
+                    for b in range(TN):
+                        if j * Bc + tx + TX * b <= row + causal_offset:
+                            for e in range(DN):
+                                dv_t[b, e] += pb[b] * oe[e]
+                                dk_t[b, e] += sb[b] * qe[e]
+            for b in range(TN):
+                for e in range(DN):
+                    dk[b, e] += dk_t[b, e]
+                    dv[b, e] += dv_t[b, e]
+
+        # Alg.2 l.18: write dKj (times the scale, see the module docstring) and dVj.
+        for b in range(TN):
+            col = j * Bc + tx + TX * b
+            if col < Sk:
+                for e in range(DN):
+                    k = ty + TY * e
+                    if k < d:
+                        dK[bh, col, k] = dk[b, e] * softmax_scale
+                        dV[bh, col, k] = dv[b, e]
+
+    return backward_dkdv_v3
+
+
+@functools.lru_cache(maxsize=None)
+def make_backward_dq_v3(Br, Bc, TM, TN, d, causal, acc_dtype):
+    """v3 dQ kernel (Alg.2 l.15 as its own pass), register-blocked.
+
+    Launch: grid (Tr, BH) with Tr = ceil(Sq / Br), block (TY * TX,) as
+    ``make_backward_dkdv_v3``, and the same TM x TN blocks of Sij, dPij, dSij per thread.
+    Thread (ty, tx) owns a TM x DNX block of dQi: rows r_a = ty + TY*a and head-dim
+    columns k_e = tx + TX*e (e < DNX; d padded with zeros to DPX = DNX * TX).
+
+    Shared memory (accumulator dtype): QiT, dOiT (DPX, Br + 1), staged once; KjT, VjT
+    (DPX, Bc + 1), per K/V tile; dSij (Br, Bc + 1). The column reads KjT[k_e, c]
+    (different tx, different k_e) and dSij[r_a, c] (different ty) hit different banks
+    thanks to the pads. ``dispatch.dq_v3_shared_bytes`` counts them.
+    """
+    acc = acc_type(acc_dtype)
+    ZERO = acc(0)
+    NEG_INF = acc(-math.inf)
+    LOG2E_ACC = acc(LOG2E)
+    TY, TX, _, _, DP, DN = v3_thread_grid(Br, Bc, TM, TN, d)
+    THREADS = TY * TX
+    BrP = Br + 1
+    BcP = Bc + 1
+
+    @cuda.jit(**jit_options())
+    def backward_dq_v3(Q, K, V, dO, L, D, dQ, softmax_scale, causal_offset):
+        bh = cuda.blockIdx.y
+        i = cuda.blockIdx.x             # Q tile index: one block per i
+        tid = cuda.threadIdx.x
+        ty = tid // TX
+        tx = tid % TX
+        Sq = Q.shape[1]
+        Sk = K.shape[1]
+        scale_log2 = softmax_scale * LOG2E_ACC      # exp2, as in the dK/dV kernel
+
+        QiT = cuda.shared.array((DP, BrP), acc)
+        dOiT = cuda.shared.array((DP, BrP), acc)
+        KjT = cuda.shared.array((DP, BcP), acc)
+        VjT = cuda.shared.array((DP, BcP), acc)
+        dSij = cuda.shared.array((Br, BcP), acc)
+        s = cuda.local.array((TM, TN), acc)     # this thread's block of Sij
+        dp = cuda.local.array((TM, TN), acc)    # ... of dPij
+        qa = cuda.local.array(TM, acc)          # one k step: TM values of Qi, of dOi ...
+        da = cuda.local.array(TM, acc)
+        kb = cuda.local.array(TN, acc)          # ... and TN of Kj, of Vj
+        vb = cuda.local.array(TN, acc)
+        sa = cuda.local.array(TM, acc)          # one key: TM values of dSij ...
+        ke = cuda.local.array(DN, acc)          # ... and DN of Kj
+        L_a = cuda.local.array(TM, acc)         # L * log2(e) and D of this thread's rows
+        D_a = cuda.local.array(TM, acc)
+        dq = cuda.local.array((TM, DN), acc)    # this thread's block of dQi
+        dq_t = cuda.local.array((TM, DN), acc)  # one K/V tile's part of it (as in v1)
+
+        # Alg.2 l.9: stage Qi and dOi transposed (zeros past Sq and past d); L and D of
+        # this thread's rows into registers; dQi = 0.
+        for idx in range(tid, Br * DP, THREADS):
+            r = idx // DP
+            k = idx % DP
+            row = i * Br + r
+            inside = row < Sq and k < d
+            QiT[k, r] = acc(Q[bh, row, k]) if inside else ZERO
+            dOiT[k, r] = acc(dO[bh, row, k]) if inside else ZERO
+        for a in range(TM):
+            row = i * Br + ty + TY * a
+            L_a[a] = L[bh, row] * LOG2E_ACC if row < Sq else NEG_INF
+            D_a[a] = D[bh, row] if row < Sq else ZERO
+            for e in range(DN):
+                dq[a, e] = ZERO
+
+        # Loop over K/V tiles; causal blocks stop after the last tile that any of their
+        # rows can see (as in v1 and tiled.tiles_needed).
+        Tc = (Sk + Bc - 1) // Bc
+        if causal:                      # (floor division: a negative last column gives 0 tiles)
+            last_visible_col = i * Br + Br - 1 + causal_offset
+            Tc = min(Tc, max(0, last_visible_col // Bc + 1))
+        first_limit = i * Br + causal_offset        # the last key the block's first row sees
+        for j in range(Tc):
+            # Wait until every thread is done with the previous KjT, VjT, dSij (for the
+            # first tile: until QiT and dOiT are complete).
+            cuda.syncthreads()
+            # Alg.2 l.6: load Kj, Vj transposed; zeros past Sk and past d.
+            for idx in range(tid, Bc * DP, THREADS):
+                c = idx // DP
+                k = idx % DP
+                col = j * Bc + c
+                inside = col < Sk and k < d
+                KjT[k, c] = acc(K[bh, col, k]) if inside else ZERO
+                VjT[k, c] = acc(V[bh, col, k]) if inside else ZERO
+            # Wait until KjT and VjT are complete.
+            cuda.syncthreads()
+
+            # Alg.2 l.10 and l.13: Sij and dPij, TM x TN per thread.
+            for a in range(TM):
+                for b in range(TN):
+                    s[a, b] = ZERO
+                    dp[a, b] = ZERO
+            for k in range(d):
+                for a in range(TM):
+                    qa[a] = QiT[k, ty + TY * a]
+                    da[a] = dOiT[k, ty + TY * a]
+                for b in range(TN):
+                    kb[b] = KjT[k, tx + TX * b]
+                    vb[b] = VjT[k, tx + TX * b]
+                for a in range(TM):
+                    for b in range(TN):
+                        s[a, b] += qa[a] * kb[b]
+                        dp[a, b] += da[a] * vb[b]
+            # Alg.2 l.11 and l.14: Pij and dSij; masked pairs and rows that see no key
+            # (L = -inf) get dS = 0 without an exp.
+            for a in range(TM):
+                r = ty + TY * a
+                row = i * Br + r
+                for b in range(TN):
+                    c = tx + TX * b
+                    col = j * Bc + c
+                    visible = (L_a[a] != NEG_INF and col < Sk
+                               and (not causal or col <= row + causal_offset))
+                    ds = ZERO
+                    if visible:
+                        p = math.exp2(s[a, b] * scale_log2 - L_a[a])
+                        ds = p * (dp[a, b] - D_a[a])
+                    dSij[r, c] = ds
+            # Wait until dSij is complete.
+            cuda.syncthreads()
+
+            # Alg.2 l.15: dQi += dSij Kj, this K/V tile's part summed on its own; per key
+            # TM + DN loads for TM DN FMAs.
+            for a in range(TM):
+                for e in range(DN):
+                    dq_t[a, e] = ZERO
+            if not causal or j * Bc + Bc - 1 <= first_limit:
+                # every row of the block sees every key of the tile: no test
+                for c in range(Bc):
+                    for a in range(TM):
+                        sa[a] = dSij[ty + TY * a, c]
+                    for e in range(DN):
+                        ke[e] = KjT[tx + TX * e, c]
+                    for a in range(TM):
+                        for e in range(DN):
+                            dq_t[a, e] += sa[a] * ke[e]
+            else:
+                # the causal diagonal: a key hidden from a row is never read for it, so
+                # a NaN in that key has no effect on the row
+                for c in range(Bc):
+                    col = j * Bc + c
+                    for a in range(TM):
+                        sa[a] = dSij[ty + TY * a, c]
+                    for e in range(DN):
+                        ke[e] = KjT[tx + TX * e, c]
+                    for a in range(TM):
+                        if col <= i * Br + ty + TY * a + causal_offset:
+                            for e in range(DN):
+                                dq_t[a, e] += sa[a] * ke[e]
+            for a in range(TM):
+                for e in range(DN):
+                    dq[a, e] += dq_t[a, e]
+
+        # Write dQi (times the scale). A row that sees no key (L = -inf) writes exact zeros.
+        for a in range(TM):
+            row = i * Br + ty + TY * a
+            if row < Sq:
+                for e in range(DN):
+                    k = tx + TX * e
+                    if k < d:
+                        dQ[bh, row, k] = ZERO if L_a[a] == NEG_INF else dq[a, e] * softmax_scale
+
+    return backward_dq_v3
 
 
 @cuda.jit(device=True)
