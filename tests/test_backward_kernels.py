@@ -30,7 +30,8 @@ import numbaflash
 from numbaflash import dispatch, reference
 from numbaflash.kernels import backward as bwd
 from numbaflash.masks import visible
-from backward_checks import GRADS, backward_magnitudes, check_backward, exact_masks
+from backward_checks import (GRADS, backward_magnitudes, check_backward, exact_masks,
+                             version_tiles)
 from strategies import attention_cases, make_case, on_gpu, sizes_for_backend
 from tolerance import assert_bitwise_equal, assert_close_f64, to_host
 
@@ -40,7 +41,9 @@ F64 = ("float64",)
 RTOL = 1e-12
 VERSIONS = bwd.VERSIONS
 # dtypes each version supports (v2 adds into dQ in its own dtype: no float16)
-VERSION_DTYPES = {"v1": ("float16", "float32", "float64"), "v2": ("float32", "float64")}
+VERSION_DTYPES = {"v1": ("float16", "float32", "float64"), "v2": ("float32", "float64"),
+                  "v3": ("float16", "float32", "float64")}
+DETERMINISTIC = ("v1", "v3")        # the versions without atomics
 
 
 def backward_tiles(d, acc_dtype):
@@ -62,13 +65,15 @@ def forward(case, q=None, k=None, v=None):
 
 def backward(case, version="v1", tiles=None, out=None, lse=None, k=None, v=None, dout=None):
     """(out, lse, (dq, dk, dv)) as NumPy arrays: the forward (unless out and lse are
-    given), then attention_backward with the case's tiles unless ``tiles`` is given."""
+    given), then attention_backward with the case's tiles unless ``tiles`` is given (for
+    v3 with a thread tile added, backward_checks.version_tiles)."""
     k = case.k if k is None else k
     v = case.v if v is None else v
     if out is None:
         out, lse = forward(case, k=k, v=v)
+    tiles = version_tiles(version, tiles or case.tiles, case.d, case.dtype, case.seed)
     grads = numbaflash.attention_backward(case.dout if dout is None else dout, case.q, k, v,
-                                          out, lse, version=version, tiles=tiles or case.tiles,
+                                          out, lse, version=version, tiles=tiles,
                                           **case.options(with_tiles=False))
     return to_host(out), to_host(lse), tuple(to_host(g) for g in grads)
 
@@ -146,7 +151,8 @@ def test_large_logits(version, dtype):
     q, k = (case.q * 8).astype(dtype), (case.k * 8).astype(dtype)
     out, lse = numbaflash.attention(q, k, case.v, causal=case.causal, return_lse=True)
     grads = numbaflash.attention_backward(case.dout, q, k, case.v, out, lse,
-                                          causal=case.causal, version=version, tiles=(4, 4))
+                                          causal=case.causal, version=version,
+                                          tiles=version_tiles(version, (4, 4), 8, dtype, 3))
     for g in grads:
         assert np.isfinite(g).all()
     check_backward(case.dout, q, k, case.v, out, lse, grads, causal=case.causal)
@@ -220,6 +226,45 @@ def test_tile_size_invariance(case, data):
         assert_close_f64(name, x, y, RTOL, mags[name])
 
 
+# v3 tiles (Br, Bc, TM, TN) for the simulator: thread grids 4 x 4 down to 1 x 1, TM != TN
+V3_SIM_TILES = ((8, 8, 2, 2), (8, 8, 4, 2), (8, 4, 2, 1), (4, 8, 1, 4), (16, 8, 4, 4),
+                (4, 4, 1, 1))
+
+
+def v3_tiles_that_fit(d, acc_dtype):
+    """V3_SIM_TILES under the simulator; on a GPU the candidates of the v3 rule that fit."""
+    if not on_gpu():
+        return list(V3_SIM_TILES)
+    fits = []
+    for t in dispatch.BWD_V3_CANDIDATES:
+        try:
+            fits.append(dispatch.check_backward_v3_tiles(t, d, acc_dtype))
+        except ValueError:
+            pass
+    return fits
+
+
+@given(case=cases(F64, max_seqlen=20, max_batch_heads=1), data=st.data())
+def test_v3_does_not_depend_on_tiles_or_thread_tiles(case, data):
+    """v3's gradients do not depend on (Br, Bc, TM, TN) beyond rounding, and equal v1's.
+    With (Br, Bc) fixed, the thread tile changes no order of summation (every sum runs
+    over k, the rows or the keys in the same order, whichever thread owns it): in the
+    simulator the results are then equal to the last bit."""
+    mags = backward_magnitudes(case.dout, case.q, case.k, case.v, causal=case.causal,
+                               scale=case.scale)
+    out, lse = forward(case)
+    _, _, ref = backward(case, "v1", out=out, lse=lse)
+    tiles = data.draw(st.sampled_from(v3_tiles_that_fit(case.d, "float64")))
+    _, _, got = backward(case, "v3", tiles=tiles, out=out, lse=lse)
+    for name, x, y in zip(GRADS, got, ref):
+        assert_close_f64(name, x, y, RTOL, mags[name])
+    if not on_gpu() and tiles[:2] == (8, 8):
+        other = (8, 8, 1, 2) if tiles[2:] != (1, 2) else (8, 8, 2, 2)
+        _, _, again = backward(case, "v3", tiles=other, out=out, lse=lse)
+        for name, x, y in zip(GRADS, got, again):
+            assert_bitwise_equal(name, x, y)
+
+
 @pytest.mark.parametrize("version", VERSIONS)
 def test_nan_in_keys_nobody_sees_has_no_effect(version):
     """top_left with Sk > Sq: keys Sq.. are visible from no row. NaN there changes no bit
@@ -244,14 +289,15 @@ def test_nan_in_keys_nobody_sees_has_no_effect(version):
 
 # --- determinism, interop, the vjp convenience ----------------------------------------
 
-def test_repeated_runs_are_bitwise_identical():
-    """v1 has no atomics: every element has one owner that sums in a fixed order."""
+@pytest.mark.parametrize("version", DETERMINISTIC)
+def test_repeated_runs_are_bitwise_identical(version):
+    """v1 and v3 have no atomics: every element has one owner that sums in a fixed order."""
     case = make_case(2, 1, 13, 11, 5, "float32", "bottom_right", (4, 4), None, "uniform", 5,
                      True)
     out, lse = forward(case)
-    first = backward(case, out=out, lse=lse)[2]
+    first = backward(case, version, out=out, lse=lse)[2]
     for _ in range(2):
-        for name, a, b in zip(GRADS, backward(case, out=out, lse=lse)[2], first):
+        for name, a, b in zip(GRADS, backward(case, version, out=out, lse=lse)[2], first):
             assert_bitwise_equal(name, a, b)
 
 
@@ -375,7 +421,7 @@ def test_mixed_host_and_device_raise(no_launch):
 
 
 @pytest.mark.parametrize("version, tiles, d, match", [
-    ("v9", None, 3, r"unknown backward version 'v9'; choose from \('v1', 'v2'\)"),
+    ("v9", None, 3, r"unknown backward version 'v9'; choose from \('v1', 'v2', 'v3'\)"),
     ("v1", (2048, 4), 3, r"Br = 2048 exceeds 1024: the backward runs one thread per query row"),
     ("v1", (4, 2048), 3, r"Bc = 2048 exceeds 1024: the backward runs one thread per key row"),
     ("v1", (0, 4), 3, r"tiles must be positive"),
@@ -383,6 +429,13 @@ def test_mixed_host_and_device_raise(no_launch):
     ("v1", (64, 64), 64, r"tiles \(Br, Bc\) = \(64, 64\) need 66560 bytes of shared memory in "
                          r"the backward at head dim 64 in float32; the limit is 49152"),
     ("v2", (64, 64), 64, r"need 66560 bytes"),
+    ("v3", (64, 64), 64, r"backward v3 tiles \(Br, Bc, TM, TN\) = \(64, 64, 4, 4\) need "
+                         r"\d+ bytes of shared memory at head dim 64 in float32; the limit is "
+                         r"49152"),
+    ("v3", (32, 32, 3, 2), 3, r"backward v3 tiles need TM to divide Br"),
+    ("v3", (64, 64, 1, 1), 3, r"need 4096 threads .*; a block holds at most 1024"),
+    ("v3", (32, 32, 0, 2), 3, r"tiles must be positive"),
+    ("v3", (32, 32, 4), 3, r"tiles must be a pair of positive ints"),
 ])
 def test_bad_version_or_tiles_raise_before_any_launch(no_launch, version, tiles, d, match):
     with pytest.raises(ValueError, match=match):
@@ -440,6 +493,34 @@ def test_explain_backward_names_each_kernel():
     assert [p.kernel for p in plans] == ["backward_preprocess", "backward_dkdv_dq_v2"]
     assert (plans[1].Br, plans[1].Bc, plans[1].block) == (4, 8, (8,))
     assert "not bitwise reproducible" in str(plans)
+    plans = numbaflash.explain_backward(q, q, q, version="v3", tiles=(16, 8, 2, 4))
+    assert [p.kernel for p in plans] == ["backward_preprocess", "backward_dkdv_v3",
+                                         "backward_dq_v3"]
+    for plan in plans[1:]:
+        assert (plan.Br, plan.Bc, plan.thread_tile, plan.block) == (16, 8, (2, 4), (16,))
+        assert "thread tile (TM, TN) = (2, 4) on a 8 x 2 thread grid" in str(plan)
+        assert plan.shared_bytes <= dispatch.SHARED_MEM_LIMIT
+    assert plans[1].grid == (1, 2) and plans[2].grid == (1, 2)       # Sk = 5, Sq = 4
+    plans = numbaflash.explain_backward(q, q, q, version="v3", tiles=(8, 8))
+    assert plans[1].thread_tile == (4, 4)        # (Br, Bc) alone: TM, TN as forward v4
+
+
+@pytest.mark.parametrize("acc_dtype", ["float32", "float64"])
+def test_default_v3_tiles_fit_every_head_dim(acc_dtype, monkeypatch):
+    """The v3 rule (GPU candidates) picks, for every head dim, tiles whose two kernels fit
+    48 KB and whose accumulators fit the register bound up to d = 128 in float32; and the
+    examples in default_backward_v3_tiles's docstring hold."""
+    monkeypatch.setattr(dispatch, "simulating", lambda: False)
+    for d in range(1, 257):
+        t = dispatch.default_backward_v3_tiles(d, acc_dtype)
+        assert dispatch.check_backward_v3_tiles(t, d, acc_dtype) == t
+        if acc_dtype == "float32" and d <= 128:
+            assert max(dispatch.backward_v3_acc_regs(*t, d)) <= dispatch.BWD_V3_MAX_ACC_REGS
+    if acc_dtype == "float32":
+        assert [dispatch.default_backward_v3_tiles(d, "float32") for d in (64, 128, 256)] == \
+            [(32, 32, 4, 2), (16, 16, 2, 1), (8, 8, 1, 1)]
+    else:
+        assert dispatch.default_backward_v3_tiles(64, "float64") == (16, 16, 2, 1)
 
 
 @pytest.mark.parametrize("acc_dtype", ["float32", "float64"])
@@ -469,13 +550,14 @@ def test_the_check_itself_can_fail():
 
 
 @pytest.mark.skipif(not on_gpu(), reason="determinism over many reruns is a GPU property")
-def test_v1_is_bitwise_identical_over_50_reruns_on_the_gpu():
+@pytest.mark.parametrize("version", DETERMINISTIC)
+def test_bitwise_identical_over_50_reruns_on_the_gpu(version):
     case = make_case(8, 4, 1000, 999, 64, "float32", "bottom_right", None, None, "uniform", 1,
                      True)
     out, lse = forward(case)
-    first = backward(case, out=out, lse=lse)[2]
+    first = backward(case, version, out=out, lse=lse)[2]
     for _ in range(50):
-        for name, a, b in zip(GRADS, backward(case, out=out, lse=lse)[2], first):
+        for name, a, b in zip(GRADS, backward(case, version, out=out, lse=lse)[2], first):
             assert_bitwise_equal(name, a, b)
 
 
@@ -486,20 +568,29 @@ def test_backward_kernels_compile_and_link_for_sm90(dtype, record_property):
     """Every backward kernel (ptx_check.py's "backward" group: each kernel x causal off/on
     x d in 1, 64, 128, 256 with the default tiles) compiles for sm_90 and links; float16
     and float32 kernels have no float64 in their PTX; at d = 64 in float32 (the common
-    case) the dQ kernel spills no registers. (The dK/dV kernels keep four rows of d
+    case) v1's dQ kernel spills no registers, and v3's two kernels spill none at d = 64
+    and d = 128 in float16 and float32. (v1's dK/dV kernels keep four rows of d
     accumulators, dKj and dVj plus one Q tile's part of each, which float32 accuracy
     needs (see backward.py); from d = 64 on they spill: reported, not failed.)"""
     from test_ptx import assert_compiled_without_f64, run_ptx_check, table
     results = run_ptx_check("--group", "backward", f"--match=-{dtype}-", "--link")
     record_property("ptx_report", table(results))
     print(table(results))
-    per_d = 1 + 2 * (2 if dtype == "float16" else 3)     # preprocess + kernels x causal
+    # preprocess + (v1's two kernels, v3's two, v2's one but not for float16) x causal
+    per_d = 1 + 2 * (4 if dtype == "float16" else 5)
     assert len(results) == 4 * per_d, [r["name"] for r in results]
     assert_compiled_without_f64(results, dtype)
+    hot = []
     if dtype == "float32":
-        d64 = [r for r in results if "-d64-" in r["name"] and "backward_dq_v1-" in r["name"]]
-        assert len(d64) == 2
-        for r in d64:
-            assert r["spill_stores"] == 0 and r["spill_loads"] == 0, (
-                f"{r['name']} spills registers: {r['spill_stores']} bytes stored, "
-                f"{r['spill_loads']} loaded\n{r['log']}")
+        hot = [r for r in results if "-d64-" in r["name"] and "backward_dq_v1-" in r["name"]]
+        assert len(hot) == 2
+    if dtype in ("float16", "float32"):
+        v3 = [r for r in results if "_v3-" in r["name"] and ("-d64-" in r["name"]
+                                                             or "-d128-" in r["name"])]
+        assert len(v3) == 8
+        hot += v3
+    for r in hot:
+        assert r["spill_stores"] == 0 and r["spill_loads"] == 0, (
+            f"{r['name']} spills registers: {r['spill_stores']} bytes stored, "
+            f"{r['spill_loads']} loaded\n{r['log']}")
+        assert r["stack_bytes"] == 0, f"{r['name']} has a stack frame\n{r['log']}"

@@ -49,7 +49,7 @@ import numbaflash
 from numbaflash import dispatch, reference
 from numbaflash.kernels import backward as bwd
 from numbaflash.masks import visible
-from backward_checks import GRADS, backward_magnitudes
+from backward_checks import GRADS, backward_magnitudes, version_tiles
 from strategies import CAUSAL_MODES, Sizes, attention_cases, examples, make_case, on_gpu
 from tolerance import (assert_bitwise_equal, assert_close_f64, fully_masked_rows, to_host,
                        unseen_keys)
@@ -111,14 +111,16 @@ def nan_cases(draw, axis, causal=CAUSAL_MODES, which=(None,)):
 
 
 def gradients(case, version, q=None, k=None, v=None, dout=None):
-    """(dQ, dK, dV) as NumPy arrays: the default forward on these inputs, then the backward."""
+    """(dQ, dK, dV) as NumPy arrays: the default forward on these inputs, then the backward
+    with the case's tiles (for v3 with a thread tile added, backward_checks.version_tiles)."""
     q, k, v = (case.q if q is None else q, case.k if k is None else k,
                case.v if v is None else v)
     dout = case.dout if dout is None else dout
     opts = {"causal": case.causal, "scale": case.scale}
     out, lse = numbaflash.attention(q, k, v, return_lse=True, **opts)
+    tiles = version_tiles(version, case.tiles, case.d, case.dtype, case.seed)
     grads = numbaflash.attention_backward(dout, q, k, v, out, lse, version=version,
-                                          tiles=case.tiles, **opts)
+                                          tiles=tiles, **opts)
     return tuple(to_host(g) for g in grads)
 
 
@@ -269,6 +271,35 @@ def test_nan_in_a_fully_masked_row_has_no_effect(dtype, version, where):
     nothing = expected_nan(case, np.zeros(case.Sq, bool))
     check_nan_spread(case, version, clean, dirty, nothing)
     assert np.array_equal(dirty[0][..., 2, :], np.zeros_like(dirty[0][..., 2, :]))
+
+
+@pytest.mark.parametrize("dtype, version", COMBOS)
+def test_a_row_whose_lse_is_minus_inf_is_skipped(dtype, version):
+    """Not causal, but row 1's lse is -inf and its out 0, as the forward gives a row whose
+    every score is -inf: the backward skips it like a fully masked row (P = 0 without an
+    exp). Its dQ row is exactly 0, and NaN in its q and dO changes no bit anywhere (v2's
+    dQ: to rounding). v3 needs this on its path without per-pair tests: such rows are
+    staged as zeros."""
+    case = make_case(1, 1, 6, 5, 4, dtype, None, (4, 4), None, "uniform", 21, True)
+    out, lse = numbaflash.attention(case.q, case.k, case.v, return_lse=True)
+    out, lse = to_host(out).copy(), to_host(lse).copy()
+    out[..., 1, :] = 0
+    lse[..., 1] = -np.inf
+    tiles = version_tiles(version, case.tiles, case.d, case.dtype, case.seed)
+    q, dout = case.q.copy(), case.dout.copy()
+    q[..., 1, :] = np.nan
+    dout[..., 1, :] = np.nan
+    clean, dirty = (tuple(to_host(g) for g in numbaflash.attention_backward(
+        do, qq, case.k, case.v, out, lse, version=version, tiles=tiles))
+        for do, qq in ((case.dout, case.q), (dout, q)))
+    mags = backward_magnitudes(case.dout, case.q, case.k, case.v)
+    for name, c, g in zip(GRADS, clean, dirty):
+        assert not np.isnan(g).any(), f"{name}: NaN at rows {rows_of(np.isnan(g))}"
+        if version == "v2" and name == "dQ":
+            assert_close_f64(name, g, c, V2_DQ_RTOL[np.dtype(dtype).name], mags[name])
+        else:
+            assert_bitwise_equal(name, g, c)
+    assert np.array_equal(dirty[0][..., 1, :], np.zeros_like(dirty[0][..., 1, :]))
 
 
 # --- the same NaN positions as a reference --------------------------------------------------
