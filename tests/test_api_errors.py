@@ -17,6 +17,7 @@ from numba import cuda
 import numbaflash
 import numbaflash.api
 from numbaflash import dispatch
+from numbaflash.kernels.backward import VERSIONS as BACKWARD_VERSIONS
 from numbaflash.kernels.forward import VERSIONS
 
 
@@ -283,3 +284,47 @@ def test_attention_logs_its_plan_at_info(version, allow_launch, caplog):
     assert len(records) == 1 and records[0].levelno == logging.INFO
     assert f"forward_{version}" in records[0].getMessage()
     assert "Why:" in records[0].getMessage()
+
+
+# --- backward versions (explain_backward; nothing is launched) ----------------------------
+
+@pytest.mark.parametrize("version", BACKWARD_VERSIONS)
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_explain_backward_names_each_kernel_or_says_why_not(version, dtype):
+    """Every backward version either plans its kernels (one line each: kernel, tiles,
+    backend, reason; v3 also its thread tile) or refuses with a ValueError that says why
+    (v2 with float16: atomics in the output dtype)."""
+    q, k, v = arrays((2, 3, 5, 8), (2, 3, 6, 8), dtype=dtype)
+    try:
+        plans = numbaflash.explain_backward(q, k, v, causal=True, version=version)
+    except ValueError as err:
+        assert version == "v2" and dtype == np.float16, str(err)
+        assert re.search(r"backward v2 .*needs float32 or float64 inputs", str(err))
+        return
+    assert plans[0].kernel == "backward_preprocess"
+    assert all(p.version == version and p.kernel.endswith(version) for p in plans[1:])
+    assert len(str(plans).splitlines()) == len(plans)
+    for plan in plans[1:]:
+        text = str(plan)
+        assert f"tiles (Br, Bc) = ({plan.Br}, {plan.Bc})" in text and "Why:" in text
+        assert plan.shared_bytes <= dispatch.SHARED_MEM_LIMIT
+        assert "causal=bottom_right" in text
+        if version == "v3":
+            TM, TN = plan.thread_tile
+            assert plan.block == ((plan.Br // TM) * (plan.Bc // TN),)
+            assert f"thread tile (TM, TN) = ({TM}, {TN})" in text
+
+
+@pytest.mark.parametrize("tiles,match", [
+    ((64, 64, 4, 4), r"backward v3 tiles \(Br, Bc, TM, TN\) = \(64, 64, 4, 4\) need \d+ bytes "
+                     r"of shared memory at head dim 256 in float32; the limit is 49152 \(48 KB "
+                     r"static shared memory per block\)"),
+    ((128, 128, 2, 2), r"need 4096 threads \(\(Br / TM\) x \(Bc / TN\)\); a block holds at "
+                       r"most 1024"),
+    ((8, 8, 3, 2), r"backward v3 tiles need TM to divide Br and TN to divide Bc"),
+    ((8, 8, 2), r"tiles must be a pair of positive ints"),
+])
+def test_bad_backward_v3_tiles(tiles, match):
+    q, k, v = arrays((2, 5, 256), (2, 6, 256))
+    with pytest.raises(ValueError, match=match):
+        numbaflash.explain_backward(q, k, v, version="v3", tiles=tiles)
