@@ -89,9 +89,10 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, ver
             All six host (NumPy) arrays, or all device arrays (see ``attention``).
         causal, scale: as given to the forward.
         version: backward version ("v1": deterministic, the default; "v2": atomic dQ, a
-            lesson, float32/float64 only); see ``explain_backward`` and
-            numbaflash/kernels/backward.py.
-        tiles: (Br, Bc) for the backward kernels; None uses the documented rule in dispatch.py.
+            lesson, float32/float64 only; "v3": register-blocked, deterministic,
+            experimental); see ``explain_backward`` and numbaflash/kernels/backward.py.
+        tiles: (Br, Bc) for the backward kernels (v3 also takes (Br, Bc, TM, TN)); None
+            uses the documented rule in dispatch.py.
 
     Returns:
         ``(dq, dk, dv)`` with the shapes and dtype of q, k, v (float16 inputs are computed
@@ -179,7 +180,8 @@ def explain_backward(q, k, v, *, causal=False, scale=None, version=None, tiles=N
     """Validate like ``attention`` and return the backward's ``Plans`` without running them.
 
     ``print(numbaflash.explain_backward(q, k, v))`` shows one line per kernel (D, dK/dV,
-    dQ for v1): version, tiles, grid, block, shared memory, backend and why.
+    dQ for v1 and v3): version, tiles (and v3's thread tile), grid, block, shared memory,
+    backend and why.
     """
     p = check_attention_inputs(q, k, v, causal, scale)
     return plan_backward(p, version, tiles)

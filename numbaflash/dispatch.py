@@ -29,6 +29,11 @@ smaller. Examples, float32: d=16 -> (64, 64); d=64 -> (32, 32); d=128 -> (16, 16
 d=256 -> (8, 8). Bc is the dK/dV kernel's thread count and Br the dQ kernel's, so a
 caller's ``tiles=(Br, Bc)`` is checked against both (each <= 1024) and both shared
 memory sizes.
+
+Tile rule (backward v3, experimental, opt-in: ``version="v3"``): see
+``default_backward_v3_tiles``; its tiles are (Br, Bc, TM, TN), shared by its dK/dV and dQ
+kernels, with (Br / TM) x (Bc / TN) threads per block. Float32: d=64 -> (32, 32, 4, 2),
+d=128 -> (16, 16, 2, 1), 128 threads each; under the simulator (8, 8, 2, 2).
 """
 
 import logging

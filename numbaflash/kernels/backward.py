@@ -54,13 +54,52 @@ v2  A lesson, not the default: Alg.2 l.15 as the paper writes it. backward_dkdv_
     (flash-attention adds into a float32 scratch buffer and converts it afterwards, and
     offers a deterministic mode for the reason in (1)).
 
+v3  Register-blocked SIMT (experimental, opt-in: version="v3"; runs on the GPU and the
+    simulator). The same three kernels and order of work as v1 (backward_preprocess is
+    reused), with the work of a block spread the way forward v4 spreads it. v1 is bound by
+    shared-memory loads and by occupancy: each FMA of s, dp, dKj and dVj needs one or two
+    shared loads and no loaded value serves a second key, and its 32-thread blocks (16 at
+    d = 128) with 255 registers and spills leave about 6 warps per SM. In v3 the (Br, Bc)
+    tile pair is covered by a TY x TX grid of threads (TY = Br / TM, TX = Bc / TN); thread
+    (ty, tx) owns a TM x TN block of Sij, Pij, dPij and dSij (rows ty + TY*a, keys
+    tx + TX*b) in registers, and a block of the accumulators: in backward_dkdv_v3 its TN
+    keys x d / TY head-dim columns of dKj and dVj, in backward_dq_v3 its TM rows x d / TX
+    columns of dQi. Per k step of Sij and dPij a thread loads 2 (TM + TN) values for
+    2 TM TN FMAs; per row of dVj += Pij^T dOi and dKj += dSij^T Qi, 2 (TN + d/TY) values
+    for 2 TN d/TY FMAs; per key of dQi += dSij Kj, TM + d/TX for TM d/TX FMAs. Default
+    float32 tiles at d = 64: (Br, Bc, TM, TN) = (32, 32, 4, 2), 128 threads: 0.75, 0.625
+    and 0.5 loads per FMA instead of v1's 2 (in Sij, dPij) and 1. Qi, dOi, Kj and Vj are
+    staged transposed, with rows padded to an odd length, so that every read is
+    conflict-free or a broadcast; Pij and dSij go through shared memory (the threads of a
+    key hold different rows). P = exp2(S * scale * log2(e) - L * log2(e)): log2(e) is
+    folded into the scale and into L_i once per row, so each entry costs one FMA and an
+    exp2. Causal blocks skip fully masked tiles as in v1 and test (row, key) pairs only on
+    tiles the mask cuts through; rows with L = -inf (they see no key) are staged as zeros
+    in the dK/dV kernel and written as zeros by the dQ kernel, so NaN in a masked key, or
+    in the q or dO of a row that sees no key, has no effect, as in v1. No atomics: every
+    element of dQ, dK, dV has one owner thread that sums in a fixed order (the same order
+    for any (TM, TN)), so repeated runs are bitwise identical.
+    Costs: three barriers per tile instead of two (load; Pij and dSij written; read), and
+    the 48 KB of static shared memory, which now holds Pij and dSij as well: (32, 32) at
+    d = 64, (16, 16) at d = 128 (2 TM TN and the accumulators keep 0 spills there). As in
+    v1, S, P and dP are computed in both passes (7 tile products per pair).
+    ptxas (sm_90, float32, default tiles, no GPU): d = 64, (32, 32, 4, 2): dK/dV 157
+    registers (116 causal), dQ 95 (109 causal); d = 128, (16, 16, 2, 1): dK/dV 128, dQ 78;
+    no spills, no stack; shared memory 43520 / 39040 bytes (d = 64), 38144 / 36928
+    (d = 128). What it should buy: 2-3x fewer shared loads per FMA and 2-3x more resident
+    warps than v1 (dK/dV: 3 blocks of 4 warps per SM at d = 64, limited by registers);
+    the prediction is a few times v1's speed at d = 64, less at d = 128, where the tiles
+    are 16 x 16. Not yet measured on the H200 (scripts/bwd_v3_sweep.py times it).
+
 Float32 sums: every accumulator (dKj, dVj over the Q tiles; dQi over the K/V tiles) adds
 one tile's terms into a fresh partial first and then adds the partial, as the forward does
 with l. Adding Sq terms one by one made dK's error 3x a float32 matmul's on the H200 at
 Sq = 1024 (the bound of TESTING.md's rule). The price is d more registers per
-accumulator: from d = 64 on, the dK/dV kernels spill (tests/ptx_check.py reports it).
+accumulator: from d = 64 on, v1's and v2's dK/dV kernels spill (tests/ptx_check.py reports
+it); v3 keeps them in registers without spills up to d = 128 (each thread holds a block).
 
-No GPU timings yet. Fully masked rows (causal with Sq > Sk, where L = -inf) have P = 0:
+GPU timings of v1: docs/gpu-results.md (20-50x slower than PyTorch SDPA's fp32 backward on
+the H200). Fully masked rows (causal with Sq > Sk, where L = -inf) have P = 0:
 the kernels skip them before computing exp, so they give a zero dQ row, add nothing to
 dK and dV, and no exp(-inf - (-inf)) is ever evaluated. Masked keys are never read into
 a sum, so NaN there has no effect; NaN in a visible input propagates.
