@@ -74,9 +74,22 @@ def array(dtype, ndim):
 
 
 def forward_signature(dtype, acc):
-    """forward_vN(Q, K, V, O, L, softmax_scale, causal_offset)."""
+    """forward_v3(Q, K, V, O, L, softmax_scale, causal_offset)."""
     t3 = array(dtype, 3)
     return (t3, t3, t3, t3, array(acc, 2), numba.from_dtype(acc), numba.int64)
+
+
+def variant_signature(acc, mask_dtype="bool"):
+    """What follows causal_offset in kernels that take variants (dispatch.variant_arguments):
+    window_lo, Hq, group, softcap, slopes (2D), attn_mask (4D, bool or a float dtype)."""
+    import numpy as np
+    i64 = numba.int64
+    return (i64, i64, i64, numba.from_dtype(acc), array(acc, 2), array(np.dtype(mask_dtype), 4))
+
+
+def forward_variant_signature(dtype, acc, mask_dtype="bool"):
+    """forward_v1 / forward_v2(Q, K, V, O, L, softmax_scale, causal_offset, *variant)."""
+    return forward_signature(dtype, acc) + variant_signature(acc, mask_dtype)
 
 
 def forward_entries():
@@ -88,17 +101,18 @@ def forward_entries():
     for dtype in ("float16", "float32", "float64"):
         acc = "float64" if dtype == "float64" else "float32"
         sig = forward_signature(np.dtype(dtype), np.dtype(acc))
+        vsig = forward_variant_signature(np.dtype(dtype), np.dtype(acc))
         for d in (1, 64, 128, 256):
             for causal in (False, True):
                 tag = f"{dtype}-d{d}-{'causal' if causal else 'full'}"
                 out.append(Entry(f"forward_v1-{tag}", "forward",
                                  lambda d=d, c=causal, a=acc: fwd.make_forward_v1(d, c, a),
-                                 sig, dtype != "float64"))
+                                 vsig, dtype != "float64"))
                 Br, Bc = dispatch.default_forward_tiles(d, acc)
                 out.append(Entry(f"forward_v2-{tag}-tiles{Br}x{Bc}", "forward",
                                  lambda Br=Br, Bc=Bc, d=d, c=causal, a=acc:
                                  fwd.make_forward_v2(Br, Bc, d, c, a),
-                                 sig, dtype != "float64"))
+                                 vsig, dtype != "float64"))
                 if "v3" in fwd.VERSIONS and acc == "float32" and d <= dispatch.V3_MAX_HEAD_DIM:
                     # v3 (tensor cores, GPU only): float32 accumulation, d <= 128
                     Br, Bc = dispatch.default_v3_tiles(d)
@@ -119,9 +133,10 @@ def backward_signatures(dtype, acc):
     """
     t3, a2, a3 = array(dtype, 3), array(acc, 2), array(acc, 3)
     scale, offset = numba.from_dtype(acc), numba.int64
+    extra = variant_signature(acc)
     return ((t3, t3, a2),
-            (t3, t3, t3, t3, a2, a2, t3, t3, scale, offset),
-            (t3, t3, t3, t3, a2, a2, t3, scale, offset),
+            (t3, t3, t3, t3, a2, a2, t3, t3, scale, offset) + extra,
+            (t3, t3, t3, t3, a2, a2, t3, scale, offset) + extra,
             (t3, t3, t3, t3, a2, a2, a3, t3, t3, scale, offset))
 
 
@@ -160,7 +175,73 @@ def backward_entries():
     return out
 
 
-GROUPS = {"forward": forward_entries, "backward": backward_entries}
+@cuda.jit(device=True)
+def _relative_bias(score, b, h, q_idx, kv_idx):
+    """A user score_mod for the check (float64 constants: user code may use them)."""
+    return score - 0.25 * abs(q_idx - kv_idx)
+
+
+@cuda.jit(device=True)
+def _relative_bias_grad(score, b, h, q_idx, kv_idx):
+    return 1.0
+
+
+@cuda.jit(device=True)
+def _documents(b, h, q_idx, kv_idx):
+    return q_idx // 64 == kv_idx // 64
+
+
+def variant_entries():
+    """Forward v1, v2 and backward dK/dV, dQ v1 specialised for variants
+    (kernels/variants.py), float16/float32/float64, d = 64 and 128, default tiles:
+      builtins: causal + window left + softcap + ALiBi + boolean attn_mask (no float64 in
+                float16/float32 kernels);
+      bias:     an additive attn_mask in the input dtype (no float64 either);
+      usermods: a user score_mod (+ grad) and mask_mod (they may use float64 constants,
+                so only compiling and linking is checked)."""
+    import numpy as np
+
+    from numbaflash.kernels import backward as bwd
+    from numbaflash.kernels.variants import Variant
+    variants = {
+        "builtins": (True, Variant(window=True, softcap=True, alibi=True, mask="bool"), "bool"),
+        "bias": (False, Variant(mask="bias"), None),
+        "usermods": (True, Variant(score_mod=_relative_bias, score_mod_grad=_relative_bias_grad,
+                                   mask_mod=_documents), "bool"),
+    }
+    out = []
+    for dtype in ("float16", "float32", "float64"):
+        acc = "float64" if dtype == "float64" else "float32"
+        dt, at = np.dtype(dtype), np.dtype(acc)
+        for d in (64, 128):
+            for vname, (causal, variant, mask_dtype) in variants.items():
+                mask_dtype = mask_dtype or dtype
+                no_f64 = dtype != "float64" and vname != "usermods"
+                extra = variant_signature(at, mask_dtype)
+                tag = f"{dtype}-d{d}-{vname}"
+                kw = dict(d=d, c=causal, a=acc, v=variant)
+                fsig = forward_signature(dt, at) + extra
+                out.append(Entry(f"forward_v1-{tag}", "variants",
+                                 lambda kw=kw: fwd.make_forward_v1(kw["d"], kw["c"], kw["a"],
+                                                                   kw["v"]), fsig, no_f64))
+                Br, Bc = dispatch.default_forward_tiles(d, acc)
+                out.append(Entry(f"forward_v2-{tag}-tiles{Br}x{Bc}", "variants",
+                                 lambda kw=kw, Br=Br, Bc=Bc: fwd.make_forward_v2(
+                                     Br, Bc, kw["d"], kw["c"], kw["a"], kw["v"]), fsig, no_f64))
+                Br, Bc = dispatch.default_backward_tiles(d, acc)
+                _, dkdv, dq, _ = backward_signatures(dt, at)
+                dkdv = dkdv[:-6] + extra
+                dq = dq[:-6] + extra
+                out.append(Entry(f"backward_dkdv_v1-{tag}-tiles{Br}x{Bc}", "variants",
+                                 lambda kw=kw, Br=Br, Bc=Bc: bwd.make_backward_dkdv_v1(
+                                     Br, Bc, kw["d"], kw["c"], kw["a"], kw["v"]), dkdv, no_f64))
+                out.append(Entry(f"backward_dq_v1-{tag}-tiles{Br}x{Bc}", "variants",
+                                 lambda kw=kw, Br=Br, Bc=Bc: bwd.make_backward_dq_v1(
+                                     Br, Bc, kw["d"], kw["c"], kw["a"], kw["v"]), dq, no_f64))
+    return out
+
+
+GROUPS = {"forward": forward_entries, "backward": backward_entries, "variants": variant_entries}
 
 
 F64_RE = re.compile(r"\.f64\b")

@@ -60,6 +60,13 @@ with l. Adding Sq terms one by one made dK's error 3x a float32 matmul's on the 
 Sq = 1024 (the bound of TESTING.md's rule). The price is d more registers per
 accumulator: from d = 64 on, the dK/dV kernels spill (tests/ptx_check.py reports it).
 
+Variants (kernels/variants.py, docs/variants.md): the v1 kernels take a compile-time
+``variant`` and six more run-time arguments after causal_offset (window_lo, Hq, group,
+softcap, slopes, attn_mask). dS is multiplied by d score / d s (softcap, score_mod_grad).
+With GQA the dK/dV kernel runs one block per K/V head and tile, and walks the Q tiles of
+every query head of its group in a fixed order: dK, dV summed without atomics. v2 is
+plain attention only (the dispatcher refuses variants).
+
 No GPU timings yet. Fully masked rows (causal with Sq > Sk, where L = -inf) have P = 0:
 the kernels skip them before computing exp, so they give a zero dQ row, add nothing to
 dK and dV, and no exp(-inf - (-inf)) is ever evaluated. Masked keys are never read into
@@ -72,6 +79,7 @@ import math
 from numba import cuda
 
 from . import acc_type, jit_options
+from .variants import PLAIN, make_variant_functions
 
 VERSIONS = ("v1", "v2")
 
@@ -100,11 +108,14 @@ def make_backward_preprocess(d, acc_dtype):
 
 
 @functools.lru_cache(maxsize=None)
-def make_backward_dkdv_v1(Br, Bc, d, causal, acc_dtype):
-    """v1 dK/dV kernel (Alg.2 l.5-19 without l.15).
+def make_backward_dkdv_v1(Br, Bc, d, causal, acc_dtype, variant=PLAIN):
+    """v1 dK/dV kernel (Alg.2 l.5-19 without l.15); ``variant`` (kernels/variants.py) adds
+    masks and score modifiers.
 
-    Launch: grid (Tc, BH) with Tc = ceil(Sk / Bc), block (Bc,): thread c owns key row
-    j*Bc + c. Shared memory: Kj, Vj (Bc, d+1) and Qi, dOi (Br, d) in the accumulator
+    Launch: grid (Tc, B * Hkv) with Tc = ceil(Sk / Bc), block (Bc,): thread c owns key row
+    j*Bc + c of one K/V head. With GQA (Hkv < Hq) the block walks the Q tiles of each query
+    head of its group in turn, in a fixed order, adding into the same registers: dK and dV
+    are summed over the group without atomics. Shared memory: Kj, Vj (Bc, d+1) and Qi, dOi (Br, d) in the accumulator
     dtype, plus L_i, D_i (Br,). The +1 pads Kj's and Vj's rows so that threads reading
     Kj[c, k] for the same k hit different banks; all threads read the same Qi[r, k] at
     once (a broadcast), so Qi needs no padding.
@@ -113,10 +124,15 @@ def make_backward_dkdv_v1(Br, Bc, d, causal, acc_dtype):
     ZERO = acc(0)
     NEG_INF = acc(-math.inf)
     KJ_COLS = d + 1                     # shared array shapes must be plain constants
+    visible, score = make_variant_functions(variant, causal, acc_dtype)
+    WINDOW = variant.window
 
     @cuda.jit(**jit_options())
-    def backward_dkdv_v1(Q, K, V, dO, L, D, dK, dV, softmax_scale, causal_offset):
-        bh = cuda.blockIdx.y
+    def backward_dkdv_v1(Q, K, V, dO, L, D, dK, dV, softmax_scale, causal_offset, window_lo,
+                         Hq, group, softcap, slopes, attn_mask):
+        bh_kv = cuda.blockIdx.y         # b * Hkv + h_kv: the K/V head
+        b = bh_kv // (Hq // group)
+        h_kv = bh_kv % (Hq // group)
         j = cuda.blockIdx.x             # K/V tile index (Alg.2 l.5: one block per j)
         c = cuda.threadIdx.x            # key row within the tile
         col = j * Bc + c
@@ -141,72 +157,86 @@ def make_backward_dkdv_v1(Br, Bc, d, causal, acc_dtype):
             cc = idx // d
             k = idx % d
             kv_col = j * Bc + cc
-            Kj[cc, k] = acc(K[bh, kv_col, k]) if kv_col < Sk else ZERO
-            Vj[cc, k] = acc(V[bh, kv_col, k]) if kv_col < Sk else ZERO
+            Kj[cc, k] = acc(K[bh_kv, kv_col, k]) if kv_col < Sk else ZERO
+            Vj[cc, k] = acc(V[bh_kv, kv_col, k]) if kv_col < Sk else ZERO
         for k in range(d):
             dk_j[k] = ZERO              # Alg.2 l.7: dKj = 0, dVj = 0
             dv_j[k] = ZERO
 
         # Alg.2 l.8: loop over Q tiles. Causal blocks start at the first tile with a row
-        # that sees column j*Bc (tiles before it are entirely masked; see tiled.first_q_tile).
+        # that sees column j*Bc (tiles before it are entirely masked; see tiled.first_q_tile);
+        # a window's left bound also ends the loop after the last row that sees j*Bc + Bc - 1.
         Tr = (Sq + Br - 1) // Br
         i_start = 0
         if causal:                      # (floor division: a negative first row gives tile 0)
             first_row = j * Bc - causal_offset
             i_start = min(Tr, max(0, first_row // Br))
-        for i in range(i_start, Tr):
-            # Wait until every thread has finished reading the previous Qi, dOi, L_i, D_i
-            # (on the first pass: until Kj and Vj are complete).
-            cuda.syncthreads()
-            # Alg.2 l.9: load Qi, dOi, L_i, D_i. Rows past Sq get L = -inf: no key is
-            # visible from them, so they are skipped below.
-            for idx in range(c, Br * d, Bc):
-                r = idx // d
-                k = idx % d
-                row = i * Br + r
-                Qi[r, k] = acc(Q[bh, row, k]) if row < Sq else ZERO
-                dOi[r, k] = acc(dO[bh, row, k]) if row < Sq else ZERO
-            for r in range(c, Br, Bc):
-                row = i * Br + r
-                L_i[r] = L[bh, row] if row < Sq else NEG_INF
-                D_i[r] = D[bh, row] if row < Sq else ZERO
-            # Wait until the Q-side tiles are complete before any thread reads them.
-            cuda.syncthreads()
-            if active:
-                # This Q tile's terms are summed on their own, then added to dKj and dVj:
-                # in float32, adding Sq terms one by one into dKj made its error 3x that of
-                # a float32 matmul on the H200 at Sq = 1024 (as l in the forward, v2).
-                for k in range(d):
-                    dk_t[k] = ZERO
-                    dv_t[k] = ZERO
-                for r in range(Br):
+        i_end = Tr
+        if WINDOW:
+            last_row = j * Bc + Bc - 1 - window_lo
+            i_end = min(Tr, max(0, last_row // Br + 1))
+        # GQA: the query heads of this K/V head's group, one after another (group = 1
+        # without GQA): a fixed order, so the sums are bitwise reproducible.
+        for g_idx in range(group):
+            h = h_kv * group + g_idx    # the query head
+            bh = b * Hq + h
+            for i in range(i_start, i_end):
+                # Wait until every thread has finished reading the previous Qi, dOi, L_i, D_i
+                # (on the first pass: until Kj and Vj are complete).
+                cuda.syncthreads()
+                # Alg.2 l.9: load Qi, dOi, L_i, D_i. Rows past Sq get L = -inf: no key is
+                # visible from them, so they are skipped below.
+                for idx in range(c, Br * d, Bc):
+                    r = idx // d
+                    k = idx % d
                     row = i * Br + r
-                    visible = row < Sq and (not causal or col <= row + causal_offset)
-                    # A row that sees no key (L = -inf) has P = 0: skip it rather than
-                    # compute exp(s - L) = exp(+inf).
-                    if visible and L_i[r] != NEG_INF:
-                        p, ds = _p_and_ds(Qi, dOi, Kj, Vj, r, c, L_i[r], D_i[r],
-                                          softmax_scale, d, ZERO)   # Alg.2 l.10-14
-                        for k in range(d):
-                            dv_t[k] += p * dOi[r, k]     # Alg.2 l.12: dVj += Pij^T dOi
-                            dk_t[k] += ds * Qi[r, k]     # Alg.2 l.16: dKj += dSij^T Qi
-                for k in range(d):
-                    dk_j[k] += dk_t[k]
-                    dv_j[k] += dv_t[k]
+                    Qi[r, k] = acc(Q[bh, row, k]) if row < Sq else ZERO
+                    dOi[r, k] = acc(dO[bh, row, k]) if row < Sq else ZERO
+                for r in range(c, Br, Bc):
+                    row = i * Br + r
+                    L_i[r] = L[bh, row] if row < Sq else NEG_INF
+                    D_i[r] = D[bh, row] if row < Sq else ZERO
+                # Wait until the Q-side tiles are complete before any thread reads them.
+                cuda.syncthreads()
+                if active:
+                    # This Q tile's terms are summed on their own, then added to dKj and dVj:
+                    # in float32, adding Sq terms one by one into dKj made its error 3x that of
+                    # a float32 matmul on the H200 at Sq = 1024 (as l in the forward, v2).
+                    for k in range(d):
+                        dk_t[k] = ZERO
+                        dv_t[k] = ZERO
+                    for r in range(Br):
+                        row = i * Br + r
+                        # A row that sees no key (L = -inf) has P = 0: skip it rather than
+                        # compute exp(s - L) = exp(+inf). Masked entries are not computed.
+                        if row < Sq and L_i[r] != NEG_INF and visible(
+                                b, h, row, col, Sk, causal_offset, window_lo, attn_mask):
+                            s, dp = _dots(Qi, dOi, Kj, Vj, r, c, d, ZERO)   # Alg.2 l.10, l.13
+                            s, g = score(s * softmax_scale, b, h, row, col, Sq, Sk, softcap,
+                                         slopes, attn_mask)
+                            p = math.exp(s - L_i[r])            # Alg.2 l.11
+                            ds = p * (dp - D_i[r]) * g          # Alg.2 l.14, times d score / d s
+                            for k in range(d):
+                                dv_t[k] += p * dOi[r, k]     # Alg.2 l.12: dVj += Pij^T dOi
+                                dk_t[k] += ds * Qi[r, k]     # Alg.2 l.16: dKj += dSij^T Qi
+                    for k in range(d):
+                        dk_j[k] += dk_t[k]
+                        dv_j[k] += dv_t[k]
 
         if active:                      # Alg.2 l.18: write dKj, dVj
             for k in range(d):
-                dK[bh, col, k] = dk_j[k] * softmax_scale
-                dV[bh, col, k] = dv_j[k]
+                dK[bh_kv, col, k] = dk_j[k] * softmax_scale
+                dV[bh_kv, col, k] = dv_j[k]
 
     return backward_dkdv_v1
 
 
 @functools.lru_cache(maxsize=None)
-def make_backward_dq_v1(Br, Bc, d, causal, acc_dtype):
-    """v1 dQ kernel (Alg.2 l.15 as its own pass, so that no two blocks write one dQ row).
+def make_backward_dq_v1(Br, Bc, d, causal, acc_dtype, variant=PLAIN):
+    """v1 dQ kernel (Alg.2 l.15 as its own pass, so that no two blocks write one dQ row);
+    ``variant`` (kernels/variants.py) adds masks and score modifiers.
 
-    Launch: grid (Tr, BH) with Tr = ceil(Sq / Br), block (Br,): thread r owns query row
+    Launch: grid (Tr, B * Hq) with Tr = ceil(Sq / Br), block (Br,): thread r owns query row
     i*Br + r. Shared memory: Qi, dOi (Br, d+1) and Kj, Vj (Bc, d) in the accumulator
     dtype, laid out like forward v2 (Qi and dOi padded: thread r reads row r).
     """
@@ -214,10 +244,16 @@ def make_backward_dq_v1(Br, Bc, d, causal, acc_dtype):
     ZERO = acc(0)
     NEG_INF = acc(-math.inf)
     QI_COLS = d + 1                     # shared array shapes must be plain constants
+    visible, score = make_variant_functions(variant, causal, acc_dtype)
+    WINDOW = variant.window
 
     @cuda.jit(**jit_options())
-    def backward_dq_v1(Q, K, V, dO, L, D, dQ, softmax_scale, causal_offset):
-        bh = cuda.blockIdx.y
+    def backward_dq_v1(Q, K, V, dO, L, D, dQ, softmax_scale, causal_offset, window_lo, Hq,
+                       group, softcap, slopes, attn_mask):
+        bh = cuda.blockIdx.y            # b * Hq + h: the query head
+        b = bh // Hq
+        h = bh % Hq
+        bh_kv = b * (Hq // group) + h // group  # GQA: the K/V head this query head reads
         i = cuda.blockIdx.x             # Q tile index: one block per i
         r = cuda.threadIdx.x            # row within the tile
         row = i * Br + r
@@ -247,7 +283,11 @@ def make_backward_dq_v1(Br, Bc, d, causal, acc_dtype):
         if causal:                      # (floor division: a negative last column gives 0 tiles)
             last_visible_col = i * Br + Br - 1 + causal_offset
             Tc = min(Tc, max(0, last_visible_col // Bc + 1))
-        for j in range(Tc):
+        j_start = 0                     # a window's left bound (as in forward v2)
+        if WINDOW:
+            first_visible_col = i * Br + window_lo
+            j_start = min(Tc, max(0, first_visible_col // Bc))
+        for j in range(j_start, Tc):
             # Wait until every thread has finished reading the previous Kj and Vj.
             cuda.syncthreads()
             # Alg.2 l.6: load Kj, Vj together; rows past Sk are 0 (and masked below).
@@ -255,8 +295,8 @@ def make_backward_dq_v1(Br, Bc, d, causal, acc_dtype):
                 c = idx // d
                 k = idx % d
                 col = j * Bc + c
-                Kj[c, k] = acc(K[bh, col, k]) if col < Sk else ZERO
-                Vj[c, k] = acc(V[bh, col, k]) if col < Sk else ZERO
+                Kj[c, k] = acc(K[bh_kv, col, k]) if col < Sk else ZERO
+                Vj[c, k] = acc(V[bh_kv, col, k]) if col < Sk else ZERO
             # Wait until Kj and Vj are complete before any thread reads them.
             cuda.syncthreads()
             # A row that sees no key (L = -inf, or past Sq) has P = 0: skip it.
@@ -265,10 +305,12 @@ def make_backward_dq_v1(Br, Bc, d, causal, acc_dtype):
                     dq_t[k] = ZERO
                 for c in range(Bc):
                     col = j * Bc + c
-                    visible = col < Sk and (not causal or col <= row + causal_offset)
-                    if visible:
-                        p, ds = _p_and_ds(Qi, dOi, Kj, Vj, r, c, L_row, D_row,
-                                          softmax_scale, d, ZERO)   # Alg.2 l.10-14
+                    if visible(b, h, row, col, Sk, causal_offset, window_lo, attn_mask):
+                        s, dp = _dots(Qi, dOi, Kj, Vj, r, c, d, ZERO)   # Alg.2 l.10, l.13
+                        s, g = score(s * softmax_scale, b, h, row, col, Sq, Sk, softcap,
+                                     slopes, attn_mask)
+                        p = math.exp(s - L_row)             # Alg.2 l.11
+                        ds = p * (dp - D_row) * g           # Alg.2 l.14, times d score / d s
                         for k in range(d):
                             dq_t[k] += ds * Kj[c, k]     # Alg.2 l.15: dQi += dSij Kj
                 for k in range(d):
@@ -373,11 +415,23 @@ def make_backward_dkdv_dq_v2(Br, Bc, d, causal, acc_dtype):
 
 
 @cuda.jit(device=True)
+def _dots(Qi, dOi, Kj, Vj, r, c, d, ZERO):
+    """One entry of Sij = Qi Kj^T (Alg.2 l.10, unscaled) and of dPij = dOi Vj^T (l.13)."""
+    s = ZERO
+    dp = ZERO
+    for k in range(d):
+        s += Qi[r, k] * Kj[c, k]
+        dp += dOi[r, k] * Vj[c, k]
+    return s, dp
+
+
+@cuda.jit(device=True)
 def _p_and_ds(Qi, dOi, Kj, Vj, r, c, L_r, D_r, softmax_scale, d, ZERO):
     """One visible entry (row r of the Q tiles, row c of the K/V tiles), Alg.2 l.10-14.
 
     Returns p = exp(scale * Qi[r] . Kj[c] - L_r) and ds = p * (dOi[r] . Vj[c] - D_r).
-    Every kernel here calls it: they differ only in which loop a block owns.
+    The v2 kernel (plain attention only) calls it; the v1 kernels, which take variants,
+    write the same steps out with the variant's score function in the middle.
     The caller guarantees L_r != -inf, so s - L_r is never -inf - (-inf).
     """
     s = ZERO

@@ -43,6 +43,13 @@ v3  Tensor cores (GPU only). The same Algorithm 1 with the two matrix products,
     key's TF32 split into NaN; v1 and v2 never read masked keys and keep +-inf scores.
     So v3 runs only when asked for (version="v3"); the default is v2.
 
+Variants (kernels/variants.py, docs/variants.md): v1 and v2 take a compile-time
+``variant`` and six more run-time arguments after causal_offset (window_lo, Hq, group,
+softcap, slopes, attn_mask): sliding windows, GQA/MQA, softcap, ALiBi, boolean and
+additive masks, and the user's score_mod / mask_mod, all through two inlined device
+functions, visible() and score(). Masked entries are not computed; tiles a window leaves
+empty are not visited. v3 computes plain attention only (the dispatcher refuses variants).
+
 Fully masked rows (causal with Sq > Sk, or Sk = 0) end with l = 0: they write O = 0 and
 L = -inf. NaN in a visible input propagates to the rows that see it; masked keys are
 never read into the sums, so NaN there has no effect.
@@ -54,25 +61,33 @@ import math
 from numba import cuda
 
 from . import acc_type, jit_options
+from .variants import PLAIN, make_variant_functions
 
 VERSIONS = ("v1", "v2", "v3")
 
 
 @functools.lru_cache(maxsize=None)
-def make_forward_v1(d, causal, acc_dtype):
-    """v1 kernel for head dim ``d``. Launch: grid (ceil(Sq / threads), BH), block (threads,)."""
+def make_forward_v1(d, causal, acc_dtype, variant=PLAIN):
+    """v1 kernel for head dim ``d``. Launch: grid (ceil(Sq / threads), B * Hq), block
+    (threads,). ``variant`` (kernels/variants.py) adds masks and score modifiers."""
     acc = acc_type(acc_dtype)
     ZERO = acc(0)
     NEG_INF = acc(-math.inf)
+    visible, score = make_variant_functions(variant, causal, acc_dtype)
+    WINDOW = variant.window
 
     @cuda.jit(**jit_options())
-    def forward_v1(Q, K, V, O, L, softmax_scale, causal_offset):
-        bh = cuda.blockIdx.y
+    def forward_v1(Q, K, V, O, L, softmax_scale, causal_offset, window_lo, Hq, group, softcap,
+                   slopes, attn_mask):
+        bh = cuda.blockIdx.y            # b * Hq + h: the query head
         row = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         Sq = Q.shape[1]
         Sk = K.shape[1]
         if row >= Sq:
             return                      # no barriers in this kernel, so early exit is safe
+        b = bh // Hq
+        h = bh % Hq
+        bh_kv = b * (Hq // group) + h // group  # GQA: the K/V head this query head reads
 
         q_i = cuda.local.array(d, acc)  # this row of Q, in registers
         o_i = cuda.local.array(d, acc)  # unnormalised output accumulator
@@ -86,11 +101,18 @@ def make_forward_v1(d, causal, acc_dtype):
         n_cols = Sk
         if causal:                      # columns past row + offset are masked: never visit them
             n_cols = min(Sk, max(0, row + causal_offset + 1))
-        for col in range(n_cols):
+        first_col = 0
+        if WINDOW:                      # columns before row + window_lo too
+            first_col = min(n_cols, max(0, row + window_lo))
+        for col in range(first_col, n_cols):
+            if not visible(b, h, row, col, Sk, causal_offset, window_lo, attn_mask):
+                continue                # masked: not computed, nothing read
             s = ZERO
             for k in range(d):
-                s += q_i[k] * acc(K[bh, col, k])
-            s *= softmax_scale
+                s += q_i[k] * acc(K[bh_kv, col, k])
+            s, _ = score(s * softmax_scale, b, h, row, col, Sq, Sk, softcap, slopes, attn_mask)
+            if s == NEG_INF:
+                continue                # probability exactly 0 (e.g. a -inf bias)
             # online softmax, one key at a time: written with ">" so a NaN score leaves m_i
             # alone and reaches o and l through p (NaN propagates, it is not dropped)
             m_new = s if s > m_i else m_i
@@ -107,7 +129,7 @@ def make_forward_v1(d, causal, acc_dtype):
             l_err = (t - l_i) - y
             l_i = t
             for k in range(d):
-                o_i[k] = o_i[k] * alpha + p * acc(V[bh, col, k])
+                o_i[k] = o_i[k] * alpha + p * acc(V[bh_kv, col, k])
             m_i = m_new
 
         _write_row(O, L, bh, row, o_i, m_i, l_i, d, ZERO, NEG_INF)
@@ -116,10 +138,11 @@ def make_forward_v1(d, causal, acc_dtype):
 
 
 @functools.lru_cache(maxsize=None)
-def make_forward_v2(Br, Bc, d, causal, acc_dtype):
-    """v2 (FlashAttention-2, Algorithm 1) kernel.
+def make_forward_v2(Br, Bc, d, causal, acc_dtype, variant=PLAIN):
+    """v2 (FlashAttention-2, Algorithm 1) kernel; ``variant`` (kernels/variants.py) adds
+    masks and score modifiers.
 
-    Launch: grid (Tr, BH) with Tr = ceil(Sq / Br), block (Br,): thread r owns row i*Br + r.
+    Launch: grid (Tr, B * Hq) with Tr = ceil(Sq / Br), block (Br,): thread r owns row i*Br + r.
     Shared memory: Kj (Bc, d) and Vj (Bc, d) in the accumulator dtype. The Q tile lives in
     registers, each thread holding its own row q_i: Alg.1 l.4 loads Qi "to on-chip SRAM",
     and registers are the fastest on-chip memory. No other thread reads that row, and
@@ -130,10 +153,16 @@ def make_forward_v2(Br, Bc, d, causal, acc_dtype):
     acc = acc_type(acc_dtype)
     ZERO = acc(0)
     NEG_INF = acc(-math.inf)
+    visible, score = make_variant_functions(variant, causal, acc_dtype)
+    WINDOW = variant.window
 
     @cuda.jit(**jit_options())
-    def forward_v2(Q, K, V, O, L, softmax_scale, causal_offset):
-        bh = cuda.blockIdx.y
+    def forward_v2(Q, K, V, O, L, softmax_scale, causal_offset, window_lo, Hq, group, softcap,
+                   slopes, attn_mask):
+        bh = cuda.blockIdx.y            # b * Hq + h: the query head
+        b = bh // Hq
+        h = bh % Hq
+        bh_kv = b * (Hq // group) + h // group  # GQA: the K/V head this query head reads
         i = cuda.blockIdx.x             # Q tile index (Alg.1 l.3: one block per i)
         r = cuda.threadIdx.x            # row within the tile
         row = i * Br + r
@@ -159,7 +188,11 @@ def make_forward_v2(Br, Bc, d, causal, acc_dtype):
         if causal:                      # (floor division: a negative last column gives 0 tiles)
             last_visible_col = i * Br + Br - 1 + causal_offset
             Tc = min(Tc, max(0, last_visible_col // Bc + 1))
-        for j in range(Tc):
+        j_start = 0                     # a window's left bound: tiles before the first
+        if WINDOW:                      # column the tile's first row sees are skipped too
+            first_visible_col = i * Br + window_lo
+            j_start = min(Tc, max(0, first_visible_col // Bc))
+        for j in range(j_start, Tc):
             # Wait until every thread has finished reading the previous Kj and Vj.
             cuda.syncthreads()
             # Alg.1 l.7: load Kj, Vj. The Br threads copy the Bc x d tile together;
@@ -168,21 +201,23 @@ def make_forward_v2(Br, Bc, d, causal, acc_dtype):
                 c = idx // d
                 k = idx % d
                 col = j * Bc + c
-                Kj[c, k] = acc(K[bh, col, k]) if col < Sk else ZERO
-                Vj[c, k] = acc(V[bh, col, k]) if col < Sk else ZERO
+                Kj[c, k] = acc(K[bh_kv, col, k]) if col < Sk else ZERO
+                Vj[c, k] = acc(V[bh_kv, col, k]) if col < Sk else ZERO
             # Wait until Kj and Vj are complete before any thread reads them.
             cuda.syncthreads()
             if active:
-                # Alg.1 l.8: this row of Sij = Qi Kj^T, masked, and its max.
+                # Alg.1 l.8: this row of Sij = Qi Kj^T, masked, and its max. Masked
+                # entries are not computed (variants.py decides which are masked).
                 m_tile = NEG_INF
                 for c in range(Bc):
                     col = j * Bc + c
-                    s = ZERO
-                    for k in range(d):
-                        s += q_i[k] * Kj[c, k]
-                    s *= softmax_scale
-                    visible = col < Sk and (not causal or col <= row + causal_offset)
-                    s_i[c] = s if visible else NEG_INF
+                    s_i[c] = NEG_INF
+                    if visible(b, h, row, col, Sk, causal_offset, window_lo, attn_mask):
+                        s = ZERO
+                        for k in range(d):
+                            s += q_i[k] * Kj[c, k]
+                        s_i[c], _ = score(s * softmax_scale, b, h, row, col, Sq, Sk, softcap,
+                                          slopes, attn_mask)
                     if s_i[c] > m_tile:
                         m_tile = s_i[c]
                 # Alg.1 l.9: new running max, P~ij = exp(Sij - m_new), new running sum.
