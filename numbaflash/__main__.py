@@ -1,8 +1,12 @@
-"""Command line: ``python -m numbaflash demo [--B 2 --H 4 --N 256 --d 64 --causal]``.
+"""Command line: ``python -m numbaflash demo [--B 2 --H 4 --N 256 --d 64 --causal]`` and
+``python -m numbaflash bench [--shapes 2x16x4096x64 --causal both --versions v2,v3 ...]``.
 
 The demo runs attention on random inputs on whatever backend is there (the GPU, or the
 CUDA simulator under NUMBA_ENABLE_CUDASIM=1), checks it against the float64 reference,
 and prints the backend, the plan, the error and the time.
+
+The bench checks numbaflash's forward and backward against a float64 reference, then
+times them against PyTorch SDPA on the same inputs (numbaflash/bench.py says how).
 """
 
 import argparse
@@ -61,9 +65,15 @@ def main(argv=None):
     p.add_argument("--N", type=int, help="sequence length")
     p.add_argument("--d", type=int, help="head dim")
     p.add_argument("--causal", action="store_true", help="bottom-right causal mask")
+    p = sub.add_parser("bench", help="check, then time forward and backward against "
+                       "PyTorch SDPA (TFLOP/s, memory, a table, JSON, a plot)")
+    from numbaflash import bench
+    bench.add_arguments(p)
     args = parser.parse_args(argv)
     if args.command == "demo":
         return demo(args)
+    if args.command == "bench":
+        return bench.cli(args)
     return 2
 
 

@@ -66,10 +66,13 @@ def attention(q, k, v, *, causal=False, scale=None, window_size=None, alibi_slop
             last query row sees all keys), or "top_left" (PyTorch's ``is_causal``).
         scale: softmax scale, default 1/sqrt(d). Must be finite.
         return_lse: also return the logsumexp L of each row (the backward pass needs it).
-        version: forward kernel version ("v1", "v2"); None picks the default (see explain).
-        tiles: (Br, Bc) for the tiled kernel; None uses the documented rule in dispatch.py.
+        version: forward kernel version ("v1", "v2", "v3" GPU-only tensor cores, "v4"
+            experimental register-blocked; docs/kernels.md); None picks the default (see
+            explain).
+        tiles: (Br, Bc) for the tiled kernels (v4 also takes (Br, Bc, TM, TN)); None uses
+            the documented rule in dispatch.py.
         window_size, alibi_slopes, softcap, attn_mask, score_mod, score_mod_grad, mask_mod:
-            attention variants (see "Variants" above).
+            attention variants (see "Variants" above; v1 and v2 run them).
 
     Returns:
         out with q's shape and dtype, or ``(out, lse)`` with lse of shape (..., Sq) in

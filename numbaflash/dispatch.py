@@ -14,6 +14,10 @@ d=128 -> (64, 32); d=256 -> (64, 16); float64 halves Bc. Callers may pass
 ``tiles=(Br, Bc)``; it is checked against the same limits (Br <= 1024 threads, shared
 memory <= 48 KB).
 
+Tile rule (v4 forward, experimental, opt-in): see ``default_v4_tiles`` below; its tiles
+are (Br, Bc, TM, TN), TM x TN the block of scores each thread owns, and ``explain`` shows
+them with the thread grid.
+
 ``plan_backward`` returns ``Plans``, one ``Plan`` per kernel in launch order (D, then
 dK/dV, then dQ for v1). Tile rule (backward): one (Br, Bc) for the whole pass, the same
 tiling of the (i, j) tile pairs as Algorithm 2: the first candidate in
@@ -118,9 +122,14 @@ class Plan:
     causal: str | None
     reason: str
     variant: str = "plain"      # what is compiled in beyond plain attention (variants.py)
+    thread_tile: tuple | None = None    # v4: (TM, TN), the block of Sij each thread owns
 
     def __str__(self):
         tiles = f"tiles (Br, Bc) = ({self.Br}, {self.Bc}), " if self.Br else ""
+        if self.thread_tile:
+            TM, TN = self.thread_tile
+            tiles += (f"thread tile (TM, TN) = ({TM}, {TN}) on a {self.Br // TM} x "
+                      f"{self.Bc // TN} thread grid, ")
         return (f"{self.pass_name}: {self.kernel} on the {self.backend}; {tiles}grid {self.grid}, "
                 f"block {self.block}, shared memory {self.shared_bytes} B, accumulate in "
                 f"{self.acc_dtype}, causal={self.causal}, variant: {self.variant}. "
@@ -193,6 +202,93 @@ def check_v3_tiles(tiles, d):
     return Br, Bc
 
 
+# --- forward v4 (register-blocked SIMT; experimental, opt-in) ---------------------------
+
+# v4 tile rule: the first (Br, Bc, TM, TN) of V4_CANDIDATES whose shared memory fits in
+# 48 KB and whose O block per thread, TM x DN with DN = DP / TX (TX = Bc / TN threads per
+# row, DP = d padded to TX), has at most V4_MAX_O_REGS accumulators. Qi is staged in
+# shared memory (DP x Br), which is what shrinks the tiles at large head dims; the O
+# bound keeps the accumulators in registers (d = 128 at (32, 16, 4, 4), DN = 32, left a
+# 528-byte stack frame in ptxas's report). Under the simulator, V4_SIM_TILES: every
+# thread launched and every barrier round is expensive there, and 8 x 8 tiles still cross
+# several tile boundaries at the simulator's seqlens (<= 40) while a 2 x 2 thread tile
+# exercises the register blocking and the reductions across threads.
+V4_CANDIDATES = ((64, 32, 4, 4), (32, 32, 4, 4), (32, 16, 4, 2), (16, 16, 2, 2),
+                 (16, 8, 2, 1), (8, 8, 2, 2), (8, 8, 1, 1), (4, 4, 1, 1))
+V4_MAX_O_REGS = 64
+V4_SIM_TILES = (8, 8, 2, 2)
+
+
+def v4_head_dim_padded(Bc, TN, d):
+    """DP: the head dim rounded up to the thread grid's width TX = Bc // TN."""
+    TX = Bc // TN
+    return (d + TX - 1) // TX * TX
+
+
+def v4_shared_bytes(Br, Bc, TM, TN, d, acc_dtype):
+    """Shared memory of forward v4: QiT (DP, Br+1), KjT (DP, Bc+1), Vj (Bc, DP),
+    Pij (Br, Bc+1), red (Br, TX); DP = d rounded up to TX = Bc // TN."""
+    TX = Bc // TN
+    DP = v4_head_dim_padded(Bc, TN, d)
+    n = DP * (Br + 1) + DP * (Bc + 1) + Bc * DP + Br * (Bc + 1) + Br * TX
+    return n * np.dtype(acc_dtype).itemsize
+
+
+def default_v4_tiles(d, acc_dtype):
+    """v4 tile rule (above), (Br, Bc, TM, TN). GPU, float32: d <= 64 -> (64, 32, 4, 4),
+    128 threads; d = 128 -> (32, 16, 4, 2), 64 threads; float64: d = 64 -> (32, 16, 4, 2)."""
+    if simulating():
+        return V4_SIM_TILES
+    for Br, Bc, TM, TN in V4_CANDIDATES:
+        DN = v4_head_dim_padded(Bc, TN, d) // (Bc // TN)
+        if (TM * DN <= V4_MAX_O_REGS
+                and v4_shared_bytes(Br, Bc, TM, TN, d, acc_dtype) <= SHARED_MEM_LIMIT):
+            return Br, Bc, TM, TN
+    raise ValueError(f"forward v4 cannot run this input: no v4 tile fits head dim {d} in "
+                     f"{acc_dtype} within {SHARED_MEM_LIMIT} bytes of shared memory")
+
+
+def check_v4_tiles(tiles, d, acc_dtype):
+    """A caller's v4 tiles: (Br, Bc, TM, TN), or (Br, Bc) with TM, TN the largest of 4, 2, 1
+    dividing Br, Bc. ValueError names the limit."""
+    if isinstance(tiles, (tuple, list)) and len(tiles) == 4:
+        Br, Bc = _parse_tiles(tiles[:2])
+        TM, TN = _parse_tiles(tiles[2:])
+    else:
+        Br, Bc = _parse_tiles(tiles)
+        TM = next(t for t in (4, 2, 1) if Br % t == 0)
+        TN = next(t for t in (4, 2, 1) if Bc % t == 0)
+    if Br % TM or Bc % TN:
+        raise ValueError(f"v4 tiles need TM to divide Br and TN to divide Bc; got (Br, Bc, TM, "
+                         f"TN) = ({Br}, {Bc}, {TM}, {TN})")
+    threads = (Br // TM) * (Bc // TN)
+    if threads > MAX_THREADS:
+        raise ValueError(f"v4 tiles ({Br}, {Bc}, {TM}, {TN}) need {threads} threads; a block "
+                         f"holds at most {MAX_THREADS}")
+    need = v4_shared_bytes(Br, Bc, TM, TN, d, acc_dtype)
+    if need > SHARED_MEM_LIMIT:
+        raise ValueError(f"v4 tiles (Br, Bc, TM, TN) = ({Br}, {Bc}, {TM}, {TN}) need {need} "
+                         f"bytes of shared memory at head dim {d} in {acc_dtype}; the limit "
+                         f"is {SHARED_MEM_LIMIT} (48 KB static shared memory per block)")
+    return Br, Bc, TM, TN
+
+
+def _plan_forward_v4(p, where, tiles, reason):
+    if tiles is None:
+        Br, Bc, TM, TN = default_v4_tiles(p.d, p.acc_dtype)
+        reason += f"; tiles by the v4 rule for d={p.d} in {p.acc_dtype}"
+        if where == "simulator":
+            reason += " (small tiles on the simulator, where every thread and barrier is slow)"
+    else:
+        Br, Bc, TM, TN = check_v4_tiles(tiles, p.d, p.acc_dtype)
+        reason += "; tiles given by the caller"
+    reason += "; v4 is experimental (not the default until it passes the full GPU suite)"
+    threads = (Br // TM) * (Bc // TN)
+    return Plan("forward", "v4", "forward_v4", where, Br, Bc, (math.ceil(p.Sq / Br), p.BH),
+                (threads,), v4_shared_bytes(Br, Bc, TM, TN, p.d, p.acc_dtype), p.acc_dtype,
+                p.causal, reason, thread_tile=(TM, TN))
+
+
 def _default_forward_version(p, where):
     """The default forward version for ``p`` and why.
 
@@ -224,7 +320,7 @@ def plan_forward(p, version=None, tiles=None):
     variant = variant_description(p)
     if version == "v1":
         if tiles is not None:
-            raise ValueError("tiles apply to the tiled kernels (v2, v3); v1 has no tiles")
+            raise ValueError("tiles apply to the tiled kernels (v2, v3, v4); v1 has no tiles")
         threads = V1_THREADS
         return Plan("forward", "v1", "forward_v1", where, None, None,
                     (math.ceil(p.Sq / threads), p.BH), (threads,), 0, p.acc_dtype, p.causal,
@@ -249,6 +345,14 @@ def plan_forward(p, version=None, tiles=None):
                     (32 * fwd_kernels.V3_WARPS,), v3_shared_bytes(Bc, p.d), p.acc_dtype,
                     p.causal, reason)
 
+    if version == "v4":
+        wanted = needs_variants(p)
+        if wanted is not None:
+            raise ValueError(f"forward v4 cannot run this input: it computes plain attention "
+                             f"(with or without a causal mask) only, and this call asks for "
+                             f"{wanted}; v1 and v2 (the default) support variants")
+        return _plan_forward_v4(p, where, tiles, reason)
+
     if tiles is None:
         Br, Bc = default_forward_tiles(p.d, p.acc_dtype)
         reason += f"; tiles by the default rule for d={p.d} in {p.acc_dtype}"
@@ -266,6 +370,9 @@ def forward_kernel(plan, p):
         return fwd_kernels.make_forward_v1(p.d, p.upper, p.acc_dtype, p.variant)
     if plan.version == "v3":
         return fwd_kernels.make_forward_v3(plan.Bc, p.d, p.upper)
+    if plan.version == "v4":
+        TM, TN = plan.thread_tile
+        return fwd_kernels.make_forward_v4(plan.Br, plan.Bc, TM, TN, p.d, p.upper, p.acc_dtype)
     return fwd_kernels.make_forward_v2(plan.Br, plan.Bc, p.d, p.upper, p.acc_dtype, p.variant)
 
 
@@ -291,7 +398,7 @@ def launch_forward(plan, p, Q, K, V, O, L, slopes=None, attn_mask=None):
     kernel = forward_kernel(plan, p)
     scale = np.dtype(p.acc_dtype).type(p.softmax_scale)   # keep the kernel's arithmetic in acc dtype
     args = (Q, K, V, O, L, scale, np.int64(p.causal_offset))
-    if plan.version != "v3":
+    if plan.version in ("v1", "v2"):     # the kernels that take the variant arguments
         args += variant_arguments(p, slopes, attn_mask)
     kernel[plan.grid, plan.block](*args)
 

@@ -3,9 +3,10 @@
 #
 #   bash scripts/gpu_all.sh tests       # the property suite with real CUDA, GPU-sized shapes
 #   bash scripts/gpu_all.sh check       # agreement with PyTorch SDPA (float64) + timings
+#   bash scripts/gpu_all.sh simgpu      # the same small inputs on the GPU and in the simulator
 #   bash scripts/gpu_all.sh sanitize    # compute-sanitizer memcheck, racecheck, synccheck, initcheck
 #                                         (SANITIZER_TOOLS="memcheck racecheck" picks some)
-#   bash scripts/gpu_all.sh all         # the three above, each time-limited, logs packed in one file
+#   bash scripts/gpu_all.sh all         # the four above, each time-limited, logs packed in one file
 #
 # Each part prints a short summary last. Needs a CUDA GPU, PyTorch, and numpy < 2.5.
 set -uo pipefail
@@ -21,15 +22,24 @@ tests)
     # NUMBAFLASH_PROFILE=gpu: more examples; the strategies draw GPU-sized shapes when the
     # backend is the GPU. -p no:cacheprovider: the checkout may be read-only.
     # Arguments after "tests" replace the default selection (the whole tests/ folder).
+    # TEST_WORKERS pytest-xdist processes share the GPU (most of a GPU test's time is
+    # compiling kernel specialisations on the CPU); 0 runs in this process.
     targets=("${@:2}")
     [ ${#targets[@]} -gt 0 ] || targets=(tests)
+    workers=()
+    python3 -c "import xdist" 2>/dev/null && workers=(-n "${TEST_WORKERS:-12}")
     NUMBAFLASH_PROFILE="${NUMBAFLASH_PROFILE:-gpu}" timeout "${TEST_TIMEOUT:-420}" \
-        python3 -m pytest -p no:cacheprovider -q --maxfail=20 --durations=15 "${targets[@]}" 2>&1 \
+        python3 -m pytest -p no:cacheprovider -q --maxfail=20 --durations=15 "${workers[@]}" \
+        "${targets[@]}" 2>&1 \
         | tee "$OUT/gpu_tests.txt"
     exit "${PIPESTATUS[0]}"
     ;;
 check)
     python3 scripts/gpu_check.py --out "$OUT" "${@:2}" 2>&1 | tee "$OUT/gpu_check.txt"
+    exit "${PIPESTATUS[0]}"
+    ;;
+simgpu)
+    python3 scripts/sim_vs_gpu.py --out "$OUT" 2>&1 | tee "$OUT/sim_vs_gpu.txt"
     exit "${PIPESTATUS[0]}"
     ;;
 sanitize)
@@ -51,23 +61,26 @@ sanitize)
 all)
     # Everything, each part under its own time limit. The logs go to a scratch folder and
     # come back packed in $OUT/gpu_logs.tgz, with gpu_check.json and the sanitizer summary
-    # beside it (the device tool returns at most 8 files). About 9 minutes.
+    # beside it (the device tool returns at most 8 files). About 9 minutes on the H200.
     logs=$(mktemp -d)
     status=0
     OUT="$logs" timeout "${CHECK_TIMEOUT:-240}" bash "$0" check > "$logs/check_console.txt" 2>&1 || status=1
     tail -n 3 "$logs/check_console.txt"
-    OUT="$logs" NUMBAFLASH_PROFILE="${NUMBAFLASH_PROFILE:-gpu-quick}" TEST_TIMEOUT="${TEST_TIMEOUT:-170}" \
+    OUT="$logs" NUMBAFLASH_PROFILE="${NUMBAFLASH_PROFILE:-gpu-quick}" TEST_TIMEOUT="${TEST_TIMEOUT:-200}" \
         bash "$0" tests tests/test_forward_kernels.py tests/test_backward_kernels.py \
+        tests/test_backward_nonfinite.py tests/test_api_errors.py \
         > "$logs/tests_console.txt" 2>&1 || status=1
     tail -n 1 "$logs/tests_console.txt"
+    OUT="$logs" timeout "${SIMGPU_TIMEOUT:-90}" bash "$0" simgpu > "$logs/simgpu_console.txt" 2>&1 || status=1
+    tail -n 1 "$logs/simgpu_console.txt"
     OUT="$logs" SANITIZER_TOOLS="${SANITIZER_TOOLS:-memcheck racecheck synccheck}" \
         timeout "${SANITIZE_TIMEOUT:-150}" bash "$0" sanitize || status=1
     tar czf "$OUT/gpu_logs.tgz" -C "$logs" .
-    cp "$logs/gpu_check.json" "$logs/sanitize_summary.txt" "$OUT/" 2>/dev/null
+    cp "$logs/gpu_check.json" "$logs/sanitize_summary.txt" "$logs/sim_vs_gpu.json" "$OUT/" 2>/dev/null
     exit $status
     ;;
 *)
-    echo "usage: bash scripts/gpu_all.sh tests|check|sanitize|all" >&2
+    echo "usage: bash scripts/gpu_all.sh tests|check|simgpu|sanitize|all" >&2
     exit 2
     ;;
 esac

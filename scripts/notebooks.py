@@ -24,6 +24,7 @@ from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
+GPU_ONLY = {"06_gpu_performance"}      # also in tests/test_notebooks.py: need a real GPU
 
 
 def sources(name=None):
@@ -66,10 +67,14 @@ def main(argv):
     if not argv or argv[0] not in ("sync", "execute"):
         print(__doc__)
         return 2
+    simulator = kernel_env()["NUMBA_ENABLE_CUDASIM"] not in ("", "0")
     for py in sources(argv[1] if len(argv) > 1 else None):
         if argv[0] == "sync":
             sync(py)
             print("synced", py.relative_to(ROOT))
+        elif simulator and py.stem in GPU_ONLY:
+            print(f"skipped {py.relative_to(ROOT)}: it needs a GPU (its stored outputs come "
+                  f"from a GPU run; set NUMBA_ENABLE_CUDASIM=0 on a GPU machine to rerun it)")
         else:
             print(f"executed {py.relative_to(ROOT)} in {execute(py):.1f} s", flush=True)
     return 0

@@ -95,7 +95,7 @@ def forward_variant_signature(dtype, acc, mask_dtype="bool"):
 def forward_entries():
     """Every forward version x float16/float32/float64 x causal off/on x d in 1, 64, 128,
     256, with each version's default tiles, where the version supports the combination
-    (v3: float16/float32 and d <= 128)."""
+    (v3: float16/float32 and d <= 128); v4 at d in 1, 59, 64, 128."""
     import numpy as np
     out = []
     for dtype in ("float16", "float32", "float64"):
@@ -119,6 +119,17 @@ def forward_entries():
                     out.append(Entry(f"forward_v3-{tag}-tiles{Br}x{Bc}", "forward",
                                      lambda Bc=Bc, d=d, c=causal: fwd.make_forward_v3(Bc, d, c),
                                      sig, True))
+        # v4 (register-blocked SIMT): its own tile rule (GPU candidates; this script runs
+        # without the simulator), d in 1, 59 (padded to the thread grid), 64, 128; eight
+        # entries per dtype like v1 and v2 (tests/test_ptx.py counts them)
+        for d in (1, 59, 64, 128):
+            Br, Bc, TM, TN = dispatch.default_v4_tiles(d, acc)
+            for causal in (False, True):
+                tag = f"{dtype}-d{d}-{'causal' if causal else 'full'}"
+                out.append(Entry(f"forward_v4-{tag}-tiles{Br}x{Bc}-thread{TM}x{TN}", "forward",
+                                 lambda t=(Br, Bc, TM, TN), d=d, c=causal, a=acc:
+                                 fwd.make_forward_v4(*t, d, c, a),
+                                 sig, dtype != "float64"))
     assert {e.name.split("-")[0] for e in out} == {f"forward_{v}" for v in fwd.VERSIONS}, \
         "a forward version is missing from ptx_check.forward_entries"
     return out

@@ -14,6 +14,7 @@ notebooks/NN_name.ipynb is what GitHub and Jupyter open. Here:
 Notebooks that need a GPU go in GPU_ONLY; they are still checked for sync.
 """
 
+import importlib.util
 import os
 import time
 from pathlib import Path
@@ -25,7 +26,11 @@ from nbclient import NotebookClient
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 SOURCES = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.py"))
-GPU_ONLY = set()                 # stems of notebooks that cannot run on the simulator
+# stems of notebooks that cannot run on the simulator: one list, in scripts/notebooks.py
+_spec = importlib.util.spec_from_file_location("nb_script", ROOT / "scripts" / "notebooks.py")
+_nb_script = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_nb_script)
+GPU_ONLY = _nb_script.GPU_ONLY
 CELL_TIMEOUT_S = 600
 
 

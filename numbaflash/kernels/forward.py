@@ -43,12 +43,33 @@ v3  Tensor cores (GPU only). The same Algorithm 1 with the two matrix products,
     key's TF32 split into NaN; v1 and v2 never read masked keys and keep +-inf scores.
     So v3 runs only when asked for (version="v3"); the default is v2.
 
+v4  Register-blocked SIMT FlashAttention-2 (experimental, opt-in: version="v4"; runs on
+    the GPU and the simulator). v2 is bound by shared-memory loads: each FMA of
+    q_i . Kj[c] and p * Vj[c, k] needs one shared load, and no loaded value serves a
+    second row. v4 gives each thread a TM x TN block of Sij and a TM x DN block of O_i
+    (DN = d / TX, TX = Bc / TN threads per row) in registers, like a SIMT matmul: per k
+    step of Sij it loads TM values of Qi and TN of Kj and does TM * TN FMAs, and per key of
+    P~ij Vj it loads TM values of P~ij and DN of Vj for TM * DN FMAs. Default float32 tiles
+    at d = 64: Br = 64, Bc = 32, 4 x 4 per thread, 128 threads: 0.5 loads per FMA in Sij
+    and 0.375 in P~ij Vj instead of 1 (2x to 2.7x fewer loads). Qi is staged in shared
+    memory (transposed), Kj transposed, and P~ij goes through shared memory (the threads
+    of a row hold different keys); row max and row sum are shared by the TX threads of a
+    row through a small shared array (no warp shuffles, so the simulator runs it). Costs:
+    four barriers per K/V tile instead of two, and the 48 KB static shared-memory limit
+    (Qi, Kj, Vj and P~ij all staged) keeps tiles small at d = 128 (Br = 32, Bc = 16).
+    Masked keys never reach O: on the causal diagonal the P~ij Vj loop skips the hidden
+    (row, key) pairs, so NaN or inf in a masked key has no effect, as in v2.
+    ptxas (sm_90, float32, no GPU): 128 registers at d = 64 (4 blocks = 16 warps per SM),
+    156 at d = 128 (6 blocks of 64 threads = 12 warps per SM), no spills, no stack.
+    Measured on the H200 in docs/performance.md (run 7: 0.34x SDPA EFFICIENT at (2,16,4096,64)).
+
 Variants (kernels/variants.py, docs/variants.md): v1 and v2 take a compile-time
 ``variant`` and six more run-time arguments after causal_offset (window_lo, Hq, group,
 softcap, slopes, attn_mask): sliding windows, GQA/MQA, softcap, ALiBi, boolean and
 additive masks, and the user's score_mod / mask_mod, all through two inlined device
 functions, visible() and score(). Masked entries are not computed; tiles a window leaves
-empty are not visited. v3 computes plain attention only (the dispatcher refuses variants).
+empty are not visited. v3 and v4 compute plain attention only (the dispatcher
+refuses variants).
 
 Fully masked rows (causal with Sq > Sk, or Sk = 0) end with l = 0: they write O = 0 and
 L = -inf. NaN in a visible input propagates to the rows that see it; masked keys are
@@ -63,7 +84,7 @@ from numba import cuda
 from . import acc_type, jit_options
 from .variants import PLAIN, make_variant_functions
 
-VERSIONS = ("v1", "v2", "v3")
+VERSIONS = ("v1", "v2", "v3", "v4")
 
 
 @functools.lru_cache(maxsize=None)
@@ -497,3 +518,214 @@ def make_forward_v3(Bc, d, causal):
                 L[bh, row1] = NEG_INF if l1 == ZERO else m1 + math.log(l1)
 
     return forward_v3
+
+
+@functools.lru_cache(maxsize=None)
+def make_forward_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
+    """v4 (register-blocked SIMT FlashAttention-2) kernel. Experimental and not the default
+    (``version="v4"`` asks for it): measured on the H200 (docs/performance.md), but not yet
+    through a full GPU property-suite run and synccheck of its own.
+
+    Launch: grid (Tr, BH) with Tr = ceil(Sq / Br), block (TY * TX,) with TY = Br // TM and
+    TX = Bc // TN: thread tid is (ty, tx) = (tid // TX, tid % TX) of a TY x TX grid.
+
+    Thread (ty, tx) owns a TM x TN block of Sij: rows r_a = ty + TY*a (a < TM) and columns
+    c_b = tx + TX*b (b < TN), and a TM x DN block of O_i: the same rows, columns
+    k_e = tx + TX*e (e < DN), with DP = d rounded up to a multiple of TX and DN = DP // TX
+    (the padded columns d..DP-1 hold zeros and are never written). Strided rows and
+    columns make every shared-memory read below conflict-free or a broadcast: the TX
+    threads of a row read TX consecutive addresses, the threads of a column read one.
+
+    Shared memory (accumulator dtype): QiT (DP, Br + 1), Qi transposed, staged once;
+    KjT (DP, Bc + 1), Kj transposed; Vj (Bc, DP); Pij (Br, Bc + 1), P~ij; red (Br, TX),
+    partial row maxima and, at the end, partial row sums. The +1 pads make the
+    transposing stores (consecutive k by consecutive threads) and the column reads of
+    Pij hit different banks. ``dispatch.v4_shared_bytes`` counts them.
+
+    Per K/V tile, four barriers: (1) the previous tile is done with; load Kj, Vj;
+    (2) loaded; Sij in registers, masked, partial row max to red; (3) the partial maxima
+    are in; each thread reduces the TX maxima of its rows (the same values in the same
+    order in every thread of a row, so all agree), rescales o, writes P~ij; (4) P~ij is
+    complete; o += P~ij Vj. Each k step of Sij loads TM + TN values for TM * TN FMAs, and
+    each key of P~ij Vj loads TM + DN values for TM * DN FMAs (v2: one load per FMA).
+
+    Each thread keeps its own part of l_i (the sum over its TN columns, rescaled by the
+    same alpha as everyone in the row, each tile's part summed first as in v2); the TX
+    parts are summed through red once, at the end.
+
+    NaN-safety: masked scores are -inf and give p = 0 without an exp of them. A key hidden
+    by the causal mask from some rows of the block can still hold NaN or inf in V, and
+    0 * NaN = NaN, so on the tiles where the mask cuts through the block (the causal
+    diagonal; a block-uniform test) P~ij Vj skips the hidden (row, key) pairs; on every
+    other tile no key is hidden (keys past Sk are zero-filled in Vj) and the loop has no
+    test. As in v2, a visible key whose score is -inf gets weight 0; unlike v2 its value
+    is read (0 * V), so a NaN or inf in V at such a key reaches the row, as it does in the
+    dense reference.
+    """
+    acc = acc_type(acc_dtype)
+    ZERO = acc(0)
+    NEG_INF = acc(-math.inf)
+    assert Br % TM == 0 and Bc % TN == 0, (Br, Bc, TM, TN)
+    TY = Br // TM                       # thread rows
+    TX = Bc // TN                       # thread columns
+    THREADS = TY * TX
+    DP = (d + TX - 1) // TX * TX        # head dim padded to the thread grid's width
+    DN = DP // TX                       # O columns per thread
+    BrP = Br + 1                        # padded row lengths of QiT, KjT and Pij (shared
+    BcP = Bc + 1                        # array shapes must be compile-time constants)
+
+    @cuda.jit(**jit_options())
+    def forward_v4(Q, K, V, O, L, softmax_scale, causal_offset):
+        bh = cuda.blockIdx.y
+        i = cuda.blockIdx.x             # Q tile index (Alg.1 l.3: one block per i)
+        tid = cuda.threadIdx.x
+        ty = tid // TX
+        tx = tid % TX
+        Sq = Q.shape[1]
+        Sk = K.shape[1]
+
+        QiT = cuda.shared.array((DP, BrP), acc)
+        KjT = cuda.shared.array((DP, BcP), acc)
+        Vj = cuda.shared.array((Bc, DP), acc)
+        Pij = cuda.shared.array((Br, BcP), acc)
+        red = cuda.shared.array((Br, TX), acc)
+        s = cuda.local.array((TM, TN), acc)     # this thread's block of Sij, then P~ij
+        o = cuda.local.array((TM, DN), acc)     # its block of O_i (unnormalised)
+        qa = cuda.local.array(TM, acc)          # one k step: TM values of Qi ...
+        kb = cuda.local.array(TN, acc)          # ... and TN of Kj
+        pa = cuda.local.array(TM, acc)          # one key: TM values of P~ij ...
+        ve = cuda.local.array(DN, acc)          # ... and DN of Vj
+        m_i = cuda.local.array(TM, acc)         # running max of each row (all TX agree)
+        l_i = cuda.local.array(TM, acc)         # this thread's part of each row's sum
+
+        # Alg.1 l.4-5: stage Qi transposed (zeros past Sq and d); O_i = 0, l = 0, m = -inf.
+        for idx in range(tid, Br * DP, THREADS):
+            r = idx // DP
+            k = idx % DP
+            row = i * Br + r
+            QiT[k, r] = acc(Q[bh, row, k]) if row < Sq and k < d else ZERO
+        for a in range(TM):
+            m_i[a] = NEG_INF
+            l_i[a] = ZERO
+            for e in range(DN):
+                o[a, e] = ZERO
+
+        # Alg.1 l.6: loop over K/V tiles; causal blocks stop after the last visible one.
+        Tc = (Sk + Bc - 1) // Bc
+        first_limit = i * Br + causal_offset    # last key the block's first row sees
+        if causal:
+            last_visible_col = i * Br + Br - 1 + causal_offset
+            Tc = min(Tc, max(0, last_visible_col // Bc + 1))
+        for j in range(Tc):
+            # Wait until every thread is done with the previous tile's KjT, Vj, Pij (and,
+            # for j = 0, until QiT is complete).
+            cuda.syncthreads()
+            # Alg.1 l.7: load Kj (transposed) and Vj; rows past Sk and columns past d are 0.
+            for idx in range(tid, Bc * DP, THREADS):
+                c = idx // DP
+                k = idx % DP
+                col = j * Bc + c
+                inside = col < Sk and k < d
+                KjT[k, c] = acc(K[bh, col, k]) if inside else ZERO
+                Vj[c, k] = acc(V[bh, col, k]) if inside else ZERO
+            # Wait until KjT and Vj are complete.
+            cuda.syncthreads()
+
+            # Alg.1 l.8: Sij = Qi Kj^T, TM x TN per thread, TM + TN loads per k step.
+            for a in range(TM):
+                for b in range(TN):
+                    s[a, b] = ZERO
+            for k in range(DP):
+                for a in range(TM):
+                    qa[a] = QiT[k, ty + TY * a]
+                for b in range(TN):
+                    kb[b] = KjT[k, tx + TX * b]
+                for a in range(TM):
+                    for b in range(TN):
+                        s[a, b] += qa[a] * kb[b]
+            # Scale and mask; this thread's part of each row's max ('>': NaN never wins).
+            for a in range(TM):
+                row = i * Br + ty + TY * a
+                m_part = NEG_INF
+                for b in range(TN):
+                    col = j * Bc + tx + TX * b
+                    visible = col < Sk and (not causal or col <= row + causal_offset)
+                    x = s[a, b] * softmax_scale if visible else NEG_INF
+                    s[a, b] = x
+                    if x > m_part:
+                        m_part = x
+                red[ty + TY * a, tx] = m_part
+            # Wait until every partial row max is in red.
+            cuda.syncthreads()
+
+            # Alg.1 l.9: m_new, P~ij = exp(Sij - m_new) into Pij, l = alpha l + rowsum.
+            for a in range(TM):
+                r = ty + TY * a
+                m_tile = NEG_INF
+                for t in range(TX):
+                    x = red[r, t]
+                    if x > m_tile:
+                        m_tile = x
+                m_new = m_tile if m_tile > m_i[a] else m_i[a]
+                m_safe = ZERO if m_new == NEG_INF else m_new    # no key seen yet
+                alpha = math.exp(m_i[a] - m_safe) if m_i[a] != NEG_INF else ZERO
+                l_tile = ZERO
+                for b in range(TN):
+                    x = s[a, b]
+                    p = math.exp(x - m_safe) if x != NEG_INF else ZERO
+                    Pij[r, tx + TX * b] = p
+                    l_tile += p
+                l_i[a] = alpha * l_i[a] + l_tile
+                m_i[a] = m_new
+                for e in range(DN):
+                    o[a, e] *= alpha            # Alg.1 l.10: diag(alpha) O_i ...
+            # Wait until Pij is complete.
+            cuda.syncthreads()
+
+            # Alg.1 l.10: ... + P~ij Vj, TM + DN loads per key.
+            if not causal or j * Bc + Bc - 1 <= first_limit:
+                # no key of this tile is hidden from any row of the block
+                for c in range(Bc):
+                    for a in range(TM):
+                        pa[a] = Pij[ty + TY * a, c]
+                    for e in range(DN):
+                        ve[e] = Vj[c, tx + TX * e]
+                    for a in range(TM):
+                        for e in range(DN):
+                            o[a, e] += pa[a] * ve[e]
+            else:
+                # the causal diagonal: hidden (row, key) pairs never read V (NaN-safe)
+                for c in range(Bc):
+                    col = j * Bc + c
+                    for a in range(TM):
+                        pa[a] = Pij[ty + TY * a, c]
+                    for e in range(DN):
+                        ve[e] = Vj[c, tx + TX * e]
+                    for a in range(TM):
+                        if col <= i * Br + ty + TY * a + causal_offset:
+                            for e in range(DN):
+                                o[a, e] += pa[a] * ve[e]
+
+        # Alg.1 l.12-16: each row's sum from its TX parts (red was last read before the
+        # last tile's fourth barrier, so it is free), normalise once, write O and L.
+        for a in range(TM):
+            red[ty + TY * a, tx] = l_i[a]
+        # Wait until every partial row sum is in red.
+        cuda.syncthreads()
+        for a in range(TM):
+            r = ty + TY * a
+            row = i * Br + r
+            l_row = ZERO
+            for t in range(TX):
+                l_row += red[r, t]
+            if row < Sq:
+                # l == 0: the row saw no key (fully masked): O = 0 and L = -inf exactly.
+                # A NaN l is not 0, so NaN propagates.
+                for e in range(DN):
+                    k = tx + TX * e
+                    if k < d:
+                        O[bh, row, k] = ZERO if l_row == ZERO else o[a, e] / l_row
+                if tx == 0:
+                    L[bh, row] = NEG_INF if l_row == ZERO else m_i[a] + math.log(l_row)
+
+    return forward_v4

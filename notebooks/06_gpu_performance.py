@@ -1,0 +1,725 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 06 · Performance on a GPU
+#
+# Notebooks 01 to 05 were about getting the right answer. This one measures what the
+# kernels cost on a real GPU: time, device memory and memory traffic, next to PyTorch's
+# `scaled_dot_product_attention` (SDPA) on the same inputs, and next to the model of
+# memory traffic in the FlashAttention paper. Every number printed or plotted here is
+# measured in this run (or computed from a formula that the text names); the stored
+# outputs come from the run that the first section describes.
+#
+# | section | what it measures |
+# |---|---|
+# | 1 where it ran | date, GPU, versions |
+# | 2 time and TFLOP/s | forward and forward + backward against $N$, numbaflash's versions and SDPA |
+# | 3 memory | device memory beyond the outputs against $N$, and the $N \times N$ matrix it avoids |
+# | 4 HBM traffic | bytes read from HBM and L2 against the tile size (Nsight Compute), the loop model, Theorem 2 |
+# | 5 roofline | where the measured kernels sit against the GPU's compute and bandwidth ceilings |
+# | 6 what limits the fastest version | the measured gap, and where the kernel docs explain it |
+#
+# **Needs** a CUDA GPU. PyTorch with CUDA gives the SDPA comparison (without it only
+# numbaflash is timed), and Nsight Compute (`ncu`, with access to the GPU's performance
+# counters) gives section 4's measurement (without it section 4 shows the model only and
+# says so). It cannot run on the CUDA simulator: a simulated thread is Python on the CPU,
+# so there is nothing to time. On an H200 the whole notebook takes about 3 to 4 minutes;
+# to rerun it and store its outputs:
+#
+#     NUMBA_ENABLE_CUDASIM=0 python scripts/notebooks.py execute 06
+#
+# The sizes are parameters in the first cell: shrink them for a smaller GPU.
+
+# %%
+import importlib.util
+import inspect
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+from IPython.display import Markdown, display
+from numba import cuda
+
+import numbaflash
+from numbaflash import bench, dispatch, validate
+from numbaflash.kernels import forward as fwd_kernels
+
+# ---- sizes: B * H = 16 heads, head dim 64, float32 (shrink the N lists on a smaller GPU)
+B, H, D, DTYPE = 1, 16, 64, "float32"
+N_FORWARD = [1024, 2048, 4096, 8192, 16384]     # section 2 (forward) and 3
+N_FWD_BWD = [1024, 2048, 4096, 8192, 16384]     # section 2 (forward + backward) and 3
+FORWARD_VERSIONS = (None, "v3", "v4")   # None: the default forward and every other version (v1 too)
+REPEATS, WARMUP = 10, 2                              # forward: median of REPEATS after WARMUP
+REPEATS_BWD, WARMUP_BWD = 5, 1                       # forward + backward: slower, fewer runs
+HBM_SHAPE = (1, 16, 16384, 64)                       # section 4: (B, H, N, d), one ncu run per tile pair
+HBM_TILES = [(8, 64), (16, 64), (32, 64), (64, 64), (128, 64)]   # Bc fixed, Br varied; None: every candidate that fits
+# ---- section 5's ceilings: the H200's, measured on 2026-11-30 (PERFORMANCE.md). Another GPU
+# ---- has other ceilings: replace these three numbers with its own.
+PEAK_FP32 = 51e12          # FLOP/s: cuBLAS float32 GEMM with TF32 off (plain FMA units; datasheet 67e12)
+PEAK_TF32 = 403e12         # FLOP/s: cuBLAS TF32 GEMM (tensor cores)
+HBM_BYTES_PER_S = 4.2e12   # bytes/s: device-to-device copy bandwidth
+
+BACKEND = numbaflash.backend()                       # "gpu", or "simulator" under NUMBA_ENABLE_CUDASIM=1
+if BACKEND != "gpu":
+    print("This notebook measures a GPU. It needs: a CUDA GPU (and NUMBA_ENABLE_CUDASIM unset or 0); "
+          "PyTorch with CUDA for the SDPA comparison; Nsight Compute (ncu) for section 4.")
+    raise RuntimeError(f"this notebook needs a CUDA GPU, and this is the {BACKEND}; its stored "
+                       f"outputs come from the H200 run that its section 1 describes")
+
+# The default forward version ("numbaflash" in the records), and the versions timed beside it
+DEFAULT_FORWARD = numbaflash.explain(*[np.empty((1, 1, 64, D), DTYPE)] * 3).version
+if FORWARD_VERSIONS is None:
+    FORWARD_VERSIONS = (None,) + tuple(v for v in fwd_kernels.VERSIONS if v != DEFAULT_FORWARD)
+
+try:
+    import torch
+    SDPA = torch.cuda.is_available()
+except ImportError:
+    torch, SDPA = None, False
+
+ROOT = Path(numbaflash.__file__).resolve().parent.parent
+HBM_SCRIPT = ROOT / "scripts" / "hbm_traffic.py"
+_spec = importlib.util.spec_from_file_location("hbm_traffic", HBM_SCRIPT)
+hbm = importlib.util.module_from_spec(_spec)         # the script's model and ncu helpers
+_spec.loader.exec_module(hbm)
+print(f"backend {BACKEND}; default forward {DEFAULT_FORWARD}; forward versions timed: "
+      f"{FORWARD_VERSIONS}; PyTorch SDPA: {'yes' if SDPA else 'no'}; ncu: {hbm.find_ncu() or 'not found'}")
+
+# %% [markdown]
+# ## 1 · Where it ran
+#
+# A time means little without the machine, the versions and the date.
+# `bench.environment()` records them; the GPU's size (streaming multiprocessors, L2
+# cache) comes from the driver.
+
+# %%
+env = bench.environment()
+dev = cuda.get_current_device()
+env["streaming multiprocessors"] = dev.MULTIPROCESSOR_COUNT
+env["L2 cache (MB)"] = dev.L2_CACHE_SIZE / 1e6
+env["shared memory per SM (KB)"] = dev.MAX_SHARED_MEMORY_PER_MULTIPROCESSOR / 1024
+NCU = hbm.find_ncu()
+env["ncu"] = hbm.ncu_version(NCU) if NCU else "not found"
+for key, value in env.items():
+    print(f"{key:>28}: {value}")
+SMS = dev.MULTIPROCESSOR_COUNT
+L2_BYTES = dev.L2_CACHE_SIZE
+if "H200" not in str(env["gpu"]):
+    print("\nNOTE: section 5's ceilings (first cell) are the H200's; this is another GPU")
+
+# %% [markdown]
+# What "numbaflash" means below: the library's default kernels for these shapes, as the
+# dispatcher explains them (the forward's default is v2; the backward's is v1, three
+# kernels with no atomics).
+
+# %%
+q_spec = np.empty((B, H, max(N_FORWARD), D), DTYPE)   # shapes for explain(); never touched
+print(numbaflash.explain(q_spec, q_spec, q_spec))
+print(numbaflash.explain_backward(q_spec, q_spec, q_spec))
+
+# %% [markdown]
+# ## 2 · Time and TFLOP/s against the sequence length
+#
+# ### Counting
+#
+# Per head, the forward computes two matrix products, $S = QK^\top$ and $O = PV$, each
+# $N \times N \times d$ multiply-adds, that is $2N^2d$ floating-point operations. So
+#
+# $$
+# \text{FLOPs}_{\text{forward}} = 4\,B\,H\,N^2 d, \qquad
+# \text{FLOPs}_{\text{backward}} = 2.5 \times \text{FLOPs}_{\text{forward}}, \qquad
+# \text{FLOPs}_{\text{fwd+bwd}} = 3.5 \times \text{FLOPs}_{\text{forward}},
+# $$
+#
+# the convention of flash-attention's benchmarks (the backward's five products against
+# the forward's two; causal attention counts half). The exponentials, the max and the
+# rescaling are not counted. TFLOP/s is this count divided by the measured time, so it
+# compares implementations of the same work; it is not an instruction count.
+
+# %%
+print(inspect.getsource(bench.flops))
+
+# %% [markdown]
+# ### Timing
+#
+# A GPU runs asynchronously: a launch returns to Python before the kernel has run. So a
+# time is taken with two CUDA *events* recorded on the GPU's stream around the call, and
+# the GPU's clock between them is read after both have passed. The first call compiles
+# the kernel (a second or two), so a few warm-up calls come first, and the median of
+# several runs is kept. Each call is a call of the public API on arrays already on the
+# device, as a user makes it: Python overhead and output allocation are included, host
+# copies are not.
+
+# %%
+print(inspect.getsource(bench.time_ms))
+
+# %% [markdown]
+# `bench.run` does more than time: it first runs each implementation once and compares
+# its result with a float64 reference (PyTorch SDPA's MATH backend in float64, or
+# `numbaflash.reference` without PyTorch), and a result outside the test suite's bound
+# gets no time at all. Then it times PyTorch SDPA on the same inputs in the same process:
+# the EFFICIENT backend (a fused float32 kernel; the column `vs SDPA` is SDPA EFFICIENT's
+# time divided by ours, so above 1 would mean faster than SDPA) and the MATH backend
+# (plain PyTorch operations that store the $N \times N$ matrices, TF32 off).
+#
+# The forward first: the default version (v2) and every other rung of the version ladder
+# (`numbaflash/kernels/forward.py`): v1 has no tiles (every thread streams $K$ and $V$
+# itself), v3 uses the tensor cores, and later rungs are listed in the kernel file.
+
+# %%
+t0 = time.perf_counter()
+fwd = bench.run([(B, H, n, D) for n in N_FORWARD], causal=(False,), dtype=DTYPE,
+                passes=("forward",), versions=FORWARD_VERSIONS, repeats=REPEATS,
+                warmup=WARMUP, sdpa=SDPA, progress=False)
+print(bench.format_table(fwd))
+print(f"\n{time.perf_counter() - t0:.0f} s for this cell")
+if bench.wrong_results(fwd):
+    print("WRONG RESULTS above: those implementations were not timed")
+
+# %%
+IMPLS = {  # impl name in the records -> (label, colour, marker)
+    "numbaflash": (f"numbaflash default ({DEFAULT_FORWARD})", "C0", "o"),
+    "numbaflash_v1": ("numbaflash v1 (no tiles)", "C7", "v"),
+    "numbaflash_v2": ("numbaflash v2", "C0", "o"),
+    "numbaflash_v3": ("numbaflash v3 (tensor cores)", "C2", "^"),
+    "sdpa_efficient": ("PyTorch SDPA EFFICIENT", "C3", "s"),
+    "sdpa_math": ("PyTorch SDPA MATH (TF32 off)", "C1", "D"),
+}
+for i, v in enumerate(v for v in fwd_kernels.VERSIONS if f"numbaflash_{v}" not in IMPLS):
+    IMPLS[f"numbaflash_{v}"] = (f"numbaflash {v}", ("C4", "C5", "C6", "C8", "C9")[i % 5], "P")
+
+
+def series(records, what, impl, key):
+    """(N, value) pairs of one implementation and pass, where the value was measured."""
+    return sorted((r["Sk"], r[key]) for r in records
+                  if r["what"] == what and r["impl"] == impl and r[key] is not None)
+
+
+def plot_speed(records, what):
+    fig, (ax_ms, ax_tf) = plt.subplots(1, 2, figsize=(13, 4.6))
+    for impl, (label, color, marker) in IMPLS.items():
+        ms, tf = series(records, what, impl, "ms"), series(records, what, impl, "tflops")
+        if not ms:
+            continue
+        ax_ms.plot(*zip(*ms), marker=marker, color=color, label=label)
+        ax_tf.plot(*zip(*tf), marker=marker, color=color, label=label)
+    default = series(records, what, "numbaflash", "ms")
+    if default:                                  # a line of slope 2 through the last point
+        n_last, ms_last = default[-1]
+        ns = np.array([n for n, _ in default], float)
+        ax_ms.plot(ns, ms_last * (ns / n_last) ** 2, "k:", lw=1, label=r"$\propto N^2$")
+    ax_ms.set_xscale("log", base=2)
+    ax_ms.set_yscale("log")
+    ax_ms.set_ylabel("time (ms, median)")
+    ax_tf.set_xscale("log", base=2)
+    ax_tf.set_ylabel("TFLOP/s")
+    for ax in (ax_ms, ax_tf):
+        ax.set_xlabel(f"sequence length N  (B·H = {B * H} heads, d = {D}, {DTYPE})")
+        ax.grid(True, which="both", alpha=0.3)
+    ax_ms.legend(fontsize="small")
+    fig.suptitle(f"{what}, non-causal")
+    fig.tight_layout()
+    plt.show()
+
+
+plot_speed(fwd, "forward")
+
+# %%
+def ratios(records, what):
+    """One line per implementation: its time as a fraction of SDPA EFFICIENT's, per N."""
+    for impl, (label, _, _) in IMPLS.items():
+        pts = series(records, what, impl, "vs_sdpa")
+        if pts and impl != "sdpa_efficient":
+            print(f"{label:>30}: " + "  ".join(f"N={n}: {x:.2f}x" for n, x in pts))
+
+
+ratios(fwd, "forward")
+for n in N_FORWARD:
+    plan = numbaflash.explain(*[np.empty((B, H, n, D), DTYPE)] * 3)
+    blocks = plan.grid[0] * plan.grid[1]
+    print(f"N = {n:5d}: the default forward launches {blocks:5d} blocks of "
+          f"{plan.block[0]} threads for {SMS} SMs ({blocks / SMS:.1f} per SM)")
+
+# %% [markdown]
+# How to read these plots:
+#
+# * The work grows as $N^2$, so once the GPU is busy the time should follow the dotted
+#   line (slope 2 on log-log axes). At short sequences two things flatten it: a call has
+#   a fixed cost (Python and the launch, tens of microseconds), and with one block per
+#   query tile and head there may be fewer blocks than the GPU's streaming
+#   multiprocessors (SMs) can hold at once (the printout above counts them), so part of
+#   the GPU idles.
+# * Once the GPU is full, TFLOP/s should level off; the right-hand plot shows where.
+# * The ratios are the measured answer to "how far is this from PyTorch".
+#
+# ### Forward and backward
+#
+# Training runs the backward too. The backward has one default version (v1:
+# deterministic, no atomics), and the forward's version changes the sum little when the
+# backward dominates, so this timing uses the default forward only. Fewer repeats: a call
+# is much slower.
+
+# %%
+t0 = time.perf_counter()
+fb = bench.run([(B, H, n, D) for n in N_FWD_BWD], causal=(False,), dtype=DTYPE,
+               passes=("fwd+bwd",), versions=(None,), repeats=REPEATS_BWD,
+               warmup=WARMUP_BWD, sdpa=SDPA, progress=False)
+print(bench.format_table(fb))
+print(f"\n{time.perf_counter() - t0:.0f} s for this cell")
+if bench.wrong_results(fb):
+    print("WRONG RESULTS above: those implementations were not timed")
+
+# %%
+plot_speed(fb, "fwd+bwd")
+ratios(fb, "fwd+bwd")
+fwd_ms = dict(series(fwd, "forward", "numbaflash", "ms"))
+for n, ms in series(fb, "fwd+bwd", "numbaflash", "ms"):
+    if n in fwd_ms:
+        print(f"N = {n:5d}: the forward is {fwd_ms[n] / ms:5.1%} of numbaflash's "
+              f"forward + backward time ({fwd_ms[n]:.2f} of {ms:.2f} ms)")
+
+# %% [markdown]
+# ## 3 · Memory against the sequence length
+#
+# The formula's $S = \tau QK^\top$ and $P = \operatorname{softmax}(S)$ are $N \times N$ per
+# head. Stored once in float32, one such matrix takes
+#
+# $$ \text{bytes} = 4\,B\,H\,N^2, $$
+#
+# which at $N = 16384$ and 16 heads is 17 GB, $N/d = 256$ times $Q$ itself. The
+# dense reference of notebook 01 stores $S$ and $P$ (in float64); PyTorch's MATH backend
+# stores them too. FlashAttention stores neither: only $O$ and the logsumexp $L$ of each
+# row (the backward recomputes $P$ tile by tile from $L$).
+#
+# Measured here, per call, the device memory beyond the arrays the call returns:
+#
+# * numbaflash: the driver's free memory before and after the call, with nothing freed
+#   in between (`bench.extra_memory_bytes`). The driver counts in pages of about 2 MiB, so
+#   small buffers read as 0 or 2 MiB.
+# * PyTorch SDPA: the peak of PyTorch's allocator during the call (reset before it) above
+#   what was allocated before (`bench.torch_extra_memory_bytes`).
+
+# %%
+print(inspect.getsource(bench.extra_memory_bytes))
+print(inspect.getsource(bench.torch_extra_memory_bytes))
+
+# %%
+MIB = 2**20
+mem_rows = [("forward", fwd, "numbaflash", "numbaflash forward"),
+            ("fwd+bwd", fb, "numbaflash", "numbaflash forward + backward"),
+            ("forward", fwd, "sdpa_efficient", "SDPA EFFICIENT forward"),
+            ("fwd+bwd", fb, "sdpa_efficient", "SDPA EFFICIENT forward + backward"),
+            ("forward", fwd, "sdpa_math", "SDPA MATH forward"),
+            ("fwd+bwd", fb, "sdpa_math", "SDPA MATH forward + backward")]
+ns_all = sorted(set(N_FORWARD) | set(N_FWD_BWD))
+dense_mib = {n: 4 * B * H * n * n / MIB for n in ns_all}
+
+print(f"{'N':>6} {'one N x N fp32':>15} " + " ".join(f"{label[:24]:>25}" for *_, label in mem_rows))
+for n in ns_all:
+    cells = []
+    for what, recs, impl, _ in mem_rows:
+        got = dict(series(recs, what, impl, "extra_mib")).get(n)
+        cells.append(f"{'-' if got is None else f'{got:.1f}':>25}")
+    print(f"{n:6d} {dense_mib[n]:15.1f} " + " ".join(cells))
+print("(MiB beyond each call's outputs; '-': not measured, e.g. not run or out of memory)")
+
+fig, ax = plt.subplots(figsize=(8.5, 5))
+ax.plot(ns_all, [dense_mib[n] for n in ns_all], "k-", lw=3, alpha=0.35,
+        label=r"one $N \times N$ float32 matrix per head (computed)")
+styles = {"forward": "-", "fwd+bwd": "--"}
+for what, recs, impl, label in mem_rows:
+    pts = series(recs, what, impl, "extra_mib")
+    if pts:
+        _, color, marker = IMPLS[impl]
+        ax.plot(*zip(*pts), styles[what], marker=marker, color=color, label=label)
+ax.set_xscale("log", base=2)
+ax.set_yscale("symlog", linthresh=1)              # 0 MiB is a possible measurement
+ax.set_xlabel(f"sequence length N  (B·H = {B * H} heads, d = {D}, {DTYPE})")
+ax.set_ylabel("device memory beyond the outputs (MiB)")
+ax.set_title("memory: measured (lines with markers) against the N x N matrix (grey)")
+ax.grid(True, which="both", alpha=0.3)
+ax.legend(fontsize="small")
+plt.show()
+
+# %% [markdown]
+# The grey line grows as $N^2$. A kernel that stored an $N \times N$ matrix would sit on
+# it or above it; the measured lines say, for each implementation, whether it does. For
+# numbaflash, `extra MiB` also covers the backward's own scratch: $D =
+# \operatorname{rowsum}(dO \circ O)$, one value per query row (notebook 05).
+#
+# ## 4 · HBM traffic against the tile size
+#
+# ### The model
+#
+# A GPU's main memory (HBM) is large and slow to reach; the on-chip memories (registers
+# and shared memory inside each SM, then the L1 and L2 caches) are small and fast. The
+# point of FlashAttention is to read HBM less. Count what the v2 forward reads and
+# writes, from its loops, per (batch, head) and with $s$ bytes per element: each thread
+# reads its row of $Q$ once, writes its row of $O$ and its $L$ once, and each of the
+# $T_r = \lceil N / B_r \rceil$ query tiles (one block each) walks all of $K$ and $V$:
+#
+# $$
+# \text{bytes} = s\,\big(\underbrace{N d}_{Q} + \underbrace{T_r \cdot 2 N d}_{K,\ V}
+#   + \underbrace{N d}_{O}\big) + \underbrace{4 N}_{L}
+#   \;\approx\; \frac{2\,s\,N^2 d}{B_r} \quad (N \gg B_r).
+# $$
+#
+# $B_c$ does not appear: it sets how many keys a block holds at once, not how often $K$
+# and $V$ are read. `scripts/hbm_traffic.py` holds this model:
+
+# %%
+print(inspect.getsource(hbm.model_bytes))
+
+# %% [markdown]
+# ### Theorem 2
+#
+# The FlashAttention paper (Dao et al., 2022, Theorem 2) states the same scaling in
+# general: with an on-chip memory of $M$ elements ($d \le M \le Nd$), standard attention
+# makes $\Theta(Nd + N^2)$ HBM accesses and FlashAttention
+#
+# $$ \Theta\!\left(\frac{N^2 d^2}{M}\right). $$
+#
+# A v2 block works with its $B_r$ rows of $Q$ (registers) and its $K_j$, $V_j$ tiles
+# (shared memory), so here $M = B_r d + 2 B_c d$; with $B_r = B_c = B$ that is
+# $N^2 d^2 / (3Bd) = N^2 d / (3B)$, the model's $1/B_r$ again. $\Theta$ gives the shape,
+# not the constant, so the plot below draws $N^2d^2/M$ scaled to meet the model at the
+# default tiles.
+#
+# ### What a GPU adds: caches
+#
+# The model counts what the blocks *ask* global memory for. On the GPU every such read
+# first goes to the SM's L1 cache, then to the L2 cache that all SMs share, and only a
+# miss there reaches HBM. Theorem 2 has one processor with one on-chip memory; a GPU has
+# one SRAM per SM and a shared L2 of tens of megabytes behind them, and the blocks that
+# run at the same time read the same $K$ and $V$ when they belong to the same head.
+# Nsight Compute reads the hardware counters of one kernel launch, at two levels:
+#
+# * `dram__bytes_read.sum`, `dram__bytes_write.sum`: bytes between L2 and HBM;
+# * `lts__t_sectors_srcunit_tex_op_read.sum` × 32 bytes: what the SMs (past their L1)
+#   read from L2.
+#
+# The shape must be large enough that $K$ and $V$ cannot simply stay in L2:
+
+# %%
+hb, hh, hn, hd = HBM_SHAPE
+item = np.dtype(DTYPE).itemsize
+kv_all, kv_head = 2 * hb * hh * hn * hd * item, 2 * hn * hd * item
+print(f"HBM_SHAPE {HBM_SHAPE}: K and V take {kv_all / 1e6:.0f} MB in all "
+      f"({kv_all / L2_BYTES:.1f}x the {L2_BYTES / 1e6:.0f} MB L2), {kv_head / 1e6:.1f} MB per head "
+      f"({kv_head / L2_BYTES:.2f}x the L2)")
+pairs = HBM_TILES or hbm.tile_pairs(hd, DTYPE)
+print(f"tile pairs (Br, Bc) measured: {pairs}")
+for Br, Bc in pairs:
+    print(f"  ({Br:2d}, {Bc:2d}): grid ({-(-hn // Br)}, {hb * hh}) blocks of {Br} threads, "
+          f"shared memory {dispatch.forward_shared_bytes(Br, Bc, hd, 'float32')} B")
+
+# %% [markdown]
+# At the default `HBM_SHAPE`, all of $K$ and $V$ is larger than L2 but one head's are
+# not, and the blocks of one head are numbered next to each other (`blockIdx.x` runs over
+# a head's query tiles), so blocks that run at the same time are likely to share a head.
+# The measurement decides how much of the model's re-reading the caches absorb.
+#
+# `scripts/hbm_traffic.py` runs `ncu` once per tile pair on a child Python process that
+# calls `numbaflash.attention(q, k, v, version="v2", tiles=(Br, Bc))` once; ncu profiles
+# that one launch (`--kernel-name regex:forward_v2 --launch-count 1`), with the caches
+# flushed before it. ncu replays the kernel to read its counters, and each run starts a
+# fresh Python process and compiles the kernel, so this takes several seconds a pair. If
+# ncu is missing or fails, the script says why and measures nothing.
+
+# %%
+cmd = [sys.executable, str(HBM_SCRIPT), "--shape", *map(str, HBM_SHAPE), "--dtype", DTYPE,
+       "--timeout", "150"]
+if HBM_TILES:
+    cmd += ["--tiles", ",".join(f"{a}x{b}" for a, b in HBM_TILES)]
+t0 = time.perf_counter()
+with tempfile.TemporaryDirectory() as tmp:
+    out_json = Path(tmp) / "hbm_traffic.json"
+    try:
+        proc = subprocess.run(cmd + ["--json", str(out_json)], capture_output=True, text=True,
+                              timeout=540)
+        print(proc.stdout[-6000:])
+        if proc.returncode != 0:
+            print(f"hbm_traffic.py exited with status {proc.returncode}")
+            print(proc.stderr[-3000:])
+    except subprocess.TimeoutExpired:
+        print("hbm_traffic.py did not finish in 540 s: no measurement")
+    traffic = json.loads(out_json.read_text()) if out_json.exists() else None
+print(f"{time.perf_counter() - t0:.0f} s for this cell")
+
+measured = [] if traffic is None else [e for e in traffic["pairs"] if e["dram_read"] is not None]
+if traffic is not None and traffic["error"]:
+    print(f"NO MEASUREMENT: {traffic['error']}")
+elif not measured:
+    print("NO MEASUREMENT: see the output above")
+
+# %%
+model = []
+for Br, Bc in pairs:
+    read, write = hbm.model_bytes(hb, hh, hn, hd, Br, item)
+    theorem2 = hbm.theorem2_accesses(hb, hh, hn, hd, hbm.sram_elements(Br, Bc, hd))
+    model.append((Br, Bc, read, write, theorem2))
+default_pair = dispatch.default_forward_tiles(hd, "float32")
+scale2 = next(m[2] / m[4] for m in model if m[:2] == default_pair) if default_pair in pairs \
+    else model[0][2] / model[0][4]
+
+fig, (ax_r, ax_w) = plt.subplots(1, 2, figsize=(13, 5), gridspec_kw={"width_ratios": [1.6, 1]})
+brs = [m[0] for m in model]
+ax_r.plot(brs, [m[2] / 1e9 for m in model], "k-", lw=2, alpha=0.6,
+          label="model: Q once, K and V once per query tile")
+ax_r.plot(brs, [scale2 * m[4] / 1e9 for m in model], "x", color="C4", ms=9,
+          label=r"Theorem 2: $N^2d^2/M$, $M = B_r d + 2B_c d$ (scaled)")
+ax_r.axhline(item * hb * hh * (hn * hd + 2 * hn * hd) / 1e9, color="gray", ls=":",
+             label="Q, K, V each read once")
+ax_w.plot(brs, [m[3] / 1e9 for m in model], "k-", lw=2, alpha=0.6, label="model: O and L once")
+if measured:
+    pts = [(e["Br"], e["Bc"], e["dram_read"], e["dram_write"], e["l2_read"]) for e in measured]
+    ax_r.plot([p[0] for p in pts], [p[2] / 1e9 for p in pts], "o", color="C3", ms=8,
+              label="measured: HBM -> L2 (dram__bytes_read)")
+    if any(p[4] is not None for p in pts):
+        ax_r.plot([p[0] for p in pts if p[4] is not None],
+                  [p[4] / 1e9 for p in pts if p[4] is not None], "s", color="C0", mfc="none",
+                  ms=9, label="measured: L2 -> SMs (lts sectors x 32 B)")
+    ax_w.plot([p[0] for p in pts], [p[3] / 1e9 for p in pts], "o", color="C3", ms=8,
+              label="measured: L2 -> HBM (dram__bytes_write)")
+    for p in pts:
+        ax_r.annotate(f"({p[0]},{p[1]})", (p[0], p[2] / 1e9), textcoords="offset points",
+                      xytext=(4, -12), fontsize=7, color="C3")
+    ax_r.set_title(f"reads, {HBM_SHAPE} {DTYPE}, v2 forward")
+else:
+    reason = "ncu did not run" if traffic is None else (traffic["error"] or "see above")
+    ax_r.set_title(f"reads: MODEL ONLY, measurement missing\n({reason[:80]})", color="C3")
+for ax in (ax_r, ax_w):
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("Br (query rows per block)")
+    ax.set_ylabel("GB")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize="small")
+ax_w.set_title("writes")
+fig.tight_layout()
+plt.show()
+
+# %%
+if measured:
+    print(f"{'(Br, Bc)':>9} {'model read':>11} {'L2 -> SMs':>10} {'HBM read':>9} "
+          f"{'L2/model':>9} {'HBM/model':>10} {'HBM write':>10} {'write/model':>12}")
+    for e in measured:
+        l2 = e["l2_read"]
+        l2_gb = "n/a" if l2 is None else f"{l2 / 1e9:7.2f} GB"
+        l2_ratio = "n/a" if l2 is None else f"{l2 / e['model_read']:.2f}"
+        print(f"({e['Br']:2d}, {e['Bc']:2d}) {e['model_read'] / 1e9:8.2f} GB {l2_gb:>10} "
+              f"{e['dram_read'] / 1e9:6.2f} GB {l2_ratio:>9} "
+              f"{e['dram_read'] / e['model_read']:10.3f} {e['dram_write'] / 1e9:7.3f} GB "
+              f"{e['dram_write'] / e['model_write']:12.2f}")
+    lo, hi = min(measured, key=lambda e: e["Br"]), max(measured, key=lambda e: e["Br"])
+    text = (f"**Measured** (ncu {traffic['ncu_version'] or ''}): from $B_r = {hi['Br']}$ down to "
+            f"$B_r = {lo['Br']}$ the model's reads grow {lo['model_read'] / hi['model_read']:.1f}x; "
+            f"the bytes read from HBM grow {lo['dram_read'] / hi['dram_read']:.2f}x "
+            f"({hi['dram_read'] / 1e9:.2f} GB to {lo['dram_read'] / 1e9:.2f} GB, that is "
+            f"{hi['dram_read'] / hi['model_read']:.1%} and {lo['dram_read'] / lo['model_read']:.1%} "
+            f"of the model)")
+    if lo["l2_read"] is not None and hi["l2_read"] is not None:
+        text += (f", and the bytes the SMs read from L2 grow "
+                 f"{lo['l2_read'] / hi['l2_read']:.1f}x ({hi['l2_read'] / hi['model_read']:.2f} and "
+                 f"{lo['l2_read'] / lo['model_read']:.2f} times the model)")
+    display(Markdown(text + "."))
+else:
+    display(Markdown("**No measurement** in this run (see the output above): the plot shows "
+                     "the model only."))
+
+# %% [markdown]
+# How to read it. The model's line and Theorem 2's crosses fall as $1/B_r$: a bigger
+# query tile reads $K$ and $V$ fewer times. What the counters add:
+#
+# * **L2 → SMs** is the traffic the model counts, seen after each SM's L1 cache. Where it
+#   is near the model, each block really does fetch all of $K$ and $V$ once; where it is
+#   above, the SMs fetch whole 32-byte sectors for narrower accesses (a thread reading its
+#   own row of $Q$ uses 4 bytes of a sector); where it is below, blocks on the same SM
+#   found tiles in L1.
+# * **HBM** is what is left after L2. Where it sits far below the model, the L2 cache
+#   served the re-reads of $K$ and $V$ to the blocks of the same head: on this GPU the
+#   tile size then moves traffic between L2 and the SMs more than traffic to HBM. Theorem
+#   2's "fewer HBM accesses for a larger $M$" describes the SRAM-to-main-memory traffic of
+#   one processor; on a GPU, the level where that traffic shows is the one that the
+#   numbers above put it at.
+# * **Writes**: $O$ and $L$ once, whatever the tiles.
+#
+# ## 5 · A roofline
+#
+# A kernel that moves $Y$ bytes between HBM and the chip and does $W$ floating-point
+# operations has the *arithmetic intensity* $I = W / Y$ (FLOP per byte). With a compute ceiling $P$ (FLOP/s)
+# and a memory bandwidth $\beta$ (bytes/s) it cannot run faster than
+#
+# $$ \text{attainable} = \min(P,\; I \cdot \beta). $$
+#
+# Left of the ridge $I^* = P/\beta$ a kernel is bound by memory, right of it by
+# arithmetic. The ceilings are the H200's as measured on 2026-11-30 in the project's
+# performance notes (`PERFORMANCE.md`): 51 TFLOP/s for float32 on the ordinary FMA units
+# (cuBLAS GEMM with TF32 off; the datasheet says 67), 403 TFLOP/s for TF32 on the tensor
+# cores (cuBLAS), and 4.2 TB/s HBM bandwidth (a device-to-device copy). v3 runs on the
+# tensor cores but computes each float32 product as three TF32 products ("3xTF32",
+# notebook 04), so its float32-accurate ceiling is at most a third of 403.
+#
+# Each numbaflash kernel is placed at the intensity that section 4's model gives it with
+# its own $B_r$ (64 for v2 and v3; 1 for v1, which reads $K$ and $V$ once per row), and
+# v2 also at the intensity of its measured HBM bytes, both at the TFLOP/s measured in
+# section 2 at the same shape. SDPA's bytes are not measured here, so it is a horizontal
+# line.
+
+# %%
+flops_hbm = bench.flops(hb, hh, hn, hn, hd, False, "forward")
+floor_bytes = item * hb * hh * 4 * hn * hd + 4 * hb * hh * hn          # Q, K, V read, O written once
+at_shape = {r["impl"]: r["tflops"] for r in fwd
+            if (r["B"], r["H"], r["Sk"], r["d"]) == HBM_SHAPE and r["tflops"] is not None}
+if not at_shape:
+    print(f"section 2 did not time the forward at HBM_SHAPE {HBM_SHAPE}: no measured points")
+
+points = []                      # (label, intensity, measured TFLOP/s, colour, marker)
+hbm_spec = np.empty((hb, hh, hn, hd), DTYPE)          # for explain(); never touched
+for impl in at_shape:
+    if impl.startswith("numbaflash"):
+        version = None if impl == "numbaflash" else impl.split("_")[1]
+        br = numbaflash.explain(hbm_spec, hbm_spec, hbm_spec, version=version).Br or 1
+        intensity = flops_hbm / sum(hbm.model_bytes(hb, hh, hn, hd, br, item))
+        label, color, marker = IMPLS[impl]
+        points.append((f"{label}, model bytes (Br = {br})", intensity, at_shape[impl], color, marker))
+v2_measured = next((e for e in measured if (e["Br"], e["Bc"]) == default_pair), None)
+v2_impl = "numbaflash" if DEFAULT_FORWARD == "v2" else "numbaflash_v2"
+if v2_measured is not None and v2_impl in at_shape:       # section 4 measured v2, default tiles
+    intensity = flops_hbm / (v2_measured["dram_read"] + v2_measured["dram_write"])
+    points.append(("numbaflash v2, measured HBM bytes", intensity, at_shape[v2_impl], "C0", "*"))
+
+fig, ax = plt.subplots(figsize=(9, 5.5))
+x = np.logspace(-1, 4.5, 300)
+for peak, label, ls in ((PEAK_FP32, "float32 FMA ceiling", "-"),
+                        (PEAK_TF32, "TF32 tensor-core ceiling", "--"),
+                        (PEAK_TF32 / 3, "3xTF32 (a third of TF32)", ":")):
+    ax.plot(x, np.minimum(peak, x * HBM_BYTES_PER_S) / 1e12, "k", ls=ls, lw=1.2,
+            label=f"{label}: {peak / 1e12:.0f} TFLOP/s")
+ax.axvline(flops_hbm / floor_bytes, color="gray", ls="-.", lw=1,
+           label="intensity if Q, K, V, O crossed HBM once")
+if "sdpa_efficient" in at_shape:
+    ax.axhline(at_shape["sdpa_efficient"], color="C3", lw=1.5,
+               label=f"PyTorch SDPA EFFICIENT: {at_shape['sdpa_efficient']:.1f} TFLOP/s (bytes not measured)")
+for label, intensity, tf, color, marker in points:
+    ax.plot(intensity, tf, marker, color=color, ms=11, label=f"{label}: {tf:.1f} TFLOP/s")
+ax.set_xscale("log")
+ax.set_yscale("log")
+ax.set_ylim(0.1, 1000)
+ax.set_xlabel("arithmetic intensity (FLOP per HBM byte)")
+ax.set_ylabel("TFLOP/s")
+ax.set_title(f"forward at {HBM_SHAPE}, {DTYPE}; ceilings: H200 (PERFORMANCE.md)")
+ax.grid(True, which="both", alpha=0.3)
+ax.legend(fontsize="x-small", loc="lower right")
+plt.show()
+
+print(f"ridge points: float32 FMA {PEAK_FP32 / HBM_BYTES_PER_S:.0f} FLOP/B, "
+      f"TF32 {PEAK_TF32 / HBM_BYTES_PER_S:.0f} FLOP/B")
+for label, intensity, tf, _, _ in points:
+    roof = min(PEAK_FP32, intensity * HBM_BYTES_PER_S) / 1e12
+    side = "right" if intensity > PEAK_FP32 / HBM_BYTES_PER_S else "left"
+    print(f"{label:>55}: intensity {intensity:8.1f} FLOP/B ({side} of the float32 ridge), "
+          f"measured {tf:5.1f} TFLOP/s, float32 roof there {roof:5.1f} TFLOP/s"
+          + ("  <- ABOVE the bandwidth roof: these bytes did not all come from HBM"
+             if tf * 1e12 > intensity * HBM_BYTES_PER_S * 1.05 else ""))
+
+# %% [markdown]
+# A point above the sloped part of a roof is not a contradiction but a message: at that
+# intensity the bytes it was given could not have crossed HBM in the time measured, so
+# the caches served part of them, and the model's intensity undercounts. The distance
+# between a point and the ceiling above it is what the kernel leaves on the table.
+#
+# ## 6 · What limits the fastest version
+#
+# The measured gap, at the largest forward size timed, and the resources the compiler
+# gave each kernel (registers per thread, local memory per thread: non-zero means
+# registers spilled to memory, and shared memory per block; PERFORMANCE.md asks for these
+# on every hot kernel):
+
+# %%
+n_big = max(N_FORWARD)
+big = [r for r in fwd if r["Sk"] == n_big and r["tflops"] is not None
+       and r["impl"].startswith("numbaflash")]
+if big:
+    best = max(big, key=lambda r: r["tflops"])
+    line = (f"fastest numbaflash forward at N = {n_big}: {IMPLS[best['impl']][0]}, "
+            f"{best['tflops']:.1f} TFLOP/s ({best['ms']:.1f} ms), "
+            f"{best['tflops'] * 1e12 / PEAK_FP32:.0%} of the float32 FMA ceiling, "
+            f"{best['tflops'] * 1e12 / (PEAK_TF32 / 3):.0%} of the 3xTF32 ceiling")
+    if best["vs_sdpa"] is not None:
+        line += f"; {best['vs_sdpa']:.2f}x SDPA EFFICIENT's speed"
+    print(line)
+fb_big = [r for r in fb if r["Sk"] == max(N_FWD_BWD) and r["impl"] == "numbaflash" and r["ms"]]
+if fb_big and fb_big[0]["vs_sdpa"] is not None:
+    print(f"forward + backward at N = {max(N_FWD_BWD)}: {fb_big[0]['tflops']:.2f} TFLOP/s, "
+          f"{fb_big[0]['vs_sdpa']:.3f}x SDPA EFFICIENT's speed")
+
+
+def per_signature(x):
+    """numba reports one value per compiled signature (a dict): 'a/b', or '' if none."""
+    values = x.values() if isinstance(x, dict) else [x]
+    return "/".join(str(v) for v in sorted(set(values)))
+
+
+spec = np.empty((B, H, n_big, D), DTYPE)
+p = validate.check_attention_inputs(spec, spec, spec, False, None)
+kernels = []
+for version in fwd_kernels.VERSIONS:
+    try:
+        plan = numbaflash.explain(spec, spec, spec, version=version)
+    except ValueError as e:
+        print(f"{version}: not run here: {e}")
+        continue
+    kernels.append((f"forward {version}", plan, dispatch.forward_kernel(plan, p)))
+for plan in numbaflash.explain_backward(spec, spec, spec):
+    kernels.append((f"backward {plan.kernel}", plan, dispatch.backward_kernel(plan, p)))
+print(f"\n{'kernel':>30} {'threads/block':>14} {'registers':>10} {'local B':>8} {'shared B':>9}")
+for name, plan, kernel in kernels:
+    if not hasattr(kernel, "get_regs_per_thread"):
+        print(f"{name:>30}  (this Numba reports no resources)")
+        continue
+    regs, local, shared = (per_signature(f()) for f in (kernel.get_regs_per_thread,
+                                                         kernel.get_local_mem_per_thread,
+                                                         kernel.get_shared_mem_per_block))
+    if not regs:
+        print(f"{name:>30}  (not compiled in this run)")
+        continue
+    print(f"{name:>30} {plan.block[0]:14d} {regs:>10} {local:>8} {shared:>9}")
+
+# %% [markdown]
+# What the measurements say, and where to read why:
+#
+# * **The gap.** The first lines above give the fastest forward's share of the GPU's
+#   ceilings and of PyTorch's speed. Section 5's printout says on which side of the
+#   ridge each kernel sits: to the right, arithmetic sets the ceiling, not HBM bandwidth.
+# * **v3**, the tensor-core version (opt-in). Its version notes in
+#   `numbaflash/kernels/forward.py` and [docs/kernels.md](../docs/kernels.md) give the
+#   kernel author's account of what holds it back: register pressure (the register
+#   count is measured above; an SM has 65536 registers, so registers × threads per block
+#   bounds how many blocks it can hold at once), the TF32 splits redone on every load of
+#   a tile, and tile loads that do not overlap with the arithmetic. Those last two are
+#   properties of the code, not measurements of their cost; ncu's warp-stall breakdown
+#   (`ncu --section WarpStateStats`) is the measurement that would rank them.
+# * **The backward.** Section 2's forward + backward ratio (and the line above) measures
+#   its gap. Its kernels run one thread per key row (dK, dV) and per query row (dQ) with
+#   every product in registers (docs/kernels.md); the local-memory column shows whether
+#   they spill.
+# * **What comes next** is listed in `PERFORMANCE.md` (the project's performance notes)
+#   under "Techniques", most likely to matter first: register blocking (each thread
+#   owning a small tile of $S$ and $O$), bank-conflict-free layouts, prefetching the next
+#   $K$/$V$ tile while computing the current one, warp-shuffle reductions, and tensor
+#   cores throughout. Each new version is added beside the old ones
+#   (docs/kernels.md), and this notebook, rerun, measures it the same way.

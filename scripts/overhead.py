@@ -1,0 +1,85 @@
+"""Python overhead of a small call: ``numbaflash.attention`` against the raw kernel launch.
+
+    python scripts/overhead.py [--shape 1,1,128,64] [--calls 500]     # on a GPU machine
+
+Issue 5 asks that a call on device arrays at (1, 1, 128, 64) cost no more than 2x the raw
+kernel launch: for small problems the Python around the kernel (validation, planning,
+output allocation, the launch itself) can cost more than the kernel.
+
+Three timings, each the median over ``--calls`` calls of wall-clock time per call, with a
+synchronize after every call (so each includes the kernel's own run time):
+
+    raw     the compiled kernel of the default plan, launched directly on preallocated
+            (BH, S, d) arrays: what any Numba program pays at least
+    api     numbaflash.attention(q, k, v) on device arrays (allocates out; no lse returned)
+    api+lse numbaflash.attention(..., return_lse=True)
+
+and the same for causal=True. Prints the ratios api / raw.
+"""
+
+import argparse
+import statistics
+import sys
+import time
+
+import numpy as np
+from numba import cuda
+
+import numbaflash
+from numbaflash import dispatch
+from numbaflash.validate import check_attention_inputs
+
+
+def per_call_us(fn, calls):
+    for _ in range(20):            # warm-up: compilation, allocator pools
+        fn()
+    cuda.synchronize()
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn()
+        cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", default="1,1,128,64", help="B,H,N,d")
+    ap.add_argument("--calls", type=int, default=500)
+    args = ap.parse_args()
+    B, H, N, d = (int(t) for t in args.shape.split(","))
+    rng = np.random.default_rng(0)
+    q, k, v = (cuda.to_device(rng.standard_normal((B, H, N, d)).astype(np.float32))
+               for _ in range(3))
+    print(f"backend: {numbaflash.backend()}, shape (B, H, N, d) = {(B, H, N, d)}, float32, "
+          f"median of {args.calls} calls, synchronized after each")
+    ok = True
+    for causal in (False, True):
+        p = check_attention_inputs(q, k, v, causal, None)
+        plan = dispatch.plan_forward(p)
+        kernel = dispatch.forward_kernel(plan, p)
+        Q, K, V = (x.reshape((p.BH, S, p.d)) for x, S in ((q, p.Sq), (k, p.Sk), (v, p.Sk)))
+        O = cuda.device_array((p.BH, p.Sq, p.d), np.float32)
+        L = cuda.device_array((p.BH, p.Sq), np.float32)
+        scale, offset = np.float32(p.softmax_scale), np.int64(p.causal_offset)
+
+        def raw():
+            kernel[plan.grid, plan.block](Q, K, V, O, L, scale, offset)
+
+        t_raw = per_call_us(raw, args.calls)
+        t_api = per_call_us(lambda: numbaflash.attention(q, k, v, causal=causal), args.calls)
+        t_lse = per_call_us(lambda: numbaflash.attention(q, k, v, causal=causal,
+                                                         return_lse=True), args.calls)
+        ratio = t_api / t_raw
+        ok &= ratio <= 2.0
+        print(f"causal={causal!s:5s} kernel {plan.kernel}: raw {t_raw:7.1f} us   "
+              f"api {t_api:7.1f} us ({ratio:.2f}x raw)   api+lse {t_lse:7.1f} us "
+              f"({t_lse / t_raw:.2f}x raw)")
+    print("OK: a call costs at most 2x the raw launch" if ok else
+          "ABOVE 2x: the Python around the kernel costs more than the launch")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
