@@ -40,6 +40,7 @@ from numba import cuda
 
 from .kernels import backward as bwd_kernels
 from .kernels import forward as fwd_kernels
+from .kernels import variants as variant_kernels
 from .kernels import simulating
 
 log = logging.getLogger("numbaflash")
@@ -359,6 +360,8 @@ def plan_forward(p, version=None, tiles=None):
     else:
         Br, Bc = check_tiles(tiles, p.d, p.acc_dtype)
         reason += "; tiles given by the caller"
+    if p.variant.tile_table:
+        reason += TILE_TABLE_REASON
     return Plan("forward", "v2", "forward_v2", where, Br, Bc, (math.ceil(p.Sq / Br), p.BH),
                 (Br,), forward_shared_bytes(Br, Bc, p.d, p.acc_dtype), p.acc_dtype, p.causal,
                 reason, variant)
@@ -376,18 +379,44 @@ def forward_kernel(plan, p):
     return fwd_kernels.make_forward_v2(plan.Br, plan.Bc, p.d, p.upper, p.acc_dtype, p.variant)
 
 
-def variant_arguments(p, slopes, attn_mask):
+TILE_TABLE_REASON = ("; the tiles that the mask leaves empty are skipped: a table of visible "
+                     "tiles is computed first (kernel tile_table, one block per tile and "
+                     "query head)")
+
+
+def tile_table(p, Br, Bc, attn_mask):
+    """The table of visible (Br x Bc) tiles, (B*Hq, Tr, Tc) bool on the device, for a
+    Problem whose variant needs one (variants.make_tile_table), else None."""
+    if not p.variant.tile_table:
+        return None
+    Tr, Tc = math.ceil(p.Sq / Br), math.ceil(p.Sk / Bc)
+    tiles = cuda.device_array((p.BH, Tr, Tc), np.bool_)
+    if Tr * Tc == 0:
+        return tiles
+    kernel = variant_kernels.make_tile_table(Br, Bc, p.upper, p.acc_dtype, p.variant)
+    grid, block = (Tr * Tc, p.BH), (variant_kernels.TILE_TABLE_THREADS,)
+    log.info("tile table: tile_table for (%d, %d) tiles, grid %s, block %s", Br, Bc, grid, block)
+    if attn_mask is None:
+        attn_mask = cuda.to_device(np.zeros((1, 1, 1, 1), np.bool_))
+    kernel[grid, block](tiles, np.int64(p.Sq), np.int64(p.Sk), np.int64(p.causal_offset),
+                        np.int64(p.window_lo), np.int64(p.Hq), attn_mask)
+    return tiles
+
+
+def variant_arguments(p, slopes, attn_mask, tiles=None):
     """The run-time arguments that follow ``causal_offset`` in every kernel that supports
-    variants: (window_lo, Hq, group, softcap, slopes, attn_mask). ``slopes`` and
-    ``attn_mask`` are device arrays or None (then a 1-element placeholder that the kernel,
-    compiled without that variant, never reads)."""
+    variants: (window_lo, Hq, group, softcap, slopes, attn_mask, tiles). ``slopes``,
+    ``attn_mask`` and ``tiles`` (from ``tile_table``) are device arrays or None (then a
+    1-element placeholder that the kernel, compiled without that variant, never reads)."""
     acc = np.dtype(p.acc_dtype)
     if slopes is None:
         slopes = cuda.to_device(np.zeros((1, 1), acc))
     if attn_mask is None:
         attn_mask = cuda.to_device(np.zeros((1, 1, 1, 1), np.bool_))
+    if tiles is None:
+        tiles = cuda.to_device(np.zeros((1, 1, 1), np.bool_))
     return (np.int64(p.window_lo), np.int64(p.Hq), np.int64(p.group), acc.type(p.softcap),
-            slopes, attn_mask)
+            slopes, attn_mask, tiles)
 
 
 def launch_forward(plan, p, Q, K, V, O, L, slopes=None, attn_mask=None):
@@ -399,7 +428,8 @@ def launch_forward(plan, p, Q, K, V, O, L, slopes=None, attn_mask=None):
     scale = np.dtype(p.acc_dtype).type(p.softmax_scale)   # keep the kernel's arithmetic in acc dtype
     args = (Q, K, V, O, L, scale, np.int64(p.causal_offset))
     if plan.version in ("v1", "v2"):     # the kernels that take the variant arguments
-        args += variant_arguments(p, slopes, attn_mask)
+        tiles = tile_table(p, plan.Br, plan.Bc, attn_mask) if plan.version == "v2" else None
+        args += variant_arguments(p, slopes, attn_mask, tiles)
     kernel[plan.grid, plan.block](*args)
 
 
@@ -493,6 +523,8 @@ def plan_backward(p, version=None, tiles=None):
     if version == "v1":
         gqa = (f"; GQA: each block sums over the {p.group} query heads of its K/V head in a "
                f"fixed order" if p.group > 1 else "")
+        if p.variant.tile_table:
+            gqa += TILE_TABLE_REASON
         return Plans((
             preprocess,
             Plan("backward dK dV", "v1", "backward_dkdv_v1", where, Br, Bc, (Tc, p.BHkv),
@@ -500,7 +532,8 @@ def plan_backward(p, version=None, tiles=None):
                  reason + "; one block per K/V tile, one thread per key row" + gqa, variant),
             Plan("backward dQ", "v1", "backward_dq_v1", where, Br, Bc, (Tr, p.BH), (Br,),
                  dq_shared_bytes(Br, Bc, p.d, p.acc_dtype), p.acc_dtype, p.causal,
-                 reason + "; one block per Q tile, one thread per query row", variant),
+                 reason + "; one block per Q tile, one thread per query row"
+                 + (TILE_TABLE_REASON if p.variant.tile_table else ""), variant),
         ))
     return Plans((
         preprocess,
@@ -530,7 +563,9 @@ def launch_backward(plans, p, Q, K, V, O, dO, L, D, dQ, dK, dV, slopes=None, att
     """
     scale = np.dtype(p.acc_dtype).type(p.softmax_scale)   # keep the kernel's arithmetic in acc dtype
     offset = np.int64(p.causal_offset)
-    extra = variant_arguments(p, slopes, attn_mask)
+    tiled = [plan for plan in plans if plan.kernel in ("backward_dkdv_v1", "backward_dq_v1")]
+    tiles = tile_table(p, tiled[0].Br, tiled[0].Bc, attn_mask) if tiled else None
+    extra = variant_arguments(p, slopes, attn_mask, tiles)
     for plan in plans:
         log.info("%s", plan)
         kernel = backward_kernel(plan, p)

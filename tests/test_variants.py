@@ -19,7 +19,9 @@ from hypothesis import strategies as st
 from numba import cuda
 
 import numbaflash
-from numbaflash import reference
+from numbaflash import dispatch, reference
+from numbaflash.api import _variant_arrays
+from numbaflash.validate import check_attention_inputs
 from numbaflash.masks import band, parse_window, visible_band
 from backward_checks import check_backward, exact_masks
 from strategies import attention_cases, examples, make_case, sizes_for_backend
@@ -268,6 +270,52 @@ def test_fully_masked_rows_give_zero_gradients():
     check_backward(case.dout, case.q, case.k, case.v, out, lse, grads, **kw)
 
 
+# --- skipped tiles -----------------------------------------------------------------------
+
+@settings(max_examples=examples())
+@given(drawn=variant_cases(dtypes=("float32",), kinds=("window", "mask", "mods")),
+       data=st.data())
+def test_tile_table_marks_exactly_the_tiles_with_a_visible_entry(drawn, data):
+    """The table the tiled kernels skip tiles by (variants.make_tile_table) is True exactly
+    for the (Br x Bc) tiles where the float64 reference's mask has a visible entry."""
+    case, k, v, kw = drawn
+    Br = data.draw(st.sampled_from([1, 2, 4, 8, 16]), label="Br")
+    Bc = data.draw(st.sampled_from([1, 2, 4, 8, 16]), label="Bc")
+    p = check_attention_inputs(case.q, k, v, case.causal, case.scale, **kw)
+    tiles = dispatch.tile_table(p, Br, Bc, _variant_arrays(p)[1])
+    if not p.variant.tile_table:        # bands only: the kernels skip by arithmetic
+        assert tiles is None
+        return
+    _, mask, _ = reference.scores(case.q, k, case.causal, case.scale, **kw)
+    mask = np.broadcast_to(mask, case.q.shape[:-1] + (case.Sk,)).reshape(p.BH, p.Sq, p.Sk)
+    Tr, Tc = -(-p.Sq // Br), -(-p.Sk // Bc)
+    padded = np.zeros((p.BH, Tr * Br, Tc * Bc), bool)
+    padded[:, :p.Sq, :p.Sk] = mask
+    want = padded.reshape(p.BH, Tr, Br, Tc, Bc).any(axis=(2, 4))
+    assert np.array_equal(to_host(tiles), want), (to_host(tiles).astype(int), want.astype(int))
+
+
+def test_tiles_a_mask_leaves_empty_are_not_visited():
+    """A document mask leaves the off-diagonal tiles empty: the table says so, and the
+    kernels that skip those tiles still give the reference's result (forward v2 and the
+    backward, at tiles that split the documents and tiles that do not)."""
+    rng = np.random.default_rng(5)
+    q, k, v, dout = (rng.standard_normal((1, 2, 20, 4)) for _ in range(4))
+    p = check_attention_inputs(q, k, v, mask_mod=documents)
+    table = to_host(dispatch.tile_table(p, 5, 5, None))
+    assert np.array_equal(table[0], np.eye(4, dtype=bool))     # documents of 5 = tiles of 5
+    want = reference.forward(q, k, v, mask_mod=documents)[0]
+    dwant = reference.backward(dout, q, k, v, mask_mod=documents)
+    for tiles in ((5, 5), (4, 8)):
+        out, lse = numbaflash.attention(q, k, v, mask_mod=documents, tiles=tiles,
+                                        return_lse=True)
+        assert_close_f64("out", out, want)
+        grads = numbaflash.attention_backward(dout, q, k, v, out, lse, mask_mod=documents,
+                                              tiles=tiles)
+        for name, got, ref in zip(("dq", "dk", "dv"), grads, dwant):
+            assert_close_f64(name, got, ref)
+
+
 # --- refusals and validation --------------------------------------------------------------
 
 def test_versions_without_variants_refuse():
@@ -279,6 +327,8 @@ def test_versions_without_variants_refuse():
         numbaflash.explain_backward(q, q, q, version="v2", window_size=(2, 2))
     with pytest.raises(ValueError, match="forward v3 cannot run this input: .* softcap"):
         numbaflash.explain(q, q, q, version="v3", softcap=3.0)
+    with pytest.raises(ValueError, match="forward v4 cannot run this input: .*GQA"):
+        numbaflash.explain(q, k, k, version="v4")
     assert "softcap" in str(numbaflash.explain(q, q, q, softcap=3.0))
     assert "variant: plain" in str(numbaflash.explain(q, q, q, causal=True))
 

@@ -61,13 +61,16 @@ Sq = 1024 (the bound of TESTING.md's rule). The price is d more registers per
 accumulator: from d = 64 on, the dK/dV kernels spill (tests/ptx_check.py reports it).
 
 Variants (kernels/variants.py, docs/variants.md): the v1 kernels take a compile-time
-``variant`` and six more run-time arguments after causal_offset (window_lo, Hq, group,
-softcap, slopes, attn_mask). dS is multiplied by d score / d s (softcap, score_mod_grad).
+``variant`` and seven more run-time arguments after causal_offset (window_lo, Hq, group,
+softcap, slopes, attn_mask, tiles). dS is multiplied by d score / d s (softcap, score_mod_grad).
 With GQA the dK/dV kernel runs one block per K/V head and tile, and walks the Q tiles of
-every query head of its group in a fixed order: dK, dV summed without atomics. v2 is
+every query head of its group in a fixed order: dK, dV summed without atomics. Tiles
+that a boolean attn_mask or a mask_mod leaves empty are skipped through the table of
+visible tiles (``tiles``, variants.make_tile_table). v2 is
 plain attention only (the dispatcher refuses variants).
 
-No GPU timings yet. Fully masked rows (causal with Sq > Sk, where L = -inf) have P = 0:
+Timed on the H200 in docs/performance.md (v1: 0.054x SDPA EFFICIENT at (2, 16,
+4096, 64)). Fully masked rows (causal with Sq > Sk, where L = -inf) have P = 0:
 the kernels skip them before computing exp, so they give a zero dQ row, add nothing to
 dK and dV, and no exp(-inf - (-inf)) is ever evaluated. Masked keys are never read into
 a sum, so NaN there has no effect; NaN in a visible input propagates.
@@ -126,10 +129,11 @@ def make_backward_dkdv_v1(Br, Bc, d, causal, acc_dtype, variant=PLAIN):
     KJ_COLS = d + 1                     # shared array shapes must be plain constants
     visible, score = make_variant_functions(variant, causal, acc_dtype)
     WINDOW = variant.window
+    TILE_TABLE = variant.tile_table
 
     @cuda.jit(**jit_options())
     def backward_dkdv_v1(Q, K, V, dO, L, D, dK, dV, softmax_scale, causal_offset, window_lo,
-                         Hq, group, softcap, slopes, attn_mask):
+                         Hq, group, softcap, slopes, attn_mask, tiles):
         bh_kv = cuda.blockIdx.y         # b * Hkv + h_kv: the K/V head
         b = bh_kv // (Hq // group)
         h_kv = bh_kv % (Hq // group)
@@ -181,6 +185,8 @@ def make_backward_dkdv_v1(Br, Bc, d, causal, acc_dtype, variant=PLAIN):
             h = h_kv * group + g_idx    # the query head
             bh = b * Hq + h
             for i in range(i_start, i_end):
+                if TILE_TABLE and not tiles[bh, i, j]:
+                    continue            # the mask leaves this tile empty (variants.py)
                 # Wait until every thread has finished reading the previous Qi, dOi, L_i, D_i
                 # (on the first pass: until Kj and Vj are complete).
                 cuda.syncthreads()
@@ -246,10 +252,11 @@ def make_backward_dq_v1(Br, Bc, d, causal, acc_dtype, variant=PLAIN):
     QI_COLS = d + 1                     # shared array shapes must be plain constants
     visible, score = make_variant_functions(variant, causal, acc_dtype)
     WINDOW = variant.window
+    TILE_TABLE = variant.tile_table
 
     @cuda.jit(**jit_options())
     def backward_dq_v1(Q, K, V, dO, L, D, dQ, softmax_scale, causal_offset, window_lo, Hq,
-                       group, softcap, slopes, attn_mask):
+                       group, softcap, slopes, attn_mask, tiles):
         bh = cuda.blockIdx.y            # b * Hq + h: the query head
         b = bh // Hq
         h = bh % Hq
@@ -288,6 +295,8 @@ def make_backward_dq_v1(Br, Bc, d, causal, acc_dtype, variant=PLAIN):
             first_visible_col = i * Br + window_lo
             j_start = min(Tc, max(0, first_visible_col // Bc))
         for j in range(j_start, Tc):
+            if TILE_TABLE and not tiles[bh, i, j]:
+                continue                # the mask leaves this tile empty (variants.py)
             # Wait until every thread has finished reading the previous Kj and Vj.
             cuda.syncthreads()
             # Alg.2 l.6: load Kj, Vj together; rows past Sk are 0 (and masked below).

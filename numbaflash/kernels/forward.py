@@ -64,11 +64,12 @@ v4  Register-blocked SIMT FlashAttention-2 (experimental, opt-in: version="v4"; 
     Measured on the H200 in docs/performance.md (run 7: 0.34x SDPA EFFICIENT at (2,16,4096,64)).
 
 Variants (kernels/variants.py, docs/variants.md): v1 and v2 take a compile-time
-``variant`` and six more run-time arguments after causal_offset (window_lo, Hq, group,
-softcap, slopes, attn_mask): sliding windows, GQA/MQA, softcap, ALiBi, boolean and
+``variant`` and seven more run-time arguments after causal_offset (window_lo, Hq, group,
+softcap, slopes, attn_mask, tiles): sliding windows, GQA/MQA, softcap, ALiBi, boolean and
 additive masks, and the user's score_mod / mask_mod, all through two inlined device
 functions, visible() and score(). Masked entries are not computed; tiles a window leaves
-empty are not visited. v3 and v4 compute plain attention only (the dispatcher
+empty are not visited, and v2 skips the tiles a boolean attn_mask or a mask_mod leaves
+empty through the table of visible tiles (``tiles``, variants.make_tile_table). v3 and v4 compute plain attention only (the dispatcher
 refuses variants).
 
 Fully masked rows (causal with Sq > Sk, or Sk = 0) end with l = 0: they write O = 0 and
@@ -99,7 +100,7 @@ def make_forward_v1(d, causal, acc_dtype, variant=PLAIN):
 
     @cuda.jit(**jit_options())
     def forward_v1(Q, K, V, O, L, softmax_scale, causal_offset, window_lo, Hq, group, softcap,
-                   slopes, attn_mask):
+                   slopes, attn_mask, tiles):
         bh = cuda.blockIdx.y            # b * Hq + h: the query head
         row = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         Sq = Q.shape[1]
@@ -176,10 +177,11 @@ def make_forward_v2(Br, Bc, d, causal, acc_dtype, variant=PLAIN):
     NEG_INF = acc(-math.inf)
     visible, score = make_variant_functions(variant, causal, acc_dtype)
     WINDOW = variant.window
+    TILE_TABLE = variant.tile_table
 
     @cuda.jit(**jit_options())
     def forward_v2(Q, K, V, O, L, softmax_scale, causal_offset, window_lo, Hq, group, softcap,
-                   slopes, attn_mask):
+                   slopes, attn_mask, tiles):
         bh = cuda.blockIdx.y            # b * Hq + h: the query head
         b = bh // Hq
         h = bh % Hq
@@ -214,6 +216,8 @@ def make_forward_v2(Br, Bc, d, causal, acc_dtype, variant=PLAIN):
             first_visible_col = i * Br + window_lo
             j_start = min(Tc, max(0, first_visible_col // Bc))
         for j in range(j_start, Tc):
+            if TILE_TABLE and not tiles[bh, i, j]:
+                continue                # the mask leaves this tile empty (variants.py)
             # Wait until every thread has finished reading the previous Kj and Vj.
             cuda.syncthreads()
             # Alg.1 l.7: load Kj, Vj. The Br threads copy the Bc x d tile together;

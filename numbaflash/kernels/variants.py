@@ -29,7 +29,15 @@ The built-ins, in the order they apply (masks first, then the score, step by ste
            score_mod:    s = score_mod(s, b, h, row, col)      d/ds = score_mod_grad(...)
 
 A score of -inf (e.g. a -inf bias) gets probability exactly 0, like a masked entry, but it
-is computed. Arrays are indexed with each size-1 dimension pinned to 0, which is how
+is computed.
+
+Skipping empty tiles. Causal and window masks are bands: the tiled kernels find the
+first and last tile a block needs by arithmetic and never visit the others. A boolean
+attn_mask or a mask_mod can leave any tile empty, so for those (``Variant.tile_table``)
+a small kernel first builds the table of visible tiles (``make_tile_table``: one block
+per (query head, Q tile, K/V tile), True if any entry of the tile is visible), and the
+tiled kernels skip a tile whose entry is False: no load, no product, no barrier. This is
+FlexAttention's block mask, computed per call for the kernel's own tile sizes. Arrays are indexed with each size-1 dimension pinned to 0, which is how
 broadcasting works here: nothing is expanded on the host.
 """
 
@@ -71,6 +79,12 @@ class Variant:
     @property
     def plain(self):
         return self == PLAIN
+
+    @property
+    def tile_table(self):
+        """Whether the tiled kernels need a table of visible tiles: the mask depends on
+        data (a boolean attn_mask) or on the user's mask_mod, not only on a band."""
+        return self.mask == "bool" or self.mask_mod is not None
 
     def describe(self, causal=False):
         """One line for explain(): which variant pieces are compiled in."""
@@ -168,3 +182,40 @@ def make_variant_functions(variant, causal, acc_dtype):
         return s, g
 
     return visible, score
+
+
+TILE_TABLE_THREADS = 64                 # threads per block of the tile-table kernel
+
+
+@functools.lru_cache(maxsize=None)
+def make_tile_table(Br, Bc, causal, acc_dtype, variant):
+    """Kernel that marks the (Br x Bc) tiles with at least one visible entry.
+
+    Launch: grid (Tr * Tc, B * Hq), block (TILE_TABLE_THREADS,); writes
+    tiles[bh, i, j] = True if some row of Q tile i sees some column of K/V tile j. The
+    threads of a block split the tile's entries, each stops at its first visible entry,
+    and ``syncthreads_or`` combines their answers. Rows past Sq and columns past Sk count
+    as invisible.
+    """
+    visible, _ = make_variant_functions(variant, causal, acc_dtype)
+
+    @cuda.jit
+    def tile_table(tiles, Sq, Sk, causal_offset, window_lo, Hq, attn_mask):
+        Tc = tiles.shape[2]
+        i = cuda.blockIdx.x // Tc       # Q tile
+        j = cuda.blockIdx.x % Tc        # K/V tile
+        bh = cuda.blockIdx.y
+        b = bh // Hq
+        h = bh % Hq
+        seen = 0
+        for idx in range(cuda.threadIdx.x, Br * Bc, cuda.blockDim.x):
+            row = i * Br + idx // Bc
+            col = j * Bc + idx % Bc
+            if row < Sq and visible(b, h, row, col, Sk, causal_offset, window_lo, attn_mask):
+                seen = 1
+                break
+        any_seen = cuda.syncthreads_or(seen)
+        if cuda.threadIdx.x == 0:
+            tiles[bh, i, j] = any_seen != 0
+
+    return tile_table
