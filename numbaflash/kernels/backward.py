@@ -82,6 +82,7 @@ import math
 from numba import cuda
 
 from . import acc_type, jit_options
+from .bands import make_kv_tile_range, make_q_tile_range
 from .variants import PLAIN, make_variant_functions
 
 VERSIONS = ("v1", "v2")
@@ -130,6 +131,7 @@ def make_backward_dkdv_v1(Br, Bc, d, causal, acc_dtype, variant=PLAIN):
     visible, score = make_variant_functions(variant, causal, acc_dtype)
     WINDOW = variant.window
     TILE_TABLE = variant.tile_table
+    q_tile_range = make_q_tile_range(Br, Bc, causal, WINDOW)
 
     @cuda.jit(**jit_options())
     def backward_dkdv_v1(Q, K, V, dO, L, D, dK, dV, softmax_scale, causal_offset, window_lo,
@@ -167,18 +169,9 @@ def make_backward_dkdv_v1(Br, Bc, d, causal, acc_dtype, variant=PLAIN):
             dk_j[k] = ZERO              # Alg.2 l.7: dKj = 0, dVj = 0
             dv_j[k] = ZERO
 
-        # Alg.2 l.8: loop over Q tiles. Causal blocks start at the first tile with a row
-        # that sees column j*Bc (tiles before it are entirely masked; see tiled.first_q_tile);
-        # a window's left bound also ends the loop after the last row that sees j*Bc + Bc - 1.
-        Tr = (Sq + Br - 1) // Br
-        i_start = 0
-        if causal:                      # (floor division: a negative first row gives tile 0)
-            first_row = j * Bc - causal_offset
-            i_start = min(Tr, max(0, first_row // Br))
-        i_end = Tr
-        if WINDOW:
-            last_row = j * Bc + Bc - 1 - window_lo
-            i_end = min(Tr, max(0, last_row // Br + 1))
+        # Alg.2 l.8: loop over Q tiles, only those with a row that sees a column of this
+        # tile through the causal mask and the window (bands.py; tiled.first_q_tile).
+        i_start, i_end = q_tile_range(j, Sq, causal_offset, window_lo)
         # GQA: the query heads of this K/V head's group, one after another (group = 1
         # without GQA): a fixed order, so the sums are bitwise reproducible.
         for g_idx in range(group):
@@ -253,6 +246,7 @@ def make_backward_dq_v1(Br, Bc, d, causal, acc_dtype, variant=PLAIN):
     visible, score = make_variant_functions(variant, causal, acc_dtype)
     WINDOW = variant.window
     TILE_TABLE = variant.tile_table
+    kv_tile_range = make_kv_tile_range(Br, Bc, causal, WINDOW)
 
     @cuda.jit(**jit_options())
     def backward_dq_v1(Q, K, V, dO, L, D, dQ, softmax_scale, causal_offset, window_lo, Hq,
@@ -284,17 +278,10 @@ def make_backward_dq_v1(Br, Bc, d, causal, acc_dtype, variant=PLAIN):
         L_row = L[bh, row] if active else NEG_INF
         D_row = D[bh, row] if active else ZERO
 
-        # Loop over K/V tiles; causal blocks stop after the last tile that any of their
-        # rows can see (as in forward v2 and tiled.tiles_needed).
-        Tc = (Sk + Bc - 1) // Bc
-        if causal:                      # (floor division: a negative last column gives 0 tiles)
-            last_visible_col = i * Br + Br - 1 + causal_offset
-            Tc = min(Tc, max(0, last_visible_col // Bc + 1))
-        j_start = 0                     # a window's left bound (as in forward v2)
-        if WINDOW:
-            first_visible_col = i * Br + window_lo
-            j_start = min(Tc, max(0, first_visible_col // Bc))
-        for j in range(j_start, Tc):
+        # Loop over the K/V tiles that some row of this tile sees (as in forward v2;
+        # bands.py, tiled.tiles_needed).
+        j_start, j_end = kv_tile_range(i, Sk, causal_offset, window_lo)
+        for j in range(j_start, j_end):
             if TILE_TABLE and not tiles[bh, i, j]:
                 continue                # the mask leaves this tile empty (variants.py)
             # Wait until every thread has finished reading the previous Kj and Vj.
@@ -343,6 +330,7 @@ def make_backward_dkdv_dq_v2(Br, Bc, d, causal, acc_dtype):
     ZERO = acc(0)
     NEG_INF = acc(-math.inf)
     KJ_COLS = d + 1                     # shared array shapes must be plain constants
+    q_tile_range = make_q_tile_range(Br, Bc, causal, False)
 
     @cuda.jit(**jit_options())
     def backward_dkdv_dq_v2(Q, K, V, dO, L, D, dQ, dK, dV, softmax_scale, causal_offset):
@@ -374,12 +362,8 @@ def make_backward_dkdv_dq_v2(Br, Bc, d, causal, acc_dtype):
             dk_j[k] = ZERO              # Alg.2 l.7
             dv_j[k] = ZERO
 
-        Tr = (Sq + Br - 1) // Br
-        i_start = 0
-        if causal:
-            first_row = j * Bc - causal_offset
-            i_start = min(Tr, max(0, first_row // Br))
-        for i in range(i_start, Tr):    # Alg.2 l.8
+        i_start, i_end = q_tile_range(j, Sq, causal_offset, 0)     # bands.py
+        for i in range(i_start, i_end):     # Alg.2 l.8
             # Wait until every thread has finished reading the previous Q-side tiles
             # (on the first pass: until Kj and Vj are complete).
             cuda.syncthreads()

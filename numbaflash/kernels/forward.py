@@ -83,6 +83,7 @@ import math
 from numba import cuda
 
 from . import acc_type, jit_options
+from .bands import make_kv_tile_range
 from .variants import PLAIN, make_variant_functions
 
 VERSIONS = ("v1", "v2", "v3", "v4")
@@ -178,6 +179,7 @@ def make_forward_v2(Br, Bc, d, causal, acc_dtype, variant=PLAIN):
     visible, score = make_variant_functions(variant, causal, acc_dtype)
     WINDOW = variant.window
     TILE_TABLE = variant.tile_table
+    kv_tile_range = make_kv_tile_range(Br, Bc, causal, WINDOW)
 
     @cuda.jit(**jit_options())
     def forward_v2(Q, K, V, O, L, softmax_scale, causal_offset, window_lo, Hq, group, softcap,
@@ -205,17 +207,10 @@ def make_forward_v2(Br, Bc, d, causal, acc_dtype, variant=PLAIN):
         m_i = NEG_INF
         l_i = ZERO
 
-        # Alg.1 l.6: loop over K/V tiles; causal blocks stop after the last tile that
-        # any of their rows can see (tiles past it are entirely masked).
-        Tc = (Sk + Bc - 1) // Bc
-        if causal:                      # (floor division: a negative last column gives 0 tiles)
-            last_visible_col = i * Br + Br - 1 + causal_offset
-            Tc = min(Tc, max(0, last_visible_col // Bc + 1))
-        j_start = 0                     # a window's left bound: tiles before the first
-        if WINDOW:                      # column the tile's first row sees are skipped too
-            first_visible_col = i * Br + window_lo
-            j_start = min(Tc, max(0, first_visible_col // Bc))
-        for j in range(j_start, Tc):
+        # Alg.1 l.6: loop over K/V tiles, only those that some row of the tile sees
+        # through the causal mask and the window (bands.py): the others are entirely masked.
+        j_start, j_end = kv_tile_range(i, Sk, causal_offset, window_lo)
+        for j in range(j_start, j_end):
             if TILE_TABLE and not tiles[bh, i, j]:
                 continue                # the mask leaves this tile empty (variants.py)
             # Wait until every thread has finished reading the previous Kj and Vj.
@@ -333,6 +328,7 @@ def make_forward_v3(Bc, d, causal):
     S_FRAGS = NT * 4                        # fragment registers of S per lane
     THREADS = 32 * V3_WARPS
     FULL = 0xFFFFFFFF
+    kv_tile_range = make_kv_tile_range(V3_BR, Bc, causal, False)
     assert Bc % V3_CHUNK == 0
 
     @cuda.jit(device=True, inline=True)
@@ -403,10 +399,7 @@ def make_forward_v3(Bc, d, causal):
         l0 = ZERO               # this lane's part of the running sums (reduced at the end)
         l1 = ZERO
 
-        Tc = (Sk + Bc - 1) // Bc
-        if causal:
-            last_visible_col = i * V3_BR + V3_BR - 1 + causal_offset
-            Tc = min(Tc, max(0, last_visible_col // Bc + 1))
+        _, Tc = kv_tile_range(i, Sk, causal_offset, 0)     # causal: skip masked tiles
         for j in range(Tc):
             # Wait until every warp has finished reading the previous Kj and Vj.
             cuda.syncthreads()
@@ -575,6 +568,7 @@ def make_forward_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
     THREADS = TY * TX
     DP = (d + TX - 1) // TX * TX        # head dim padded to the thread grid's width
     DN = DP // TX                       # O columns per thread
+    kv_tile_range = make_kv_tile_range(Br, Bc, causal, False)
     BrP = Br + 1                        # padded row lengths of QiT, KjT and Pij (shared
     BcP = Bc + 1                        # array shapes must be compile-time constants)
 
@@ -615,11 +609,8 @@ def make_forward_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
                 o[a, e] = ZERO
 
         # Alg.1 l.6: loop over K/V tiles; causal blocks stop after the last visible one.
-        Tc = (Sk + Bc - 1) // Bc
+        _, Tc = kv_tile_range(i, Sk, causal_offset, 0)     # bands.py
         first_limit = i * Br + causal_offset    # last key the block's first row sees
-        if causal:
-            last_visible_col = i * Br + Br - 1 + causal_offset
-            Tc = min(Tc, max(0, last_visible_col // Bc + 1))
         for j in range(Tc):
             # Wait until every thread is done with the previous tile's KjT, Vj, Pij (and,
             # for j = 0, until QiT is complete).
