@@ -141,9 +141,13 @@ plt.show()
 # ## The kernel
 #
 # Here is the v2 factory. Its arguments (`Br`, `Bc`, `d`, `causal`, the accumulator
-# dtype) are compile-time constants, so every tile size is its own compiled kernel, and
-# `functools.lru_cache` keeps each one. Compare its body with `tiled.forward` from
-# notebook 03: the `Alg.1 l.N` comments line up.
+# dtype, and the `variant` of notebook 07) are compile-time constants, so every tile size
+# is its own compiled kernel, and `functools.lru_cache` keeps each one. Compare its body
+# with `tiled.forward` from notebook 03: the `Alg.1 l.N` comments line up. Two calls
+# come from other modules: `kv_tile_range` (`kernels/bands.py`) gives the K/V tiles a
+# causal mask or a window leaves work in (the kernel sibling of `tiled.tiles_needed`),
+# and `visible` / `score` (`kernels/variants.py`) are plain "key in range" and
+# "s unchanged" for ordinary attention; notebook 07 shows what else they can be.
 
 # %%
 print(inspect.getsource(fwd.make_forward_v2))

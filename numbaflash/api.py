@@ -8,12 +8,56 @@ from .dispatch import launch_backward, launch_forward, plan_backward, plan_forwa
 from .validate import check_attention_inputs, check_backward_inputs
 
 
-def attention(q, k, v, *, causal=False, scale=None, return_lse=False, version=None, tiles=None):
-    """Exact attention O = softmax(scale * Q K^T [masked]) V, by a FlashAttention kernel.
+def _variants(window_size, alibi_slopes, softcap, attn_mask, score_mod, score_mod_grad,
+              mask_mod):
+    return dict(window_size=window_size, alibi_slopes=alibi_slopes, softcap=softcap,
+                attn_mask=attn_mask, score_mod=score_mod, score_mod_grad=score_mod_grad,
+                mask_mod=mask_mod)
+
+
+def _variant_arrays(p):
+    """The Problem's ALiBi slopes and attn_mask as kernel (device) arrays, or None."""
+    out = []
+    for x in (p.alibi_slopes, p.attn_mask):
+        if x is None:
+            out.append(None)
+        elif not arrays.is_device_array(x):
+            out.append(arrays.cuda.to_device(np.ascontiguousarray(x)))
+        else:
+            out.append(x if hasattr(x, "copy_to_host") else arrays.cuda.as_cuda_array(x))
+    return out
+
+
+def attention(q, k, v, *, causal=False, scale=None, window_size=None, alibi_slopes=None,
+              softcap=None, attn_mask=None, score_mod=None, score_mod_grad=None,
+              mask_mod=None, return_lse=False, version=None, tiles=None):
+    """Exact attention O = softmax(scale * Q K^T [masked, modified]) V, by a FlashAttention
+    kernel.
+
+    Variants (docs/variants.md; each is compiled into the kernel, never applied by Python
+    per element; v1 and v2 forward, v1 backward):
+        window_size: (left, right) sliding window, flash-attention's convention: query i
+            sees keys j with i + Sk - Sq - left <= j <= i + Sk - Sq + right; -1 means
+            unbounded on that side. Combines with ``causal`` (causal=True is (-1, 0)).
+        alibi_slopes: (heads,) or (batch, heads) float array, one slope per query head;
+            adds -slope * |i + Sk - Sq - j| to the score (flash-attention's convention).
+        softcap: a float > 0: the scaled score s becomes softcap * tanh(s / softcap)
+            (before ALiBi and attn_mask are added).
+        attn_mask: boolean (True: attend) or float (added to the scores) array that
+            broadcasts to (batch, heads, Sq, Sk), as in PyTorch SDPA. No gradient flows to
+            a float mask.
+        score_mod(score, b, h, q_idx, kv_idx) -> score: a Numba device function
+            (``numba.cuda.jit(device=True)``) applied last to every visible score.
+        score_mod_grad(score, b, h, q_idx, kv_idx): its derivative d score_mod / d score,
+            needed by the backward.
+        mask_mod(b, h, q_idx, kv_idx) -> bool: a Numba device function; False hides the key.
+    GQA/MQA: k and v may have fewer heads than q (a divisor of q's); query head h reads
+    K/V head h // (Hq // Hkv), without copying K or V.
 
     Args:
         q: (batch, heads, Sq, d), (heads, Sq, d) or (Sq, d).
-        k, v: the same leading dims as q, with Sk rows: (..., Sk, d).
+        k, v: the same batch dim as q, with Sk rows: (..., Sk, d); as many heads as q, or
+            a divisor of that (GQA/MQA, above).
             All three NumPy arrays (result on the host) or all device arrays: Numba device
             arrays or any object with ``__cuda_array_interface__`` such as CuPy arrays or
             PyTorch CUDA tensors (result is a Numba device array, no host round trip).
@@ -27,19 +71,24 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, version=No
             explain).
         tiles: (Br, Bc) for the tiled kernels (v4 also takes (Br, Bc, TM, TN)); None uses
             the documented rule in dispatch.py.
+        window_size, alibi_slopes, softcap, attn_mask, score_mod, score_mod_grad, mask_mod:
+            attention variants (see "Variants" above; v1 and v2 run them).
 
     Returns:
         out with q's shape and dtype, or ``(out, lse)`` with lse of shape (..., Sq) in
         float32 (float64 for float64 inputs). Rows that see no key (causal with Sq > Sk,
-        or Sk = 0) give out = 0 and lse = -inf.
+        a window or mask that hides every key, or Sk = 0) give out = 0 and lse = -inf.
 
     Raises:
         ValueError: bad shapes, scale, causal mode, head dim, version or tiles, or a
             version that cannot run this input; raised before anything is launched.
         TypeError: unsupported or mismatched dtypes, or inputs that are not arrays.
         RuntimeError: there is neither a GPU nor the simulator.
+
     """
-    p = check_attention_inputs(q, k, v, causal, scale)
+    variants = _variants(window_size, alibi_slopes, softcap, attn_mask, score_mod,
+                         score_mod_grad, mask_mod)
+    p = check_attention_inputs(q, k, v, causal, scale, **variants)
     host = not arrays.on_device((q, k, v))
     plan = plan_forward(p, version, tiles)
     out_shape = p.lead + (p.Sq, p.d)
@@ -53,30 +102,32 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False, version=No
         return (out, lse) if return_lse else out
 
     Q = arrays.as_kernel_array(q, (p.BH, p.Sq, p.d), "q")
-    K = arrays.as_kernel_array(k, (p.BH, p.Sk, p.d), "k")
-    V = arrays.as_kernel_array(v, (p.BH, p.Sk, p.d), "v")
+    K = arrays.as_kernel_array(k, (p.BHkv, p.Sk, p.d), "k")
+    V = arrays.as_kernel_array(v, (p.BHkv, p.Sk, p.d), "v")
     O = arrays.device_empty((p.BH, p.Sq, p.d), p.dtype)
     L = arrays.device_empty((p.BH, p.Sq), lse_dtype)
-    launch_forward(plan, p, Q, K, V, O, L)
+    launch_forward(plan, p, Q, K, V, O, L, *_variant_arrays(p))
     out = arrays.finish(O, out_shape, host)
     if not return_lse:
         return out
     return out, arrays.finish(L, lse_shape, host)
 
 
-def explain(q, k, v, *, causal=False, scale=None, version=None, tiles=None):
+def explain(q, k, v, *, causal=False, scale=None, version=None, tiles=None, **variants):
     """Validate like ``attention`` and return the ``Plan`` it would run, without running it.
 
     ``print(numbaflash.explain(q, k, v))`` shows the kernel version, tiles, grid, block,
-    shared memory, backend (GPU or simulator) and the reason for each choice. q, k, v may
-    be arrays or anything with ``shape`` and ``dtype``.
+    shared memory, backend (GPU or simulator), the variant compiled in, and the reason for
+    each choice. q, k, v may be arrays or anything with ``shape`` and ``dtype``.
+    ``variants``: the keyword arguments of ``attention`` (window_size, alibi_slopes, ...).
     """
-    p = check_attention_inputs(q, k, v, causal, scale)
+    p = check_attention_inputs(q, k, v, causal, scale, **variants)
     return plan_forward(p, version, tiles)
 
 
-def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, version=None,
-                       tiles=None):
+def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, window_size=None,
+                       alibi_slopes=None, softcap=None, attn_mask=None, score_mod=None,
+                       score_mod_grad=None, mask_mod=None, version=None, tiles=None):
     """Gradients of ``attention`` (FlashAttention-2 backward, Algorithm 2).
 
     Args:
@@ -88,6 +139,10 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, ver
             must come from the same q, k, v, causal and scale.
             All six host (NumPy) arrays, or all device arrays (see ``attention``).
         causal, scale: as given to the forward.
+        window_size, alibi_slopes, softcap, attn_mask, score_mod, mask_mod: as given to
+            the forward. No gradient is returned for alibi_slopes or attn_mask.
+        score_mod_grad: d score_mod / d score (a Numba device function), required with a
+            score_mod (ValueError otherwise).
         version: backward version ("v1": deterministic, the default; "v2": atomic dQ, a
             lesson, float32/float64 only; "v3": register-blocked, deterministic,
             experimental); see ``explain_backward`` and numbaflash/kernels/backward.py.
@@ -107,11 +162,13 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, ver
         TypeError: unsupported or mismatched dtypes (dout, out, lse included).
         RuntimeError: there is neither a GPU nor the simulator.
     """
-    p = check_backward_inputs(dout, q, k, v, out, lse, causal, scale)
+    variants = _variants(window_size, alibi_slopes, softcap, attn_mask, score_mod,
+                         score_mod_grad, mask_mod)
+    p = check_backward_inputs(dout, q, k, v, out, lse, causal, scale, **variants)
     host = not arrays.on_device((dout, q, k, v, out, lse))
     plans = plan_backward(p, version, tiles)
     q_shape = p.lead + (p.Sq, p.d)
-    k_shape = p.lead + (p.Sk, p.d)
+    k_shape = p.k_lead + (p.Sk, p.d)
 
     if p.BH == 0 or p.Sq == 0 or p.Sk == 0:
         # Nothing to launch: no (query, key) pair is visible, so every gradient is 0.
@@ -121,8 +178,8 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, ver
 
     acc = np.dtype(p.acc_dtype)
     Q = arrays.as_kernel_array(q, (p.BH, p.Sq, p.d), "q")
-    K = arrays.as_kernel_array(k, (p.BH, p.Sk, p.d), "k")
-    V = arrays.as_kernel_array(v, (p.BH, p.Sk, p.d), "v")
+    K = arrays.as_kernel_array(k, (p.BHkv, p.Sk, p.d), "k")
+    V = arrays.as_kernel_array(v, (p.BHkv, p.Sk, p.d), "v")
     O = arrays.as_kernel_array(out, (p.BH, p.Sq, p.d), "out")
     dO = arrays.as_kernel_array(dout, (p.BH, p.Sq, p.d), "dout")
     L = arrays.as_kernel_array(lse, (p.BH, p.Sq), "lse")
@@ -133,15 +190,15 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, ver
         dQ = arrays.filled((p.BH, p.Sq, p.d), 0, p.dtype, host=False)
     else:
         dQ = arrays.device_empty((p.BH, p.Sq, p.d), p.dtype)
-    dK = arrays.device_empty((p.BH, p.Sk, p.d), p.dtype)
-    dV = arrays.device_empty((p.BH, p.Sk, p.d), p.dtype)
-    launch_backward(plans, p, Q, K, V, O, dO, L, D, dQ, dK, dV)
+    dK = arrays.device_empty((p.BHkv, p.Sk, p.d), p.dtype)
+    dV = arrays.device_empty((p.BHkv, p.Sk, p.d), p.dtype)
+    launch_backward(plans, p, Q, K, V, O, dO, L, D, dQ, dK, dV, *_variant_arrays(p))
     return (arrays.finish(dQ, q_shape, host), arrays.finish(dK, k_shape, host),
             arrays.finish(dV, k_shape, host))
 
 
 def attention_vjp(q, k, v, *, causal=False, scale=None, forward_version=None,
-                  forward_tiles=None, backward_version=None, backward_tiles=None):
+                  forward_tiles=None, backward_version=None, backward_tiles=None, **variants):
     """Run the forward now and return ``(out, vjp)``, where ``vjp(dout) -> (dq, dk, dv)``.
 
     The same as ``attention(..., return_lse=True)`` followed by ``attention_backward``,
@@ -149,7 +206,9 @@ def attention_vjp(q, k, v, *, causal=False, scale=None, forward_version=None,
     It keeps references to q, k, v (not copies): do not modify them before calling it.
 
     Args:
-        q, k, v, causal, scale: as for ``attention``.
+        q, k, v, causal, scale: as for ``attention``; ``variants``: its variant keyword
+            arguments (window_size, alibi_slopes, softcap, attn_mask, score_mod,
+            score_mod_grad, mask_mod).
         forward_version, forward_tiles: ``version`` and ``tiles`` of the forward.
         backward_version, backward_tiles: ``version`` and ``tiles`` of the backward.
 
@@ -163,25 +222,30 @@ def attention_vjp(q, k, v, *, causal=False, scale=None, forward_version=None,
             too, before the forward runs; ``vjp`` raises it for a bad dout.
         TypeError: as ``attention``; ``vjp`` raises it for a dout of the wrong dtype.
     """
-    p = check_attention_inputs(q, k, v, causal, scale)
+    p = check_attention_inputs(q, k, v, causal, scale, **variants)
+    if p.variant.score_mod is not None and p.variant.score_mod_grad is None:
+        raise ValueError("the backward of a score_mod needs its derivative: pass "
+                         "score_mod_grad (a Numba device function)")
     plan_backward(p, backward_version, backward_tiles)     # bad backward options fail now
     out, lse = attention(q, k, v, causal=causal, scale=scale, return_lse=True,
-                         version=forward_version, tiles=forward_tiles)
+                         version=forward_version, tiles=forward_tiles, **variants)
 
     def vjp(dout):
         """Gradients (dq, dk, dv) of the attention above for the upstream gradient dout."""
         return attention_backward(dout, q, k, v, out, lse, causal=causal, scale=scale,
-                                  version=backward_version, tiles=backward_tiles)
+                                  version=backward_version, tiles=backward_tiles, **variants)
 
     return out, vjp
 
 
-def explain_backward(q, k, v, *, causal=False, scale=None, version=None, tiles=None):
+def explain_backward(q, k, v, *, causal=False, scale=None, version=None, tiles=None,
+                     **variants):
     """Validate like ``attention`` and return the backward's ``Plans`` without running them.
 
     ``print(numbaflash.explain_backward(q, k, v))`` shows one line per kernel (D, dK/dV,
     dQ for v1 and v3): version, tiles (and v3's thread tile), grid, block, shared memory,
-    backend and why.
+    backend, variant and why.
     """
-    p = check_attention_inputs(q, k, v, causal, scale)
+    p = check_attention_inputs(q, k, v, causal, scale, **variants)
     return plan_backward(p, version, tiles)
+

@@ -45,6 +45,7 @@ from numba import cuda
 
 from .kernels import backward as bwd_kernels
 from .kernels import forward as fwd_kernels
+from .kernels import variants as variant_kernels
 from .kernels import simulating
 
 log = logging.getLogger("numbaflash")
@@ -126,6 +127,7 @@ class Plan:
     acc_dtype: str
     causal: str | None
     reason: str
+    variant: str = "plain"      # what is compiled in beyond plain attention (variants.py)
     thread_tile: tuple | None = None    # forward v4, backward v3: (TM, TN), the block of Sij
                                         # each thread owns
 
@@ -137,7 +139,32 @@ class Plan:
                       f"{self.Bc // TN} thread grid, ")
         return (f"{self.pass_name}: {self.kernel} on the {self.backend}; {tiles}grid {self.grid}, "
                 f"block {self.block}, shared memory {self.shared_bytes} B, accumulate in "
-                f"{self.acc_dtype}, causal={self.causal}. Why: {self.reason}")
+                f"{self.acc_dtype}, causal={self.causal}, variant: {self.variant}. "
+                f"Why: {self.reason}")
+
+
+def variant_description(p):
+    """What explain() shows for the variant of Problem ``p``: the compiled-in pieces, the
+    run-time values, and GQA."""
+    # A causal mask alone is plain attention with causal=... (shown on its own); a
+    # window's right side shares the kernels' causal bound.
+    text = p.variant.describe(p.upper and p.window is not None)
+    extra = []
+    if p.window is not None:
+        extra.append(f"window_size={p.window}")
+    if p.variant.softcap:
+        extra.append(f"softcap={p.softcap:g}")
+    if p.group > 1:
+        extra.append(f"GQA: {p.group} query heads per K/V head")
+    return text + (f" ({', '.join(extra)})" if extra else "")
+
+
+def needs_variants(p):
+    """Why Problem ``p`` needs a kernel that supports variants, or None if plain attention
+    (with or without the causal mask) is asked for."""
+    if p.variant.plain and p.group == 1 and p.window is None:
+        return None
+    return variant_description(p)
 
 
 V3_MAX_HEAD_DIM = 128         # v3 keeps Q (split in two) and O fragments in registers
@@ -262,11 +289,11 @@ def _plan_forward_v4(p, where, tiles, reason):
     else:
         Br, Bc, TM, TN = check_v4_tiles(tiles, p.d, p.acc_dtype)
         reason += "; tiles given by the caller"
-    reason += "; v4 is experimental (not yet measured on the H200)"
+    reason += "; v4 is experimental (not the default until it passes the full GPU suite)"
     threads = (Br // TM) * (Bc // TN)
     return Plan("forward", "v4", "forward_v4", where, Br, Bc, (math.ceil(p.Sq / Br), p.BH),
                 (threads,), v4_shared_bytes(Br, Bc, TM, TN, p.d, p.acc_dtype), p.acc_dtype,
-                p.causal, reason, (TM, TN))
+                p.causal, reason, thread_tile=(TM, TN))
 
 
 def _default_forward_version(p, where):
@@ -297,15 +324,21 @@ def plan_forward(p, version=None, tiles=None):
     else:
         raise ValueError(f"unknown forward version {version!r}; choose from {fwd_kernels.VERSIONS}")
 
+    variant = variant_description(p)
     if version == "v1":
         if tiles is not None:
             raise ValueError("tiles apply to the tiled kernels (v2, v3, v4); v1 has no tiles")
         threads = V1_THREADS
         return Plan("forward", "v1", "forward_v1", where, None, None,
                     (math.ceil(p.Sq / threads), p.BH), (threads,), 0, p.acc_dtype, p.causal,
-                    reason + f"; {threads} query rows per block")
+                    reason + f"; {threads} query rows per block", variant)
 
     if version == "v3":
+        wanted = needs_variants(p)
+        if wanted is not None:
+            raise ValueError(f"forward v3 cannot run this input: it computes plain attention "
+                             f"(with or without a causal mask) only, and this call asks for "
+                             f"{wanted}; v1 and v2 (the default) support variants")
         refusal = v3_refusal(p, where)
         if refusal is not None:
             raise ValueError(f"forward v3 cannot run this input: {refusal}")
@@ -320,6 +353,11 @@ def plan_forward(p, version=None, tiles=None):
                     p.causal, reason)
 
     if version == "v4":
+        wanted = needs_variants(p)
+        if wanted is not None:
+            raise ValueError(f"forward v4 cannot run this input: it computes plain attention "
+                             f"(with or without a causal mask) only, and this call asks for "
+                             f"{wanted}; v1 and v2 (the default) support variants")
         return _plan_forward_v4(p, where, tiles, reason)
 
     if tiles is None:
@@ -328,30 +366,77 @@ def plan_forward(p, version=None, tiles=None):
     else:
         Br, Bc = check_tiles(tiles, p.d, p.acc_dtype)
         reason += "; tiles given by the caller"
+    if p.variant.tile_table:
+        reason += TILE_TABLE_REASON
     return Plan("forward", "v2", "forward_v2", where, Br, Bc, (math.ceil(p.Sq / Br), p.BH),
                 (Br,), forward_shared_bytes(Br, Bc, p.d, p.acc_dtype), p.acc_dtype, p.causal,
-                reason)
+                reason, variant)
 
 
 def forward_kernel(plan, p):
     """The compiled-kernel factory call for a plan (cached per compile-time parameters)."""
-    causal = p.causal is not None
     if plan.version == "v1":
-        return fwd_kernels.make_forward_v1(p.d, causal, p.acc_dtype)
+        return fwd_kernels.make_forward_v1(p.d, p.upper, p.acc_dtype, p.variant)
     if plan.version == "v3":
-        return fwd_kernels.make_forward_v3(plan.Bc, p.d, causal)
+        return fwd_kernels.make_forward_v3(plan.Bc, p.d, p.upper)
     if plan.version == "v4":
         TM, TN = plan.thread_tile
-        return fwd_kernels.make_forward_v4(plan.Br, plan.Bc, TM, TN, p.d, causal, p.acc_dtype)
-    return fwd_kernels.make_forward_v2(plan.Br, plan.Bc, p.d, causal, p.acc_dtype)
+        return fwd_kernels.make_forward_v4(plan.Br, plan.Bc, TM, TN, p.d, p.upper, p.acc_dtype)
+    return fwd_kernels.make_forward_v2(plan.Br, plan.Bc, p.d, p.upper, p.acc_dtype, p.variant)
 
 
-def launch_forward(plan, p, Q, K, V, O, L):
-    """Launch the planned forward kernel on (BH, S, d) device arrays."""
+TILE_TABLE_REASON = ("; the tiles that the mask leaves empty are skipped: a table of visible "
+                     "tiles is computed first (kernel tile_table, one block per tile and "
+                     "query head)")
+
+
+def tile_table(p, Br, Bc, attn_mask):
+    """The table of visible (Br x Bc) tiles, (B*Hq, Tr, Tc) bool on the device, for a
+    Problem whose variant needs one (variants.make_tile_table), else None."""
+    if not p.variant.tile_table:
+        return None
+    Tr, Tc = math.ceil(p.Sq / Br), math.ceil(p.Sk / Bc)
+    tiles = cuda.device_array((p.BH, Tr, Tc), np.bool_)
+    if Tr * Tc == 0:
+        return tiles
+    kernel = variant_kernels.make_tile_table(Br, Bc, p.upper, p.acc_dtype, p.variant)
+    grid, block = (Tr * Tc, p.BH), (variant_kernels.TILE_TABLE_THREADS,)
+    log.info("tile table: tile_table for (%d, %d) tiles, grid %s, block %s", Br, Bc, grid, block)
+    if attn_mask is None:
+        attn_mask = cuda.to_device(np.zeros((1, 1, 1, 1), np.bool_))
+    kernel[grid, block](tiles, np.int64(p.Sq), np.int64(p.Sk), np.int64(p.causal_offset),
+                        np.int64(p.window_lo), np.int64(p.Hq), attn_mask)
+    return tiles
+
+
+def variant_arguments(p, slopes, attn_mask, tiles=None):
+    """The run-time arguments that follow ``causal_offset`` in every kernel that supports
+    variants: (window_lo, Hq, group, softcap, slopes, attn_mask, tiles). ``slopes``,
+    ``attn_mask`` and ``tiles`` (from ``tile_table``) are device arrays or None (then a
+    1-element placeholder that the kernel, compiled without that variant, never reads)."""
+    acc = np.dtype(p.acc_dtype)
+    if slopes is None:
+        slopes = cuda.to_device(np.zeros((1, 1), acc))
+    if attn_mask is None:
+        attn_mask = cuda.to_device(np.zeros((1, 1, 1, 1), np.bool_))
+    if tiles is None:
+        tiles = cuda.to_device(np.zeros((1, 1, 1), np.bool_))
+    return (np.int64(p.window_lo), np.int64(p.Hq), np.int64(p.group), acc.type(p.softcap),
+            slopes, attn_mask, tiles)
+
+
+def launch_forward(plan, p, Q, K, V, O, L, slopes=None, attn_mask=None):
+    """Launch the planned forward kernel on device arrays: Q, O (B*Hq, Sq, d), K, V
+    (B*Hkv, Sk, d), L (B*Hq, Sq); ``slopes`` and ``attn_mask`` as the Problem's, on the
+    device (or None)."""
     log.info("%s", plan)
     kernel = forward_kernel(plan, p)
     scale = np.dtype(p.acc_dtype).type(p.softmax_scale)   # keep the kernel's arithmetic in acc dtype
-    kernel[plan.grid, plan.block](Q, K, V, O, L, scale, np.int64(p.causal_offset))
+    args = (Q, K, V, O, L, scale, np.int64(p.causal_offset))
+    if plan.version in ("v1", "v2"):     # the kernels that take the variant arguments
+        tiles = tile_table(p, plan.Br, plan.Bc, attn_mask) if plan.version == "v2" else None
+        args += variant_arguments(p, slopes, attn_mask, tiles)
+    kernel[plan.grid, plan.block](*args)
 
 
 # ---------------------------------------------------------------------------------------
@@ -531,6 +616,12 @@ def plan_backward(p, version=None, tiles=None):
     if version == "v2" and np.dtype(p.dtype) != np.dtype(p.acc_dtype):
         raise ValueError(f"backward v2 adds into dQ with atomics in the output dtype, so it needs "
                          f"float32 or float64 inputs; got {np.dtype(p.dtype)} (use v1)")
+    if version in ("v2", "v3") and needs_variants(p) is not None:
+        what = "v2 (a lesson)" if version == "v2" else "v3"
+        raise ValueError(f"backward {what} computes plain attention (with or without a "
+                         f"causal mask) only, and this call asks for {needs_variants(p)}; "
+                         f"use v1 (the default)")
+    variant = variant_description(p)
 
     threads = PREPROCESS_THREADS
     preprocess = Plan("backward D", version, "backward_preprocess", where, None, None,
@@ -548,14 +639,19 @@ def plan_backward(p, version=None, tiles=None):
     Tr, Tc = math.ceil(p.Sq / Br), math.ceil(p.Sk / Bc)
     shared_dkdv = dkdv_shared_bytes(Br, Bc, p.d, p.acc_dtype)
     if version == "v1":
+        gqa = (f"; GQA: each block sums over the {p.group} query heads of its K/V head in a "
+               f"fixed order" if p.group > 1 else "")
+        if p.variant.tile_table:
+            gqa += TILE_TABLE_REASON
         return Plans((
             preprocess,
-            Plan("backward dK dV", "v1", "backward_dkdv_v1", where, Br, Bc, (Tc, p.BH), (Bc,),
-                 shared_dkdv, p.acc_dtype, p.causal,
-                 reason + "; one block per K/V tile, one thread per key row"),
+            Plan("backward dK dV", "v1", "backward_dkdv_v1", where, Br, Bc, (Tc, p.BHkv),
+                 (Bc,), shared_dkdv, p.acc_dtype, p.causal,
+                 reason + "; one block per K/V tile, one thread per key row" + gqa, variant),
             Plan("backward dQ", "v1", "backward_dq_v1", where, Br, Bc, (Tr, p.BH), (Br,),
                  dq_shared_bytes(Br, Bc, p.d, p.acc_dtype), p.acc_dtype, p.causal,
-                 reason + "; one block per Q tile, one thread per query row"),
+                 reason + "; one block per Q tile, one thread per query row"
+                 + (TILE_TABLE_REASON if p.variant.tile_table else ""), variant),
         ))
     return Plans((
         preprocess,
@@ -567,38 +663,45 @@ def plan_backward(p, version=None, tiles=None):
 
 def backward_kernel(plan, p):
     """The compiled-kernel factory call for one backward plan."""
-    causal = p.causal is not None
     if plan.kernel == "backward_preprocess":
         return bwd_kernels.make_backward_preprocess(p.d, p.acc_dtype)
     if plan.version == "v3":
         make = {"backward_dkdv_v3": bwd_kernels.make_backward_dkdv_v3,
                 "backward_dq_v3": bwd_kernels.make_backward_dq_v3}[plan.kernel]
         TM, TN = plan.thread_tile
-        return make(plan.Br, plan.Bc, TM, TN, p.d, causal, p.acc_dtype)
+        return make(plan.Br, plan.Bc, TM, TN, p.d, p.upper, p.acc_dtype)
+    if plan.kernel == "backward_dkdv_dq_v2":
+        return bwd_kernels.make_backward_dkdv_dq_v2(plan.Br, plan.Bc, p.d, p.upper, p.acc_dtype)
     make = {"backward_dkdv_v1": bwd_kernels.make_backward_dkdv_v1,
-            "backward_dq_v1": bwd_kernels.make_backward_dq_v1,
-            "backward_dkdv_dq_v2": bwd_kernels.make_backward_dkdv_dq_v2}[plan.kernel]
-    return make(plan.Br, plan.Bc, p.d, causal, p.acc_dtype)
+            "backward_dq_v1": bwd_kernels.make_backward_dq_v1}[plan.kernel]
+    return make(plan.Br, plan.Bc, p.d, p.upper, p.acc_dtype, p.variant)
 
 
-def launch_backward(plans, p, Q, K, V, O, dO, L, D, dQ, dK, dV):
+def launch_backward(plans, p, Q, K, V, O, dO, L, D, dQ, dK, dV, slopes=None, attn_mask=None):
     """Launch the planned backward kernels, in order, on device arrays.
 
-    Q, O, dO, dQ are (BH, Sq, d); K, V, dK, dV are (BH, Sk, d); L and D are (BH, Sq) in
-    the accumulator dtype (D is scratch, written by the first kernel). For v2, dQ must be
-    zero-filled (its kernel adds into it).
+    Q, O, dO, dQ are (B*Hq, Sq, d); K, V, dK, dV are (B*Hkv, Sk, d); L and D are (B*Hq, Sq)
+    in the accumulator dtype (D is scratch, written by the first kernel). For v2, dQ must
+    be zero-filled (its kernel adds into it). ``slopes``, ``attn_mask``: as for the forward.
     """
     scale = np.dtype(p.acc_dtype).type(p.softmax_scale)   # keep the kernel's arithmetic in acc dtype
     offset = np.int64(p.causal_offset)
+    tiled = [plan for plan in plans if plan.kernel in ("backward_dkdv_v1", "backward_dq_v1")]
+    tiles = tile_table(p, tiled[0].Br, tiled[0].Bc, attn_mask) if tiled else None
+    extra = variant_arguments(p, slopes, attn_mask, tiles)
     for plan in plans:
         log.info("%s", plan)
         kernel = backward_kernel(plan, p)
         launch = kernel[plan.grid, plan.block]
         if plan.kernel == "backward_preprocess":
             launch(dO, O, D)
-        elif plan.kernel in ("backward_dkdv_v1", "backward_dkdv_v3"):
+        elif plan.kernel == "backward_dkdv_v1":
+            launch(Q, K, V, dO, L, D, dK, dV, scale, offset, *extra)
+        elif plan.kernel == "backward_dq_v1":
+            launch(Q, K, V, dO, L, D, dQ, scale, offset, *extra)
+        elif plan.kernel == "backward_dkdv_v3":
             launch(Q, K, V, dO, L, D, dK, dV, scale, offset)
-        elif plan.kernel in ("backward_dq_v1", "backward_dq_v3"):
+        elif plan.kernel == "backward_dq_v3":
             launch(Q, K, V, dO, L, D, dQ, scale, offset)
         else:
             launch(Q, K, V, dO, L, D, dQ, dK, dV, scale, offset)

@@ -51,3 +51,67 @@ def visible(Sq, Sk, causal):
     rows = np.arange(Sq)[:, None]
     cols = np.arange(Sk)[None, :]
     return cols <= rows + causal_offset(Sq, Sk, mode)
+
+
+# ---------------------------------------------------------------------------------------
+# Sliding windows (flash-attention's ``window_size=(left, right)``)
+#
+# Query row r sees key column c iff  r + Sk - Sq - left <= c <= r + Sk - Sq + right,
+# both bounds inclusive and aligned bottom-right as in flash-attention; -1 means "no bound
+# on that side". causal=True is the window (-1, 0). Every mask of this module is a band
+# between two diagonals:
+#
+#     lower_offset <= c - r <= upper_offset
+#
+# with either side possibly unbounded (None). The kernels take the two offsets at run
+# time (``causal_offset`` is the upper one, ``window_lo`` the lower one) and whether each
+# side exists at compile time.
+
+
+def parse_window(window_size):
+    """Normalise ``window_size`` to None (no window) or a pair of ints (left, right), each
+    >= -1 (-1: unbounded on that side). (-1, -1) is no window. Raises ValueError."""
+    if window_size is None:
+        return None
+    try:
+        left, right = window_size
+    except (TypeError, ValueError):
+        raise ValueError(f"window_size must be None or a pair of ints (left, right); got "
+                         f"{window_size!r}") from None
+    for x in (left, right):
+        if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < -1:
+            raise ValueError(f"window_size must be a pair of ints >= -1 (left, right), -1 "
+                             f"meaning unbounded on that side; got {window_size!r}")
+    left, right = int(left), int(right)
+    return None if (left, right) == (-1, -1) else (left, right)
+
+
+def band(Sq, Sk, causal=None, window_size=None):
+    """``(upper, lower)``: key c is visible from query r iff lower <= c - r <= upper, where
+    None means no bound on that side. Combines ``causal`` (either alignment) and
+    ``window_size`` (bottom-right aligned, flash-attention's convention)."""
+    mode = parse_causal(causal)
+    window = parse_window(window_size)
+    upper = None if mode is None else causal_offset(Sq, Sk, mode)
+    lower = None
+    if window is not None:
+        left, right = window
+        if right >= 0:
+            w_upper = Sk - Sq + right
+            upper = w_upper if upper is None else min(upper, w_upper)
+        if left >= 0:
+            lower = Sk - Sq - left
+    return upper, lower
+
+
+def visible_band(Sq, Sk, causal=None, window_size=None):
+    """Boolean (Sq, Sk): True where query row r may attend to key column c (causal and
+    window together)."""
+    upper, lower = band(Sq, Sk, causal, window_size)
+    diff = np.arange(Sk)[None, :] - np.arange(Sq)[:, None]
+    ok = np.ones((Sq, Sk), bool)
+    if upper is not None:
+        ok &= diff <= upper
+    if lower is not None:
+        ok &= diff >= lower
+    return ok

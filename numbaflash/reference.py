@@ -12,7 +12,7 @@ Fully masked rows (no visible key) give O = 0 and L = -inf, and zero gradients.
 
 import numpy as np
 
-from .masks import visible
+from .masks import visible_band
 
 
 def default_scale(d):
@@ -20,15 +20,88 @@ def default_scale(d):
     return 1.0 / np.sqrt(d)
 
 
-def _scores(q, k, causal, scale, dtype):
-    """S = scale * Q K^T with masked entries set to -inf; also returns the mask."""
+def expand_kv(q, k):
+    """GQA/MQA: k (or v) with each K/V head repeated for the query heads of its group, so
+    that it has q's heads (the reference may copy; the kernels never do)."""
+    q, k = np.asarray(q), np.asarray(k)
+    if q.ndim < 3 or k.shape[-3] == q.shape[-3]:
+        return k
+    return np.repeat(k, q.shape[-3] // k.shape[-3], axis=-3)
+
+
+def reduce_kv(dk, k_shape):
+    """The adjoint of ``expand_kv``: sum a gradient over the query heads of each group."""
+    if dk.shape == tuple(k_shape):
+        return dk
+    Hkv = k_shape[-3]
+    g = dk.shape[-3] // Hkv
+    return dk.reshape(dk.shape[:-3] + (Hkv, g) + dk.shape[-2:]).sum(axis=-3)
+
+
+def _index_grids(S):
+    """b, h, i, j index arrays broadcastable to S's shape (..., Sq, Sk); b = 0 without a
+    batch dim, h = 0 without a heads dim."""
+    shape = S.shape
+    i = np.arange(shape[-2])[:, None]
+    j = np.arange(shape[-1])[None, :]
+    h = np.arange(shape[-3])[:, None, None] if S.ndim >= 3 else np.zeros((1, 1), int)
+    b = np.arange(shape[-4])[:, None, None, None] if S.ndim >= 4 else np.zeros((1, 1), int)
+    return b, h, i, j
+
+
+def _python(fn):
+    """The plain Python function behind a Numba device function (or fn itself)."""
+    return getattr(fn, "py_func", fn)
+
+
+def scores(q, k, causal=False, scale=None, dtype=np.float64, *, window_size=None,
+           alibi_slopes=None, softcap=None, attn_mask=None, score_mod=None,
+           score_mod_grad=None, mask_mod=None):
+    """``(S, mask, G)``: the scores with every variant applied (masked entries -inf), the
+    boolean visibility (broadcast to S's shape), and G = d S / d (scale * Q K^T), the
+    factor the backward multiplies dS by. k may have fewer heads than q (GQA).
+
+    In order (kernels/variants.py): s = scale * q . k; softcap: s = cap * tanh(s / cap);
+    ALiBi: s -= slope * |i + Sk - Sq - j|; float attn_mask: s += mask; score_mod. Masks:
+    causal and window_size (masks.band), boolean attn_mask, mask_mod.
+    """
     q = np.asarray(q, dtype=dtype)
-    k = np.asarray(k, dtype=dtype)
+    k = np.asarray(expand_kv(q, k), dtype=dtype)
     Sq, Sk, d = q.shape[-2], k.shape[-2], q.shape[-1]
     scale = default_scale(d) if scale is None else scale
     S = (q @ np.swapaxes(k, -1, -2)) * dtype(scale)
-    mask = visible(Sq, Sk, causal)
-    S = np.where(mask, S, dtype(-np.inf))
+    mask = np.broadcast_to(visible_band(Sq, Sk, causal, window_size), S.shape)
+    G = np.ones_like(S)
+    with np.errstate(all="ignore"):
+        if softcap is not None:
+            T = np.tanh(S / dtype(softcap))
+            S = dtype(softcap) * T
+            G = 1 - T * T
+        if alibi_slopes is not None:
+            slopes = np.asarray(alibi_slopes, dtype=dtype)[..., None, None]   # (.., H, 1, 1)
+            dist = np.abs(np.arange(Sq)[:, None] + Sk - Sq - np.arange(Sk)[None, :])
+            S = S - slopes * dist.astype(dtype)
+        if attn_mask is not None:
+            m = np.asarray(attn_mask)
+            if m.dtype == np.bool_:
+                mask = mask & m
+            else:
+                S = S + m.astype(dtype)
+        b, h, i, j = _index_grids(S)
+        if mask_mod is not None:
+            mask = mask & np.vectorize(_python(mask_mod), otypes=[bool])(b, h, i, j)
+        if score_mod is not None:
+            if score_mod_grad is not None:
+                G = G * np.vectorize(_python(score_mod_grad), otypes=[dtype])(S, b, h, i, j)
+            S = np.vectorize(_python(score_mod), otypes=[dtype])(S, b, h, i, j)
+    mask = np.broadcast_to(mask, S.shape)
+    S = np.where(mask, S, dtype(-np.inf)).astype(dtype)
+    return S, mask, np.broadcast_to(G, S.shape).astype(dtype)
+
+
+def _scores(q, k, causal, scale, dtype, **variants):
+    """S = scale * Q K^T (modified by the variants) with masked entries -inf, and the mask."""
+    S, mask, _ = scores(q, k, causal, scale, dtype, **variants)
     return S, mask
 
 
@@ -47,14 +120,17 @@ def _softmax_rows(S, mask):
     return P, L[..., 0]
 
 
-def forward(q, k, v, causal=False, scale=None, dtype=np.float64):
-    """Dense attention: O = softmax(scale * Q K^T [masked]) V.
+def forward(q, k, v, causal=False, scale=None, dtype=np.float64, **variants):
+    """Dense attention: O = softmax(scale * Q K^T [masked, modified]) V.
 
-    Returns ``(O, L)`` with O (..., Sq, d) and L (..., Sq), both of ``dtype``.
+    ``variants``: the keyword arguments of ``numbaflash.attention`` (window_size,
+    alibi_slopes, softcap, attn_mask, score_mod, mask_mod; see ``scores``); k and v may
+    have fewer heads than q (GQA). Returns ``(O, L)`` with O (..., Sq, d) and L (..., Sq),
+    both of ``dtype``.
     """
-    S, mask = _scores(q, k, causal, scale, dtype)
+    S, mask = _scores(q, k, causal, scale, dtype, **variants)
     P, L = _softmax_rows(S, mask)
-    O = masked_matmul(P, np.asarray(v, dtype=dtype), mask)
+    O = masked_matmul(P, np.asarray(expand_kv(q, v), dtype=dtype), mask)
     return O, L
 
 
@@ -72,13 +148,13 @@ def masked_matmul(P, V, mask):
     return np.where(mask[..., :, :, None], terms, 0).sum(axis=-2)
 
 
-def probabilities(q, k, causal=False, scale=None, dtype=np.float64):
+def probabilities(q, k, causal=False, scale=None, dtype=np.float64, **variants):
     """The full (…, Sq, Sk) matrix P; for pictures and for checking "rows of P sum to 1"."""
-    S, mask = _scores(q, k, causal, scale, dtype)
+    S, mask = _scores(q, k, causal, scale, dtype, **variants)
     return _softmax_rows(S, mask)[0]
 
 
-def backward(dout, q, k, v, causal=False, scale=None, dtype=np.float64):
+def backward(dout, q, k, v, causal=False, scale=None, dtype=np.float64, **variants):
     """Analytic gradients of O = attention(q, k, v) against the upstream gradient dO.
 
         dV = P^T dO
@@ -90,6 +166,10 @@ def backward(dout, q, k, v, causal=False, scale=None, dtype=np.float64):
     Returns ``(dQ, dK, dV)`` with the shapes of q, k, v. Fully masked rows have P = 0,
     so they give a zero dQ row and contribute nothing to dK and dV.
 
+    Variants (``scores``): dS is taken with respect to the final scores and multiplied by
+    G = d S / d (scale Q K^T) (softcap's 1 - tanh^2, score_mod_grad). With GQA, dK and dV
+    are summed over the query heads of each group.
+
     Every sum runs over visible (row, key) pairs only (``masked_matmul``), as in the
     kernels: a NaN in a row's inputs makes that row's terms NaN, and so the dK, dV rows of
     the keys it sees, but never reaches a key the row cannot see (a plain matmul would,
@@ -97,8 +177,10 @@ def backward(dout, q, k, v, causal=False, scale=None, dtype=np.float64):
     """
     d = np.shape(q)[-1]
     scale = default_scale(d) if scale is None else scale
-    Q, K, V, dO = (np.asarray(a, dtype=dtype) for a in (q, k, v, dout))
-    S, mask = _scores(Q, K, causal, scale, dtype)
+    k_shape = np.shape(k)
+    Q, K, V, dO = (np.asarray(a, dtype=dtype) for a in (q, expand_kv(q, k), expand_kv(q, v),
+                                                          dout))
+    S, mask, G = scores(Q, K, causal, scale, dtype, **variants)
     P, _ = _softmax_rows(S, mask)
     P = np.where(mask, P, 0)            # a NaN row's masked entries are 0, not 0/NaN
     mask_T = np.swapaxes(mask, -1, -2)
@@ -106,7 +188,7 @@ def backward(dout, q, k, v, causal=False, scale=None, dtype=np.float64):
     dV = masked_matmul(np.swapaxes(P, -1, -2), dO, mask_T)
     dP = dO @ np.swapaxes(V, -1, -2)
     D = np.sum(dO * O, axis=-1, keepdims=True)
-    dS = np.where(mask, P * (dP - D), 0)
+    dS = np.where(mask, P * (dP - D) * G, 0)
     dQ = masked_matmul(dS, K, mask) * dtype(scale)
     dK = masked_matmul(np.swapaxes(dS, -1, -2), Q, mask_T) * dtype(scale)
-    return dQ, dK, dV
+    return dQ, reduce_kv(dK, k_shape), reduce_kv(dV, k_shape)

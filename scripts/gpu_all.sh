@@ -4,6 +4,8 @@
 #   bash scripts/gpu_all.sh tests       # the property suite with real CUDA, GPU-sized shapes
 #   bash scripts/gpu_all.sh check       # agreement with PyTorch SDPA (float64) + timings
 #   bash scripts/gpu_all.sh simgpu      # the same small inputs on the GPU and in the simulator
+#   bash scripts/gpu_all.sh variants    # attention variants vs PyTorch, skipped-tile timings,
+#                                         and compute-sanitizer on the variant kernels
 #   bash scripts/gpu_all.sh sanitize    # compute-sanitizer memcheck, racecheck, synccheck, initcheck
 #                                         (SANITIZER_TOOLS="memcheck racecheck" picks some)
 #   bash scripts/gpu_all.sh all         # the four above, each time-limited, logs packed in one file
@@ -41,6 +43,24 @@ check)
 simgpu)
     python3 scripts/sim_vs_gpu.py --out "$OUT" 2>&1 | tee "$OUT/sim_vs_gpu.txt"
     exit "${PIPESTATUS[0]}"
+    ;;
+variants)
+    # Attention variants: agreement with PyTorch (float64) and the skipped-tile timings,
+    # then compute-sanitizer on the variant kernels (scripts/sanitize_target.py --variants).
+    python3 scripts/variants_gpu.py --out "$OUT" 2>&1 | tee "$OUT/variants_gpu.txt"
+    status=${PIPESTATUS[0]}
+    for tool in ${SANITIZER_TOOLS:-memcheck racecheck synccheck}; do
+        compute-sanitizer --tool "$tool" python3 scripts/sanitize_target.py --variants \
+            > "$OUT/sanitize_variants_$tool.txt" 2>&1
+        summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitize_variants_$tool.txt" | tail -n 1)
+        calls=$(grep -c ": ok$" "$OUT/sanitize_variants_$tool.txt")
+        echo "variants $tool: ${summary:-NO SUMMARY LINE} ($calls calls completed)"
+        case "$summary" in
+            *" 0 errors"*|*" 0 hazards"*) ;;
+            *) status=1 ;;
+        esac
+    done
+    exit "$status"
     ;;
 sanitize)
     status=0

@@ -63,9 +63,11 @@ def main():
         O = cuda.device_array((p.BH, p.Sq, p.d), np.float32)
         L = cuda.device_array((p.BH, p.Sq), np.float32)
         scale, offset = np.float32(p.softmax_scale), np.int64(p.causal_offset)
+        # v1 and v2 also take the variant arguments (placeholders for plain attention)
+        extra = dispatch.variant_arguments(p, None, None) if plan.version in ("v1", "v2") else ()
 
         def raw():
-            kernel[plan.grid, plan.block](Q, K, V, O, L, scale, offset)
+            kernel[plan.grid, plan.block](Q, K, V, O, L, scale, offset, *extra)
 
         t_raw = per_call_us(raw, args.calls)
         t_api = per_call_us(lambda: numbaflash.attention(q, k, v, causal=causal), args.calls)

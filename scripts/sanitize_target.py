@@ -1,12 +1,19 @@
 """A small workload for compute-sanitizer: every kernel version on ragged shapes.
 
     compute-sanitizer --tool memcheck python scripts/sanitize_target.py
+    compute-sanitizer --tool racecheck python scripts/sanitize_target.py --variants
+
+``--variants`` runs the kernels that support attention variants instead (forward v1, v2,
+backward v1, and the tile-table kernel) with windows, GQA, ALiBi, softcap, masks and a
+mask_mod, on ragged shapes.
 
 Shapes are small (the sanitizer slows kernels down 10-100x, and every process compiles
 its kernels again) but cross tile boundaries with ragged tails, Sq != Sk in both
 directions, both causal alignments, and fully masked rows, so every guard in the kernels
 is exercised; float16 and float64 on one case. Prints one line per call.
 """
+
+import sys
 
 import numpy as np
 from numba import cuda
@@ -23,7 +30,44 @@ CASES = [  # (B, H, Sq, Sk, d, causal, dtypes)
 ]
 
 
+@cuda.jit(device=True)
+def documents_of_19(b, h, q_idx, kv_idx):
+    return q_idx // 19 == kv_idx // 19
+
+
+def variant_cases(rng):
+    """(name, (B, Hq, Hkv, Sq, Sk, d), options) for ``--variants``."""
+    mask = rng.random((2, 1, 77, 130)) < 0.3
+    return [
+        ("window + GQA", (2, 4, 2, 77, 130, 64), dict(window_size=(20, 3), causal=True)),
+        ("documents mask_mod + softcap", (1, 2, 2, 100, 100, 64),
+         dict(mask_mod=documents_of_19, softcap=4.0)),
+        ("bool attn_mask + ALiBi + MQA", (2, 2, 1, 77, 130, 32),
+         dict(attn_mask=mask, alibi_slopes=np.array([0.1, 0.3], np.float32))),
+        ("float bias", (1, 2, 2, 45, 70, 16),
+         dict(attn_mask=rng.standard_normal((45, 70)).astype(np.float32))),
+    ]
+
+
+def main_variants():
+    rng = np.random.default_rng(1)
+    for name, (B, Hq, Hkv, Sq, Sk, d), opts in variant_cases(rng):
+        q = cuda.to_device(rng.standard_normal((B, Hq, Sq, d)).astype(np.float32))
+        k, v = (cuda.to_device(rng.standard_normal((B, Hkv, Sk, d)).astype(np.float32))
+                for _ in range(2))
+        dout = cuda.to_device(rng.standard_normal((B, Hq, Sq, d)).astype(np.float32))
+        for version in ("v1", "v2"):
+            out, lse = numbaflash.attention(q, k, v, return_lse=True, version=version, **opts)
+            cuda.synchronize()
+            print(f"forward {version} {name}: ok", flush=True)
+        numbaflash.attention_backward(dout, q, k, v, out, lse, **opts)
+        cuda.synchronize()
+        print(f"backward v1 {name}: ok", flush=True)
+
+
 def main():
+    if "--variants" in sys.argv[1:]:
+        return main_variants()
     rng = np.random.default_rng(0)
     for B, H, Sq, Sk, d, causal, dtypes in CASES:
         for dtype in (np.dtype(t).type for t in dtypes):

@@ -63,7 +63,7 @@ import numpy as np
 from numbaflash import reference
 from numbaflash.masks import visible
 from tolerance import (MULT, assert_exact, assert_matches_reference, assert_same_nonfinite,
-                       fully_masked_rows, to_host, unseen_keys)
+                       score_terms, to_host)
 
 
 GRADS = ("dQ", "dK", "dV")
@@ -73,60 +73,85 @@ def scale_of(d, scale):
     return reference.default_scale(d) if scale is None else scale
 
 
-def backward_magnitudes(dout, q, k, v, *, causal=None, scale=None):
+def _expanded(dout, q, k, v, causal, scale, variants):
+    """float64 dO, Q, K, V (K and V expanded to q's heads: GQA), P, G and the mask."""
+    dO, Q = (np.asarray(a, np.float64) for a in (dout, q))
+    K, V = (np.asarray(reference.expand_kv(q, a), np.float64) for a in (k, v))
+    _, mask, G = reference.scores(Q, K, causal, scale, **variants)
+    P = reference.probabilities(Q, K, causal=causal, scale=scale, **variants)
+    return dO, Q, K, V, P, np.where(mask, G, 0.0), mask
+
+
+def backward_magnitudes(dout, q, k, v, *, causal=None, scale=None, **variants):
     """``{"dQ": ..., "dK": ..., "dV": ...}``: each gradient's formula over absolute values.
 
-        dS_abs = P * (|dO| |V|^T + rowsum(|dO| * |O|))
+        dS_abs = P * |G| * (|dO| |V|^T + rowsum(|dO| * |O|))
         dQ: scale * max(dS_abs |K|),  dK: scale * max(dS_abs^T |Q|),  dV: max(P^T |dO|)
+    (G = d score / d (scale q.k), 1 without softcap or score_mod; dK and dV summed over
+    the query heads of a GQA group before the max.)
     """
-    dO, Q, K, V = (np.abs(np.asarray(a, np.float64)) for a in (dout, q, k, v))
+    dO, Q, K, V, P, G, _ = _expanded(dout, q, k, v, causal, scale, variants)
+    dO, Q, K, V = (np.abs(a) for a in (dO, Q, K, V))
     s = scale_of(np.shape(q)[-1], scale)
-    P = reference.probabilities(q, k, causal=causal, scale=scale)
-    O = np.abs(P @ np.asarray(v, np.float64))
-    dS = P * (dO @ np.swapaxes(V, -1, -2) + np.sum(dO * O, axis=-1, keepdims=True))
+    O = np.abs(P @ np.asarray(reference.expand_kv(q, v), np.float64))
+    dS = P * np.abs(G) * (dO @ np.swapaxes(V, -1, -2) + np.sum(dO * O, axis=-1, keepdims=True))
+    k_shape = np.shape(k)
 
     def top(x):
         return float(x.max()) if x.size else 0.0
 
     return {"dQ": abs(s) * top(dS @ K),
-            "dK": abs(s) * top(np.swapaxes(dS, -1, -2) @ Q),
-            "dV": top(np.swapaxes(P, -1, -2) @ dO)}
+            "dK": abs(s) * top(reference.reduce_kv(np.swapaxes(dS, -1, -2) @ Q, k_shape)),
+            "dV": top(reference.reduce_kv(np.swapaxes(P, -1, -2) @ dO, k_shape))}
 
 
-def reference_backward(dout, q, k, v, out, *, causal=None, scale=None):
+def reference_backward(dout, q, k, v, out, *, causal=None, scale=None, **variants):
     """The float64 gradients (dQ, dK, dV) of the rounded inputs, with D = rowsum(dO * out)
     from the given (rounded) out: P, dP and everything else exact (module docstring)."""
-    dO, Q, K, V, O = (np.asarray(a, np.float64) for a in (dout, q, k, v, out))
+    dO, Q, K, V, P, G, _ = _expanded(dout, q, k, v, causal, scale, variants)
+    O = np.asarray(out, np.float64)
     s = scale_of(Q.shape[-1], scale)
-    P = reference.probabilities(Q, K, causal=causal, scale=scale)
     D = np.sum(dO * O, axis=-1, keepdims=True)
-    dS = P * (dO @ np.swapaxes(V, -1, -2) - D)
-    return dS @ K * s, np.swapaxes(dS, -1, -2) @ Q * s, np.swapaxes(P, -1, -2) @ dO
+    dS = P * (dO @ np.swapaxes(V, -1, -2) - D) * G
+    k_shape = np.shape(k)
+    return (dS @ K * s, reference.reduce_kv(np.swapaxes(dS, -1, -2) @ Q * s, k_shape),
+            reference.reduce_kv(np.swapaxes(P, -1, -2) @ dO, k_shape))
 
 
-def naive_backward(dout, q, k, v, out, lse, *, causal=None, scale=None):
+def naive_backward(dout, q, k, v, out, lse, *, causal=None, scale=None, **variants):
     """Algorithm 2's formulas, dense, in q's dtype, from the given out and lse (module
     docstring). The exponent S - lse is taken in lse's dtype (float32 for float16 inputs)
     and P is rounded to q's dtype; everything else is in q's dtype."""
-    q, k, v, dout, out = (np.asarray(a) for a in (q, k, v, dout, out))
+    q, dout, out = (np.asarray(a) for a in (q, dout, out))
+    k_shape = np.shape(k)
+    k, v = (np.asarray(reference.expand_kv(q, a)) for a in (k, v))
     lse = np.asarray(lse)
     t = q.dtype.type
     s = t(scale_of(q.shape[-1], scale))
     with np.errstate(all="ignore"):
-        S = (q @ np.swapaxes(k, -1, -2)) * s
-        seen = visible(q.shape[-2], k.shape[-2], causal) & (lse != -np.inf)[..., None]
+        S, mask, G = reference.scores(q, k, causal, s, dtype=t, **variants)
+        seen = mask & (lse != -np.inf)[..., None]
         P = np.where(seen, np.exp(np.where(seen, S - lse[..., None], 0)), 0).astype(t)
         D = np.sum(dout * out, axis=-1, keepdims=True)
         dV = np.swapaxes(P, -1, -2) @ dout
-        dS = P * (dout @ np.swapaxes(v, -1, -2) - D)
-        return dS @ k * s, np.swapaxes(dS, -1, -2) @ q * s, dV
+        dS = P * (dout @ np.swapaxes(v, -1, -2) - D) * np.where(seen, G, 0).astype(t)
+        return (dS @ k * s, reference.reduce_kv(np.swapaxes(dS, -1, -2) @ q * s, k_shape),
+                reference.reduce_kv(dV, k_shape))
 
 
-def exact_masks(Sq, Sk, causal):
-    """Per gradient, the positions that must be exactly 0 (broadcastable masks)."""
-    rows = fully_masked_rows(Sq, Sk, causal)[:, None]
-    keys = unseen_keys(Sq, Sk, causal)[:, None]
-    return {"dQ": rows, "dK": keys, "dV": keys}
+def exact_masks(Sq, Sk, causal, mask=None, k_shape=None):
+    """Per gradient, the positions that must be exactly 0 (broadcastable masks): rows that
+    see no key (dQ), keys that no row sees (dK, dV; with GQA, no row of any query head of
+    the group). ``mask``: the visibility (reference.scores); default causal's."""
+    if mask is None:
+        mask = visible(Sq, Sk, causal)
+    rows = ~mask.any(axis=-1)
+    keys = ~mask.any(axis=-2)
+    if k_shape is not None and keys.ndim >= 2 and keys.shape[-2] != k_shape[-3]:
+        Hkv = k_shape[-3]
+        keys = keys.reshape(keys.shape[:-2] + (Hkv, keys.shape[-2] // Hkv, keys.shape[-1]))
+        keys = keys.all(axis=-2)
+    return {"dQ": rows[..., None], "dK": keys[..., None], "dV": keys[..., None]}
 
 
 def acc_dtype(dtype):
@@ -134,32 +159,32 @@ def acc_dtype(dtype):
     return np.float64 if np.dtype(dtype) == np.float64 else np.float32
 
 
-def score_size(q, k, *, causal=None, scale=None):
-    """max |S| over visible pairs, plus log(Sk): a bound on |S| and |lse|, whose float32
-    roundings (about eps times this) P = exp(S - lse) inherits as a relative error."""
-    S = scale_of(np.shape(q)[-1], scale) * (np.asarray(q, np.float64)
-                                           @ np.swapaxes(np.asarray(k, np.float64), -1, -2))
-    S = np.where(visible(S.shape[-2], S.shape[-1], causal), np.abs(S), 0)
-    return float(S.max(initial=0)) + float(np.log(max(S.shape[-1], 1)))
+def score_size(q, k, *, causal=None, scale=None, **variants):
+    """max |S| over visible pairs (the size of its terms, tolerance.score_terms), plus
+    log(Sk): a bound on |S| and |lse|, whose float32 roundings (about eps times this)
+    P = exp(S - lse) inherits as a relative error."""
+    size, _ = score_terms(q, k, causal=causal, scale=scale, **variants)
+    return float(size.max(initial=0)) + float(np.log(max(np.shape(k)[-2], 1)))
 
 
-def p_error_magnitudes(dout, q, k, v, *, causal=None, scale=None):
+def p_error_magnitudes(dout, q, k, v, *, causal=None, scale=None, **variants):
     """How much each gradient moves per unit relative error in P (a first-order bound):
 
         dV: max(P^T |dO|)
-        dQ: scale * max((P |dP - D|) |K|),  dK: scale * max((P |dP - D|)^T |Q|)
+        dQ: scale * max((P |G| |dP - D|) |K|),  dK: scale * max((P |G| |dP - D|)^T |Q|)
     """
-    dO, Q, K, V = (np.asarray(a, np.float64) for a in (dout, q, k, v))
+    dO, Q, K, V, P, G, _ = _expanded(dout, q, k, v, causal, scale, variants)
     s = abs(scale_of(Q.shape[-1], scale))
-    P = reference.probabilities(Q, K, causal=causal, scale=scale)
     D = np.sum(dO * (P @ V), axis=-1, keepdims=True)
-    dS = P * np.abs(dO @ np.swapaxes(V, -1, -2) - D)
+    dS = P * np.abs(G) * np.abs(dO @ np.swapaxes(V, -1, -2) - D)
+    k_shape = np.shape(k)
 
     def top(x):
         return float(x.max()) if x.size else 0.0
 
-    return {"dQ": s * top(dS @ np.abs(K)), "dK": s * top(np.swapaxes(dS, -1, -2) @ np.abs(Q)),
-            "dV": top(np.swapaxes(P, -1, -2) @ np.abs(dO))}
+    return {"dQ": s * top(dS @ np.abs(K)),
+            "dK": s * top(reference.reduce_kv(np.swapaxes(dS, -1, -2) @ np.abs(Q), k_shape)),
+            "dV": top(reference.reduce_kv(np.swapaxes(P, -1, -2) @ np.abs(dO), k_shape))}
 
 
 def assert_gradient_rule(name, got, ref, base, magnitude, exact, size_S=0.0, p_magnitude=0.0):
@@ -195,7 +220,7 @@ def assert_gradient_rule(name, got, ref, base, magnitude, exact, size_S=0.0, p_m
     return err, bound
 
 
-def check_out_lse(q, k, v, out, lse, *, causal=None, scale=None):
+def check_out_lse(q, k, v, out, lse, *, causal=None, scale=None, **variants):
     """out and lse are the forward's (module docstring): the same non-finite positions as
     the float64 reference, then within the error a correct forward has from rounding its
     scores. A score's rounding error is about eps * the size of its terms, with
@@ -207,12 +232,10 @@ def check_out_lse(q, k, v, out, lse, *, causal=None, scale=None):
                                                       accumulator; spacing of out's dtype)
     """
     q, k, v = (np.asarray(a) for a in (q, k, v))
-    O, L = reference.forward(q, k, v, causal=causal, scale=scale)
+    O, L = reference.forward(q, k, v, causal=causal, scale=scale, **variants)
     V = np.abs(np.asarray(v, np.float64))
-    Q, K = (np.abs(np.asarray(a, np.float64)) for a in (q, k))
-    terms = np.where(visible(Q.shape[-2], K.shape[-2], causal),
-                     abs(scale_of(Q.shape[-1], scale)) * (Q @ np.swapaxes(K, -1, -2)), 0)
-    size = 1 + float(terms.max(initial=0)) + float(np.log(max(K.shape[-2], 1)))
+    terms, _ = score_terms(q, k, causal=causal, scale=scale, **variants)
+    size = 1 + float(terms.max(initial=0)) + float(np.log(max(k.shape[-2], 1)))
     eps = float(np.finfo(acc_dtype(q.dtype)).eps)
     max_V = float(V[np.isfinite(V)].max(initial=0))
     bounds = (("lse", lse, L, 16 * eps * size),
@@ -227,7 +250,7 @@ def check_out_lse(q, k, v, out, lse, *, causal=None, scale=None):
                               f"exceeds 16 eps (1 + size of the scores) = {bound:.6g}")
 
 
-def check_backward(dout, q, k, v, out, lse, grads, *, causal=None, scale=None):
+def check_backward(dout, q, k, v, out, lse, grads, *, causal=None, scale=None, **variants):
     """Check gradients ``(dq, dk, dv)`` of a backward that was given ``out`` and ``lse``.
 
     out and lse are checked first (``check_out_lse``); then each gradient's dtype (the
@@ -236,14 +259,15 @@ def check_backward(dout, q, k, v, out, lse, grads, *, causal=None, scale=None):
     """
     q = np.asarray(q)
     out, lse = to_host(out), to_host(lse)
-    check_out_lse(q, k, v, out, lse, causal=causal, scale=scale)
-    ref = reference_backward(dout, q, k, v, out, causal=causal, scale=scale)
-    base = None if q.dtype == np.float64 else naive_backward(
-        dout, q, k, v, out, lse, causal=causal, scale=scale)
-    mags = backward_magnitudes(dout, q, k, v, causal=causal, scale=scale)
-    size_S = score_size(q, k, causal=causal, scale=scale)
-    p_mags = p_error_magnitudes(dout, q, k, v, causal=causal, scale=scale)
-    exact = exact_masks(q.shape[-2], np.shape(k)[-2], causal)
+    kw = dict(causal=causal, scale=scale, **variants)
+    check_out_lse(q, k, v, out, lse, **kw)
+    ref = reference_backward(dout, q, k, v, out, **kw)
+    base = None if q.dtype == np.float64 else naive_backward(dout, q, k, v, out, lse, **kw)
+    mags = backward_magnitudes(dout, q, k, v, **kw)
+    size_S = score_size(q, k, **kw)
+    p_mags = p_error_magnitudes(dout, q, k, v, **kw)
+    _, mask = score_terms(q, k, **kw)
+    exact = exact_masks(q.shape[-2], np.shape(k)[-2], causal, mask, np.shape(k))
     result = {}
     for i, (name, got) in enumerate(zip(GRADS, grads)):
         got = to_host(got)

@@ -74,9 +74,24 @@ def array(dtype, ndim):
 
 
 def forward_signature(dtype, acc):
-    """forward_vN(Q, K, V, O, L, softmax_scale, causal_offset)."""
+    """forward_v3(Q, K, V, O, L, softmax_scale, causal_offset)."""
     t3 = array(dtype, 3)
     return (t3, t3, t3, t3, array(acc, 2), numba.from_dtype(acc), numba.int64)
+
+
+def variant_signature(acc, mask_dtype="bool"):
+    """What follows causal_offset in kernels that take variants (dispatch.variant_arguments):
+    window_lo, Hq, group, softcap, slopes (2D), attn_mask (4D, bool or a float dtype),
+    tiles (3D bool, the table of visible tiles)."""
+    import numpy as np
+    i64 = numba.int64
+    return (i64, i64, i64, numba.from_dtype(acc), array(acc, 2), array(np.dtype(mask_dtype), 4),
+            array(np.dtype(np.bool_), 3))
+
+
+def forward_variant_signature(dtype, acc, mask_dtype="bool"):
+    """forward_v1 / forward_v2(Q, K, V, O, L, softmax_scale, causal_offset, *variant)."""
+    return forward_signature(dtype, acc) + variant_signature(acc, mask_dtype)
 
 
 def forward_entries():
@@ -88,17 +103,18 @@ def forward_entries():
     for dtype in ("float16", "float32", "float64"):
         acc = "float64" if dtype == "float64" else "float32"
         sig = forward_signature(np.dtype(dtype), np.dtype(acc))
+        vsig = forward_variant_signature(np.dtype(dtype), np.dtype(acc))
         for d in (1, 64, 128, 256):
             for causal in (False, True):
                 tag = f"{dtype}-d{d}-{'causal' if causal else 'full'}"
                 out.append(Entry(f"forward_v1-{tag}", "forward",
                                  lambda d=d, c=causal, a=acc: fwd.make_forward_v1(d, c, a),
-                                 sig, dtype != "float64"))
+                                 vsig, dtype != "float64"))
                 Br, Bc = dispatch.default_forward_tiles(d, acc)
                 out.append(Entry(f"forward_v2-{tag}-tiles{Br}x{Bc}", "forward",
                                  lambda Br=Br, Bc=Bc, d=d, c=causal, a=acc:
                                  fwd.make_forward_v2(Br, Bc, d, c, a),
-                                 sig, dtype != "float64"))
+                                 vsig, dtype != "float64"))
                 if "v3" in fwd.VERSIONS and acc == "float32" and d <= dispatch.V3_MAX_HEAD_DIM:
                     # v3 (tensor cores, GPU only): float32 accumulation, d <= 128
                     Br, Bc = dispatch.default_v3_tiles(d)
@@ -125,15 +141,24 @@ def backward_signatures(dtype, acc):
     """The backward kernels' argument types: (preprocess, dkdv_v1, dq_v1, dkdv_dq_v2).
 
     backward_preprocess(dO, O, D); backward_dkdv_v1(Q, K, V, dO, L, D, dK, dV, scale,
-    offset); backward_dq_v1(Q, K, V, dO, L, D, dQ, scale, offset); backward_dkdv_dq_v2(Q,
+    offset, *variant); backward_dq_v1(Q, K, V, dO, L, D, dQ, scale, offset, *variant)
+    (variant_signature); backward_dkdv_dq_v2(Q,
     K, V, dO, L, D, dQ, dK, dV, scale, offset), where dQ is in the accumulator dtype.
     """
     t3, a2, a3 = array(dtype, 3), array(acc, 2), array(acc, 3)
     scale, offset = numba.from_dtype(acc), numba.int64
+    extra = variant_signature(acc)
     return ((t3, t3, a2),
-            (t3, t3, t3, t3, a2, a2, t3, t3, scale, offset),
-            (t3, t3, t3, t3, a2, a2, t3, scale, offset),
+            (t3, t3, t3, t3, a2, a2, t3, t3, scale, offset) + extra,
+            (t3, t3, t3, t3, a2, a2, t3, scale, offset) + extra,
             (t3, t3, t3, t3, a2, a2, a3, t3, t3, scale, offset))
+
+
+def backward_v3_signatures(dtype, acc):
+    """(dkdv_v3, dq_v3): v1's arguments without the variant ones (v3 is plain attention)."""
+    _, dkdv, dq, _ = backward_signatures(dtype, acc)
+    n = len(variant_signature(acc))
+    return dkdv[:-n], dq[:-n]
 
 
 def backward_entries():
@@ -175,20 +200,96 @@ def backward_entries():
             if dtype != "float32" and d not in (64, 128):
                 continue
             t = dispatch.default_backward_v3_tiles(d, acc)
+            dkdv3, dq3 = backward_v3_signatures(np.dtype(dtype), np.dtype(acc))
             for causal in (False, True):
                 tag = (f"{dtype}-d{d}-{'causal' if causal else 'full'}-tiles{t[0]}x{t[1]}"
                        f"-thread{t[2]}x{t[3]}")
                 out.append(Entry(f"backward_dkdv_v3-{tag}", "backward",
                                  lambda t=t, d=d, c=causal, a=acc:
-                                 bwd.make_backward_dkdv_v3(*t, d, c, a), dkdv, no_f64))
+                                 bwd.make_backward_dkdv_v3(*t, d, c, a), dkdv3, no_f64))
                 out.append(Entry(f"backward_dq_v3-{tag}", "backward",
                                  lambda t=t, d=d, c=causal, a=acc:
-                                 bwd.make_backward_dq_v3(*t, d, c, a), dq, no_f64))
+                                 bwd.make_backward_dq_v3(*t, d, c, a), dq3, no_f64))
     assert {e.name.split("-")[0] for e in out} >= {"backward_dkdv_v3", "backward_dq_v3"}
     return out
 
 
-GROUPS = {"forward": forward_entries, "backward": backward_entries}
+@cuda.jit(device=True)
+def _relative_bias(score, b, h, q_idx, kv_idx):
+    """A user score_mod for the check (float64 constants: user code may use them)."""
+    return score - 0.25 * abs(q_idx - kv_idx)
+
+
+@cuda.jit(device=True)
+def _relative_bias_grad(score, b, h, q_idx, kv_idx):
+    return 1.0
+
+
+@cuda.jit(device=True)
+def _documents(b, h, q_idx, kv_idx):
+    return q_idx // 64 == kv_idx // 64
+
+
+def variant_entries():
+    """Forward v1, v2 and backward dK/dV, dQ v1 specialised for variants
+    (kernels/variants.py), float16/float32/float64 at d = 64 and float32 at d = 128, default
+    tiles, and the tile-table kernel of the variants that need one:
+      builtins: causal + window left + softcap + ALiBi + boolean attn_mask (no float64 in
+                float16/float32 kernels);
+      bias:     an additive attn_mask in the input dtype (no float64 either);
+      usermods: a user score_mod (+ grad) and mask_mod (they may use float64 constants,
+                so only compiling and linking is checked)."""
+    import numpy as np
+
+    from numbaflash.kernels import backward as bwd
+    from numbaflash.kernels import variants as variants_mod
+    from numbaflash.kernels.variants import Variant
+    variants = {
+        "builtins": (True, Variant(window=True, softcap=True, alibi=True, mask="bool"), "bool"),
+        "bias": (False, Variant(mask="bias"), None),
+        "usermods": (True, Variant(score_mod=_relative_bias, score_mod_grad=_relative_bias_grad,
+                                   mask_mod=_documents), "bool"),
+    }
+    out = []
+    for dtype in ("float16", "float32", "float64"):
+        acc = "float64" if dtype == "float64" else "float32"
+        dt, at = np.dtype(dtype), np.dtype(acc)
+        for d in ((64, 128) if dtype == "float32" else (64,)):   # (d = 128 once: CI time)
+            for vname, (causal, variant, mask_dtype) in variants.items():
+                mask_dtype = mask_dtype or dtype
+                no_f64 = dtype != "float64" and vname != "usermods"
+                extra = variant_signature(at, mask_dtype)
+                tag = f"{dtype}-d{d}-{vname}"
+                kw = dict(d=d, c=causal, a=acc, v=variant)
+                fsig = forward_signature(dt, at) + extra
+                out.append(Entry(f"forward_v1-{tag}", "variants",
+                                 lambda kw=kw: fwd.make_forward_v1(kw["d"], kw["c"], kw["a"],
+                                                                   kw["v"]), fsig, no_f64))
+                Br, Bc = dispatch.default_forward_tiles(d, acc)
+                out.append(Entry(f"forward_v2-{tag}-tiles{Br}x{Bc}", "variants",
+                                 lambda kw=kw, Br=Br, Bc=Bc: fwd.make_forward_v2(
+                                     Br, Bc, kw["d"], kw["c"], kw["a"], kw["v"]), fsig, no_f64))
+                Br, Bc = dispatch.default_backward_tiles(d, acc)
+                _, dkdv, dq, _ = backward_signatures(dt, at)
+                dkdv = dkdv[:-7] + extra
+                dq = dq[:-7] + extra
+                out.append(Entry(f"backward_dkdv_v1-{tag}-tiles{Br}x{Bc}", "variants",
+                                 lambda kw=kw, Br=Br, Bc=Bc: bwd.make_backward_dkdv_v1(
+                                     Br, Bc, kw["d"], kw["c"], kw["a"], kw["v"]), dkdv, no_f64))
+                out.append(Entry(f"backward_dq_v1-{tag}-tiles{Br}x{Bc}", "variants",
+                                 lambda kw=kw, Br=Br, Bc=Bc: bwd.make_backward_dq_v1(
+                                     Br, Bc, kw["d"], kw["c"], kw["a"], kw["v"]), dq, no_f64))
+                if variant.tile_table and d == 64:      # (the table does not depend on d)
+                    i64 = numba.int64
+                    tsig = (array(np.dtype(np.bool_), 3), i64, i64, i64, i64, i64,
+                            array(np.dtype(mask_dtype), 4))
+                    out.append(Entry(f"tile_table-{dtype}-{vname}-tiles{Br}x{Bc}", "variants",
+                                     lambda kw=kw, Br=Br, Bc=Bc: variants_mod.make_tile_table(
+                                         Br, Bc, kw["c"], kw["a"], kw["v"]), tsig, no_f64))
+    return out
+
+
+GROUPS = {"forward": forward_entries, "backward": backward_entries, "variants": variant_entries}
 
 
 F64_RE = re.compile(r"\.f64\b")

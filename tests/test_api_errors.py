@@ -52,8 +52,10 @@ pytestmark = pytest.mark.usefixtures("no_launch")
 @pytest.mark.parametrize("shape_q,shape_k,shape_v,match", [
     ((5, 8), (6, 8), (7, 8), r"k and v must have the same shape"),
     ((5, 8), (6, 4), (6, 4), r"q and k must have the same head dim"),
-    ((2, 5, 8), (3, 6, 8), (3, 6, 8), r"same leading \(batch, heads\) dims"),
-    ((2, 3, 5, 8), (2, 4, 6, 8), (2, 4, 6, 8), r"same leading \(batch, heads\) dims"),
+    # k and v may have fewer heads than q (GQA/MQA), but a divisor of q's
+    ((2, 5, 8), (3, 6, 8), (3, 6, 8), r"multiple of the number of key/value heads"),
+    ((2, 3, 5, 8), (2, 4, 6, 8), (2, 4, 6, 8), r"multiple of the number of key/value heads"),
+    ((2, 3, 5, 8), (3, 3, 6, 8), (3, 3, 6, 8), r"same batch dim"),
     ((2, 5, 8), (6, 8), (6, 8), r"same rank"),
     ((2, 3, 5, 8), (2, 3, 6, 8), (2, 3, 7, 8), r"k and v must have the same shape"),
 ])

@@ -106,3 +106,16 @@ print("F64LINES", len(ptx_check.f64_lines(ptx)))
     assert proc.returncode == 0, proc.stderr[-3000:]
     count = int(proc.stdout.split("F64LINES")[1].split()[0])
     assert count > 0
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_variant_kernels_compile_and_link_for_sm90(dtype, record_property):
+    """The kernels specialised for attention variants (window, softcap, ALiBi, masks, user
+    score_mod/mask_mod; ptx_check.variant_entries) compile and link for sm_90, and the
+    built-in ones keep float16/float32 kernels free of float64."""
+    results = run_ptx_check("--group", "variants", f"--match=-{dtype}-", "--link")
+    record_property("ptx_report", table(results))
+    # head dims x variants x kernels, and the tile table for the two variants with a mask
+    n_d = 2 if dtype == "float32" else 1
+    assert len(results) == n_d * 3 * 4 + 2, [r["name"] for r in results]
+    assert_compiled_without_f64(results, dtype)

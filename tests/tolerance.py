@@ -219,36 +219,52 @@ def baseline_dtype(dtype):
     return np.dtype(dtype).type
 
 
-def forward_oracle(q, k, v, *, causal=None, scale=None):
+def forward_oracle(q, k, v, *, causal=None, scale=None, **variants):
     """``(ref_O, ref_L, base_O, base_L)``: float64 reference on the given (already rounded)
-    inputs, and the same formula in the inputs' dtype (None for float64 inputs)."""
-    ref_O, ref_L = reference.forward(q, k, v, causal=causal, scale=scale)
+    inputs, and the same formula in the inputs' dtype (None for float64 inputs).
+    ``variants``: attention's variant keyword arguments (window_size, alibi_slopes, ...)."""
+    ref_O, ref_L = reference.forward(q, k, v, causal=causal, scale=scale, **variants)
     dtype = np.asarray(q).dtype
     if dtype == np.float64:
         return ref_O, ref_L, None, None
     with np.errstate(all="ignore"):
         base_O, base_L = reference.forward(q, k, v, causal=causal, scale=scale,
-                                           dtype=baseline_dtype(dtype))
+                                           dtype=baseline_dtype(dtype), **variants)
     return ref_O, ref_L, base_O, base_L
 
 
-def forward_magnitudes(q, k, v, *, causal=None, scale=None):
+def score_terms(q, k, *, causal=None, scale=None, **variants):
+    """``(size, mask)``: per (query, key) pair, the size of the terms its score is computed
+    from, scale * sum_k |q_k k_k| plus what the variants add or change (|S - scale q.k|),
+    0 where masked; and the visibility mask (with GQA, k is expanded to q's heads)."""
+    q = np.asarray(q, dtype=np.float64)
+    k = np.asarray(reference.expand_kv(q, k), dtype=np.float64)
+    d = q.shape[-1]
+    scale = 1.0 / np.sqrt(d) if scale is None else scale
+    with np.errstate(all="ignore"):
+        raw = scale * (q @ np.swapaxes(k, -1, -2))
+        S, mask, _ = reference.scores(q, k, causal, scale, **variants)
+        size = abs(scale) * (np.abs(q) @ np.swapaxes(np.abs(k), -1, -2))
+        if variants and any(x is not None for x in variants.values()):
+            size = size + np.where(np.isfinite(S) & np.isfinite(raw), np.abs(S - raw), 0)
+    size = np.where(mask & np.isfinite(size), size, 0.0)
+    return size, mask
+
+
+def forward_magnitudes(q, k, v, *, causal=None, scale=None, **variants):
     """``(mag_O, mag_L)``: the natural sizes of O and lse for the float64 relative rule.
 
     O is a convex combination of V rows: max|V| (finite entries). lse lies between the
     row's max score and that plus log(Sk), and each score is a dot product whose rounding
-    scales with its terms, not its value: max over visible pairs of scale * sum_k |q_k k_k|,
-    plus log(Sk).
+    scales with its terms, not its value: max over visible pairs of scale * sum_k |q_k k_k|
+    (plus what the variants add: ``score_terms``), plus log(Sk).
     """
-    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
+    v = np.asarray(v, dtype=np.float64)
     fv = np.abs(v[np.isfinite(v)])
     mag_O = float(fv.max()) if fv.size else 0.0
-    Sq, Sk, d = q.shape[-2], k.shape[-2], q.shape[-1]
-    scale = 1.0 / np.sqrt(d) if scale is None else scale
-    with np.errstate(all="ignore"):
-        S = abs(scale) * (np.abs(q) @ np.swapaxes(np.abs(k), -1, -2))
-    S = S[np.isfinite(S) & np.broadcast_to(visible(Sq, Sk, causal), S.shape)]
-    mag_L = (float(S.max()) if S.size else 0.0) + float(np.log(max(Sk, 1)))
+    Sk = np.shape(k)[-2]
+    size, _ = score_terms(q, k, causal=causal, scale=scale, **variants)
+    mag_L = float(size.max(initial=0.0)) + float(np.log(max(Sk, 1)))
     return mag_O, mag_L
 
 
@@ -262,7 +278,12 @@ def unseen_keys(Sq, Sk, causal):
     return ~visible(Sq, Sk, causal).any(axis=0)
 
 
-def check_forward(q, k, v, out, lse, *, causal=None, scale=None):
+def masked_rows_of(mask):
+    """Boolean (..., Sq): rows of a (..., Sq, Sk) visibility mask that see no key."""
+    return ~np.asarray(mask).any(axis=-1)
+
+
+def check_forward(q, k, v, out, lse, *, causal=None, scale=None, **variants):
     """Check a forward kernel's (out, lse) against the reference with the primary rule.
 
     Non-finite positions first, then fully masked rows exactly (out 0, lse -inf), then
@@ -270,17 +291,19 @@ def check_forward(q, k, v, out, lse, *, causal=None, scale=None):
     (error, bound) per tensor for reporting.
     """
     q = np.asarray(q)
-    ref_O, ref_L, base_O, base_L = forward_oracle(q, k, v, causal=causal, scale=scale)
+    ref_O, ref_L, base_O, base_L = forward_oracle(q, k, v, causal=causal, scale=scale,
+                                                  **variants)
     out, lse = to_host(out), to_host(lse)
     if out.dtype != q.dtype:
         raise AssertionError(f"O: dtype {out.dtype}, expected the inputs' dtype {q.dtype}")
     want_lse = np.float64 if q.dtype == np.float64 else np.float32
     if lse.dtype != want_lse:
         raise AssertionError(f"lse: dtype {lse.dtype}, expected {np.dtype(want_lse)}")
-    rows = fully_masked_rows(q.shape[-2], np.shape(k)[-2], causal)
-    mag_O, mag_L = forward_magnitudes(q, k, v, causal=causal, scale=scale)
+    _, mask = score_terms(q, k, causal=causal, scale=scale, **variants)
+    rows = masked_rows_of(mask)
+    mag_O, mag_L = forward_magnitudes(q, k, v, causal=causal, scale=scale, **variants)
     return {
-        "O": assert_matches_reference("O", out, ref_O, base_O, exact=rows[:, None],
+        "O": assert_matches_reference("O", out, ref_O, base_O, exact=rows[..., None],
                                       magnitude=mag_O),
         "lse": assert_matches_reference("lse", lse, ref_L, base_L, exact=rows,
                                         magnitude=mag_L),

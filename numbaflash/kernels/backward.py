@@ -98,8 +98,17 @@ Sq = 1024 (the bound of TESTING.md's rule). The price is d more registers per
 accumulator: from d = 64 on, v1's and v2's dK/dV kernels spill (tests/ptx_check.py reports
 it); v3 keeps them in registers without spills up to d = 128 (each thread holds a block).
 
-GPU timings of v1: docs/gpu-results.md (20-50x slower than PyTorch SDPA's fp32 backward on
-the H200). Fully masked rows (causal with Sq > Sk, where L = -inf) have P = 0:
+Variants (kernels/variants.py, docs/variants.md): the v1 kernels take a compile-time
+``variant`` and seven more run-time arguments after causal_offset (window_lo, Hq, group,
+softcap, slopes, attn_mask, tiles). dS is multiplied by d score / d s (softcap, score_mod_grad).
+With GQA the dK/dV kernel runs one block per K/V head and tile, and walks the Q tiles of
+every query head of its group in a fixed order: dK, dV summed without atomics. Tiles
+that a boolean attn_mask or a mask_mod leaves empty are skipped through the table of
+visible tiles (``tiles``, variants.make_tile_table). v2 and v3 compute plain attention
+only (the dispatcher refuses variants).
+
+Timed on the H200 in docs/performance.md (v1: 0.054x SDPA EFFICIENT at (2, 16,
+4096, 64)). Fully masked rows (causal with Sq > Sk, where L = -inf) have P = 0:
 the kernels skip them before computing exp, so they give a zero dQ row, add nothing to
 dK and dV, and no exp(-inf - (-inf)) is ever evaluated. Masked keys are never read into
 a sum, so NaN there has no effect; NaN in a visible input propagates.
@@ -111,6 +120,8 @@ import math
 from numba import cuda
 
 from . import acc_type, jit_options
+from .bands import make_kv_tile_range, make_q_tile_range
+from .variants import PLAIN, make_variant_functions
 
 VERSIONS = ("v1", "v2", "v3")
 
@@ -139,11 +150,14 @@ def make_backward_preprocess(d, acc_dtype):
 
 
 @functools.lru_cache(maxsize=None)
-def make_backward_dkdv_v1(Br, Bc, d, causal, acc_dtype):
-    """v1 dK/dV kernel (Alg.2 l.5-19 without l.15).
+def make_backward_dkdv_v1(Br, Bc, d, causal, acc_dtype, variant=PLAIN):
+    """v1 dK/dV kernel (Alg.2 l.5-19 without l.15); ``variant`` (kernels/variants.py) adds
+    masks and score modifiers.
 
-    Launch: grid (Tc, BH) with Tc = ceil(Sk / Bc), block (Bc,): thread c owns key row
-    j*Bc + c. Shared memory: Kj, Vj (Bc, d+1) and Qi, dOi (Br, d) in the accumulator
+    Launch: grid (Tc, B * Hkv) with Tc = ceil(Sk / Bc), block (Bc,): thread c owns key row
+    j*Bc + c of one K/V head. With GQA (Hkv < Hq) the block walks the Q tiles of each query
+    head of its group in turn, in a fixed order, adding into the same registers: dK and dV
+    are summed over the group without atomics. Shared memory: Kj, Vj (Bc, d+1) and Qi, dOi (Br, d) in the accumulator
     dtype, plus L_i, D_i (Br,). The +1 pads Kj's and Vj's rows so that threads reading
     Kj[c, k] for the same k hit different banks; all threads read the same Qi[r, k] at
     once (a broadcast), so Qi needs no padding.
@@ -152,10 +166,17 @@ def make_backward_dkdv_v1(Br, Bc, d, causal, acc_dtype):
     ZERO = acc(0)
     NEG_INF = acc(-math.inf)
     KJ_COLS = d + 1                     # shared array shapes must be plain constants
+    visible, score = make_variant_functions(variant, causal, acc_dtype)
+    WINDOW = variant.window
+    TILE_TABLE = variant.tile_table
+    q_tile_range = make_q_tile_range(Br, Bc, causal, WINDOW)
 
     @cuda.jit(**jit_options())
-    def backward_dkdv_v1(Q, K, V, dO, L, D, dK, dV, softmax_scale, causal_offset):
-        bh = cuda.blockIdx.y
+    def backward_dkdv_v1(Q, K, V, dO, L, D, dK, dV, softmax_scale, causal_offset, window_lo,
+                         Hq, group, softcap, slopes, attn_mask, tiles):
+        bh_kv = cuda.blockIdx.y         # b * Hkv + h_kv: the K/V head
+        b = bh_kv // (Hq // group)
+        h_kv = bh_kv % (Hq // group)
         j = cuda.blockIdx.x             # K/V tile index (Alg.2 l.5: one block per j)
         c = cuda.threadIdx.x            # key row within the tile
         col = j * Bc + c
@@ -180,72 +201,79 @@ def make_backward_dkdv_v1(Br, Bc, d, causal, acc_dtype):
             cc = idx // d
             k = idx % d
             kv_col = j * Bc + cc
-            Kj[cc, k] = acc(K[bh, kv_col, k]) if kv_col < Sk else ZERO
-            Vj[cc, k] = acc(V[bh, kv_col, k]) if kv_col < Sk else ZERO
+            Kj[cc, k] = acc(K[bh_kv, kv_col, k]) if kv_col < Sk else ZERO
+            Vj[cc, k] = acc(V[bh_kv, kv_col, k]) if kv_col < Sk else ZERO
         for k in range(d):
             dk_j[k] = ZERO              # Alg.2 l.7: dKj = 0, dVj = 0
             dv_j[k] = ZERO
 
-        # Alg.2 l.8: loop over Q tiles. Causal blocks start at the first tile with a row
-        # that sees column j*Bc (tiles before it are entirely masked; see tiled.first_q_tile).
-        Tr = (Sq + Br - 1) // Br
-        i_start = 0
-        if causal:                      # (floor division: a negative first row gives tile 0)
-            first_row = j * Bc - causal_offset
-            i_start = min(Tr, max(0, first_row // Br))
-        for i in range(i_start, Tr):
-            # Wait until every thread has finished reading the previous Qi, dOi, L_i, D_i
-            # (on the first pass: until Kj and Vj are complete).
-            cuda.syncthreads()
-            # Alg.2 l.9: load Qi, dOi, L_i, D_i. Rows past Sq get L = -inf: no key is
-            # visible from them, so they are skipped below.
-            for idx in range(c, Br * d, Bc):
-                r = idx // d
-                k = idx % d
-                row = i * Br + r
-                Qi[r, k] = acc(Q[bh, row, k]) if row < Sq else ZERO
-                dOi[r, k] = acc(dO[bh, row, k]) if row < Sq else ZERO
-            for r in range(c, Br, Bc):
-                row = i * Br + r
-                L_i[r] = L[bh, row] if row < Sq else NEG_INF
-                D_i[r] = D[bh, row] if row < Sq else ZERO
-            # Wait until the Q-side tiles are complete before any thread reads them.
-            cuda.syncthreads()
-            if active:
-                # This Q tile's terms are summed on their own, then added to dKj and dVj:
-                # in float32, adding Sq terms one by one into dKj made its error 3x that of
-                # a float32 matmul on the H200 at Sq = 1024 (as l in the forward, v2).
-                for k in range(d):
-                    dk_t[k] = ZERO
-                    dv_t[k] = ZERO
-                for r in range(Br):
+        # Alg.2 l.8: loop over Q tiles, only those with a row that sees a column of this
+        # tile through the causal mask and the window (bands.py; tiled.first_q_tile).
+        i_start, i_end = q_tile_range(j, Sq, causal_offset, window_lo)
+        # GQA: the query heads of this K/V head's group, one after another (group = 1
+        # without GQA): a fixed order, so the sums are bitwise reproducible.
+        for g_idx in range(group):
+            h = h_kv * group + g_idx    # the query head
+            bh = b * Hq + h
+            for i in range(i_start, i_end):
+                if TILE_TABLE and not tiles[bh, i, j]:
+                    continue            # the mask leaves this tile empty (variants.py)
+                # Wait until every thread has finished reading the previous Qi, dOi, L_i, D_i
+                # (on the first pass: until Kj and Vj are complete).
+                cuda.syncthreads()
+                # Alg.2 l.9: load Qi, dOi, L_i, D_i. Rows past Sq get L = -inf: no key is
+                # visible from them, so they are skipped below.
+                for idx in range(c, Br * d, Bc):
+                    r = idx // d
+                    k = idx % d
                     row = i * Br + r
-                    visible = row < Sq and (not causal or col <= row + causal_offset)
-                    # A row that sees no key (L = -inf) has P = 0: skip it rather than
-                    # compute exp(s - L) = exp(+inf).
-                    if visible and L_i[r] != NEG_INF:
-                        p, ds = _p_and_ds(Qi, dOi, Kj, Vj, r, c, L_i[r], D_i[r],
-                                          softmax_scale, d, ZERO)   # Alg.2 l.10-14
-                        for k in range(d):
-                            dv_t[k] += p * dOi[r, k]     # Alg.2 l.12: dVj += Pij^T dOi
-                            dk_t[k] += ds * Qi[r, k]     # Alg.2 l.16: dKj += dSij^T Qi
-                for k in range(d):
-                    dk_j[k] += dk_t[k]
-                    dv_j[k] += dv_t[k]
+                    Qi[r, k] = acc(Q[bh, row, k]) if row < Sq else ZERO
+                    dOi[r, k] = acc(dO[bh, row, k]) if row < Sq else ZERO
+                for r in range(c, Br, Bc):
+                    row = i * Br + r
+                    L_i[r] = L[bh, row] if row < Sq else NEG_INF
+                    D_i[r] = D[bh, row] if row < Sq else ZERO
+                # Wait until the Q-side tiles are complete before any thread reads them.
+                cuda.syncthreads()
+                if active:
+                    # This Q tile's terms are summed on their own, then added to dKj and dVj:
+                    # in float32, adding Sq terms one by one into dKj made its error 3x that of
+                    # a float32 matmul on the H200 at Sq = 1024 (as l in the forward, v2).
+                    for k in range(d):
+                        dk_t[k] = ZERO
+                        dv_t[k] = ZERO
+                    for r in range(Br):
+                        row = i * Br + r
+                        # A row that sees no key (L = -inf) has P = 0: skip it rather than
+                        # compute exp(s - L) = exp(+inf). Masked entries are not computed.
+                        if row < Sq and L_i[r] != NEG_INF and visible(
+                                b, h, row, col, Sk, causal_offset, window_lo, attn_mask):
+                            s, dp = _dots(Qi, dOi, Kj, Vj, r, c, d, ZERO)   # Alg.2 l.10, l.13
+                            s, g = score(s * softmax_scale, b, h, row, col, Sq, Sk, softcap,
+                                         slopes, attn_mask)
+                            p = math.exp(s - L_i[r])            # Alg.2 l.11
+                            ds = p * (dp - D_i[r]) * g          # Alg.2 l.14, times d score / d s
+                            for k in range(d):
+                                dv_t[k] += p * dOi[r, k]     # Alg.2 l.12: dVj += Pij^T dOi
+                                dk_t[k] += ds * Qi[r, k]     # Alg.2 l.16: dKj += dSij^T Qi
+                    for k in range(d):
+                        dk_j[k] += dk_t[k]
+                        dv_j[k] += dv_t[k]
 
         if active:                      # Alg.2 l.18: write dKj, dVj
             for k in range(d):
-                dK[bh, col, k] = dk_j[k] * softmax_scale
-                dV[bh, col, k] = dv_j[k]
+                dK[bh_kv, col, k] = dk_j[k] * softmax_scale
+                dV[bh_kv, col, k] = dv_j[k]
 
     return backward_dkdv_v1
 
 
 @functools.lru_cache(maxsize=None)
-def make_backward_dq_v1(Br, Bc, d, causal, acc_dtype):
-    """v1 dQ kernel (Alg.2 l.15 as its own pass, so that no two blocks write one dQ row).
+def make_backward_dq_v1(Br, Bc, d, causal, acc_dtype, variant=PLAIN):
+    """v1 dQ kernel (Alg.2 l.15 as its own pass, so that no two blocks write one dQ row);
+    ``variant`` (kernels/variants.py) adds masks and score modifiers.
 
-    Launch: grid (Tr, BH) with Tr = ceil(Sq / Br), block (Br,): thread r owns query row
+    Launch: grid (Tr, B * Hq) with Tr = ceil(Sq / Br), block (Br,): thread r owns query row
     i*Br + r. Shared memory: Qi, dOi (Br, d+1) and Kj, Vj (Bc, d) in the accumulator
     dtype, laid out like forward v2 (Qi and dOi padded: thread r reads row r).
     """
@@ -253,10 +281,18 @@ def make_backward_dq_v1(Br, Bc, d, causal, acc_dtype):
     ZERO = acc(0)
     NEG_INF = acc(-math.inf)
     QI_COLS = d + 1                     # shared array shapes must be plain constants
+    visible, score = make_variant_functions(variant, causal, acc_dtype)
+    WINDOW = variant.window
+    TILE_TABLE = variant.tile_table
+    kv_tile_range = make_kv_tile_range(Br, Bc, causal, WINDOW)
 
     @cuda.jit(**jit_options())
-    def backward_dq_v1(Q, K, V, dO, L, D, dQ, softmax_scale, causal_offset):
-        bh = cuda.blockIdx.y
+    def backward_dq_v1(Q, K, V, dO, L, D, dQ, softmax_scale, causal_offset, window_lo, Hq,
+                       group, softcap, slopes, attn_mask, tiles):
+        bh = cuda.blockIdx.y            # b * Hq + h: the query head
+        b = bh // Hq
+        h = bh % Hq
+        bh_kv = b * (Hq // group) + h // group  # GQA: the K/V head this query head reads
         i = cuda.blockIdx.x             # Q tile index: one block per i
         r = cuda.threadIdx.x            # row within the tile
         row = i * Br + r
@@ -280,13 +316,12 @@ def make_backward_dq_v1(Br, Bc, d, causal, acc_dtype):
         L_row = L[bh, row] if active else NEG_INF
         D_row = D[bh, row] if active else ZERO
 
-        # Loop over K/V tiles; causal blocks stop after the last tile that any of their
-        # rows can see (as in forward v2 and tiled.tiles_needed).
-        Tc = (Sk + Bc - 1) // Bc
-        if causal:                      # (floor division: a negative last column gives 0 tiles)
-            last_visible_col = i * Br + Br - 1 + causal_offset
-            Tc = min(Tc, max(0, last_visible_col // Bc + 1))
-        for j in range(Tc):
+        # Loop over the K/V tiles that some row of this tile sees (as in forward v2;
+        # bands.py, tiled.tiles_needed).
+        j_start, j_end = kv_tile_range(i, Sk, causal_offset, window_lo)
+        for j in range(j_start, j_end):
+            if TILE_TABLE and not tiles[bh, i, j]:
+                continue                # the mask leaves this tile empty (variants.py)
             # Wait until every thread has finished reading the previous Kj and Vj.
             cuda.syncthreads()
             # Alg.2 l.6: load Kj, Vj together; rows past Sk are 0 (and masked below).
@@ -294,8 +329,8 @@ def make_backward_dq_v1(Br, Bc, d, causal, acc_dtype):
                 c = idx // d
                 k = idx % d
                 col = j * Bc + c
-                Kj[c, k] = acc(K[bh, col, k]) if col < Sk else ZERO
-                Vj[c, k] = acc(V[bh, col, k]) if col < Sk else ZERO
+                Kj[c, k] = acc(K[bh_kv, col, k]) if col < Sk else ZERO
+                Vj[c, k] = acc(V[bh_kv, col, k]) if col < Sk else ZERO
             # Wait until Kj and Vj are complete before any thread reads them.
             cuda.syncthreads()
             # A row that sees no key (L = -inf, or past Sq) has P = 0: skip it.
@@ -304,10 +339,12 @@ def make_backward_dq_v1(Br, Bc, d, causal, acc_dtype):
                     dq_t[k] = ZERO
                 for c in range(Bc):
                     col = j * Bc + c
-                    visible = col < Sk and (not causal or col <= row + causal_offset)
-                    if visible:
-                        p, ds = _p_and_ds(Qi, dOi, Kj, Vj, r, c, L_row, D_row,
-                                          softmax_scale, d, ZERO)   # Alg.2 l.10-14
+                    if visible(b, h, row, col, Sk, causal_offset, window_lo, attn_mask):
+                        s, dp = _dots(Qi, dOi, Kj, Vj, r, c, d, ZERO)   # Alg.2 l.10, l.13
+                        s, g = score(s * softmax_scale, b, h, row, col, Sq, Sk, softcap,
+                                     slopes, attn_mask)
+                        p = math.exp(s - L_row)             # Alg.2 l.11
+                        ds = p * (dp - D_row) * g           # Alg.2 l.14, times d score / d s
                         for k in range(d):
                             dq_t[k] += ds * Kj[c, k]     # Alg.2 l.15: dQi += dSij Kj
                 for k in range(d):
@@ -331,6 +368,7 @@ def make_backward_dkdv_dq_v2(Br, Bc, d, causal, acc_dtype):
     ZERO = acc(0)
     NEG_INF = acc(-math.inf)
     KJ_COLS = d + 1                     # shared array shapes must be plain constants
+    q_tile_range = make_q_tile_range(Br, Bc, causal, False)
 
     @cuda.jit(**jit_options())
     def backward_dkdv_dq_v2(Q, K, V, dO, L, D, dQ, dK, dV, softmax_scale, causal_offset):
@@ -362,12 +400,8 @@ def make_backward_dkdv_dq_v2(Br, Bc, d, causal, acc_dtype):
             dk_j[k] = ZERO              # Alg.2 l.7
             dv_j[k] = ZERO
 
-        Tr = (Sq + Br - 1) // Br
-        i_start = 0
-        if causal:
-            first_row = j * Bc - causal_offset
-            i_start = min(Tr, max(0, first_row // Br))
-        for i in range(i_start, Tr):    # Alg.2 l.8
+        i_start, i_end = q_tile_range(j, Sq, causal_offset, 0)     # bands.py
+        for i in range(i_start, i_end):     # Alg.2 l.8
             # Wait until every thread has finished reading the previous Q-side tiles
             # (on the first pass: until Kj and Vj are complete).
             cuda.syncthreads()
@@ -462,6 +496,7 @@ def make_backward_dkdv_v3(Br, Bc, TM, TN, d, causal, acc_dtype):
     THREADS = TY * TX
     BrP = Br + 1                        # padded row lengths (shared array shapes must be
     BcP = Bc + 1                        # compile-time constants)
+    q_tile_range = make_q_tile_range(Br, Bc, causal, False)
 
     @cuda.jit(**jit_options())
     def backward_dkdv_v3(Q, K, V, dO, L, D, dK, dV, softmax_scale, causal_offset):
@@ -513,14 +548,10 @@ def make_backward_dkdv_v3(Br, Bc, TM, TN, d, causal, acc_dtype):
                 dv[b, e] = ZERO
 
         # Alg.2 l.8: loop over Q tiles; causal blocks start at the first one with a row
-        # that sees column j*Bc (see tiled.first_q_tile).
-        Tr = (Sq + Br - 1) // Br
-        i_start = 0
-        if causal:                      # (floor division: a negative first row gives tile 0)
-            first_row = j * Bc - causal_offset
-            i_start = min(Tr, max(0, first_row // Br))
+        # that sees column j*Bc (bands.py, tiled.first_q_tile).
+        i_start, i_end = q_tile_range(j, Sq, causal_offset, 0)
         last_col = j * Bc + Bc - 1      # the block's last key
-        for i in range(i_start, Tr):
+        for i in range(i_start, i_end):
             # Wait until every thread is done with the previous tile's QiT, dOiT, Pij,
             # dSij, L_i, D_i (for the first tile: until KjT and VjT are complete).
             cuda.syncthreads()
@@ -656,6 +687,7 @@ def make_backward_dq_v3(Br, Bc, TM, TN, d, causal, acc_dtype):
     THREADS = TY * TX
     BrP = Br + 1
     BcP = Bc + 1
+    kv_tile_range = make_kv_tile_range(Br, Bc, causal, False)
 
     @cuda.jit(**jit_options())
     def backward_dq_v3(Q, K, V, dO, L, D, dQ, softmax_scale, causal_offset):
@@ -703,11 +735,8 @@ def make_backward_dq_v3(Br, Bc, TM, TN, d, causal, acc_dtype):
                 dq[a, e] = ZERO
 
         # Loop over K/V tiles; causal blocks stop after the last tile that any of their
-        # rows can see (as in v1 and tiled.tiles_needed).
-        Tc = (Sk + Bc - 1) // Bc
-        if causal:                      # (floor division: a negative last column gives 0 tiles)
-            last_visible_col = i * Br + Br - 1 + causal_offset
-            Tc = min(Tc, max(0, last_visible_col // Bc + 1))
+        # rows can see (as in v1; bands.py, tiled.tiles_needed).
+        _, Tc = kv_tile_range(i, Sk, causal_offset, 0)
         first_limit = i * Br + causal_offset        # the last key the block's first row sees
         for j in range(Tc):
             # Wait until every thread is done with the previous KjT, VjT, dSij (for the
@@ -803,11 +832,23 @@ def make_backward_dq_v3(Br, Bc, TM, TN, d, causal, acc_dtype):
 
 
 @cuda.jit(device=True)
+def _dots(Qi, dOi, Kj, Vj, r, c, d, ZERO):
+    """One entry of Sij = Qi Kj^T (Alg.2 l.10, unscaled) and of dPij = dOi Vj^T (l.13)."""
+    s = ZERO
+    dp = ZERO
+    for k in range(d):
+        s += Qi[r, k] * Kj[c, k]
+        dp += dOi[r, k] * Vj[c, k]
+    return s, dp
+
+
+@cuda.jit(device=True)
 def _p_and_ds(Qi, dOi, Kj, Vj, r, c, L_r, D_r, softmax_scale, d, ZERO):
     """One visible entry (row r of the Q tiles, row c of the K/V tiles), Alg.2 l.10-14.
 
     Returns p = exp(scale * Qi[r] . Kj[c] - L_r) and ds = p * (dOi[r] . Vj[c] - D_r).
-    Every kernel here calls it: they differ only in which loop a block owns.
+    The v2 kernel (plain attention only) calls it; the v1 kernels, which take variants,
+    write the same steps out with the variant's score function in the middle.
     The caller guarantees L_r != -inf, so s - L_r is never -inf - (-inf).
     """
     s = ZERO

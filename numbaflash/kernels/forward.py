@@ -61,7 +61,16 @@ v4  Register-blocked SIMT FlashAttention-2 (experimental, opt-in: version="v4"; 
     (row, key) pairs, so NaN or inf in a masked key has no effect, as in v2.
     ptxas (sm_90, float32, no GPU): 128 registers at d = 64 (4 blocks = 16 warps per SM),
     156 at d = 128 (6 blocks of 64 threads = 12 warps per SM), no spills, no stack.
-    Not yet measured on the H200.
+    Measured on the H200 in docs/performance.md (run 7: 0.34x SDPA EFFICIENT at (2,16,4096,64)).
+
+Variants (kernels/variants.py, docs/variants.md): v1 and v2 take a compile-time
+``variant`` and seven more run-time arguments after causal_offset (window_lo, Hq, group,
+softcap, slopes, attn_mask, tiles): sliding windows, GQA/MQA, softcap, ALiBi, boolean and
+additive masks, and the user's score_mod / mask_mod, all through two inlined device
+functions, visible() and score(). Masked entries are not computed; tiles a window leaves
+empty are not visited, and v2 skips the tiles a boolean attn_mask or a mask_mod leaves
+empty through the table of visible tiles (``tiles``, variants.make_tile_table). v3 and v4 compute plain attention only (the dispatcher
+refuses variants).
 
 Fully masked rows (causal with Sq > Sk, or Sk = 0) end with l = 0: they write O = 0 and
 L = -inf. NaN in a visible input propagates to the rows that see it; masked keys are
@@ -74,25 +83,34 @@ import math
 from numba import cuda
 
 from . import acc_type, jit_options
+from .bands import make_kv_tile_range
+from .variants import PLAIN, make_variant_functions
 
 VERSIONS = ("v1", "v2", "v3", "v4")
 
 
 @functools.lru_cache(maxsize=None)
-def make_forward_v1(d, causal, acc_dtype):
-    """v1 kernel for head dim ``d``. Launch: grid (ceil(Sq / threads), BH), block (threads,)."""
+def make_forward_v1(d, causal, acc_dtype, variant=PLAIN):
+    """v1 kernel for head dim ``d``. Launch: grid (ceil(Sq / threads), B * Hq), block
+    (threads,). ``variant`` (kernels/variants.py) adds masks and score modifiers."""
     acc = acc_type(acc_dtype)
     ZERO = acc(0)
     NEG_INF = acc(-math.inf)
+    visible, score = make_variant_functions(variant, causal, acc_dtype)
+    WINDOW = variant.window
 
     @cuda.jit(**jit_options())
-    def forward_v1(Q, K, V, O, L, softmax_scale, causal_offset):
-        bh = cuda.blockIdx.y
+    def forward_v1(Q, K, V, O, L, softmax_scale, causal_offset, window_lo, Hq, group, softcap,
+                   slopes, attn_mask, tiles):
+        bh = cuda.blockIdx.y            # b * Hq + h: the query head
         row = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         Sq = Q.shape[1]
         Sk = K.shape[1]
         if row >= Sq:
             return                      # no barriers in this kernel, so early exit is safe
+        b = bh // Hq
+        h = bh % Hq
+        bh_kv = b * (Hq // group) + h // group  # GQA: the K/V head this query head reads
 
         q_i = cuda.local.array(d, acc)  # this row of Q, in registers
         o_i = cuda.local.array(d, acc)  # unnormalised output accumulator
@@ -106,11 +124,18 @@ def make_forward_v1(d, causal, acc_dtype):
         n_cols = Sk
         if causal:                      # columns past row + offset are masked: never visit them
             n_cols = min(Sk, max(0, row + causal_offset + 1))
-        for col in range(n_cols):
+        first_col = 0
+        if WINDOW:                      # columns before row + window_lo too
+            first_col = min(n_cols, max(0, row + window_lo))
+        for col in range(first_col, n_cols):
+            if not visible(b, h, row, col, Sk, causal_offset, window_lo, attn_mask):
+                continue                # masked: not computed, nothing read
             s = ZERO
             for k in range(d):
-                s += q_i[k] * acc(K[bh, col, k])
-            s *= softmax_scale
+                s += q_i[k] * acc(K[bh_kv, col, k])
+            s, _ = score(s * softmax_scale, b, h, row, col, Sq, Sk, softcap, slopes, attn_mask)
+            if s == NEG_INF:
+                continue                # probability exactly 0 (e.g. a -inf bias)
             # online softmax, one key at a time: written with ">" so a NaN score leaves m_i
             # alone and reaches o and l through p (NaN propagates, it is not dropped)
             m_new = s if s > m_i else m_i
@@ -127,7 +152,7 @@ def make_forward_v1(d, causal, acc_dtype):
             l_err = (t - l_i) - y
             l_i = t
             for k in range(d):
-                o_i[k] = o_i[k] * alpha + p * acc(V[bh, col, k])
+                o_i[k] = o_i[k] * alpha + p * acc(V[bh_kv, col, k])
             m_i = m_new
 
         _write_row(O, L, bh, row, o_i, m_i, l_i, d, ZERO, NEG_INF)
@@ -136,10 +161,11 @@ def make_forward_v1(d, causal, acc_dtype):
 
 
 @functools.lru_cache(maxsize=None)
-def make_forward_v2(Br, Bc, d, causal, acc_dtype):
-    """v2 (FlashAttention-2, Algorithm 1) kernel.
+def make_forward_v2(Br, Bc, d, causal, acc_dtype, variant=PLAIN):
+    """v2 (FlashAttention-2, Algorithm 1) kernel; ``variant`` (kernels/variants.py) adds
+    masks and score modifiers.
 
-    Launch: grid (Tr, BH) with Tr = ceil(Sq / Br), block (Br,): thread r owns row i*Br + r.
+    Launch: grid (Tr, B * Hq) with Tr = ceil(Sq / Br), block (Br,): thread r owns row i*Br + r.
     Shared memory: Kj (Bc, d) and Vj (Bc, d) in the accumulator dtype. The Q tile lives in
     registers, each thread holding its own row q_i: Alg.1 l.4 loads Qi "to on-chip SRAM",
     and registers are the fastest on-chip memory. No other thread reads that row, and
@@ -150,10 +176,18 @@ def make_forward_v2(Br, Bc, d, causal, acc_dtype):
     acc = acc_type(acc_dtype)
     ZERO = acc(0)
     NEG_INF = acc(-math.inf)
+    visible, score = make_variant_functions(variant, causal, acc_dtype)
+    WINDOW = variant.window
+    TILE_TABLE = variant.tile_table
+    kv_tile_range = make_kv_tile_range(Br, Bc, causal, WINDOW)
 
     @cuda.jit(**jit_options())
-    def forward_v2(Q, K, V, O, L, softmax_scale, causal_offset):
-        bh = cuda.blockIdx.y
+    def forward_v2(Q, K, V, O, L, softmax_scale, causal_offset, window_lo, Hq, group, softcap,
+                   slopes, attn_mask, tiles):
+        bh = cuda.blockIdx.y            # b * Hq + h: the query head
+        b = bh // Hq
+        h = bh % Hq
+        bh_kv = b * (Hq // group) + h // group  # GQA: the K/V head this query head reads
         i = cuda.blockIdx.x             # Q tile index (Alg.1 l.3: one block per i)
         r = cuda.threadIdx.x            # row within the tile
         row = i * Br + r
@@ -173,13 +207,12 @@ def make_forward_v2(Br, Bc, d, causal, acc_dtype):
         m_i = NEG_INF
         l_i = ZERO
 
-        # Alg.1 l.6: loop over K/V tiles; causal blocks stop after the last tile that
-        # any of their rows can see (tiles past it are entirely masked).
-        Tc = (Sk + Bc - 1) // Bc
-        if causal:                      # (floor division: a negative last column gives 0 tiles)
-            last_visible_col = i * Br + Br - 1 + causal_offset
-            Tc = min(Tc, max(0, last_visible_col // Bc + 1))
-        for j in range(Tc):
+        # Alg.1 l.6: loop over K/V tiles, only those that some row of the tile sees
+        # through the causal mask and the window (bands.py): the others are entirely masked.
+        j_start, j_end = kv_tile_range(i, Sk, causal_offset, window_lo)
+        for j in range(j_start, j_end):
+            if TILE_TABLE and not tiles[bh, i, j]:
+                continue                # the mask leaves this tile empty (variants.py)
             # Wait until every thread has finished reading the previous Kj and Vj.
             cuda.syncthreads()
             # Alg.1 l.7: load Kj, Vj. The Br threads copy the Bc x d tile together;
@@ -188,21 +221,23 @@ def make_forward_v2(Br, Bc, d, causal, acc_dtype):
                 c = idx // d
                 k = idx % d
                 col = j * Bc + c
-                Kj[c, k] = acc(K[bh, col, k]) if col < Sk else ZERO
-                Vj[c, k] = acc(V[bh, col, k]) if col < Sk else ZERO
+                Kj[c, k] = acc(K[bh_kv, col, k]) if col < Sk else ZERO
+                Vj[c, k] = acc(V[bh_kv, col, k]) if col < Sk else ZERO
             # Wait until Kj and Vj are complete before any thread reads them.
             cuda.syncthreads()
             if active:
-                # Alg.1 l.8: this row of Sij = Qi Kj^T, masked, and its max.
+                # Alg.1 l.8: this row of Sij = Qi Kj^T, masked, and its max. Masked
+                # entries are not computed (variants.py decides which are masked).
                 m_tile = NEG_INF
                 for c in range(Bc):
                     col = j * Bc + c
-                    s = ZERO
-                    for k in range(d):
-                        s += q_i[k] * Kj[c, k]
-                    s *= softmax_scale
-                    visible = col < Sk and (not causal or col <= row + causal_offset)
-                    s_i[c] = s if visible else NEG_INF
+                    s_i[c] = NEG_INF
+                    if visible(b, h, row, col, Sk, causal_offset, window_lo, attn_mask):
+                        s = ZERO
+                        for k in range(d):
+                            s += q_i[k] * Kj[c, k]
+                        s_i[c], _ = score(s * softmax_scale, b, h, row, col, Sq, Sk, softcap,
+                                          slopes, attn_mask)
                     if s_i[c] > m_tile:
                         m_tile = s_i[c]
                 # Alg.1 l.9: new running max, P~ij = exp(Sij - m_new), new running sum.
@@ -293,6 +328,7 @@ def make_forward_v3(Bc, d, causal):
     S_FRAGS = NT * 4                        # fragment registers of S per lane
     THREADS = 32 * V3_WARPS
     FULL = 0xFFFFFFFF
+    kv_tile_range = make_kv_tile_range(V3_BR, Bc, causal, False)
     assert Bc % V3_CHUNK == 0
 
     @cuda.jit(device=True, inline=True)
@@ -363,10 +399,7 @@ def make_forward_v3(Bc, d, causal):
         l0 = ZERO               # this lane's part of the running sums (reduced at the end)
         l1 = ZERO
 
-        Tc = (Sk + Bc - 1) // Bc
-        if causal:
-            last_visible_col = i * V3_BR + V3_BR - 1 + causal_offset
-            Tc = min(Tc, max(0, last_visible_col // Bc + 1))
+        _, Tc = kv_tile_range(i, Sk, causal_offset, 0)     # causal: skip masked tiles
         for j in range(Tc):
             # Wait until every warp has finished reading the previous Kj and Vj.
             cuda.syncthreads()
@@ -486,8 +519,9 @@ def make_forward_v3(Bc, d, causal):
 
 @functools.lru_cache(maxsize=None)
 def make_forward_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
-    """v4 (register-blocked SIMT FlashAttention-2) kernel. Experimental: not yet measured
-    on the H200, and not the default (``version="v4"`` asks for it).
+    """v4 (register-blocked SIMT FlashAttention-2) kernel. Experimental and not the default
+    (``version="v4"`` asks for it): measured on the H200 (docs/performance.md), but not yet
+    through a full GPU property-suite run and synccheck of its own.
 
     Launch: grid (Tr, BH) with Tr = ceil(Sq / Br), block (TY * TX,) with TY = Br // TM and
     TX = Bc // TN: thread tid is (ty, tx) = (tid // TX, tid % TX) of a TY x TX grid.
@@ -534,6 +568,7 @@ def make_forward_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
     THREADS = TY * TX
     DP = (d + TX - 1) // TX * TX        # head dim padded to the thread grid's width
     DN = DP // TX                       # O columns per thread
+    kv_tile_range = make_kv_tile_range(Br, Bc, causal, False)
     BrP = Br + 1                        # padded row lengths of QiT, KjT and Pij (shared
     BcP = Bc + 1                        # array shapes must be compile-time constants)
 
@@ -574,11 +609,8 @@ def make_forward_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
                 o[a, e] = ZERO
 
         # Alg.1 l.6: loop over K/V tiles; causal blocks stop after the last visible one.
-        Tc = (Sk + Bc - 1) // Bc
+        _, Tc = kv_tile_range(i, Sk, causal_offset, 0)     # bands.py
         first_limit = i * Br + causal_offset    # last key the block's first row sees
-        if causal:
-            last_visible_col = i * Br + Br - 1 + causal_offset
-            Tc = min(Tc, max(0, last_visible_col // Bc + 1))
         for j in range(Tc):
             # Wait until every thread is done with the previous tile's KjT, Vj, Pij (and,
             # for j = 0, until QiT is complete).

@@ -1,0 +1,221 @@
+"""Attention variants: masks and score modifiers, compiled into the kernels.
+
+FlexAttention's idea (Dong et al., arXiv:2412.05496), in Numba: what a variant changes is
+two small device functions, built here from a ``Variant`` (compile-time) and inlined into
+the forward and backward kernels by their factories:
+
+    visible(b, h, row, col, Sk, causal_offset, window_lo, attn_mask) -> bool
+        Is key ``col`` visible from query ``row`` (batch b, query head h)? Masked entries
+        are never computed: no dot product, no exp, and nothing is read from them.
+    score(s, b, h, row, col, Sq, Sk, softcap, slopes, attn_mask) -> (s_new, ds_new/ds)
+        The score of a visible entry, from the scaled dot product s = scale * q . k, and
+        its derivative with respect to s (the backward multiplies dS by it).
+
+The arguments after ``col`` are the kernels' run-time arguments (every kernel that
+supports variants takes all of them; a variant that does not use one gets a 1-element
+placeholder), so one compiled kernel serves every sequence length, window and slope.
+
+The built-ins, in the order they apply (masks first, then the score, step by step):
+
+    mask   col < Sk
+           causal / window right: col <= row + causal_offset   (compile-time ``causal``)
+           window left:           col >= row + window_lo       (``Variant.window``)
+           attn_mask (bool):      attn_mask[b, h, row, col]    (broadcast: size-1 dims)
+           mask_mod:              mask_mod(b, h, row, col)     (the user's device function)
+    score  s = scale * q . k
+           softcap:      s = cap * tanh(s / cap)               d/ds = 1 - tanh^2(s / cap)
+           ALiBi:        s -= slope[b, h] * |row + Sk - Sq - col|
+           attn_mask (float): s += attn_mask[b, h, row, col]
+           score_mod:    s = score_mod(s, b, h, row, col)      d/ds = score_mod_grad(...)
+
+A score of -inf (e.g. a -inf bias) gets probability exactly 0, like a masked entry, but it
+is computed.
+
+Skipping empty tiles. Causal and window masks are bands: the tiled kernels find the
+first and last tile a block needs by arithmetic and never visit the others. A boolean
+attn_mask or a mask_mod can leave any tile empty, so for those (``Variant.tile_table``)
+a small kernel first builds the table of visible tiles (``make_tile_table``: one block
+per (query head, Q tile, K/V tile), True if any entry of the tile is visible), and the
+tiled kernels skip a tile whose entry is False: no load, no product, no barrier. This is
+FlexAttention's block mask, computed per call for the kernel's own tile sizes. Arrays are indexed with each size-1 dimension pinned to 0, which is how
+broadcasting works here: nothing is expanded on the host.
+"""
+
+import functools
+import math
+from dataclasses import dataclass
+
+from numba import cuda
+
+from . import acc_type
+
+MASK_KINDS = (None, "bool", "bias")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """What a kernel is specialised for, beyond tiles, head dim and dtype (all compile-time).
+
+    window: a left window bound exists (key col >= row + window_lo). The right bound, like
+        the causal mask, is the kernels' ``causal`` flag with ``causal_offset``.
+    softcap, alibi: the built-in score modifiers (their values are run-time arguments).
+    mask: None, "bool" (attn_mask says which keys are visible) or "bias" (attn_mask is
+        added to the scores).
+    score_mod, score_mod_grad, mask_mod: the user's ``@cuda.jit(device=True)`` functions,
+        or None.
+    """
+    window: bool = False
+    softcap: bool = False
+    alibi: bool = False
+    mask: str | None = None
+    score_mod: object = None
+    score_mod_grad: object = None
+    mask_mod: object = None
+
+    def __post_init__(self):
+        if self.mask not in MASK_KINDS:
+            raise ValueError(f"unknown mask kind {self.mask!r}")
+
+    @property
+    def plain(self):
+        return self == PLAIN
+
+    @property
+    def tile_table(self):
+        """Whether the tiled kernels need a table of visible tiles: the mask depends on
+        data (a boolean attn_mask) or on the user's mask_mod, not only on a band."""
+        return self.mask == "bool" or self.mask_mod is not None
+
+    def describe(self, causal=False):
+        """One line for explain(): which variant pieces are compiled in."""
+        parts = []
+        if causal:
+            parts.append("window right bound")
+        if self.window:
+            parts.append("window left bound")
+        if self.softcap:
+            parts.append("softcap")
+        if self.alibi:
+            parts.append("ALiBi")
+        if self.mask == "bool":
+            parts.append("boolean attn_mask")
+        if self.mask == "bias":
+            parts.append("additive attn_mask (bias)")
+        for name in ("score_mod", "mask_mod"):
+            fn = getattr(self, name)
+            if fn is not None:
+                parts.append(f"{name}={getattr(fn, '__name__', type(fn).__name__)}")
+        return " + ".join(parts) if parts else "plain"
+
+
+PLAIN = Variant()
+
+
+@cuda.jit(device=True, inline=True)
+def _at(a, b, h, row, col):
+    """a[b, h, row, col] with NumPy broadcasting: a dimension of size 1 is indexed at 0."""
+    return a[b if a.shape[0] > 1 else 0, h if a.shape[1] > 1 else 0,
+             row if a.shape[2] > 1 else 0, col if a.shape[3] > 1 else 0]
+
+
+@cuda.jit(device=True, inline=True)
+def _all_visible(b, h, q_idx, kv_idx):
+    return True
+
+
+@functools.lru_cache(maxsize=None)
+def make_variant_functions(variant, causal, acc_dtype):
+    """``(visible, score)`` device functions for ``variant`` (module docstring)."""
+    acc = acc_type(acc_dtype)
+    ONE = acc(1)
+    WINDOW = variant.window
+    SOFTCAP = variant.softcap
+    ALIBI = variant.alibi
+    BOOL_MASK = variant.mask == "bool"
+    BIAS = variant.mask == "bias"
+    MASK_MOD = variant.mask_mod is not None
+    SCORE_MOD = variant.score_mod is not None
+    SCORE_GRAD = variant.score_mod_grad is not None
+    mask_mod = variant.mask_mod if MASK_MOD else _all_visible
+
+    @cuda.jit(device=True, inline=True)
+    def _same(score, b, h, q_idx, kv_idx):
+        return score
+
+    @cuda.jit(device=True, inline=True)
+    def _one(score, b, h, q_idx, kv_idx):
+        return ONE
+
+    score_mod = variant.score_mod if SCORE_MOD else _same
+    score_mod_grad = variant.score_mod_grad if SCORE_GRAD else _one
+
+    @cuda.jit(device=True, inline=True)
+    def visible(b, h, row, col, Sk, causal_offset, window_lo, attn_mask):
+        if col >= Sk:
+            return False
+        if causal and col > row + causal_offset:
+            return False
+        if WINDOW and col < row + window_lo:
+            return False
+        if BOOL_MASK and not _at(attn_mask, b, h, row, col):
+            return False
+        if MASK_MOD and not mask_mod(b, h, row, col):
+            return False
+        return True
+
+    @cuda.jit(device=True, inline=True)
+    def score(s, b, h, row, col, Sq, Sk, softcap, slopes, attn_mask):
+        g = ONE                                 # d(score) / d(s), through every step
+        if SOFTCAP:
+            t = acc(math.tanh(s / softcap))
+            s = softcap * t
+            g = ONE - t * t
+        if ALIBI:
+            slope = acc(slopes[b if slopes.shape[0] > 1 else 0, h])
+            s -= slope * acc(abs(row + Sk - Sq - col))
+        if BIAS:
+            s += acc(_at(attn_mask, b, h, row, col))
+        if SCORE_MOD:
+            if SCORE_GRAD:
+                g *= acc(score_mod_grad(s, b, h, row, col))
+            s = acc(score_mod(s, b, h, row, col))
+        return s, g
+
+    return visible, score
+
+
+TILE_TABLE_THREADS = 64                 # threads per block of the tile-table kernel
+
+
+@functools.lru_cache(maxsize=None)
+def make_tile_table(Br, Bc, causal, acc_dtype, variant):
+    """Kernel that marks the (Br x Bc) tiles with at least one visible entry.
+
+    Launch: grid (Tr * Tc, B * Hq), block (TILE_TABLE_THREADS,); writes
+    tiles[bh, i, j] = True if some row of Q tile i sees some column of K/V tile j. The
+    threads of a block split the tile's entries, each stops at its first visible entry,
+    and ``syncthreads_or`` combines their answers. Rows past Sq and columns past Sk count
+    as invisible.
+    """
+    visible, _ = make_variant_functions(variant, causal, acc_dtype)
+
+    @cuda.jit
+    def tile_table(tiles, Sq, Sk, causal_offset, window_lo, Hq, attn_mask):
+        Tc = tiles.shape[2]
+        i = cuda.blockIdx.x // Tc       # Q tile
+        j = cuda.blockIdx.x % Tc        # K/V tile
+        bh = cuda.blockIdx.y
+        b = bh // Hq
+        h = bh % Hq
+        seen = 0
+        for idx in range(cuda.threadIdx.x, Br * Bc, cuda.blockDim.x):
+            row = i * Br + idx // Bc
+            col = j * Bc + idx % Bc
+            if row < Sq and visible(b, h, row, col, Sk, causal_offset, window_lo, attn_mask):
+                seen = 1
+                break
+        any_seen = cuda.syncthreads_or(seen)
+        if cuda.threadIdx.x == 0:
+            tiles[bh, i, j] = any_seen != 0
+
+    return tile_table

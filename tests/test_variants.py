@@ -1,0 +1,373 @@
+"""L2 (simulator) / L3 (GPU): attention variants, forward and backward, against the reference.
+
+Variants (numbaflash/kernels/variants.py): sliding windows (with and without causal),
+GQA/MQA, softcap, ALiBi, boolean and additive attn_mask, and user score_mod / mask_mod.
+Every check is TESTING.md's rule (tolerance.py, backward_checks.py) against the float64
+reference (reference.py), with the variant passed to both; fully masked rows must be
+exactly 0 (lse -inf), keys nobody sees exactly 0 in dK and dV, and outputs are pre-filled
+with NaN so an unwritten element shows.
+
+One strategy draws a case (strategies.attention_cases) and a variant to go with it:
+``variant_cases``. Kernel versions that refuse variants (forward v3, backward v2) are
+checked to refuse with a clear ValueError.
+"""
+
+import numpy as np
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+from numba import cuda
+
+import numbaflash
+from numbaflash import dispatch, reference
+from numbaflash.api import _variant_arrays
+from numbaflash.validate import check_attention_inputs
+from numbaflash.masks import band, parse_window, visible_band
+from backward_checks import check_backward, exact_masks
+from strategies import attention_cases, examples, make_case, sizes_for_backend
+from test_backward_kernels import backward_tiles
+from tolerance import (assert_bitwise_equal, assert_close_f64, check_forward, masked_rows_of,
+                       score_terms, to_host)
+
+pytestmark = pytest.mark.usefixtures("nan_prefilled_outputs")
+
+WINDOW_SIDES = (-1, 0, 1, 2, 5)
+
+
+# --- user modifiers for the tests (Numba device functions) ---------------------------------
+
+@cuda.jit(device=True)
+def relative_bias(score, b, h, q_idx, kv_idx):
+    """A relative-position bias: 0.25 per position of distance, by head."""
+    return score - 0.25 * (h + 1) * abs(q_idx - kv_idx)
+
+
+@cuda.jit(device=True)
+def relative_bias_grad(score, b, h, q_idx, kv_idx):
+    return 1.0
+
+
+@cuda.jit(device=True)
+def squash(score, b, h, q_idx, kv_idx):
+    """A non-linear score_mod with a derivative that is not 1: s -> s - s^3 / 30."""
+    return score - score * score * score / 30.0
+
+
+@cuda.jit(device=True)
+def squash_grad(score, b, h, q_idx, kv_idx):
+    return 1.0 - score * score / 10.0
+
+
+@cuda.jit(device=True)
+def documents(b, h, q_idx, kv_idx):
+    """A document mask: queries and keys in blocks of 5 positions, each sees its own."""
+    return q_idx // 5 == kv_idx // 5
+
+
+@cuda.jit(device=True)
+def every_third_key(b, h, q_idx, kv_idx):
+    return kv_idx % 3 != b
+
+
+SCORE_MODS = {"relative": (relative_bias, relative_bias_grad), "squash": (squash, squash_grad)}
+MASK_MODS = {"documents": documents, "every_third_key": every_third_key}
+
+
+# --- strategy ----------------------------------------------------------------------------
+
+@st.composite
+def variant_cases(draw, *, dtypes=("float64", "float32", "float16"), with_dout=False,
+                  kinds=("window", "gqa", "softcap", "alibi", "mask", "mods"), tiles="forward"):
+    """``(case, k, v, variants)``: a drawn case, its k and v (fewer heads with GQA), and
+    the variant keyword arguments for attention()."""
+    case = draw(attention_cases(dtypes=dtypes, with_dout=with_dout, tiles=tiles))
+    k, v = case.k, case.v
+    kw = {}
+    if "window" in kinds and draw(st.booleans()):
+        kw["window_size"] = (draw(st.sampled_from(WINDOW_SIDES)),
+                             draw(st.sampled_from(WINDOW_SIDES)))
+    if "gqa" in kinds and case.H > 1 and draw(st.booleans()):
+        # MQA (one K/V head) or another divisor of H
+        Hkv = draw(st.sampled_from([h for h in range(1, case.H) if case.H % h == 0]))
+        k, v = k[:, :Hkv].copy(), v[:, :Hkv].copy()
+    if "softcap" in kinds and draw(st.booleans()):
+        kw["softcap"] = draw(st.sampled_from([0.5, 2.0, 30.0]))
+    if "alibi" in kinds and draw(st.booleans()):
+        per_batch = draw(st.booleans())
+        shape = (case.B, case.H) if per_batch else (case.H,)
+        kw["alibi_slopes"] = case.rng.uniform(0.05, 1.0, shape).astype(np.float32)
+    if "mask" in kinds and draw(st.booleans()):
+        # a boolean mask or a float bias, with a shape that broadcasts to (B, H, Sq, Sk)
+        full = (case.B, case.H, case.Sq, case.Sk)
+        rank = draw(st.integers(2, 4))
+        shape = tuple(n if draw(st.booleans()) else 1 for n in full[4 - rank:])
+        if draw(st.booleans()):
+            kw["attn_mask"] = case.rng.random(shape) < 0.7
+        else:
+            bias = case.rng.uniform(-2, 2, shape).astype(np.float32)
+            if draw(st.booleans()):
+                bias[case.rng.random(shape) < 0.2] = -np.inf    # -inf bias: weight 0
+            kw["attn_mask"] = bias.astype(case.dtype)
+    if "mods" in kinds and draw(st.booleans()):
+        # squash maps a -inf score (a -inf bias) to NaN, which then propagates, as it
+        # should (docs/variants.md); the rule's checks need finite baselines, so squash is
+        # drawn only without -inf biases.
+        neg_inf = "attn_mask" in kw and np.isneginf(kw["attn_mask"]).any()
+        name = "relative" if neg_inf else draw(st.sampled_from(sorted(SCORE_MODS)))
+        kw["score_mod"], kw["score_mod_grad"] = SCORE_MODS[name]
+    if "mods" in kinds and draw(st.booleans()):
+        kw["mask_mod"] = MASK_MODS[draw(st.sampled_from(sorted(MASK_MODS)))]
+    return case, k, v, kw
+
+
+def forward(case, k, v, variants, version, with_tiles=True):
+    tiles = case.tiles if (with_tiles and version == "v2") else None
+    out, lse = numbaflash.attention(case.q, k, v, return_lse=True, version=version, tiles=tiles,
+                                    causal=case.causal, scale=case.scale, **variants)
+    return to_host(out), to_host(lse)
+
+
+# --- forward -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+@settings(max_examples=examples())
+@given(drawn=variant_cases())
+@example(drawn=(make_case(B=1, H=2, Sq=9, Sk=5, d=3, dtype="float64", causal=None,
+                          tiles=(4, 2), seed=3), None, None, {"window_size": (1, 0)}))
+def test_forward_matches_reference(drawn, version):
+    case, k, v, kw = drawn
+    k = case.k if k is None else k
+    v = case.v if v is None else v
+    out, lse = forward(case, k, v, kw, version)
+    check_forward(case.q, k, v, out, lse, causal=case.causal, scale=case.scale, **kw)
+
+
+@settings(max_examples=examples(0.5))
+@given(drawn=variant_cases(dtypes=("float64",)), data=st.data())
+def test_forward_tile_size_invariance(drawn, data):
+    """v2 with two tilings and v1 agree to 1e-12 (float64) with any variant."""
+    case, k, v, kw = drawn
+    other = data.draw(st.sampled_from([(Br, Bc) for Br in (2, 4, 8, 16) for Bc in (2, 4, 8, 16)]),
+                      label="other tiles")
+    out1, lse1 = forward(case, k, v, kw, "v2")
+    out2, lse2 = numbaflash.attention(case.q, k, v, return_lse=True, tiles=other,
+                                      causal=case.causal, scale=case.scale, **kw)
+    size, _ = score_terms(case.q, k, causal=case.causal, scale=case.scale, **kw)
+    mag_L = float(size.max(initial=0)) + np.log(max(case.Sk, 1))
+    assert_close_f64("O", out2, out1, 1e-12, float(np.abs(v).max(initial=0)))
+    assert_close_f64("lse", lse2, lse1, 1e-12, mag_L)
+
+
+def test_window_convention_is_flash_attentions():
+    """Query i sees keys j with i + Sk - Sq - left <= j <= i + Sk - Sq + right; -1 is
+    unbounded; causal=True is (-1, 0); causal and a window combine (the narrower wins)."""
+    Sq, Sk = 4, 7
+    got = visible_band(Sq, Sk, None, (2, 1))
+    i, j = np.arange(Sq)[:, None], np.arange(Sk)[None, :]
+    assert np.array_equal(got, (j >= i + Sk - Sq - 2) & (j <= i + Sk - Sq + 1))
+    assert np.array_equal(visible_band(Sq, Sk, True), visible_band(Sq, Sk, None, (-1, 0)))
+    assert np.array_equal(visible_band(Sq, Sk, "top_left", (1, 3)),
+                          visible_band(Sq, Sk, "top_left") & visible_band(Sq, Sk, None, (1, 3)))
+    assert parse_window((-1, -1)) is None and band(Sq, Sk, None, None) == (None, None)
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_fully_masked_rows_are_exact_zero(version):
+    """A window (0, 0) with Sq > Sk, a boolean mask with an all-False row, and a -inf bias
+    row: those rows give out exactly 0 and lse -inf, with NaN in the masked keys."""
+    case = make_case(B=1, H=2, Sq=9, Sk=5, d=4, dtype="float32", tiles=(4, 4), seed=1)
+    k = case.k.copy()
+    k[..., 0, :] = np.nan                   # key 0 is masked for every row below
+    mask = np.ones((case.Sq, case.Sk), bool)
+    mask[:, 0] = False
+    mask[3] = False
+    bias = np.zeros((case.Sq, case.Sk), np.float32)
+    bias[:, 0] = np.nan * 0 - np.inf        # masked by the bool mask anyway
+    bias[6] = -np.inf
+    for kw in ({"window_size": (0, 0), "attn_mask": mask},
+               {"attn_mask": mask, "alibi_slopes": np.array([0.5, 1.0], np.float32)}):
+        out, lse = forward(case, k, case.v, kw, version)
+        _, vis = score_terms(case.q, k, causal=None, scale=None, **kw)
+        rows = masked_rows_of(vis)
+        assert rows.any()
+        assert np.array_equal(out[rows], np.zeros_like(out[rows]))
+        assert np.isneginf(lse[rows]).all() and not np.isnan(out).any()
+        check_forward(case.q, k, case.v, out, lse, **kw)
+
+
+def test_nan_in_masked_keys_has_no_effect():
+    """NaN in keys and values that a window hides: the output is bitwise unchanged."""
+    case = make_case(B=1, H=1, Sq=12, Sk=12, d=4, dtype="float64", tiles=(4, 4), seed=5)
+    kw = {"window_size": (2, 1)}
+    out, lse = forward(case, case.k, case.v, kw, "v2")
+    vis = visible_band(12, 12, None, (2, 1))
+    k, v = case.k.copy(), case.v.copy()
+    k[..., 11, :] = np.nan                  # seen only by rows 9..11
+    v[..., 11, :] = np.nan
+    out2, lse2 = forward(case, k, v, kw, "v2")
+    blind = ~vis[:, 11]
+    assert_bitwise_equal("O", out2[..., blind, :], out[..., blind, :])
+    assert np.isnan(out2[..., ~blind, :]).all()
+
+
+# --- backward ------------------------------------------------------------------------------
+
+@settings(max_examples=examples())
+@given(drawn=variant_cases(with_dout=True, tiles=backward_tiles))
+@example(drawn=(make_case(B=1, H=1, Sq=3, Sk=3, d=4, dtype="float64", causal="bottom_right",
+                          tiles=(4, 4), seed=0, with_dout=True), None, None,
+                {"attn_mask": np.array([[1.5], [-np.inf], [1.2]]),
+                 "score_mod": relative_bias, "score_mod_grad": relative_bias_grad}))
+@example(drawn=(make_case(B=1, H=2, Sq=7, Sk=9, d=4, dtype="float32", causal="top_left",
+                          tiles=(4, 2), seed=2, with_dout=True), None, None,
+                {"window_size": (2, -1), "softcap": 2.0}))
+def test_backward_matches_reference(drawn):
+    case, k, v, kw = drawn
+    k = case.k if k is None else k
+    v = case.v if v is None else v
+    out, lse = forward(case, k, v, kw, "v2", with_tiles=False)
+    grads = numbaflash.attention_backward(case.dout, case.q, k, v, out, lse, tiles=case.tiles,
+                                          causal=case.causal, scale=case.scale, **kw)
+    grads = tuple(to_host(g) for g in grads)
+    assert grads[1].shape == k.shape and grads[2].shape == v.shape
+    check_backward(case.dout, case.q, k, v, out, lse, grads, causal=case.causal,
+                   scale=case.scale, **kw)
+
+
+def test_gqa_backward_is_deterministic_and_equals_the_expanded_heads():
+    """MQA: dK, dV equal the group sums of attention with K, V copied per query head (in
+    float64 to 1e-12), and repeated runs are bitwise identical (no atomics)."""
+    case = make_case(B=1, H=2, Sq=9, Sk=7, d=4, dtype="float64", tiles=(4, 4), seed=9,
+                     with_dout=True)
+    k, v = case.k[:, :1].copy(), case.v[:, :1].copy()
+    kw = {"window_size": (3, 1)}
+    out, vjp = numbaflash.attention_vjp(case.q, k, v, backward_tiles=(4, 4), **kw)
+    g1, g2 = vjp(case.dout), vjp(case.dout)
+    for a, b in zip(g1, g2):
+        assert_bitwise_equal("grad", to_host(a), to_host(b))
+    ke, ve = reference.expand_kv(case.q, k), reference.expand_kv(case.q, v)
+    out_e, vjp_e = numbaflash.attention_vjp(case.q, ke, ve, backward_tiles=(4, 4), **kw)
+    assert_close_f64("O", out, out_e, 1e-12, float(np.abs(v).max()))
+    dq, dk, dv = vjp_e(case.dout)
+    assert_close_f64("dQ", g1[0], dq, 1e-12, float(np.abs(dq).max()))
+    assert_close_f64("dK", g1[1], reference.reduce_kv(to_host(dk), k.shape), 1e-12,
+                     float(np.abs(dk).sum()))
+    assert_close_f64("dV", g1[2], reference.reduce_kv(to_host(dv), v.shape), 1e-12,
+                     float(np.abs(dv).sum()))
+
+
+def test_fully_masked_rows_give_zero_gradients():
+    case = make_case(B=1, H=1, Sq=9, Sk=5, d=4, dtype="float64", tiles=(4, 4), seed=4,
+                     with_dout=True)
+    kw = {"window_size": (0, 0)}            # Sq > Sk: the first 4 rows see no key
+    out, lse = forward(case, case.k, case.v, kw, "v2")
+    grads = [to_host(g) for g in numbaflash.attention_backward(
+        case.dout, case.q, case.k, case.v, out, lse, tiles=(4, 4), **kw)]
+    exact = exact_masks(9, 5, None, visible_band(9, 5, None, (0, 0)))
+    assert exact["dQ"].any()
+    assert np.array_equal(grads[0][0, 0, :4], np.zeros((4, 4)))
+    assert all(np.isfinite(g).all() for g in grads)
+    check_backward(case.dout, case.q, case.k, case.v, out, lse, grads, **kw)
+
+
+# --- skipped tiles -----------------------------------------------------------------------
+
+@settings(max_examples=examples())
+@given(drawn=variant_cases(dtypes=("float32",), kinds=("window", "mask", "mods")),
+       data=st.data())
+def test_tile_table_marks_exactly_the_tiles_with_a_visible_entry(drawn, data):
+    """The table the tiled kernels skip tiles by (variants.make_tile_table) is True exactly
+    for the (Br x Bc) tiles where the float64 reference's mask has a visible entry."""
+    case, k, v, kw = drawn
+    Br = data.draw(st.sampled_from([1, 2, 4, 8, 16]), label="Br")
+    Bc = data.draw(st.sampled_from([1, 2, 4, 8, 16]), label="Bc")
+    p = check_attention_inputs(case.q, k, v, case.causal, case.scale, **kw)
+    tiles = dispatch.tile_table(p, Br, Bc, _variant_arrays(p)[1])
+    if not p.variant.tile_table:        # bands only: the kernels skip by arithmetic
+        assert tiles is None
+        return
+    _, mask, _ = reference.scores(case.q, k, case.causal, case.scale, **kw)
+    mask = np.broadcast_to(mask, case.q.shape[:-1] + (case.Sk,)).reshape(p.BH, p.Sq, p.Sk)
+    Tr, Tc = -(-p.Sq // Br), -(-p.Sk // Bc)
+    padded = np.zeros((p.BH, Tr * Br, Tc * Bc), bool)
+    padded[:, :p.Sq, :p.Sk] = mask
+    want = padded.reshape(p.BH, Tr, Br, Tc, Bc).any(axis=(2, 4))
+    assert np.array_equal(to_host(tiles), want), (to_host(tiles).astype(int), want.astype(int))
+
+
+def test_tiles_a_mask_leaves_empty_are_not_visited():
+    """A document mask leaves the off-diagonal tiles empty: the table says so, and the
+    kernels that skip those tiles still give the reference's result (forward v2 and the
+    backward, at tiles that split the documents and tiles that do not)."""
+    rng = np.random.default_rng(5)
+    q, k, v, dout = (rng.standard_normal((1, 2, 20, 4)) for _ in range(4))
+    p = check_attention_inputs(q, k, v, mask_mod=documents)
+    table = to_host(dispatch.tile_table(p, 5, 5, None))
+    assert np.array_equal(table[0], np.eye(4, dtype=bool))     # documents of 5 = tiles of 5
+    want = reference.forward(q, k, v, mask_mod=documents)[0]
+    dwant = reference.backward(dout, q, k, v, mask_mod=documents)
+    for tiles in ((5, 5), (4, 8)):
+        out, lse = numbaflash.attention(q, k, v, mask_mod=documents, tiles=tiles,
+                                        return_lse=True)
+        assert_close_f64("out", out, want)
+        grads = numbaflash.attention_backward(dout, q, k, v, out, lse, mask_mod=documents,
+                                              tiles=tiles)
+        for name, got, ref in zip(("dq", "dk", "dv"), grads, dwant):
+            assert_close_f64(name, got, ref)
+
+
+# --- refusals and validation --------------------------------------------------------------
+
+def test_versions_without_variants_refuse():
+    q = np.zeros((1, 2, 8, 4), np.float32)
+    k = np.zeros((1, 1, 8, 4), np.float32)
+    with pytest.raises(ValueError, match="backward v2 .* plain attention.*GQA"):
+        numbaflash.explain_backward(q, k, k, version="v2")
+    with pytest.raises(ValueError, match="backward v2 .*window"):
+        numbaflash.explain_backward(q, q, q, version="v2", window_size=(2, 2))
+    with pytest.raises(ValueError, match="backward v3 computes plain attention.*GQA"):
+        numbaflash.explain_backward(q, k, k, version="v3")
+    with pytest.raises(ValueError, match="forward v3 cannot run this input: .* softcap"):
+        numbaflash.explain(q, q, q, version="v3", softcap=3.0)
+    with pytest.raises(ValueError, match="forward v4 cannot run this input: .*GQA"):
+        numbaflash.explain(q, k, k, version="v4")
+    assert "softcap" in str(numbaflash.explain(q, q, q, softcap=3.0))
+    assert "variant: plain" in str(numbaflash.explain(q, q, q, causal=True))
+
+
+@pytest.mark.parametrize("kw, error, match", [
+    ({"window_size": (1,)}, ValueError, "pair of ints"),
+    ({"window_size": (-2, 0)}, ValueError, ">= -1"),
+    ({"softcap": 0.0}, ValueError, "softcap must be finite and > 0"),
+    ({"softcap": float("inf")}, ValueError, "softcap must be finite and > 0"),
+    ({"softcap": "big"}, TypeError, "softcap"),
+    ({"alibi_slopes": np.ones(3, np.float32)}, ValueError, "alibi_slopes must have shape"),
+    ({"alibi_slopes": np.ones((2, 2), np.float32)}, ValueError, "alibi_slopes must have shape"),
+    ({"alibi_slopes": np.ones(2, np.int32)}, TypeError, "float"),
+    ({"attn_mask": np.ones((3, 8), bool)}, ValueError, "does not broadcast"),
+    ({"attn_mask": np.ones((1, 1, 1, 8, 8), bool)}, ValueError, "does not broadcast"),
+    ({"attn_mask": np.ones((8, 8), np.int32)}, TypeError, "boolean .* or float"),
+    ({"score_mod": 3}, TypeError, "score_mod must be a Numba device function"),
+    ({"score_mod_grad": squash_grad}, ValueError, "without score_mod"),
+])
+def test_bad_variant_options_raise_before_any_launch(kw, error, match):
+    q = np.zeros((1, 2, 8, 4), np.float32)
+    with pytest.raises(error, match=match):
+        numbaflash.attention(q, q, q, **kw)
+
+
+def test_gqa_heads_must_divide():
+    q = np.zeros((1, 3, 8, 4), np.float32)
+    k = np.zeros((1, 2, 8, 4), np.float32)
+    with pytest.raises(ValueError, match="multiple of the number of key/value heads"):
+        numbaflash.attention(q, k, k)
+
+
+def test_score_mod_backward_needs_its_gradient():
+    case = make_case(B=1, H=1, Sq=4, Sk=4, d=4, dtype="float64", with_dout=True)
+    out, lse = numbaflash.attention(case.q, case.k, case.v, return_lse=True, score_mod=squash)
+    with pytest.raises(ValueError, match="needs its derivative: pass score_mod_grad"):
+        numbaflash.attention_backward(case.dout, case.q, case.k, case.v, out, lse,
+                                      score_mod=squash)
+    with pytest.raises(ValueError, match="needs its derivative"):
+        numbaflash.attention_vjp(case.q, case.k, case.v, score_mod=squash)
