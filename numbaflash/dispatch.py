@@ -591,10 +591,12 @@ def _plan_backward_v3(p, where, tiles, reason, preprocess):
         preprocess,
         Plan("backward dK dV", "v3", "backward_dkdv_v3", where, Br, Bc, (Tc, p.BH), (threads,),
              dkdv_v3_shared_bytes(Br, Bc, TM, TN, p.d, p.acc_dtype), p.acc_dtype, p.causal,
-             reason + "; one block per K/V tile, each thread a block of keys", (TM, TN)),
+             reason + "; one block per K/V tile, each thread a block of keys",
+             thread_tile=(TM, TN)),
         Plan("backward dQ", "v3", "backward_dq_v3", where, Br, Bc, (Tr, p.BH), (threads,),
              dq_v3_shared_bytes(Br, Bc, TM, TN, p.d, p.acc_dtype), p.acc_dtype, p.causal,
-             reason + "; one block per Q tile, each thread a block of query rows", (TM, TN)),
+             reason + "; one block per Q tile, each thread a block of query rows",
+             thread_tile=(TM, TN)),
     ))
 
 
