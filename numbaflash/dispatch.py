@@ -36,6 +36,7 @@ kernels, with (Br / TM) x (Bc / TN) threads per block. Float32: d=64 -> (32, 32,
 d=128 -> (16, 16, 2, 1), 128 threads each; under the simulator (8, 8, 2, 2).
 """
 
+import functools
 import logging
 import math
 from dataclasses import dataclass
@@ -403,7 +404,7 @@ def tile_table(p, Br, Bc, attn_mask):
     grid, block = (Tr * Tc, p.BH), (variant_kernels.TILE_TABLE_THREADS,)
     log.info("tile table: tile_table for (%d, %d) tiles, grid %s, block %s", Br, Bc, grid, block)
     if attn_mask is None:
-        attn_mask = cuda.to_device(np.zeros((1, 1, 1, 1), np.bool_))
+        attn_mask = _placeholders(p.acc_dtype, _context_key())[1]
     kernel[grid, block](tiles, np.int64(p.Sq), np.int64(p.Sk), np.int64(p.causal_offset),
                         np.int64(p.window_lo), np.int64(p.Hq), attn_mask)
     return tiles
@@ -415,14 +416,25 @@ def variant_arguments(p, slopes, attn_mask, tiles=None):
     ``attn_mask`` and ``tiles`` (from ``tile_table``) are device arrays or None (then a
     1-element placeholder that the kernel, compiled without that variant, never reads)."""
     acc = np.dtype(p.acc_dtype)
-    if slopes is None:
-        slopes = cuda.to_device(np.zeros((1, 1), acc))
-    if attn_mask is None:
-        attn_mask = cuda.to_device(np.zeros((1, 1, 1, 1), np.bool_))
-    if tiles is None:
-        tiles = cuda.to_device(np.zeros((1, 1, 1), np.bool_))
+    no_slopes, no_mask, no_tiles = _placeholders(p.acc_dtype, _context_key())
     return (np.int64(p.window_lo), np.int64(p.Hq), np.int64(p.group), acc.type(p.softcap),
-            slopes, attn_mask, tiles)
+            no_slopes if slopes is None else slopes, no_mask if attn_mask is None else attn_mask,
+            no_tiles if tiles is None else tiles)
+
+
+def _context_key():
+    """Which CUDA context is current (device arrays belong to one); None on the simulator."""
+    return None if simulating() else cuda.current_context().handle.value
+
+
+@functools.lru_cache(maxsize=None)
+def _placeholders(acc_dtype, context):
+    """The 1-element device arrays passed for the variant arguments a kernel does not use
+    (slopes, attn_mask, tiles), made once per context rather than copied to the device on
+    every call (three host-to-device copies per launch, for nothing)."""
+    return (cuda.to_device(np.zeros((1, 1), acc_dtype)),
+            cuda.to_device(np.zeros((1, 1, 1, 1), np.bool_)),
+            cuda.to_device(np.zeros((1, 1, 1), np.bool_)))
 
 
 def launch_forward(plan, p, Q, K, V, O, L, slopes=None, attn_mask=None):

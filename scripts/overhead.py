@@ -47,6 +47,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="1,1,128,64", help="B,H,N,d")
     ap.add_argument("--calls", type=int, default=500)
+    ap.add_argument("--profile", action="store_true",
+                    help="also print where the API's time goes (cProfile, by own time)")
     args = ap.parse_args()
     B, H, N, d = (int(t) for t in args.shape.split(","))
     rng = np.random.default_rng(0)
@@ -78,6 +80,17 @@ def main():
         print(f"causal={causal!s:5s} kernel {plan.kernel}: raw {t_raw:7.1f} us   "
               f"api {t_api:7.1f} us ({ratio:.2f}x raw)   api+lse {t_lse:7.1f} us "
               f"({t_lse / t_raw:.2f}x raw)")
+    if args.profile:
+        import cProfile
+        import pstats
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(args.calls):
+            numbaflash.attention(q, k, v)
+        cuda.synchronize()
+        profiler.disable()
+        print(f"\ncProfile of {args.calls} calls of numbaflash.attention(q, k, v):")
+        pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(25)
     print("OK: a call costs at most 2x the raw launch" if ok else
           "ABOVE 2x: the Python around the kernel costs more than the launch")
     return 0 if ok else 1
