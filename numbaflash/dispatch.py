@@ -423,8 +423,8 @@ def variant_arguments(p, slopes, attn_mask, tiles=None):
 
 
 def _context_key():
-    """The current CUDA context (device arrays belong to one); None on the simulator."""
-    return None if simulating() else cuda.current_context()
+    """Which CUDA context is current (device arrays belong to one); None on the simulator."""
+    return None if simulating() else id(cuda.current_context())
 
 
 @functools.lru_cache(maxsize=None)
