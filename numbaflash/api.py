@@ -143,9 +143,10 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, win
             the forward. No gradient is returned for alibi_slopes or attn_mask.
         score_mod_grad: d score_mod / d score (a Numba device function), required with a
             score_mod (ValueError otherwise).
-        version: backward version ("v1": deterministic, the default; "v2": atomic dQ, a
-            lesson, float32/float64 only; "v3": register-blocked, deterministic,
-            experimental); see ``explain_backward`` and numbaflash/kernels/backward.py.
+        version: backward version ("v1": deterministic, the default for variants; "v2":
+            atomic dQ, a lesson, float32/float64 only; "v3": register-blocked,
+            deterministic, the default for plain attention); None picks the default; see
+            ``explain_backward`` and numbaflash/kernels/backward.py.
         tiles: (Br, Bc) for the backward kernels (v3 also takes (Br, Bc, TM, TN)); None
             uses the documented rule in dispatch.py.
 

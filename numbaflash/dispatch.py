@@ -55,7 +55,6 @@ SHARED_MEM_LIMIT = 48 * 1024   # static shared memory per block (bytes)
 MAX_THREADS = 1024             # threads per block
 V1_THREADS = 64                # v1: threads (query rows) per block
 TILE_CANDIDATES = ((64, 64), (64, 32), (32, 32), (32, 16), (16, 16), (16, 8), (8, 8), (8, 4), (4, 4))
-DEFAULT_BACKWARD = "v1"
 PREPROCESS_THREADS = 64        # backward D = rowsum(dO * O): query rows per block
 
 
@@ -612,17 +611,32 @@ def _plan_backward_v3(p, where, tiles, reason, preprocess):
     ))
 
 
+def _default_backward_version(p):
+    """The default backward version for ``p`` and why.
+
+    v3 (register-blocked) for plain attention, causal or not: deterministic like v1 and
+    3.7x to 7.4x faster than v1 on the H200 (docs/gpu-results.md, run 11). v1 when the
+    call asks for a variant (window, GQA, softcap, ALiBi, masks, user modifiers), which
+    only v1 supports.
+    """
+    wanted = needs_variants(p)
+    if wanted is not None:
+        return "v1", (f"v1 is the default for variants ({wanted}): v3 computes plain "
+                      f"attention only")
+    return "v3", ("v3 is the default: register-blocked, deterministic (no atomics, so "
+                  "repeated runs are bitwise identical)")
+
+
 def plan_backward(p, version=None, tiles=None):
     """Choose the backward kernels for Problem ``p``; returns ``Plans`` in launch order.
 
-    ``version`` None means the default (v1: deterministic). Raises ValueError for an
-    unknown version, bad tiles, or v2 with float16 inputs.
+    ``version`` None means the default (``_default_backward_version``: v3, or v1 for
+    variants). Raises ValueError for an unknown version, bad tiles, v2 with float16
+    inputs, or v2/v3 with a variant.
     """
     where = backend()
     if version is None:
-        version = DEFAULT_BACKWARD
-        reason = (f"{version} is the default: deterministic (no atomics, so repeated runs are "
-                  f"bitwise identical)")
+        version, reason = _default_backward_version(p)
     elif version in bwd_kernels.VERSIONS:
         reason = f"{version} was asked for by the caller"
     else:
@@ -634,7 +648,7 @@ def plan_backward(p, version=None, tiles=None):
         what = "v2 (a lesson)" if version == "v2" else "v3"
         raise ValueError(f"backward {what} computes plain attention (with or without a "
                          f"causal mask) only, and this call asks for {needs_variants(p)}; "
-                         f"use v1 (the default)")
+                         f"use v1 (the default for variants)")
     variant = variant_description(p)
 
     threads = PREPROCESS_THREADS

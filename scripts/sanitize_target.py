@@ -3,7 +3,7 @@
     compute-sanitizer --tool memcheck python scripts/sanitize_target.py
     compute-sanitizer --tool racecheck python scripts/sanitize_target.py --variants
 
-``--variants`` runs the kernels that support attention variants instead (forward v1, v2,
+``--backward V`` runs only backward version V (after forward v2). ``--variants`` runs the kernels that support attention variants instead (forward v1, v2,
 backward v1, and the tile-table kernel) with windows, GQA, ALiBi, softcap, masks and a
 mask_mod, on ragged shapes.
 
@@ -68,12 +68,16 @@ def main_variants():
 def main():
     if "--variants" in sys.argv[1:]:
         return main_variants()
+    forward_versions, backward_versions = FORWARD_VERSIONS, BACKWARD_VERSIONS
+    if "--backward" in sys.argv[1:]:        # --backward V: only backward V (forward v2 feeds it)
+        backward_versions = (sys.argv[sys.argv.index("--backward") + 1],)
+        forward_versions = ("v2",)
     rng = np.random.default_rng(0)
     for B, H, Sq, Sk, d, causal, dtypes in CASES:
         for dtype in (np.dtype(t).type for t in dtypes):
             q, k, v = (cuda.to_device(rng.standard_normal((B, H, S, d)).astype(dtype))
                        for S in (Sq, Sk, Sk))
-            for version in FORWARD_VERSIONS:
+            for version in forward_versions:
                 try:
                     out, lse = numbaflash.attention(q, k, v, causal=causal, return_lse=True,
                                                     version=version)
@@ -84,7 +88,7 @@ def main():
                 print(f"forward {version} {(B, H, Sq, Sk, d)} {causal} {np.dtype(dtype).name}: ok",
                       flush=True)
             dout = cuda.to_device(rng.standard_normal((B, H, Sq, d)).astype(dtype))
-            for version in BACKWARD_VERSIONS:
+            for version in backward_versions:
                 try:
                     numbaflash.attention_backward(dout, q, k, v, out, lse, causal=causal,
                                                   version=version)
