@@ -365,7 +365,7 @@ def test_launches_are_logged(caplog):
     with caplog.at_level(logging.INFO, logger="numbaflash"):
         numbaflash.attention_backward(case.dout, case.q, case.k, case.v, out, lse, tiles=(4, 4))
     text = caplog.text
-    for kernel in ("backward_preprocess", "backward_dkdv_v1", "backward_dq_v1"):
+    for kernel in ("backward_preprocess", "backward_dkdv_v3", "backward_dq_v3"):   # the default
         assert kernel in text
     assert "deterministic" in text
 
@@ -485,11 +485,16 @@ def test_empty_inputs_give_zeros_without_a_launch(no_launch, Sq, Sk, lead, host)
 
 def test_explain_backward_names_each_kernel():
     q = inputs()[1]
-    plans = numbaflash.explain_backward(q, q, q, causal=True)
-    assert [p.kernel for p in plans] == ["backward_preprocess", "backward_dkdv_v1",
-                                         "backward_dq_v1"]
+    plans = numbaflash.explain_backward(q, q, q, causal=True)         # the default: v3
+    assert [p.kernel for p in plans] == ["backward_preprocess", "backward_dkdv_v3",
+                                         "backward_dq_v3"]
     assert len(str(plans).splitlines()) == 3
     assert all(p.causal == "bottom_right" for p in plans)
+    assert "v3 is the default" in str(plans)
+    plans = numbaflash.explain_backward(q, q, q, causal=True, window_size=(2, 0))
+    assert [p.kernel for p in plans] == ["backward_preprocess", "backward_dkdv_v1",
+                                         "backward_dq_v1"]               # variants: v1
+    assert "v1 is the default for variants" in str(plans)
     plans = numbaflash.explain_backward(q, q, q, version="v2", tiles=(4, 8))
     assert [p.kernel for p in plans] == ["backward_preprocess", "backward_dkdv_dq_v2"]
     assert (plans[1].Br, plans[1].Bc, plans[1].block) == (4, 8, (8,))

@@ -21,7 +21,7 @@ query row r iff c <= r + causal_offset.
 
 The version ladder (each step says what changes against the previous one):
 
-v1  Three kernels, no atomics; the default.
+v1  Three kernels, no atomics; the default for variants (windows, GQA, masks, ...).
     backward_preprocess: D = rowsum(dO * O) (Alg.2 l.4), one thread per query row.
     backward_dkdv_v1: Alg.2 l.5-19 without l.15. One thread block per (K/V tile j,
         head bh), one thread per key row of the tile (the mirror image of forward v2's
@@ -54,8 +54,8 @@ v2  A lesson, not the default: Alg.2 l.15 as the paper writes it. backward_dkdv_
     (flash-attention adds into a float32 scratch buffer and converts it afterwards, and
     offers a deterministic mode for the reason in (1)).
 
-v3  Register-blocked SIMT (experimental, opt-in: version="v3"; runs on the GPU and the
-    simulator). The same three kernels and order of work as v1 (backward_preprocess is
+v3  Register-blocked SIMT, the default for plain attention (causal or not; runs on the
+    GPU and the simulator). The same three kernels and order of work as v1 (backward_preprocess is
     reused), with the work of a block spread the way forward v4 spreads it. v1 is bound by
     shared-memory loads and by occupancy: each FMA of s, dp, dKj and dVj needs one or two
     shared loads and no loaded value serves a second key, and its 32-thread blocks (16 at
@@ -89,7 +89,9 @@ v3  Register-blocked SIMT (experimental, opt-in: version="v3"; runs on the GPU a
     (d = 128). What it should buy: 2-3x fewer shared loads per FMA and 2-3x more resident
     warps than v1 (dK/dV: 3 blocks of 4 warps per SM at d = 64, limited by registers);
     the prediction is a few times v1's speed at d = 64, less at d = 128, where the tiles
-    are 16 x 16. Not yet measured on the H200 (scripts/bwd_v3_sweep.py times it).
+    are 16 x 16. Measured on the H200 (scripts/bwd_v3_sweep.py, docs/gpu-results.md run
+    11): 3.7x to 4.0x v1 at d = 64, 7.0x to 7.4x at d = 128 (where v1's 16-thread blocks
+    were the worst), all within the tolerance rule.
 
 Float32 sums: every accumulator (dKj, dVj over the Q tiles; dQi over the K/V tiles) adds
 one tile's terms into a fresh partial first and then adds the partial, as the forward does
