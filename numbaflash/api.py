@@ -4,7 +4,7 @@
 import numpy as np
 
 from . import arrays
-from .dispatch import launch_backward, launch_forward, plan_backward, plan_forward
+from .dispatch import backend, launch_backward, launch_forward, plan_backward, plan_forward
 from .validate import check_attention_inputs, check_backward_inputs
 
 
@@ -26,6 +26,46 @@ def _variant_arrays(p):
         else:
             out.append(x if hasattr(x, "copy_to_host") else arrays.cuda.as_cuda_array(x))
     return out
+
+
+_PLANS = {}             # call key -> (Problem, Plan): see _forward_problem_and_plan
+_PLANS_MAX = 256
+
+
+def _call_key(q, k, v, causal, scale, variants, version, tiles):
+    """What validation and planning depend on, as a hashable tuple; None if the call
+    cannot be keyed (array-valued options such as alibi_slopes or attn_mask, inputs
+    without shape and dtype, unhashable options)."""
+    if variants["alibi_slopes"] is not None or variants["attn_mask"] is not None:
+        return None
+    try:
+        key = (backend(), tuple((type(x), tuple(x.shape), str(x.dtype)) for x in (q, k, v)),
+               causal, scale, version, tiles, tuple(sorted(variants.items())))
+        hash(key)
+    except (AttributeError, TypeError):
+        return None
+    return key
+
+
+def _forward_problem_and_plan(q, k, v, causal, scale, variants, version, tiles):
+    """``check_attention_inputs`` then ``plan_forward``, remembered per call key.
+
+    Both depend only on shapes, dtypes and options, not on the data, so a repeated call
+    (the same shapes, as in a training loop) skips them: at (1, 1, 128, 64) on the H200
+    they were a large part of the Python around a small kernel (issue 5,
+    scripts/overhead.py --profile). Calls that raise are not remembered, so bad input
+    still gets its error before any launch, every time.
+    """
+    key = _call_key(q, k, v, causal, scale, variants, version, tiles)
+    hit = _PLANS.get(key) if key is not None else None
+    if hit is None:
+        p = check_attention_inputs(q, k, v, causal, scale, **variants)
+        hit = (p, plan_forward(p, version, tiles))
+        if key is not None:
+            if len(_PLANS) >= _PLANS_MAX:
+                _PLANS.clear()
+            _PLANS[key] = hit
+    return hit
 
 
 def attention(q, k, v, *, causal=False, scale=None, window_size=None, alibi_slopes=None,
@@ -88,9 +128,8 @@ def attention(q, k, v, *, causal=False, scale=None, window_size=None, alibi_slop
     """
     variants = _variants(window_size, alibi_slopes, softcap, attn_mask, score_mod,
                          score_mod_grad, mask_mod)
-    p = check_attention_inputs(q, k, v, causal, scale, **variants)
     host = not arrays.on_device((q, k, v))
-    plan = plan_forward(p, version, tiles)
+    p, plan = _forward_problem_and_plan(q, k, v, causal, scale, variants, version, tiles)
     out_shape = p.lead + (p.Sq, p.d)
     lse_shape = p.lead + (p.Sq,)
     lse_dtype = np.dtype(p.acc_dtype)

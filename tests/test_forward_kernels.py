@@ -17,6 +17,7 @@ Sizes follow the backend (strategies.py): tiny on the simulator, large on a GPU.
 """
 
 import logging
+import math
 
 import numpy as np
 import pytest
@@ -25,6 +26,7 @@ from hypothesis import strategies as st
 from numba import cuda
 
 import numbaflash
+import numbaflash.api
 from numbaflash import reference
 from numbaflash.kernels.forward import VERSIONS
 from numbaflash.masks import visible
@@ -609,3 +611,23 @@ def test_simulator_shared_arrays_are_shared_by_the_whole_block(monkeypatch):
     out = np.zeros(4, np.float32)
     block_sum[1, 4](out)
     assert np.array_equal(out, np.full(4, 10, np.float32)), out
+
+
+def test_repeated_calls_reuse_the_plan_and_still_check_their_inputs():
+    """attention() remembers validation and planning per call key (shapes, dtypes,
+    options: api._forward_problem_and_plan); a later bad call still raises before any
+    launch, and array-valued options are never keyed."""
+    q = np.random.default_rng(0).standard_normal((1, 2, 6, 4)).astype(np.float32)
+    out1 = numbaflash.attention(q, q, q, causal=True)
+    key = numbaflash.api._call_key(q, q, q, True, None, numbaflash.api._variants(
+        None, None, None, None, None, None, None), None, None)
+    assert key in numbaflash.api._PLANS
+    assert np.array_equal(numbaflash.attention(q, q, q, causal=True), out1)
+    with pytest.raises(ValueError, match="scale must be finite"):
+        numbaflash.attention(q, q, q, causal=True, scale=math.inf)
+    with pytest.raises(ValueError, match="causal"):
+        numbaflash.attention(q, q, q, causal="sideways")
+    with pytest.raises(TypeError, match="same dtype"):
+        numbaflash.attention(q, q, q.astype(np.float64), causal=True)
+    assert numbaflash.api._call_key(q, q, q, True, None, numbaflash.api._variants(
+        None, None, None, np.ones((6, 6), bool), None, None, None), None, None) is None
