@@ -255,9 +255,11 @@ def default_v4_tiles(d, acc_dtype):
                      f"{acc_dtype} within {SHARED_MEM_LIMIT} bytes of shared memory")
 
 
-def check_v4_tiles(tiles, d, acc_dtype):
-    """A caller's v4 tiles: (Br, Bc, TM, TN), or (Br, Bc) with TM, TN the largest of 4, 2, 1
-    dividing Br, Bc. ValueError names the limit."""
+def _check_thread_tiles(tiles, d, acc_dtype, what, shared_bytes):
+    """A caller's register-blocked tiles for ``what`` (forward v4, backward v3): (Br, Bc,
+    TM, TN), or (Br, Bc) with TM, TN the largest of 4, 2, 1 dividing Br, Bc. Checks that
+    TM, TN divide the tile, the threads fit a block and ``shared_bytes(Br, Bc, TM, TN)``
+    fits in static shared memory; ValueError names the limit."""
     if isinstance(tiles, (tuple, list)) and len(tiles) == 4:
         Br, Bc = _parse_tiles(tiles[:2])
         TM, TN = _parse_tiles(tiles[2:])
@@ -266,18 +268,25 @@ def check_v4_tiles(tiles, d, acc_dtype):
         TM = next(t for t in (4, 2, 1) if Br % t == 0)
         TN = next(t for t in (4, 2, 1) if Bc % t == 0)
     if Br % TM or Bc % TN:
-        raise ValueError(f"v4 tiles need TM to divide Br and TN to divide Bc; got (Br, Bc, TM, "
-                         f"TN) = ({Br}, {Bc}, {TM}, {TN})")
+        raise ValueError(f"{what} tiles need TM to divide Br and TN to divide Bc; got "
+                         f"(Br, Bc, TM, TN) = ({Br}, {Bc}, {TM}, {TN})")
     threads = (Br // TM) * (Bc // TN)
     if threads > MAX_THREADS:
-        raise ValueError(f"v4 tiles ({Br}, {Bc}, {TM}, {TN}) need {threads} threads; a block "
-                         f"holds at most {MAX_THREADS}")
-    need = v4_shared_bytes(Br, Bc, TM, TN, d, acc_dtype)
+        raise ValueError(f"{what} tiles ({Br}, {Bc}, {TM}, {TN}) need {threads} threads "
+                         f"((Br / TM) x (Bc / TN)); a block holds at most {MAX_THREADS}")
+    need = shared_bytes(Br, Bc, TM, TN)
     if need > SHARED_MEM_LIMIT:
-        raise ValueError(f"v4 tiles (Br, Bc, TM, TN) = ({Br}, {Bc}, {TM}, {TN}) need {need} "
-                         f"bytes of shared memory at head dim {d} in {acc_dtype}; the limit "
-                         f"is {SHARED_MEM_LIMIT} (48 KB static shared memory per block)")
+        raise ValueError(f"{what} tiles (Br, Bc, TM, TN) = ({Br}, {Bc}, {TM}, {TN}) need "
+                         f"{need} bytes of shared memory at head dim {d} in {acc_dtype}; the "
+                         f"limit is {SHARED_MEM_LIMIT} (48 KB static shared memory per block)")
     return Br, Bc, TM, TN
+
+
+def check_v4_tiles(tiles, d, acc_dtype):
+    """A caller's forward v4 tiles (``_check_thread_tiles``)."""
+    return _check_thread_tiles(tiles, d, acc_dtype, "v4",
+                               lambda Br, Bc, TM, TN: v4_shared_bytes(Br, Bc, TM, TN, d,
+                                                                     acc_dtype))
 
 
 def _plan_forward_v4(p, where, tiles, reason):
@@ -561,29 +570,12 @@ def default_backward_v3_tiles(d, acc_dtype):
 
 
 def check_backward_v3_tiles(tiles, d, acc_dtype):
-    """A caller's v3 tiles: (Br, Bc, TM, TN), or (Br, Bc) with TM, TN the largest of 4, 2, 1
-    dividing Br, Bc (as forward v4). ValueError names the limit."""
-    if isinstance(tiles, (tuple, list)) and len(tiles) == 4:
-        Br, Bc = _parse_tiles(tiles[:2])
-        TM, TN = _parse_tiles(tiles[2:])
-    else:
-        Br, Bc = _parse_tiles(tiles)
-        TM = next(t for t in (4, 2, 1) if Br % t == 0)
-        TN = next(t for t in (4, 2, 1) if Bc % t == 0)
-    if Br % TM or Bc % TN:
-        raise ValueError(f"backward v3 tiles need TM to divide Br and TN to divide Bc; got "
-                         f"(Br, Bc, TM, TN) = ({Br}, {Bc}, {TM}, {TN})")
-    threads = (Br // TM) * (Bc // TN)
-    if threads > MAX_THREADS:
-        raise ValueError(f"backward v3 tiles ({Br}, {Bc}, {TM}, {TN}) need {threads} threads "
-                         f"((Br / TM) x (Bc / TN)); a block holds at most {MAX_THREADS}")
-    need = max(dkdv_v3_shared_bytes(Br, Bc, TM, TN, d, acc_dtype),
-               dq_v3_shared_bytes(Br, Bc, TM, TN, d, acc_dtype))
-    if need > SHARED_MEM_LIMIT:
-        raise ValueError(f"backward v3 tiles (Br, Bc, TM, TN) = ({Br}, {Bc}, {TM}, {TN}) need "
-                         f"{need} bytes of shared memory at head dim {d} in {acc_dtype}; the "
-                         f"limit is {SHARED_MEM_LIMIT} (48 KB static shared memory per block)")
-    return Br, Bc, TM, TN
+    """A caller's backward v3 tiles (``_check_thread_tiles``, as forward v4); both v3
+    kernels must fit."""
+    return _check_thread_tiles(
+        tiles, d, acc_dtype, "backward v3",
+        lambda Br, Bc, TM, TN: max(dkdv_v3_shared_bytes(Br, Bc, TM, TN, d, acc_dtype),
+                                   dq_v3_shared_bytes(Br, Bc, TM, TN, d, acc_dtype)))
 
 
 def _plan_backward_v3(p, where, tiles, reason, preprocess):
