@@ -298,23 +298,40 @@ def _plan_forward_v4(p, where, tiles, reason):
     else:
         Br, Bc, TM, TN = check_v4_tiles(tiles, p.d, p.acc_dtype)
         reason += "; tiles given by the caller"
-    reason += "; v4 is experimental (not the default until it passes the full GPU suite)"
     threads = (Br // TM) * (Bc // TN)
     return Plan("forward", "v4", "forward_v4", where, Br, Bc, (math.ceil(p.Sq / Br), p.BH),
                 (threads,), v4_shared_bytes(Br, Bc, TM, TN, p.d, p.acc_dtype), p.acc_dtype,
                 p.causal, reason, thread_tile=(TM, TN))
 
 
+V4_DEFAULT_MAX_HEAD_DIM = 128   # where v4 was measured faster than v2 (d = 64 and 128)
+
+
 def _default_forward_version(p, where):
     """The default forward version for ``p`` and why.
 
-    v2 everywhere. v3 (tensor cores) is faster on the GPU (docs/gpu-results.md) but exact
-    only for finite inputs: inside its tensor-core products a NaN or inf in K or V can
-    reach rows that never see that key (0 * NaN), which v1 and v2 rule out. Until v3
-    handles non-finite inputs exactly, it runs only when asked for.
+    Plain attention (with or without the causal mask) in float32 or float16 with d <= 128:
+    v4, the fastest version that is exact for every input. On the H200 it beat v2 in all
+    six of issue 5's cases (docs/performance.md, runs 7 and 14: 0.34x against 0.24x SDPA
+    at (2, 16, 4096, 64)). Variants, float64 and d > 128: v2, which takes the variant
+    arguments and was not measured slower there. v3 (tensor cores) is faster still at
+    some shapes but exact only for finite inputs: inside its tensor-core products a NaN or
+    inf in K or V can reach rows that never see that key (0 * NaN), which v1, v2 and v4
+    rule out. Until v3 handles non-finite inputs exactly, it runs only when asked for.
     """
-    why = "v2 is the default: exact for every input, on the GPU and the simulator"
-    if v3_refusal(p, where) is None:
+    wanted = needs_variants(p)
+    if wanted is not None:
+        why = "v2 is the default for variants: v3 and v4 compute plain attention only"
+    elif p.acc_dtype != "float32":
+        why = "v2 is the default in float64 (v4 was measured faster in float32 only)"
+    elif p.d > V4_DEFAULT_MAX_HEAD_DIM:
+        why = (f"v2 is the default at head dim {p.d} > {V4_DEFAULT_MAX_HEAD_DIM} (v4 was "
+               f"measured faster at d <= {V4_DEFAULT_MAX_HEAD_DIM} only)")
+    else:
+        return "v4", ("v4 is the default for plain attention in float32 with d <= "
+                      f"{V4_DEFAULT_MAX_HEAD_DIM}: register-blocked, exact for every input, "
+                      "the fastest such version measured on the H200")
+    if wanted is None and v3_refusal(p, where) is None:
         why += ("; v3 (tensor cores) is faster here but assumes finite inputs: pass "
                 "version='v3' to use it")
     return "v2", why
@@ -456,7 +473,39 @@ def launch_forward(plan, p, Q, K, V, O, L, slopes=None, attn_mask=None):
     if plan.version in ("v1", "v2"):     # the kernels that take the variant arguments
         tiles = tile_table(p, plan.Br, plan.Bc, attn_mask) if plan.version == "v2" else None
         args += variant_arguments(p, slopes, attn_mask, tiles)
-    kernel[plan.grid, plan.block](*args)
+    # The argument types follow from the input dtype, unless the caller passed arrays of
+    # their own (slopes, attn_mask: any dtype and layout); then the dispatcher types them.
+    types_key = (p.dtype, p.acc_dtype) if slopes is None and attn_mask is None else None
+    launch(kernel, plan.grid, plan.block, args, types_key)
+
+
+_COMPILED = {}      # (kernel, types_key) -> the compiled kernel for those argument types
+
+
+def launch(kernel, grid, block, args, types_key=None):
+    """``kernel[grid, block](*args)``, with less Python around it on the GPU.
+
+    A Numba kernel called as ``kernel[grid, block](*args)`` goes through its dispatcher,
+    which works out the Numba type of every argument on every call, and for a device array
+    it has not seen before (every output, every reshaped input) that means building the
+    type from the array's dtype, shape and strides. At (1, 1, 128, 64) on the H200 that was
+    the largest part of the Python around the kernel (scripts/overhead.py --profile, run
+    11). ``types_key``, when given, stands for the argument types (the caller promises
+    that equal keys mean equal types: the same dtypes and numbers of dimensions, all
+    arrays C-contiguous): the first call with a key goes through the dispatcher, which
+    compiles the kernel and checks the types; later calls launch that compiled kernel
+    directly. Under the simulator, or without a key, the dispatcher is always used.
+    """
+    if types_key is None or simulating():
+        kernel[grid, block](*args)
+        return
+    compiled = _COMPILED.get((kernel, types_key))
+    if compiled is None:
+        kernel[grid, block](*args)
+        compiled = kernel.compile(tuple(kernel.typeof_pyval(a) for a in args))
+        _COMPILED[(kernel, types_key)] = compiled
+        return
+    compiled.launch(args, grid, block)
 
 
 # ---------------------------------------------------------------------------------------

@@ -3,7 +3,8 @@
     compute-sanitizer --tool memcheck python scripts/sanitize_target.py
     compute-sanitizer --tool racecheck python scripts/sanitize_target.py --variants
 
-``--backward V`` runs only backward version V (after forward v2). ``--variants`` runs the kernels that support attention variants instead (forward v1, v2,
+``--backward V`` runs only backward version V (after forward v2); ``--forward V`` only
+forward version V. ``--variants`` runs the kernels that support attention variants instead (forward v1, v2,
 backward v1, and the tile-table kernel) with windows, GQA, ALiBi, softcap, masks and a
 mask_mod, on ragged shapes.
 
@@ -72,6 +73,9 @@ def main():
     if "--backward" in sys.argv[1:]:        # --backward V: only backward V (forward v2 feeds it)
         backward_versions = (sys.argv[sys.argv.index("--backward") + 1],)
         forward_versions = ("v2",)
+    if "--forward" in sys.argv[1:]:         # --forward V: only forward V, no backward
+        forward_versions = (sys.argv[sys.argv.index("--forward") + 1],)
+        backward_versions = ()
     rng = np.random.default_rng(0)
     for B, H, Sq, Sk, d, causal, dtypes in CASES:
         for dtype in (np.dtype(t).type for t in dtypes):
