@@ -14,7 +14,7 @@ d=128 -> (64, 32); d=256 -> (64, 16); float64 halves Bc. Callers may pass
 ``tiles=(Br, Bc)``; it is checked against the same limits (Br <= 1024 threads, shared
 memory <= 48 KB).
 
-Tile rule (v4 forward, experimental, opt-in): see ``default_v4_tiles`` below; its tiles
+Tile rule (v4 forward, the default for plain float32 attention with d <= 128): see ``default_v4_tiles`` below; its tiles
 are (Br, Bc, TM, TN), TM x TN the block of scores each thread owns, and ``explain`` shows
 them with the thread grid.
 
@@ -209,7 +209,7 @@ def check_v3_tiles(tiles, d):
     return Br, Bc
 
 
-# --- forward v4 (register-blocked SIMT; experimental, opt-in) ---------------------------
+# --- forward v4 (register-blocked SIMT; the default for plain attention) ---------------
 
 # v4 tile rule: the first (Br, Bc, TM, TN) of V4_CANDIDATES whose shared memory fits in
 # 48 KB and whose O block per thread, TM x DN with DN = DP / TX (TX = Bc / TN threads per
@@ -496,16 +496,18 @@ def launch(kernel, grid, block, args, types_key=None):
     compiles the kernel and checks the types; later calls launch that compiled kernel
     directly. Under the simulator, or without a key, the dispatcher is always used.
     """
+    config = kernel[grid, block]        # Numba caches launch configurations
     if types_key is None or simulating():
-        kernel[grid, block](*args)
+        config(*args)
         return
     compiled = _COMPILED.get((kernel, types_key))
     if compiled is None:
-        kernel[grid, block](*args)
+        config(*args)
         compiled = kernel.compile(tuple(kernel.typeof_pyval(a) for a in args))
         _COMPILED[(kernel, types_key)] = compiled
         return
-    compiled.launch(args, grid, block)
+    # What the dispatcher itself does once it has found the compiled kernel.
+    compiled.launch(args, config.griddim, config.blockdim, config.stream, config.sharedmem)
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Python overhead of a small call: ``numbaflash.attention`` against the raw kernel launch.
 
-    python scripts/overhead.py [--shape 1,1,128,64] [--calls 500]     # on a GPU machine
+    python scripts/overhead.py [--shape 1,1,128,64] [--calls 500] [--breakdown] [--profile]
 
 Issue 5 asks that a call on device arrays at (1, 1, 128, 64) cost no more than 2x the raw
 kernel launch: for small problems the Python around the kernel (validation, planning,
@@ -43,10 +43,57 @@ def per_call_us(fn, calls):
     return statistics.median(times) * 1e6
 
 
+def piece_us(fn, calls):
+    """Median wall-clock time of ``fn`` in microseconds, no synchronize (Python cost only)."""
+    for _ in range(20):
+        fn()
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
+
+
+def breakdown(q, k, v, calls):
+    """The pieces of ``numbaflash.attention(q, k, v)`` timed alone (each without the
+    kernel's run time): where the Python around the kernel goes."""
+    from numbaflash import api
+    variants = api._variants(None, None, None, None, None, None, None)
+    p, plan = api._forward_problem_and_plan(q, k, v, False, None, variants, None, None)
+    kernel = dispatch.forward_kernel(plan, p)
+    shape3 = (p.BH, p.Sq, p.d)
+    Q, K, V = (x.reshape(shape3) for x in (q, k, v))
+    O = cuda.device_array(shape3, np.float32)
+    L = cuda.device_array((p.BH, p.Sq), np.float32)
+    args = (Q, K, V, O, L, np.float32(p.softmax_scale), np.int64(p.causal_offset))
+    config = kernel[plan.grid, plan.block]
+    compiled = kernel.compile(tuple(kernel.typeof_pyval(a) for a in args))
+    pieces = [
+        ("validate + plan (remembered per call key)",
+         lambda: api._forward_problem_and_plan(q, k, v, False, None, variants, None, None)),
+        ("one reshape to (BH, S, d)", lambda: q.reshape(shape3)),
+        ("allocate O and L", lambda: (cuda.device_array(shape3, np.float32),
+                                      cuda.device_array((p.BH, p.Sq), np.float32))),
+        ("forward_kernel (factory cache)", lambda: dispatch.forward_kernel(plan, p)),
+        ("launch: dispatcher, arrays typed before", lambda: config(*args)),
+        ("launch: compiled kernel", lambda: compiled.launch(args, config.griddim,
+                                                            config.blockdim, config.stream,
+                                                            config.sharedmem)),
+        ("numbaflash.attention, whole call", lambda: numbaflash.attention(q, k, v)),
+    ]
+    print(f"\nPieces of a call, median of {calls}, no synchronize (launches queue up):")
+    for name, fn in pieces:
+        print(f"  {name:45s} {piece_us(fn, calls):7.1f} us")
+    cuda.synchronize()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="1,1,128,64", help="B,H,N,d")
     ap.add_argument("--calls", type=int, default=500)
+    ap.add_argument("--breakdown", action="store_true",
+                    help="also time the pieces of a call one by one (no synchronize)")
     ap.add_argument("--profile", action="store_true",
                     help="also print where the API's time goes (cProfile, by own time)")
     args = ap.parse_args()
@@ -80,6 +127,8 @@ def main():
         print(f"causal={causal!s:5s} kernel {plan.kernel}: raw {t_raw:7.1f} us   "
               f"api {t_api:7.1f} us ({ratio:.2f}x raw)   api+lse {t_lse:7.1f} us "
               f"({t_lse / t_raw:.2f}x raw)")
+    if args.breakdown:
+        breakdown(q, k, v, args.calls)
     if args.profile:
         import cProfile
         import pstats
@@ -90,7 +139,9 @@ def main():
         cuda.synchronize()
         profiler.disable()
         print(f"\ncProfile of {args.calls} calls of numbaflash.attention(q, k, v):")
-        pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(25)
+        stats = pstats.Stats(profiler, stream=sys.stdout)
+        stats.sort_stats("tottime").print_stats(25)
+        stats.sort_stats("cumulative").print_stats(30)
     print("OK: a call costs at most 2x the raw launch" if ok else
           "ABOVE 2x: the Python around the kernel costs more than the launch")
     return 0 if ok else 1

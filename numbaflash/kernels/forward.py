@@ -43,8 +43,8 @@ v3  Tensor cores (GPU only). The same Algorithm 1 with the two matrix products,
     key's TF32 split into NaN; v1 and v2 never read masked keys and keep +-inf scores.
     So v3 runs only when asked for (version="v3"); the default is v2.
 
-v4  Register-blocked SIMT FlashAttention-2 (experimental, opt-in: version="v4"; runs on
-    the GPU and the simulator). v2 is bound by shared-memory loads: each FMA of
+v4  Register-blocked SIMT FlashAttention-2 (the default for plain attention in float32 and
+    float16 with d <= 128; runs on the GPU and the simulator). v2 is bound by shared-memory loads: each FMA of
     q_i . Kj[c] and p * Vj[c, k] needs one shared load, and no loaded value serves a
     second row. v4 gives each thread a TM x TN block of Sij and a TM x DN block of O_i
     (DN = d / TX, TX = Bc / TN threads per row) in registers, like a SIMT matmul: per k
@@ -61,7 +61,9 @@ v4  Register-blocked SIMT FlashAttention-2 (experimental, opt-in: version="v4"; 
     (row, key) pairs, so NaN or inf in a masked key has no effect, as in v2.
     ptxas (sm_90, float32, no GPU): 128 registers at d = 64 (4 blocks = 16 warps per SM),
     156 at d = 128 (6 blocks of 64 threads = 12 warps per SM), no spills, no stack.
-    Measured on the H200 in docs/performance.md (run 7: 0.34x SDPA EFFICIENT at (2,16,4096,64)).
+    Measured on the H200 in docs/performance.md (run 7: 0.34x SDPA EFFICIENT at (2,16,4096,64),
+    faster than v2 in all six of issue 5's cases); run 14 passed its GPU property tests and
+    compute-sanitizer's memcheck, racecheck and synccheck, and it became the default.
 
 Variants (kernels/variants.py, docs/variants.md): v1 and v2 take a compile-time
 ``variant`` and seven more run-time arguments after causal_offset (window_lo, Hq, group,
@@ -519,9 +521,8 @@ def make_forward_v3(Bc, d, causal):
 
 @functools.lru_cache(maxsize=None)
 def make_forward_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
-    """v4 (register-blocked SIMT FlashAttention-2) kernel. Experimental and not the default
-    (``version="v4"`` asks for it): measured on the H200 (docs/performance.md), but not yet
-    through a full GPU property-suite run and synccheck of its own.
+    """v4 (register-blocked SIMT FlashAttention-2) kernel: the default for plain attention
+    in float32 and float16 with d <= 128 (dispatch._default_forward_version).
 
     Launch: grid (Tr, BH) with Tr = ceil(Sq / Br), block (TY * TX,) with TY = Br // TM and
     TX = Bc // TN: thread tid is (ty, tx) = (tid // TX, tid % TX) of a TY x TX grid.
