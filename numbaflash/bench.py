@@ -9,9 +9,10 @@ For every shape, causal mode and dtype, ``run`` does, in this order:
 1. Inputs. Random normal q, k, v and dout on the device: made by ``torch.randn`` when
    PyTorch with CUDA is there (numbaflash sees the very same memory through
    ``numba.cuda.as_cuda_array``, no copy), otherwise by NumPy and copied once.
-2. Check. Each numbaflash pass is run once on those inputs and its results are compared
-   with a float64 reference before any time is taken (``check``), so a fast but wrong
-   kernel never reports a number: its record says ``ok: False`` with ``ms: None``.
+2. Check. Each numbaflash pass is run once on those inputs and its results (out and
+   lse, dq, dk, dv) are compared with a float64 reference before any time is taken
+   (``check``), so a fast but wrong kernel never reports a number: its record says
+   ``ok: False`` with ``ms: None``.
    With PyTorch: against SDPA's MATH backend in float64 on the whole tensors. Without it:
    against ``numbaflash.reference`` in float64 on the first (batch, head) slice only
    (dense NumPy is slow). The bound is TESTING.md's rule (see ``agreement_bound``).
@@ -65,7 +66,7 @@ GPU_DEFAULT_SHAPES = ((2, 16, 4096, 64), (2, 16, 4096, 128), (1, 16, 16384, 64))
 SIM_DEFAULT_SHAPES = ((1, 1, 32, 8),)
 
 # Agreement rule (TESTING.md): max|ours - ref64| <= mult * max|base - ref64| + 2 spacing.
-MULT = {"out": 2, "dq": 5, "dk": 3, "dv": 3}
+MULT = {"out": 2, "lse": 2, "dq": 5, "dk": 3, "dv": 3}
 FLOAT64_RTOL = 1e-12      # float64 results: within 1e-12 of max(1, max|ref|)
 FLOAT32_FLOOR = 1e-5      # float32: never stricter than 1e-5 x max|ref| (TESTING.md's fallback)
 
@@ -252,7 +253,8 @@ def agreement_bound(base_err, max_ref, dtype, mult):
 def _agreement(got, ref, base, dtype, mult, zero_rows):
     """One tensor's check: ``{"max_err", "bound", "ok"}``. Arrays are float64 (NumPy) or
     float64 torch tensors of one shape (..., S, d); ``zero_rows`` (boolean, (S,)) marks
-    rows that must be exactly 0 (queries that see no key)."""
+    rows that must be exactly 0 (queries that see no key). With ``zero_rows`` None the
+    arrays may have any (non-empty) shape."""
     err = float(abs(got - ref).max())           # NaN anywhere gives NaN: not <= bound
     max_ref = float(abs(ref).max())
     base_err = 0.0 if base is None else float(abs(base - ref).max())
@@ -261,6 +263,23 @@ def _agreement(got, ref, base, dtype, mult, zero_rows):
     if zero_rows is not None and bool(zero_rows.any()):
         ok = ok and bool((got[..., zero_rows, :] == 0).all())
     return {"max_err": err, "bound": bound, "ok": bool(ok)}
+
+
+def _lse_agreement(got, ref, base, dtype, masked_rows):
+    """The check of lse, arrays of shape (..., S) as in ``_agreement``.
+
+    Rows that see no key (``masked_rows``, boolean (S,)) must be exactly -inf, as in the
+    reference (tests/tolerance.py compares them with array_equal); ``got - ref`` would be
+    NaN there, so the rule (mult ``MULT["lse"]``) is applied to the other rows only.
+    """
+    exact = bool((got[..., masked_rows] == -math.inf).all())     # NaN there fails too
+    seen = ~masked_rows
+    if not bool(seen.any()):                  # no row sees a key: nothing to bound
+        return {"max_err": 0.0, "bound": 0.0, "ok": exact}
+    check = _agreement(got[..., seen], ref[..., seen], None if base is None else
+                       base[..., seen], dtype, MULT["lse"], None)
+    check["ok"] = check["ok"] and exact
+    return check
 
 
 class NumpyOracle:
@@ -279,13 +298,13 @@ class NumpyOracle:
         self.causal = causal
         q0, k0, v0, do0 = (np.asarray(a[0, 0]) for a in (q, k, v, dout))
         self.zero_rows = ~masks.visible(q0.shape[0], k0.shape[0], causal).any(axis=1)
-        self.ref = {"out": reference.forward(q0, k0, v0, causal=causal)[0]}
+        self.ref = dict(zip(("out", "lse"), reference.forward(q0, k0, v0, causal=causal)))
         self.base = {}
         naive = self.dtype != np.float64
         with np.errstate(all="ignore"):
             if naive:
-                self.base["out"] = reference.forward(q0, k0, v0, causal=causal,
-                                                     dtype=self.dtype.type)[0]
+                self.base.update(zip(("out", "lse"), reference.forward(
+                    q0, k0, v0, causal=causal, dtype=self.dtype.type)))
             if backward:
                 self.ref.update(zip(("dq", "dk", "dv"),
                                     reference.backward(do0, q0, k0, v0, causal=causal)))
@@ -294,24 +313,30 @@ class NumpyOracle:
                         do0, q0, k0, v0, causal=causal, dtype=self.dtype.type)))
 
     def check(self, name, got):
-        """Check numbaflash's ``name`` ("out", "dq", "dk", "dv"), a (B, H, S, d) device array."""
+        """Check numbaflash's ``name`` ("out", "lse", "dq", "dk", "dv"), a device array
+        (B, H, S, d), or (B, H, Sq) for lse."""
         got0 = np.asarray(got[0, 0].copy_to_host(), dtype=np.float64)
         base = self.base.get(name)
+        if base is not None:
+            base = np.asarray(base, dtype=np.float64)
+        if name == "lse":
+            return _lse_agreement(got0, self.ref[name], base, self.dtype, self.zero_rows)
         zero = self.zero_rows if name in ("out", "dq") else None
-        return _agreement(got0, self.ref[name], None if base is None else
-                          np.asarray(base, dtype=np.float64), self.dtype, MULT[name], zero)
+        return _agreement(got0, self.ref[name], base, self.dtype, MULT[name], zero)
 
 
 def torch_references(torch, q, k, v, dout, causal, compute_dtype, backward,
                      chunk_bytes=2**31):
-    """out (and dq, dk, dv) by PyTorch SDPA MATH in ``compute_dtype``, as float64 tensors.
+    """out and lse (and dq, dk, dv) by PyTorch in ``compute_dtype``, as float64 tensors.
 
+    out and the gradients come from SDPA's MATH backend; lse (which SDPA does not return)
+    is torch.logsumexp over keys of the scaled, masked scores, computed the same way.
     q, k, v, dout are torch tensors (B, H, S, d) on any device; causal None or a mode
     name. Rows that see no key are left out of PyTorch's computation (its MATH backend
-    gives NaN there) and get 0, as numbaflash gives. Batch and heads are flattened and
-    done a few at a time, so the N x N score matrices (and their gradients) of one chunk
-    stay near ``chunk_bytes``: at N = 16384 one head's float64 scores take 2 GiB.
-    Returns a dict of (BH, S, d) float64 tensors.
+    gives NaN there) and get out 0 and lse -inf, as numbaflash gives. Batch and heads are
+    flattened and done a few at a time, so the N x N score matrices (and their gradients)
+    of one chunk stay near ``chunk_bytes``: at N = 16384 one head's float64 scores take
+    2 GiB. Returns a dict of (BH, S, d) float64 tensors, and lse (BH, Sq).
     """
     import torch.nn.functional as F
     from torch.nn.attention import sdpa_kernel
@@ -327,7 +352,8 @@ def torch_references(torch, q, k, v, dout, causal, compute_dtype, backward,
     Q, K, V, dO = (t.reshape(BH, -1, d) for t in (q, k, v, dout))
 
     f64 = torch.float64
-    res = {"out": torch.zeros(BH, Sq, d, dtype=f64, device=device)}
+    res = {"out": torch.zeros(BH, Sq, d, dtype=f64, device=device),
+           "lse": torch.full((BH, Sq), -math.inf, dtype=f64, device=device)}
     if backward:
         res["dq"] = torch.zeros(BH, Sq, d, dtype=f64, device=device)
         res["dk"] = torch.zeros(BH, Sk, d, dtype=f64, device=device)
@@ -351,7 +377,14 @@ def torch_references(torch, q, k, v, dout, causal, compute_dtype, backward,
                 res["dq"][c, seen] = dq.to(f64)
                 res["dk"][c] = dk.to(f64)
                 res["dv"][c] = dv.to(f64)
-        del qc, kc, vc, o
+        with torch.no_grad():
+            # lse = log sum_j exp(S_ij), S = scale * Q K^T masked (SDPA's default scale).
+            # After the gradients, so this chunk's N x N scores are not held twice.
+            s = (qc @ kc.transpose(-2, -1)) * (1.0 / math.sqrt(d))
+            if mask is not None:
+                s = s.masked_fill(~mask, -math.inf)
+            res["lse"][c, seen] = torch.logsumexp(s, dim=-1).to(f64)
+        del qc, kc, vc, o, s
     return res
 
 
@@ -377,9 +410,12 @@ class TorchOracle:
             torch.cuda.empty_cache()      # hand the N x N temporaries back to the driver
 
     def check(self, name, got):
-        """Check numbaflash's ``name`` ("out", "dq", "dk", "dv"), a (B, H, S, d) device array."""
+        """Check numbaflash's ``name`` ("out", "lse", "dq", "dk", "dv"), a device array
+        (B, H, S, d), or (B, H, Sq) for lse."""
         ref = self.ref[name]
         got = self.torch.as_tensor(got, device=ref.device).reshape(ref.shape).to(ref.dtype)
+        if name == "lse":
+            return _lse_agreement(got, ref, self.base.get(name), self.dtype, self.zero_rows)
         zero = self.zero_rows if name in ("out", "dq") else None
         return _agreement(got, ref, self.base.get(name), self.dtype, MULT[name], zero)
 
@@ -604,7 +640,7 @@ def _bench_numbaflash(shape, causal, dtype, passes, versions, oracle, dev, repea
                     return attention(q, k, v, causal=mode, version=version, return_lse=True)
 
                 def outputs(r):
-                    return {"out": r[0]}
+                    return {"out": r[0], "lse": r[1]}
             else:
                 rec["kernel"] = f"{forward_kernel} + {backward_kernels}"
 
@@ -614,7 +650,7 @@ def _bench_numbaflash(shape, causal, dtype, passes, versions, oracle, dev, repea
                                                                  causal=mode))
 
                 def outputs(r):
-                    return {"out": r[0], "dq": r[2], "dk": r[3], "dv": r[4]}
+                    return {"out": r[0], "lse": r[1], "dq": r[2], "dk": r[3], "dv": r[4]}
             _measure(rec, fn, outputs, oracle, repeats, warmup)
 
     if "backward" in passes:

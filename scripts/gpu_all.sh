@@ -18,6 +18,29 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 unset NUMBA_ENABLE_CUDASIM
 
+# run_sanitizers LABEL PREFIX "TOOLS" [ARGS...]
+# Runs scripts/sanitize_target.py ARGS under each compute-sanitizer tool in TOOLS, logging
+# to $OUT/PREFIX_TOOL.txt, and prints one line per tool: LABEL, the tool, its summary line
+# and how many calls completed. Returns 1 when a tool printed no summary line or one that
+# is not "0 errors" / "0 hazards" (a run that checks nothing also prints no error).
+run_sanitizers() {
+    local label=$1 prefix=$2 tools=$3
+    shift 3
+    local status=0 tool log summary calls
+    for tool in $tools; do
+        log="$OUT/${prefix}_$tool.txt"
+        compute-sanitizer --tool "$tool" python3 scripts/sanitize_target.py "$@" > "$log" 2>&1
+        summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -n 1)
+        calls=$(grep -c ": ok$" "$log")
+        echo "$label$tool: ${summary:-NO SUMMARY LINE} ($calls calls completed)"
+        case "$summary" in
+            *" 0 errors"*|*" 0 hazards"*) ;;
+            *) status=1 ;;
+        esac
+    done
+    return "$status"
+}
+
 part="${1:-}"
 case "$part" in
 tests)
@@ -49,32 +72,14 @@ variants)
     # then compute-sanitizer on the variant kernels (scripts/sanitize_target.py --variants).
     python3 scripts/variants_gpu.py --out "$OUT" 2>&1 | tee "$OUT/variants_gpu.txt"
     status=${PIPESTATUS[0]}
-    for tool in ${SANITIZER_TOOLS:-memcheck racecheck synccheck}; do
-        compute-sanitizer --tool "$tool" python3 scripts/sanitize_target.py --variants \
-            > "$OUT/sanitize_variants_$tool.txt" 2>&1
-        summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitize_variants_$tool.txt" | tail -n 1)
-        calls=$(grep -c ": ok$" "$OUT/sanitize_variants_$tool.txt")
-        echo "variants $tool: ${summary:-NO SUMMARY LINE} ($calls calls completed)"
-        case "$summary" in
-            *" 0 errors"*|*" 0 hazards"*) ;;
-            *) status=1 ;;
-        esac
-    done
+    run_sanitizers "variants " sanitize_variants \
+        "${SANITIZER_TOOLS:-memcheck racecheck synccheck}" --variants || status=1
     exit "$status"
     ;;
 sanitize)
-    status=0
-    for tool in ${SANITIZER_TOOLS:-memcheck racecheck synccheck initcheck}; do
-        compute-sanitizer --tool "$tool" python3 scripts/sanitize_target.py \
-            > "$OUT/sanitize_$tool.txt" 2>&1
-        summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitize_$tool.txt" | tail -n 1)
-        calls=$(grep -c ": ok$" "$OUT/sanitize_$tool.txt")
-        echo "$tool: ${summary:-NO SUMMARY LINE} ($calls calls completed)"
-        case "$summary" in
-            *" 0 errors"*|*" 0 hazards"*) ;;
-            *) status=1 ;;
-        esac
-    done | tee "$OUT/sanitize_summary.txt"
+    run_sanitizers "" sanitize "${SANITIZER_TOOLS:-memcheck racecheck synccheck initcheck}" \
+        | tee "$OUT/sanitize_summary.txt"
+    # The exit status comes from the summary file (the function's is lost in the pipe).
     grep -q "NO SUMMARY\|[1-9][0-9]* errors\|[1-9][0-9]* hazards" "$OUT/sanitize_summary.txt" && exit 1
     exit 0
     ;;

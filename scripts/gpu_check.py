@@ -29,7 +29,6 @@ import argparse
 import datetime
 import json
 import platform
-import statistics
 import sys
 import time
 
@@ -40,6 +39,7 @@ import numba
 
 import numbaflash
 from numbaflash import masks
+from numbaflash.bench import flops, time_ms
 
 from numbaflash.kernels.forward import VERSIONS as FORWARD_VERSIONS
 
@@ -205,56 +205,43 @@ def memory(shape=(1, 16, 16384, 64)):
     del grads
 
 
-def time_cuda(fn, reps=20, warmup=3):
-    """Median milliseconds of fn() over reps runs, timed with CUDA events."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 def timing(shape, causal):
+    """Times with numbaflash.bench's helpers: ``time_ms`` (CUDA events on the default
+    stream, where numbaflash and PyTorch both launch; median after warm-up) and ``flops``
+    (forward 4*B*H*N*N*d, causal half, backward 2.5x, fwd+bwd 3.5x)."""
     B, H, N, d = shape
-    flops = 4 * B * H * N * N * d * (0.5 if causal else 1.0)
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(B, H, N, d, device="cuda", generator=g) for _ in range(3))
     qd, kd, vd = (cuda.as_cuda_array(t) for t in (q, k, v))
     mode = "top_left" if causal else False   # Sq == Sk: both alignments are the same mask
     rows = {}
-    rows["forward", "sdpa_efficient"] = time_cuda(lambda: sdpa(q, k, v, mode, "efficient"))
+    rows["forward", "sdpa_efficient"] = time_ms(lambda: sdpa(q, k, v, mode, "efficient"))
     for version in FORWARD_VERSIONS:
-        rows["forward", f"numbaflash_{version}"] = time_cuda(
+        rows["forward", f"numbaflash_{version}"] = time_ms(
             lambda: numbaflash.attention(qd, kd, vd, causal=mode, version=version),
-            reps=5 if version == "v1" else 20)
-    rows["forward", "numbaflash_default"] = time_cuda(
+            repeats=5 if version == "v1" else 20)
+    rows["forward", "numbaflash_default"] = time_ms(
         lambda: numbaflash.attention(qd, kd, vd, causal=mode))
     qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
     dout = torch.randn_like(q)
     o = sdpa(qg, kg, vg, mode, "efficient")
-    rows["backward", "sdpa_efficient"] = time_cuda(
+    rows["backward", "sdpa_efficient"] = time_ms(
         lambda: torch.autograd.grad(o, (qg, kg, vg), dout, retain_graph=True))
-    rows["fwd+bwd", "sdpa_efficient"] = time_cuda(
+    rows["fwd+bwd", "sdpa_efficient"] = time_ms(
         lambda: torch.autograd.grad(sdpa(qg, kg, vg, mode, "efficient"), (qg, kg, vg), dout))
     dd = cuda.as_cuda_array(dout)
     out, lse = numbaflash.attention(qd, kd, vd, causal=mode, return_lse=True)
-    rows["backward", "numbaflash"] = time_cuda(
-        lambda: numbaflash.attention_backward(dd, qd, kd, vd, out, lse, causal=mode), reps=5)
+    rows["backward", "numbaflash"] = time_ms(
+        lambda: numbaflash.attention_backward(dd, qd, kd, vd, out, lse, causal=mode), repeats=5)
 
     def fwd_bwd():
         o2, l2 = numbaflash.attention(qd, kd, vd, causal=mode, return_lse=True)
         numbaflash.attention_backward(dd, qd, kd, vd, o2, l2, causal=mode)
-    rows["fwd+bwd", "numbaflash"] = time_cuda(fwd_bwd, reps=5)
-    factor = {"forward": 1.0, "backward": 2.5, "fwd+bwd": 3.5}
+    rows["fwd+bwd", "numbaflash"] = time_ms(fwd_bwd, repeats=5)
     for (what, name), ms in rows.items():
+        work = flops(B, H, N, N, d, causal, what)
         r = dict(shape=list(shape), causal=causal, what=what, impl=name, ms=ms,
-                 tflops=factor[what] * flops / ms / 1e9, vs_sdpa=rows[what, "sdpa_efficient"] / ms)
+                 tflops=work / ms / 1e9, vs_sdpa=rows[what, "sdpa_efficient"] / ms)
         RESULTS["timing"].append(r)
         print(f"{what:8s} {str(shape):20s} causal={causal!s:5s} {name:18s} {ms:9.3f} ms "
               f"{r['tflops']:6.2f} TFLOP/s  {r['vs_sdpa']:.3f}x SDPA", flush=True)

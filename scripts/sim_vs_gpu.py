@@ -4,10 +4,18 @@
 
 Learners run numbaflash in the simulator (NUMBA_ENABLE_CUDASIM=1) and trust that what
 they see is what the GPU computes. This script checks it: it draws small inputs (sizes
-the simulator can afford: d <= 16, seqlens <= 40, crossing tile boundaries, both causal
-alignments, fully masked rows), runs every forward and backward version that both
-backends can run, once in this process on the GPU and once in a child process with
-NUMBA_ENABLE_CUDASIM=1, and compares the results.
+the simulator can afford: d <= 16, seqlens <= 20, batch * heads <= 2; ragged lengths
+that cross the simulator's 8 x 8 tiles (forward v4, backward v3), both causal
+alignments, fully masked rows, float16/32/64), runs every forward and backward version
+that both backends can run, once in this process on the GPU and once in a child process
+with NUMBA_ENABLE_CUDASIM=1, and compares the results.
+
+The simulator's half took 10-17 s in four runs on a shared 2-core CPU machine
+(2026-12-01, numba-cuda 0.30.4); the larger cases it had before took 27-29 s there. To
+time it without a GPU:
+
+    python scripts/sim_vs_gpu.py --inputs /tmp/in.npz        # writes the inputs only
+    NUMBA_ENABLE_CUDASIM=1 python scripts/sim_vs_gpu.py --_compute /tmp/in.npz /tmp/sim.npz
 
 They are not bitwise equal, and should not be: the simulator evaluates ``math.exp`` and
 ``math.log`` in Python (float64) and the GPU in float32 with fused multiply-adds.
@@ -30,13 +38,16 @@ import tempfile
 import numpy as np
 
 ULPS = 8
+# Small on purpose: a simulated thread costs 115-160 us to launch and each barrier round
+# 5-40 ms per block (TESTING.md), so the simulator's time grows with threads x work. Most
+# seqlens span two or three of the 8 x 8 tiles of forward v4 and backward v3.
 CASES = [  # (B, H, Sq, Sk, d, causal, dtype)
-    (1, 2, 19, 37, 16, None, "float32"),
-    (1, 2, 37, 19, 16, "bottom_right", "float32"),    # rows 0..17 see no key
-    (2, 1, 33, 33, 5, "top_left", "float32"),
-    (1, 1, 1, 40, 3, None, "float32"),
-    (1, 2, 25, 31, 8, "bottom_right", "float64"),
-    (1, 1, 17, 23, 8, None, "float16"),
+    (1, 2, 11, 19, 16, None, "float32"),
+    (1, 1, 19, 11, 8, "bottom_right", "float32"),     # rows 0..7 see no key
+    (2, 1, 17, 17, 5, "top_left", "float32"),
+    (1, 1, 1, 20, 3, None, "float32"),
+    (1, 2, 13, 17, 8, "bottom_right", "float64"),
+    (1, 1, 9, 15, 8, None, "float16"),
 ]
 
 
@@ -47,7 +58,12 @@ def compute(inputs_path, out_path):
     from numbaflash.kernels.forward import VERSIONS as FWD
 
     data = np.load(inputs_path)
-    results = {"backend": np.array(numbaflash.backend())}
+    backend = numbaflash.backend()
+    if backend == "simulator":
+        # The simulator runs one Python thread per CUDA thread; handing the GIL over more
+        # often made a small forward 5x faster (TESTING.md).
+        sys.setswitchinterval(2e-4)
+    results = {"backend": np.array(backend)}
     for i, (B, H, Sq, Sk, d, causal, dtype) in enumerate(CASES):
         q, k, v, dout = (data[f"{i}_{name}"] for name in ("q", "k", "v", "dout"))
         for version in FWD:
@@ -71,6 +87,16 @@ def compute(inputs_path, out_path):
     np.savez(out_path, **results)
 
 
+def make_inputs(path):
+    """Random inputs for every case (uniform in [-2, 2], seed 0), saved to ``path`` (.npz)."""
+    rng = np.random.default_rng(0)
+    arrays = {}
+    for i, (B, H, Sq, Sk, d, causal, dtype) in enumerate(CASES):
+        for name, S in (("q", Sq), ("k", Sk), ("v", Sk), ("dout", Sq)):
+            arrays[f"{i}_{name}"] = rng.uniform(-2, 2, (B, H, S, d)).astype(dtype)
+    np.savez(path, **arrays)
+
+
 def ulps(gpu, sim):
     """max |gpu - sim| in units of spacing(max |sim|), after checking non-finite positions."""
     for test in (np.isnan, np.isposinf, np.isneginf):
@@ -87,8 +113,13 @@ def ulps(gpu, sim):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=".")
+    ap.add_argument("--inputs", metavar="PATH", help="only write the inputs to PATH (.npz) "
+                    "and exit (for timing the simulator's half, see above)")
     ap.add_argument("--_compute", nargs=2, help=argparse.SUPPRESS)   # the child process
     args = ap.parse_args()
+    if args.inputs:
+        make_inputs(args.inputs)
+        return 0
     if args._compute:
         compute(*args._compute)
         return 0
@@ -96,14 +127,9 @@ def main():
         print("run this on a GPU machine, without NUMBA_ENABLE_CUDASIM=1", file=sys.stderr)
         return 2
 
-    rng = np.random.default_rng(0)
     tmp = tempfile.mkdtemp()
     inputs = os.path.join(tmp, "inputs.npz")
-    arrays = {}
-    for i, (B, H, Sq, Sk, d, causal, dtype) in enumerate(CASES):
-        for name, S in (("q", Sq), ("k", Sk), ("v", Sk), ("dout", Sq)):
-            arrays[f"{i}_{name}"] = rng.uniform(-2, 2, (B, H, S, d)).astype(dtype)
-    np.savez(inputs, **arrays)
+    make_inputs(inputs)
 
     gpu_path, sim_path = os.path.join(tmp, "gpu.npz"), os.path.join(tmp, "sim.npz")
     compute(inputs, gpu_path)

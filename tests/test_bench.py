@@ -104,8 +104,8 @@ def test_run_returns_checked_well_formed_records(tiny_records):
         expected = {"forward": forward_kernel, "backward": backward_kernels,
                     "fwd+bwd": f"{forward_kernel} + {backward_kernels}"}[r["what"]]
         assert r["kernel"] == expected
-        names = {"forward": {"out"}, "backward": {"dq", "dk", "dv"},
-                 "fwd+bwd": {"out", "dq", "dk", "dv"}}[r["what"]]
+        names = {"forward": {"out", "lse"}, "backward": {"dq", "dk", "dv"},
+                 "fwd+bwd": {"out", "lse", "dq", "dk", "dv"}}[r["what"]]
         assert set(r["check"]) == names
     json.dumps(records)                               # plain JSON types only
 
@@ -163,6 +163,22 @@ def test_a_wrong_forward_is_refused(monkeypatch):
     assert bench.format_table(records).count("WRONG RESULT, not timed") == 2
 
 
+def test_a_wrong_lse_is_refused(monkeypatch):
+    # out is right; lse is off by 1e-3 (an lse of about 3.5 allows about 4e-5).
+    real = numbaflash.attention
+
+    def wrong_lse(*args, **kwargs):
+        out, lse = real(*args, **kwargs)
+        return out, cuda.to_device(lse.copy_to_host() + np.float32(1e-3))
+    monkeypatch.setattr(bench, "attention", wrong_lse)
+    (r,) = bench.run([TINY], causal=False, passes=("forward",), repeats=1, warmup=0,
+                     sdpa=False, progress=False)
+    assert r["ok"] is False and r["ms"] is None
+    assert r["check"]["out"]["ok"] and not r["check"]["lse"]["ok"]
+    assert r["max_err"] == r["check"]["lse"]["max_err"] > r["bound"]
+    assert "WRONG RESULT, not timed" in bench.format_table([r])
+
+
 def test_a_wrong_backward_is_refused(monkeypatch):
     real = numbaflash.attention_backward
 
@@ -197,6 +213,24 @@ def test_fully_masked_rows_must_be_exactly_zero():
     assert oracle.check("out", cuda.to_device(out))["ok"]
     out[0, 0, 0, 0] = 1e-30                 # row 0 sees no key; tiny, but not zero
     assert not oracle.check("out", cuda.to_device(out))["ok"]
+
+
+def test_lse_of_fully_masked_rows_must_be_exactly_minus_inf():
+    rng = np.random.default_rng(0)
+    q, k, v, dout = (rng.standard_normal((1, 1, S, 4)).astype(np.float32)
+                     for S in (6, 3, 3, 6))
+    oracle = bench.NumpyOracle(q, k, v, dout, "bottom_right", "float32", backward=False)
+    lse = reference.forward(q, k, v, causal="bottom_right")[1].astype(np.float32)
+    assert np.isneginf(lse[0, 0, :3]).all()  # rows 0-2 see no key
+    check = oracle.check("lse", cuda.to_device(lse))
+    assert check["ok"] and check["max_err"] <= check["bound"]
+    for bad in (-1e30, np.nan, 0.0):        # very negative, but not -inf; NaN; 0
+        wrong = lse.copy()
+        wrong[0, 0, 1] = bad
+        assert not oracle.check("lse", cuda.to_device(wrong))["ok"], bad
+    wrong = lse.copy()
+    wrong[0, 0, 4] += np.float32(1e-3)      # a row that sees keys, off by 1e-3
+    assert not oracle.check("lse", cuda.to_device(wrong))["ok"]
 
 
 # --- the command line --------------------------------------------------------------------
@@ -282,7 +316,14 @@ def test_torch_references_match_numbaflash_reference(shape, causal):
                 *reference.backward(do.numpy(), q.numpy(), k.numpy(), v.numpy(), causal=causal))
         for name, w in zip(("out", "dq", "dk", "dv"), want):
             np.testing.assert_allclose(res[name].numpy().reshape(w.shape), w, atol=1e-12)
+        lse = reference.forward(q.numpy(), k.numpy(), v.numpy(), causal=causal)[1]
+        got = res["lse"].numpy().reshape(lse.shape)
+        np.testing.assert_array_equal(np.isneginf(got), np.isneginf(lse))  # rows seeing no key
+        np.testing.assert_allclose(got, lse, atol=1e-12)
     oracle = bench.TorchOracle(torch, q, k, v, do, causal, "float32", True)
     out = want[0].astype(np.float32)
     assert oracle.check("out", out)["ok"]
     assert not oracle.check("out", out * np.float32(1.01))["ok"]
+    lse = torch.from_numpy(lse.astype(np.float32))
+    assert oracle.check("lse", lse)["ok"]
+    assert not oracle.check("lse", lse + 1e-3)["ok"]
