@@ -39,7 +39,7 @@ def _call_key(q, k, v, causal, scale, variants, version, tiles):
     if variants["alibi_slopes"] is not None or variants["attn_mask"] is not None:
         return None
     try:
-        key = (backend(), tuple((type(x), tuple(x.shape), str(x.dtype)) for x in (q, k, v)),
+        key = (backend(), tuple((type(x), tuple(x.shape), x.dtype) for x in (q, k, v)),
                causal, scale, version, tiles, tuple(sorted(variants.items())))
         hash(key)
     except (AttributeError, TypeError):

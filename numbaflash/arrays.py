@@ -6,8 +6,17 @@ such as CuPy arrays and PyTorch CUDA tensors) -> Numba device arrays out; the da
 leaves the GPU. Under the simulator, its fake device arrays play that role.
 """
 
+import math
+import weakref
+
 import numpy as np
 from numba import cuda
+
+from .kernels import simulating
+
+if not simulating():
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+    from numba.cuda.cudadrv.driver import MemoryPointer
 
 
 def is_device_array(x):
@@ -38,16 +47,98 @@ def as_kernel_array(x, shape3, name):
     if not x.is_c_contiguous():
         raise ValueError(f"{name} is a non-contiguous device array; numbaflash needs "
                          f"C-contiguous device inputs (make a contiguous copy first)")
-    return x.reshape(shape3)
+    return _view(x, shape3)
+
+
+def _view(x, shape):
+    """The C-contiguous device array ``x`` with another shape, the same data: what
+    ``x.reshape(shape)`` gives, built directly. Numba's reshape first works out whether
+    a copy would be needed, which costs as much again (scripts/overhead.py --breakdown);
+    for a C-contiguous array it never is."""
+    if tuple(x.shape) == tuple(shape):
+        return x
+    if simulating():
+        return x.reshape(shape)
+    return DeviceNDArray(shape, _c_strides(shape, x.dtype.itemsize), x.dtype,
+                         gpu_data=x.gpu_data)
+
+
+def _c_strides(shape, itemsize):
+    """The strides in bytes of a C-contiguous array of ``shape``."""
+    strides, step = [], itemsize
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    return tuple(reversed(strides))
+
+
+# --- outputs: a small cache of device buffers --------------------------------------------
+#
+# A small call spends more time allocating its outputs than launching its kernel:
+# cuMemAlloc per output, and a cuMemFree (which waits for the GPU) when the output is
+# dropped. scripts/overhead.py --breakdown measured 78 us for O and L at (1, 1, 128, 64)
+# on the H200, against 34 us for the launch. So outputs of at most POOL_MAX_BUFFER bytes
+# come from a cache, as PyTorch's allocator does it: when the last array using a buffer is
+# garbage-collected, the buffer goes back to the cache instead of to the driver, and the
+# next output of that size reuses it. The cache keeps at most POOL_MAX_CACHED bytes per
+# CUDA context; larger outputs are allocated and freed as usual. Set POOL_MAX_BUFFER = 0
+# to turn it off.
+#
+# The caveat is PyTorch's too: numbaflash launches on the default stream, so a reused
+# buffer is safe from every use that is ordered with that stream. If you pass an output
+# to work on another, non-blocking stream, keep a reference to it until that work is done.
+
+POOL_MAX_BUFFER = 1 << 20       # bytes: outputs up to this size come from the cache
+POOL_MAX_CACHED = 64 << 20      # bytes kept in the cache per context at most
+_pools = {}                     # id(CUDA context) -> its _Pool
+
+
+def _pool(context):
+    """The cache of ``context`` (a Numba CUDA context); a new one for a new context."""
+    pool = _pools.get(id(context))
+    if pool is None or pool.context() is not context:     # new, or an id reused
+        pool = _pools[id(context)] = _Pool(context)
+    return pool
+
+
+class _Pool:
+    def __init__(self, context):
+        self.context = weakref.ref(context)
+        self.free = {}          # size in bytes -> buffers (Numba memory) not in use
+        self.cached = 0         # bytes in self.free
+
+    def take(self, context, nbytes):
+        """A device buffer of ``nbytes`` whose memory comes back here when it is dropped."""
+        buffers = self.free.get(nbytes)
+        if buffers:
+            base = buffers.pop()
+            self.cached -= nbytes
+        else:
+            base = context.memalloc(nbytes)
+        return MemoryPointer(context, base.device_pointer, nbytes,
+                             finalizer=lambda: self.give_back(base, nbytes))
+
+    def give_back(self, base, nbytes):
+        if self.cached + nbytes <= POOL_MAX_CACHED:
+            self.free.setdefault(nbytes, []).append(base)
+            self.cached += nbytes
+        # else: dropping ``base`` frees it through Numba, as any device array
 
 
 def device_empty(shape, dtype):
-    return cuda.device_array(shape, dtype=dtype)
+    """An uninitialised device array; small ones reuse cached buffers (above)."""
+    dtype = np.dtype(dtype)
+    nbytes = dtype.itemsize * math.prod(shape)
+    if simulating() or nbytes == 0 or nbytes > POOL_MAX_BUFFER:
+        return cuda.device_array(shape, dtype=dtype)
+    context = cuda.current_context()
+    return DeviceNDArray(shape, _c_strides(shape, dtype.itemsize), dtype,
+                         gpu_data=_pool(context).take(context, nbytes))
 
 
 def finish(x, shape, host):
     """Give an output back in the caller's world: reshaped, on the host if inputs were."""
-    x = x.reshape(shape)
+    x = _view(x, shape)
     return x.copy_to_host() if host else x
 
 

@@ -311,9 +311,9 @@ def _default_forward_version(p, where):
     """The default forward version for ``p`` and why.
 
     Plain attention (with or without the causal mask) in float32 or float16 with d <= 128:
-    v4, the fastest version that is exact for every input. On the H200 it beat v2 in all
-    six of issue 5's cases (docs/performance.md, runs 7 and 14: 0.34x against 0.24x SDPA
-    at (2, 16, 4096, 64)). Variants, float64 and d > 128: v2, which takes the variant
+    v4, the fastest version that is exact for every input. On the H200 (docs/performance.md,
+    run 15) it beat v2 in five of issue 5's six cases (0.34x against 0.23x SDPA at
+    (2, 16, 4096, 64)) and tied it in the sixth ((2, 16, 4096, 128), 0.130x and 0.131x). Variants, float64 and d > 128: v2, which takes the variant
     arguments and was not measured slower there. v3 (tensor cores) is faster still at
     some shapes but exact only for finite inputs: inside its tensor-core products a NaN or
     inf in K or V can reach rows that never see that key (0 * NaN), which v1, v2 and v4

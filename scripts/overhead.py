@@ -58,7 +58,7 @@ def piece_us(fn, calls):
 def breakdown(q, k, v, calls):
     """The pieces of ``numbaflash.attention(q, k, v)`` timed alone (each without the
     kernel's run time): where the Python around the kernel goes."""
-    from numbaflash import api
+    from numbaflash import api, arrays
     variants = api._variants(None, None, None, None, None, None, None)
     p, plan = api._forward_problem_and_plan(q, k, v, False, None, variants, None, None)
     kernel = dispatch.forward_kernel(plan, p)
@@ -72,9 +72,12 @@ def breakdown(q, k, v, calls):
     pieces = [
         ("validate + plan (remembered per call key)",
          lambda: api._forward_problem_and_plan(q, k, v, False, None, variants, None, None)),
-        ("one reshape to (BH, S, d)", lambda: q.reshape(shape3)),
-        ("allocate O and L", lambda: (cuda.device_array(shape3, np.float32),
-                                      cuda.device_array((p.BH, p.Sq), np.float32))),
+        ("one reshape to (BH, S, d), Numba's reshape", lambda: q.reshape(shape3)),
+        ("one reshape to (BH, S, d), arrays._view", lambda: arrays._view(q, shape3)),
+        ("allocate O and L, cuda.device_array", lambda: (
+            cuda.device_array(shape3, np.float32), cuda.device_array((p.BH, p.Sq), np.float32))),
+        ("allocate O and L, arrays.device_empty (cache)", lambda: (
+            arrays.device_empty(shape3, np.float32), arrays.device_empty((p.BH, p.Sq), np.float32))),
         ("forward_kernel (factory cache)", lambda: dispatch.forward_kernel(plan, p)),
         ("launch: dispatcher, arrays typed before", lambda: config(*args)),
         ("launch: compiled kernel", lambda: compiled.launch(args, config.griddim,
@@ -84,7 +87,7 @@ def breakdown(q, k, v, calls):
     ]
     print(f"\nPieces of a call, median of {calls}, no synchronize (launches queue up):")
     for name, fn in pieces:
-        print(f"  {name:45s} {piece_us(fn, calls):7.1f} us")
+        print(f"  {name:47s} {piece_us(fn, calls):7.1f} us")
     cuda.synchronize()
 
 

@@ -71,8 +71,12 @@ def test_extra_memory_counts_scratch_not_outputs():
         scratch = cuda.device_array(16 * mib, dtype=np.uint8)      # freed when fn returns
         scratch[:1].copy_to_device(np.zeros(1, np.uint8))
         return cuda.device_array(8 * mib, dtype=np.uint8)          # the output
-    extra = bench.extra_memory_bytes(fn)
-    assert 16 * mib <= extra < 20 * mib
+    # The driver's free memory is the whole GPU's: other processes on the same GPU (such as
+    # pytest-xdist workers) allocating or freeing in between move the reading (run 16: 504
+    # MiB under 15 workers). So a few tries; a real error (the output not subtracted: 24
+    # MiB; the scratch not seen: 0) is off on every one of them.
+    readings = [bench.extra_memory_bytes(fn) for _ in range(5)]
+    assert any(16 * mib <= extra < 20 * mib for extra in readings), readings
 
 
 # --- the benchmark on a tiny problem -------------------------------------------------

@@ -61,8 +61,9 @@ v4  Register-blocked SIMT FlashAttention-2 (the default for plain attention in f
     (row, key) pairs, so NaN or inf in a masked key has no effect, as in v2.
     ptxas (sm_90, float32, no GPU): 128 registers at d = 64 (4 blocks = 16 warps per SM),
     156 at d = 128 (6 blocks of 64 threads = 12 warps per SM), no spills, no stack.
-    Measured on the H200 in docs/performance.md (run 7: 0.34x SDPA EFFICIENT at (2,16,4096,64),
-    faster than v2 in all six of issue 5's cases); run 14 passed its GPU property tests and
+    Measured on the H200 in docs/performance.md (run 15: 0.34x SDPA EFFICIENT at
+    (2, 16, 4096, 64) against v2's 0.23x; faster than v2 in five of issue 5's six cases,
+    tied at (2, 16, 4096, 128)). Run 14 passed its GPU property tests and
     compute-sanitizer's memcheck, racecheck and synccheck, and it became the default.
 
 Variants (kernels/variants.py, docs/variants.md): v1 and v2 take a compile-time
