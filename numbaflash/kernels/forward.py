@@ -63,13 +63,31 @@ v4  Register-blocked SIMT FlashAttention-2 (experimental, opt-in: version="v4"; 
     156 at d = 128 (6 blocks of 64 threads = 12 warps per SM), no spills, no stack.
     Measured on the H200 in docs/performance.md (run 7: 0.34x SDPA EFFICIENT at (2,16,4096,64)).
 
+v5  v4 with dynamic shared memory (experimental, opt-in: version="v5"; GPU and simulator).
+    v4's static shared arrays are limited to 48 KB per block, which is what holds v4 to
+    (32, 16) tiles and 64-thread blocks at d = 128 (0.128x SDPA there against 0.342x at
+    d = 64). v5 runs v4's algorithm, thread layout, barriers and NaN-safety unchanged, but
+    its five tiles are slices of ONE dynamic shared array, ``cuda.shared.array(0, acc)``,
+    at compile-time offsets (Numba gives every dynamic shared array the same base), with
+    flat indices ([row * row_length + col]); the byte count goes with the launch,
+    ``kernel[grid, block, 0, nbytes]``, and above 48 KB the compiled kernel must first be
+    allowed it (kernels/smem.py sets CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES; up to
+    227 KB per block on the H200). Default float32 tiles: d = 64 as v4 (64, 32, 4, 4),
+    43776 bytes, so v4 against v5 there measures what dynamic shared memory costs; d = 128
+    (64, 32, 4, 4), 77056 bytes, 128 threads (two blocks per SM). Costs: the slices'
+    lengths are run-time values (the launch sizes the array), so each shared access has a
+    little more index arithmetic (ptxas, sm_90: 118-125 registers at d = 64 against v4's
+    114-128, 152-156 at d = 128 with the bigger tiles; no spills, no stack); fewer blocks
+    per SM at d = 128 (two, 8 warps, against v4's 12 warps). Measurements: pending (the
+    lead runs them on the H200).
+
 Variants (kernels/variants.py, docs/variants.md): v1 and v2 take a compile-time
 ``variant`` and seven more run-time arguments after causal_offset (window_lo, Hq, group,
 softcap, slopes, attn_mask, tiles): sliding windows, GQA/MQA, softcap, ALiBi, boolean and
 additive masks, and the user's score_mod / mask_mod, all through two inlined device
 functions, visible() and score(). Masked entries are not computed; tiles a window leaves
 empty are not visited, and v2 skips the tiles a boolean attn_mask or a mask_mod leaves
-empty through the table of visible tiles (``tiles``, variants.make_tile_table). v3 and v4 compute plain attention only (the dispatcher
+empty through the table of visible tiles (``tiles``, variants.make_tile_table). v3, v4 and v5 compute plain attention only (the dispatcher
 refuses variants).
 
 Fully masked rows (causal with Sq > Sk, or Sk = 0) end with l = 0: they write O = 0 and
