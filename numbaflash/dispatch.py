@@ -18,6 +18,11 @@ Tile rule (v4 forward, the default for plain float32 attention with d <= 128): s
 are (Br, Bc, TM, TN), TM x TN the block of scores each thread owns, and ``explain`` shows
 them with the thread grid.
 
+Tile rule (v5 forward, experimental, opt-in): v4's kernel with dynamic shared memory, so
+its tiles may exceed 48 KB: see ``default_v5_tiles`` (up to 100 KB; a caller's tiles up to
+227 KB, the H100/H200's per-block maximum). ``Plan.shared_bytes`` is then the dynamic
+shared memory the launch asks for.
+
 ``plan_backward`` returns ``Plans``, one ``Plan`` per kernel in launch order (D, then
 dK/dV, then dQ for v1). Tile rule (backward): one (Br, Bc) for the whole pass, the same
 tiling of the (i, j) tile pairs as Algorithm 2: the first candidate in
@@ -48,6 +53,7 @@ from .kernels import backward as bwd_kernels
 from .kernels import forward as fwd_kernels
 from .kernels import variants as variant_kernels
 from .kernels import simulating
+from .kernels import smem
 
 log = logging.getLogger("numbaflash")
 
@@ -128,7 +134,7 @@ class Plan:
     causal: str | None
     reason: str
     variant: str = "plain"      # what is compiled in beyond plain attention (variants.py)
-    thread_tile: tuple | None = None    # forward v4, backward v3: (TM, TN), the block of Sij
+    thread_tile: tuple | None = None    # forward v4, v5, backward v3: (TM, TN), the block of Sij
                                         # each thread owns
 
     def __str__(self):
@@ -255,11 +261,13 @@ def default_v4_tiles(d, acc_dtype):
                      f"{acc_dtype} within {SHARED_MEM_LIMIT} bytes of shared memory")
 
 
-def _check_thread_tiles(tiles, d, acc_dtype, what, shared_bytes):
-    """A caller's register-blocked tiles for ``what`` (forward v4, backward v3): (Br, Bc,
-    TM, TN), or (Br, Bc) with TM, TN the largest of 4, 2, 1 dividing Br, Bc. Checks that
-    TM, TN divide the tile, the threads fit a block and ``shared_bytes(Br, Bc, TM, TN)``
-    fits in static shared memory; ValueError names the limit."""
+def _check_thread_tiles(tiles, d, acc_dtype, what, shared_bytes, limit=SHARED_MEM_LIMIT,
+                        limit_why="48 KB static shared memory per block"):
+    """A caller's register-blocked tiles for ``what`` (forward v4 and v5, backward v3):
+    (Br, Bc, TM, TN), or (Br, Bc) with TM, TN the largest of 4, 2, 1 dividing Br, Bc.
+    Checks that TM, TN divide the tile, the threads fit a block and ``shared_bytes(Br,
+    Bc, TM, TN)`` fits in ``limit`` bytes (static shared memory unless said otherwise,
+    ``limit_why``); ValueError names the limit."""
     if isinstance(tiles, (tuple, list)) and len(tiles) == 4:
         Br, Bc = _parse_tiles(tiles[:2])
         TM, TN = _parse_tiles(tiles[2:])
@@ -275,10 +283,10 @@ def _check_thread_tiles(tiles, d, acc_dtype, what, shared_bytes):
         raise ValueError(f"{what} tiles ({Br}, {Bc}, {TM}, {TN}) need {threads} threads "
                          f"((Br / TM) x (Bc / TN)); a block holds at most {MAX_THREADS}")
     need = shared_bytes(Br, Bc, TM, TN)
-    if need > SHARED_MEM_LIMIT:
+    if need > limit:
         raise ValueError(f"{what} tiles (Br, Bc, TM, TN) = ({Br}, {Bc}, {TM}, {TN}) need "
                          f"{need} bytes of shared memory at head dim {d} in {acc_dtype}; the "
-                         f"limit is {SHARED_MEM_LIMIT} (48 KB static shared memory per block)")
+                         f"limit is {limit} ({limit_why})")
     return Br, Bc, TM, TN
 
 
@@ -302,6 +310,79 @@ def _plan_forward_v4(p, where, tiles, reason):
     return Plan("forward", "v4", "forward_v4", where, Br, Bc, (math.ceil(p.Sq / Br), p.BH),
                 (threads,), v4_shared_bytes(Br, Bc, TM, TN, p.d, p.acc_dtype), p.acc_dtype,
                 p.causal, reason, thread_tile=(TM, TN))
+
+
+# --- forward v5 (v4 with dynamic shared memory; experimental, opt-in) ------------------
+
+# v5 runs v4's kernel with its five shared arrays carved out of dynamic shared memory
+# (kernels/forward.py, make_forward_v5), so the same shared bytes (v5_shared_bytes equals
+# v4_shared_bytes) may exceed 48 KB. Tile rule: the first (Br, Bc, TM, TN) of
+# V5_CANDIDATES whose shared memory fits in V5_SHARED_MEM_TARGET (100 KB: two blocks fit
+# the 228 KB of an H200 SM) and whose O block per thread fits V4_MAX_O_REGS, as for v4.
+# A caller's tiles may use up to DYNAMIC_SHARED_MEM_LIMIT, the H100/H200's per-block
+# maximum (kernels/smem.py checks the device's own maximum again before the launch).
+# GPU, float32: d <= 64 -> (64, 32, 4, 4), as v4 (so v4 against v5 measures what dynamic
+# shared memory costs); d = 128 -> (64, 32, 4, 4), 77056 bytes, 128 threads (v4: (32, 16,
+# 4, 2), 64 threads); d = 256 -> (16, 16, 2, 2), 52800 bytes. Not yet measured on a GPU:
+# the candidates are a first guess for scripts/v5_sweep.py to check. Under the simulator,
+# V5_SIM_TILES, as v4's.
+V5_CANDIDATES = ((64, 32, 4, 4), (64, 32, 4, 2), (32, 32, 4, 4), (32, 16, 4, 2),
+                 (16, 16, 2, 2), (16, 8, 2, 1), (8, 8, 2, 2), (8, 8, 1, 1), (4, 4, 1, 1))
+V5_SHARED_MEM_TARGET = 100 * 1024
+DYNAMIC_SHARED_MEM_LIMIT = 227 * 1024
+V5_SIM_TILES = V4_SIM_TILES
+
+
+def v5_shared_bytes(Br, Bc, TM, TN, d, acc_dtype):
+    """Dynamic shared memory of forward v5: v4's five arrays back to back
+    (forward.v5_shared_layout), the same bytes as ``v4_shared_bytes``."""
+    return fwd_kernels.v5_shared_layout(Br, Bc, TM, TN, d)[-1] * np.dtype(acc_dtype).itemsize
+
+
+def default_v5_tiles(d, acc_dtype):
+    """v5 tile rule (above), (Br, Bc, TM, TN). GPU, float32: d <= 128 -> (64, 32, 4, 4),
+    128 threads (43776 bytes at d = 64, 77056 at d = 128); d = 256 -> (16, 16, 2, 2), 64
+    threads; float64: d = 64 -> (64, 32, 4, 4), d = 128 -> (32, 16, 4, 2)."""
+    if simulating():
+        return V5_SIM_TILES
+    for Br, Bc, TM, TN in V5_CANDIDATES:
+        DN = v4_head_dim_padded(Bc, TN, d) // (Bc // TN)
+        if (TM * DN <= V4_MAX_O_REGS
+                and v5_shared_bytes(Br, Bc, TM, TN, d, acc_dtype) <= V5_SHARED_MEM_TARGET):
+            return Br, Bc, TM, TN
+    raise ValueError(f"forward v5 cannot run this input: no v5 tile fits head dim {d} in "
+                     f"{acc_dtype} within {V5_SHARED_MEM_TARGET} bytes of shared memory")
+
+
+def check_v5_tiles(tiles, d, acc_dtype):
+    """A caller's forward v5 tiles (``_check_thread_tiles``), against the dynamic limit."""
+    return _check_thread_tiles(tiles, d, acc_dtype, "v5",
+                               lambda Br, Bc, TM, TN: v5_shared_bytes(Br, Bc, TM, TN, d,
+                                                                     acc_dtype),
+                               DYNAMIC_SHARED_MEM_LIMIT,
+                               "227 KB dynamic shared memory per block on the H100/H200")
+
+
+def _plan_forward_v5(p, where, tiles, reason):
+    wanted = needs_variants(p)
+    if wanted is not None:
+        raise ValueError(f"forward v5 cannot run this input: it computes plain attention "
+                         f"(with or without a causal mask) only, and this call asks for "
+                         f"{wanted}; v1 and v2 (the default) support variants")
+    if tiles is None:
+        Br, Bc, TM, TN = default_v5_tiles(p.d, p.acc_dtype)
+        reason += f"; tiles by the v5 rule for d={p.d} in {p.acc_dtype}"
+        if where == "simulator":
+            reason += " (small tiles on the simulator, where every thread and barrier is slow)"
+    else:
+        Br, Bc, TM, TN = check_v5_tiles(tiles, p.d, p.acc_dtype)
+        reason += "; tiles given by the caller"
+    nbytes = v5_shared_bytes(Br, Bc, TM, TN, p.d, p.acc_dtype)
+    reason += (f"; v4's kernel with its {nbytes} bytes of shared memory taken from dynamic "
+               f"shared memory (may exceed 48 KB); v5 is experimental (not measured yet)")
+    threads = (Br // TM) * (Bc // TN)
+    return Plan("forward", "v5", "forward_v5", where, Br, Bc, (math.ceil(p.Sq / Br), p.BH),
+                (threads,), nbytes, p.acc_dtype, p.causal, reason, thread_tile=(TM, TN))
 
 
 V4_DEFAULT_MAX_HEAD_DIM = 128   # where v4 was measured faster than v2 (d = 64 and 128)
@@ -353,7 +434,7 @@ def plan_forward(p, version=None, tiles=None):
     variant = variant_description(p)
     if version == "v1":
         if tiles is not None:
-            raise ValueError("tiles apply to the tiled kernels (v2, v3, v4); v1 has no tiles")
+            raise ValueError("tiles apply to the tiled kernels (v2 to v5); v1 has no tiles")
         threads = V1_THREADS
         return Plan("forward", "v1", "forward_v1", where, None, None,
                     (math.ceil(p.Sq / threads), p.BH), (threads,), 0, p.acc_dtype, p.causal,
@@ -385,6 +466,8 @@ def plan_forward(p, version=None, tiles=None):
                              f"(with or without a causal mask) only, and this call asks for "
                              f"{wanted}; v1 and v2 (the default) support variants")
         return _plan_forward_v4(p, where, tiles, reason)
+    if version == "v5":
+        return _plan_forward_v5(p, where, tiles, reason)
 
     if tiles is None:
         Br, Bc = default_forward_tiles(p.d, p.acc_dtype)
@@ -408,6 +491,9 @@ def forward_kernel(plan, p):
     if plan.version == "v4":
         TM, TN = plan.thread_tile
         return fwd_kernels.make_forward_v4(plan.Br, plan.Bc, TM, TN, p.d, p.upper, p.acc_dtype)
+    if plan.version == "v5":
+        TM, TN = plan.thread_tile
+        return fwd_kernels.make_forward_v5(plan.Br, plan.Bc, TM, TN, p.d, p.upper, p.acc_dtype)
     return fwd_kernels.make_forward_v2(plan.Br, plan.Bc, p.d, p.upper, p.acc_dtype, p.variant)
 
 
@@ -476,14 +562,16 @@ def launch_forward(plan, p, Q, K, V, O, L, slopes=None, attn_mask=None):
     # The argument types follow from the input dtype, unless the caller passed arrays of
     # their own (slopes, attn_mask: any dtype and layout); then the dispatcher types them.
     types_key = (p.dtype, p.acc_dtype) if slopes is None and attn_mask is None else None
-    launch(kernel, plan.grid, plan.block, args, types_key)
+    dynamic = plan.shared_bytes if plan.version == "v5" else 0  # v5: bytes go with the launch
+    launch(kernel, plan.grid, plan.block, args, types_key, dynamic)
 
 
 _COMPILED = {}      # (kernel, types_key) -> the compiled kernel for those argument types
 
 
-def launch(kernel, grid, block, args, types_key=None):
-    """``kernel[grid, block](*args)``, with less Python around it on the GPU.
+def launch(kernel, grid, block, args, types_key=None, dynamic_shared_bytes=0):
+    """``kernel[grid, block, 0, dynamic_shared_bytes](*args)``, with less Python around it
+    on the GPU.
 
     A Numba kernel called as ``kernel[grid, block](*args)`` goes through its dispatcher,
     which works out the Numba type of every argument on every call, and for a device array
@@ -495,13 +583,18 @@ def launch(kernel, grid, block, args, types_key=None):
     arrays C-contiguous): the first call with a key goes through the dispatcher, which
     compiles the kernel and checks the types; later calls launch that compiled kernel
     directly. Under the simulator, or without a key, the dispatcher is always used.
+
+    More than 48 KB of dynamic shared memory must first be allowed to the compiled kernel
+    (kernels/smem.py): before every launch without a key, once per key with one.
     """
-    config = kernel[grid, block]        # Numba caches launch configurations
+    config = kernel[grid, block, 0, dynamic_shared_bytes]    # Numba caches these
     if types_key is None or simulating():
+        smem.allow_dynamic_shared_memory(kernel, args, dynamic_shared_bytes)
         config(*args)
         return
     compiled = _COMPILED.get((kernel, types_key))
     if compiled is None:
+        smem.allow_dynamic_shared_memory(kernel, args, dynamic_shared_bytes)
         config(*args)
         compiled = kernel.compile(tuple(kernel.typeof_pyval(a) for a in args))
         _COMPILED[(kernel, types_key)] = compiled

@@ -97,7 +97,7 @@ def forward_variant_signature(dtype, acc, mask_dtype="bool"):
 def forward_entries():
     """Every forward version x float16/float32/float64 x causal off/on x d in 1, 64, 128,
     256, with each version's default tiles, where the version supports the combination
-    (v3: float16/float32 and d <= 128); v4 at d in 1, 59, 64, 128."""
+    (v3: float16/float32 and d <= 128); v4 and v5 at d in 1, 59, 64, 128."""
     import numpy as np
     out = []
     for dtype in ("float16", "float32", "float64"):
@@ -132,6 +132,18 @@ def forward_entries():
                                  lambda t=(Br, Bc, TM, TN), d=d, c=causal, a=acc:
                                  fwd.make_forward_v4(*t, d, c, a),
                                  sig, dtype != "float64"))
+        # v5 (v4 with dynamic shared memory): its own tile rule, the same head dims; ptxas's
+        # "smem" shows static shared memory only (1 KB that sm_90 reserves per block): v5's
+        # tiles are dynamic, dispatch.v5_shared_bytes of them at launch
+        if "v5" in fwd.VERSIONS:
+            for d in (1, 59, 64, 128):
+                Br, Bc, TM, TN = dispatch.default_v5_tiles(d, acc)
+                for causal in (False, True):
+                    tag = f"{dtype}-d{d}-{'causal' if causal else 'full'}"
+                    out.append(Entry(f"forward_v5-{tag}-tiles{Br}x{Bc}-thread{TM}x{TN}",
+                                     "forward", lambda t=(Br, Bc, TM, TN), d=d, c=causal, a=acc:
+                                     fwd.make_forward_v5(*t, d, c, a),
+                                     sig, dtype != "float64"))
     assert {e.name.split("-")[0] for e in out} == {f"forward_{v}" for v in fwd.VERSIONS}, \
         "a forward version is missing from ptx_check.forward_entries"
     return out

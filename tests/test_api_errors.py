@@ -199,6 +199,58 @@ def test_numpy_integer_tiles_are_accepted():
     assert (plan.Br, plan.Bc) == (8, 4)
 
 
+@pytest.mark.parametrize("tiles,match", [
+    ((128, 128, 8, 8), r"v5 tiles \(Br, Bc, TM, TN\) = \(128, 128, 8, 8\) need 271872 bytes of "
+                       r"shared memory at head dim 128 in float32; the limit is 232448 \(227 KB "
+                       r"dynamic shared memory per block on the H100/H200\)"),
+    ((256, 256, 2, 2), r"v5 tiles \(256, 256, 2, 2\) need 16384 threads .*at most 1024"),
+    ((8, 8, 3, 2), r"v5 tiles need TM to divide Br and TN to divide Bc"),
+    ((0, 8, 1, 1), r"tiles must be positive"),
+    ((8, 8, 2), r"tiles must be a pair of positive ints"),
+])
+def test_bad_v5_tiles(tiles, match):
+    """v5's tiles are checked against the dynamic shared-memory limit (227 KB), not 48 KB;
+    the rest as v4's."""
+    q, k, v = arrays((2, 5, 128), (2, 6, 128))
+    raises(ValueError, match, q, k, v, version="v5", tiles=tiles)
+
+
+def test_v5_takes_tiles_above_48_kb():
+    """The point of v5: tiles v4 refuses for static shared memory are accepted."""
+    q, k, v = arrays((2, 5, 128), (2, 6, 128))
+    with pytest.raises(ValueError, match=r"the limit is 49152"):
+        numbaflash.explain(q, k, v, version="v4", tiles=(64, 32, 4, 4))
+    plan = numbaflash.explain(q, k, v, version="v5", tiles=(64, 32, 4, 4))
+    assert plan.shared_bytes == 77056 > dispatch.SHARED_MEM_LIMIT
+    assert plan.thread_tile == (4, 4) and plan.block == (128,)
+    assert "dynamic shared memory" in str(plan) and "tiles given by the caller" in str(plan)
+
+
+@pytest.mark.parametrize("acc_dtype", ["float32", "float64"])
+def test_default_v5_tiles_follow_the_documented_rule(acc_dtype, monkeypatch):
+    """The v5 rule (GPU candidates) picks, for every head dim, tiles that pass the caller's
+    check, fit V5_SHARED_MEM_TARGET and the O register bound; the examples in
+    default_v5_tiles's docstring hold; and v5's shared bytes are v4's (same arrays)."""
+    monkeypatch.setattr(dispatch, "simulating", lambda: False)
+    for d in range(1, 257):
+        t = dispatch.default_v5_tiles(d, acc_dtype)
+        assert dispatch.check_v5_tiles(t, d, acc_dtype) == t
+        nbytes = dispatch.v5_shared_bytes(*t, d, acc_dtype)
+        assert nbytes <= dispatch.V5_SHARED_MEM_TARGET
+        assert nbytes == dispatch.v4_shared_bytes(*t, d, acc_dtype)
+        Br, Bc, TM, TN = t
+        assert TM * (dispatch.v4_head_dim_padded(Bc, TN, d) // (Bc // TN)) <= dispatch.V4_MAX_O_REGS
+    if acc_dtype == "float32":
+        assert [dispatch.default_v5_tiles(d, acc_dtype) for d in (64, 128, 256)] == \
+            [(64, 32, 4, 4), (64, 32, 4, 4), (16, 16, 2, 2)]
+        assert [dispatch.v5_shared_bytes(64, 32, 4, 4, d, acc_dtype) for d in (64, 128)] == \
+            [43776, 77056]
+        assert dispatch.default_v4_tiles(128, acc_dtype) == (32, 16, 4, 2)    # what v5 lifts
+    else:
+        assert [dispatch.default_v5_tiles(d, acc_dtype) for d in (64, 128)] == \
+            [(64, 32, 4, 4), (32, 16, 4, 2)]
+
+
 def test_batch_heads_above_the_grid_limit():
     fake = types.SimpleNamespace(shape=(65536, 1, 4, 8), dtype=np.dtype(np.float32))
     with pytest.raises(ValueError, match=r"batch \* heads = 65536 exceeds 65535"):

@@ -575,6 +575,57 @@ def test_default_version_runs_and_logs_its_plan(caplog):
     assert any("forward_v" in r.getMessage() for r in caplog.records)
 
 
+# --- forward v5: v4 with dynamic shared memory ------------------------------------------------
+
+V5_TILES = [(13, 11, 5, (8, 8, 2, 2)), (9, 17, 3, (8, 4, 2, 1)), (7, 10, 4, (4, 8, 1, 2))]
+
+
+@pytest.mark.parametrize("causal", [None, "bottom_right", "top_left"])
+@pytest.mark.parametrize("Sq,Sk,d,tiles", V5_TILES)
+def test_v5_with_the_callers_tiles_equals_v4(Sq, Sk, d, tiles, causal):
+    """v5 with tiles given by the caller (ragged seqlens, both causal alignments) matches
+    the reference; and v5 is v4's kernel with its shared arrays moved, so with the same
+    tiles it does the same arithmetic in the same order: on the simulator its results
+    are bitwise v4's (on the GPU the reference check is what counts)."""
+    case = fixed_case(Sq, Sk, d=d, causal=causal, tiles=tiles, seed=Sq + d)
+    out, lse = run(case, "v5", tiles=tiles)
+    check(case, "v5", out, lse)
+    if not GPU:
+        out4, lse4 = run(case, "v4", tiles=tiles)
+        assert_bitwise_equal("O", out, out4)
+        assert_bitwise_equal("lse", lse, lse4)
+
+
+@pytest.mark.skipif(GPU, reason="the simulator's bounds checks show a short launch; a GPU "
+                                "does not check")
+def test_v5_needs_every_byte_it_plans():
+    """The kernel's tiles are slices of the dynamic shared array, bounds-checked one by one
+    on the simulator: launched with the planned bytes it runs, with one element less the
+    last tile (red) is cut short and the launch raises IndexError. So the plan's
+    shared_bytes is exactly what the kernel uses."""
+    from numbaflash import dispatch
+    from numbaflash.kernels import forward as fwd
+    Br, Bc, TM, TN, d = 8, 8, 2, 2, 5
+    case = fixed_case(13, 11, d=d, causal="bottom_right", seed=3)
+    plan = numbaflash.explain(case.q, case.k, case.v, causal="bottom_right", version="v5",
+                              tiles=(Br, Bc, TM, TN))
+    assert plan.shared_bytes == dispatch.v5_shared_bytes(Br, Bc, TM, TN, d, "float32")
+    kernel = fwd.make_forward_v5(Br, Bc, TM, TN, d, True, "float32")
+    q, k, v = (x.reshape(1, -1, d) for x in (case.q, case.k, case.v))
+    scale, offset = np.float32(1 / math.sqrt(d)), np.int64(11 - 13)
+
+    def launch(nbytes):
+        O = np.full(q.shape, np.nan, np.float32)
+        L = np.full(q.shape[:-1], np.nan, np.float32)
+        kernel[plan.grid, plan.block, 0, nbytes](q, k, v, O, L, scale, offset)
+        return O, L
+
+    O, L = launch(plan.shared_bytes)
+    check(case, "v5", O.reshape(case.q.shape), L.reshape(case.q.shape[:-1]))
+    with pytest.raises(IndexError):
+        launch(plan.shared_bytes - 4)
+
+
 # --- the simulator itself -------------------------------------------------------------------
 
 @pytest.mark.skipif(GPU, reason="checks a simulator workaround (conftest.py); no simulator here")

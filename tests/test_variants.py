@@ -331,6 +331,10 @@ def test_versions_without_variants_refuse():
         numbaflash.explain(q, q, q, version="v3", softcap=3.0)
     with pytest.raises(ValueError, match="forward v4 cannot run this input: .*GQA"):
         numbaflash.explain(q, k, k, version="v4")
+    with pytest.raises(ValueError, match="forward v5 cannot run this input: .*GQA"):
+        numbaflash.explain(q, k, k, version="v5")
+    with pytest.raises(ValueError, match="forward v5 cannot run this input: .*window"):
+        numbaflash.explain(q, q, q, version="v5", window_size=(2, 2))
     assert "softcap" in str(numbaflash.explain(q, q, q, softcap=3.0))
     assert "variant: plain" in str(numbaflash.explain(q, q, q, causal=True))
 

@@ -66,13 +66,31 @@ v4  Register-blocked SIMT FlashAttention-2 (the default for plain attention in f
     tied at (2, 16, 4096, 128)). Run 14 passed its GPU property tests and
     compute-sanitizer's memcheck, racecheck and synccheck, and it became the default.
 
+v5  v4 with dynamic shared memory (experimental, opt-in: version="v5"; GPU and simulator).
+    v4's static shared arrays are limited to 48 KB per block, which is what holds v4 to
+    (32, 16) tiles and 64-thread blocks at d = 128 (0.128x SDPA there against 0.342x at
+    d = 64). v5 runs v4's algorithm, thread layout, barriers and NaN-safety unchanged, but
+    its five tiles are slices of ONE dynamic shared array, ``cuda.shared.array(0, acc)``,
+    at compile-time offsets (Numba gives every dynamic shared array the same base), with
+    flat indices ([row * row_length + col]); the byte count goes with the launch,
+    ``kernel[grid, block, 0, nbytes]``, and above 48 KB the compiled kernel must first be
+    allowed it (kernels/smem.py sets CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES; up to
+    227 KB per block on the H200). Default float32 tiles: d = 64 as v4 (64, 32, 4, 4),
+    43776 bytes, so v4 against v5 there measures what dynamic shared memory costs; d = 128
+    (64, 32, 4, 4), 77056 bytes, 128 threads (two blocks per SM). Costs: the slices'
+    lengths are run-time values (the launch sizes the array), so each shared access has a
+    little more index arithmetic (ptxas, sm_90: 118-125 registers at d = 64 against v4's
+    114-128, 152-156 at d = 128 with the bigger tiles; no spills, no stack); fewer blocks
+    per SM at d = 128 (two, 8 warps, against v4's 12 warps). Measurements: pending (the
+    lead runs them on the H200).
+
 Variants (kernels/variants.py, docs/variants.md): v1 and v2 take a compile-time
 ``variant`` and seven more run-time arguments after causal_offset (window_lo, Hq, group,
 softcap, slopes, attn_mask, tiles): sliding windows, GQA/MQA, softcap, ALiBi, boolean and
 additive masks, and the user's score_mod / mask_mod, all through two inlined device
 functions, visible() and score(). Masked entries are not computed; tiles a window leaves
 empty are not visited, and v2 skips the tiles a boolean attn_mask or a mask_mod leaves
-empty through the table of visible tiles (``tiles``, variants.make_tile_table). v3 and v4 compute plain attention only (the dispatcher
+empty through the table of visible tiles (``tiles``, variants.make_tile_table). v3, v4 and v5 compute plain attention only (the dispatcher
 refuses variants).
 
 Fully masked rows (causal with Sq > Sk, or Sk = 0) end with l = 0: they write O = 0 and
@@ -89,7 +107,7 @@ from . import acc_type, jit_options
 from .bands import make_kv_tile_range
 from .variants import PLAIN, make_variant_functions
 
-VERSIONS = ("v1", "v2", "v3", "v4")
+VERSIONS = ("v1", "v2", "v3", "v4", "v5")
 
 
 @functools.lru_cache(maxsize=None)
@@ -726,3 +744,233 @@ def make_forward_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
                     L[bh, row] = NEG_INF if l_row == ZERO else m_i[a] + math.log(l_row)
 
     return forward_v4
+
+
+def v5_shared_layout(Br, Bc, TM, TN, d):
+    """Where forward v5's five tiles sit in its one dynamic shared array: the offsets, in
+    elements of the accumulator dtype, of QiT, KjT, Vj, Pij and red (v4's five static
+    arrays, same shapes, stored back to back, each row by row), and the end, which is
+    the array's length: (Q_AT, K_AT, V_AT, P_AT, R_AT, END). With TX = Bc // TN and DP
+    = d rounded up to TX: QiT (DP, Br+1), KjT (DP, Bc+1), Vj (Bc, DP), Pij (Br, Bc+1),
+    red (Br, TX). ``dispatch.v5_shared_bytes`` is END times the itemsize."""
+    TX = Bc // TN
+    DP = (d + TX - 1) // TX * TX
+    Q_AT = 0
+    K_AT = Q_AT + DP * (Br + 1)
+    V_AT = K_AT + DP * (Bc + 1)
+    P_AT = V_AT + Bc * DP
+    R_AT = P_AT + Br * (Bc + 1)
+    END = R_AT + Br * TX
+    return Q_AT, K_AT, V_AT, P_AT, R_AT, END
+
+
+@functools.lru_cache(maxsize=None)
+def make_forward_v5(Br, Bc, TM, TN, d, causal, acc_dtype):
+    """v5: forward v4 with its shared memory taken from dynamic shared memory, so that a
+    block's tiles may exceed the 48 KB of static shared memory (experimental, opt-in:
+    ``version="v5"``; runs on the GPU and the simulator).
+
+    The algorithm, thread layout, barriers and NaN-safety are v4's, line for line (see
+    make_forward_v4); what changes is where the five shared arrays come from. v4
+    declares them with ``cuda.shared.array(shape, dtype)``: static shared memory, sized
+    when the kernel compiles, at most 48 KB per block. v5 declares ONE dynamic array,
+    ``cuda.shared.array(0, acc)``, whose size in bytes is the fourth item of the launch
+    configuration (the third is the stream):
+
+        kernel[grid, block, 0, nbytes](Q, K, V, O, L, softmax_scale, causal_offset)
+
+    Up to 48 KB that is all; above it, the compiled kernel must first be allowed more
+    (kernels/smem.py, ``allow_dynamic_shared_memory``, which dispatch.launch_forward
+    calls), up to the GPU's per-block maximum (227 KB on the H100/H200).
+
+    Numba gives every ``cuda.shared.array(0, ...)`` of a kernel the same base address,
+    so the tiles are carved out of the one array by hand: ``v5_shared_layout`` places
+    them back to back at compile-time offsets, each tile is a 1D slice of the array (a
+    view, no copy), and a 2D index [row, col] of v4 becomes [row * row_length + col].
+    (A 2D view through ``reshape`` would keep v4's indexing, but on the GPU numba-cuda
+    implements it with a call into a helper library, and the strides it returns are
+    run-time values, so every shared-memory address would cost more arithmetic.) Under
+    the simulator each slice is bounds-checked on its own, so an index that strays out
+    of its tile raises IndexError instead of landing in the next tile.
+
+    Launch: as v4: grid (Tr, BH) with Tr = ceil(Sq / Br), block (TY * TX,) with TY = Br //
+    TM and TX = Bc // TN; and END * itemsize bytes of dynamic shared memory (END from
+    ``v5_shared_layout``).
+    """
+    acc = acc_type(acc_dtype)
+    ZERO = acc(0)
+    NEG_INF = acc(-math.inf)
+    assert Br % TM == 0 and Bc % TN == 0, (Br, Bc, TM, TN)
+    TY = Br // TM                       # thread rows
+    TX = Bc // TN                       # thread columns
+    THREADS = TY * TX
+    DP = (d + TX - 1) // TX * TX        # head dim padded to the thread grid's width
+    DN = DP // TX                       # O columns per thread
+    kv_tile_range = make_kv_tile_range(Br, Bc, causal, False)
+    BrP = Br + 1                        # padded row lengths of QiT, KjT and Pij (the +1
+    BcP = Bc + 1                        # pads spread v4's column accesses over the banks)
+    # The tiles' offsets in the dynamic shared array (elements), and how v4's 2D
+    # indices map to their flat ones:
+    #   QiT (DP, BrP) at Q_AT   QiT[k, r] -> QiT[k * BrP + r]
+    #   KjT (DP, BcP) at K_AT   KjT[k, c] -> KjT[k * BcP + c]
+    #   Vj  (Bc, DP)  at V_AT   Vj[c, k]  -> Vj[c * DP + k]
+    #   Pij (Br, BcP) at P_AT   Pij[r, c] -> Pij[r * BcP + c]
+    #   red (Br, TX)  at R_AT   red[r, t] -> red[r * TX + t]
+    Q_AT, K_AT, V_AT, P_AT, R_AT, END = v5_shared_layout(Br, Bc, TM, TN, d)
+
+    @cuda.jit(**jit_options())
+    def forward_v5(Q, K, V, O, L, softmax_scale, causal_offset):
+        bh = cuda.blockIdx.y
+        i = cuda.blockIdx.x             # Q tile index (Alg.1 l.3: one block per i)
+        tid = cuda.threadIdx.x
+        ty = tid // TX
+        tx = tid % TX
+        Sq = Q.shape[1]
+        Sk = K.shape[1]
+
+        # The block's dynamic shared memory (END elements, sized by the launch), cut
+        # into the five tiles: slices are views, so QiT[x] is smem[Q_AT + x].
+        smem = cuda.shared.array(0, acc)
+        QiT = smem[Q_AT:K_AT]
+        KjT = smem[K_AT:V_AT]
+        Vj = smem[V_AT:P_AT]
+        Pij = smem[P_AT:R_AT]
+        red = smem[R_AT:END]
+        s = cuda.local.array((TM, TN), acc)     # this thread's block of Sij, then P~ij
+        o = cuda.local.array((TM, DN), acc)     # its block of O_i (unnormalised)
+        qa = cuda.local.array(TM, acc)          # one k step: TM values of Qi ...
+        kb = cuda.local.array(TN, acc)          # ... and TN of Kj
+        pa = cuda.local.array(TM, acc)          # one key: TM values of P~ij ...
+        ve = cuda.local.array(DN, acc)          # ... and DN of Vj
+        m_i = cuda.local.array(TM, acc)         # running max of each row (all TX agree)
+        l_i = cuda.local.array(TM, acc)         # this thread's part of each row's sum
+
+        # From here on, v4 line for line (with the flat indices above).
+        # Alg.1 l.4-5: stage Qi transposed (zeros past Sq and d); O_i = 0, l = 0, m = -inf.
+        for idx in range(tid, Br * DP, THREADS):
+            r = idx // DP
+            k = idx % DP
+            row = i * Br + r
+            QiT[k * BrP + r] = acc(Q[bh, row, k]) if row < Sq and k < d else ZERO
+        for a in range(TM):
+            m_i[a] = NEG_INF
+            l_i[a] = ZERO
+            for e in range(DN):
+                o[a, e] = ZERO
+
+        # Alg.1 l.6: loop over K/V tiles; causal blocks stop after the last visible one.
+        _, Tc = kv_tile_range(i, Sk, causal_offset, 0)     # bands.py
+        first_limit = i * Br + causal_offset    # last key the block's first row sees
+        for j in range(Tc):
+            # Wait until every thread is done with the previous tile's KjT, Vj, Pij (and,
+            # for j = 0, until QiT is complete).
+            cuda.syncthreads()
+            # Alg.1 l.7: load Kj (transposed) and Vj; rows past Sk and columns past d are 0.
+            for idx in range(tid, Bc * DP, THREADS):
+                c = idx // DP
+                k = idx % DP
+                col = j * Bc + c
+                inside = col < Sk and k < d
+                KjT[k * BcP + c] = acc(K[bh, col, k]) if inside else ZERO
+                Vj[c * DP + k] = acc(V[bh, col, k]) if inside else ZERO
+            # Wait until KjT and Vj are complete.
+            cuda.syncthreads()
+
+            # Alg.1 l.8: Sij = Qi Kj^T, TM x TN per thread, TM + TN loads per k step.
+            for a in range(TM):
+                for b in range(TN):
+                    s[a, b] = ZERO
+            for k in range(DP):
+                for a in range(TM):
+                    qa[a] = QiT[k * BrP + ty + TY * a]
+                for b in range(TN):
+                    kb[b] = KjT[k * BcP + tx + TX * b]
+                for a in range(TM):
+                    for b in range(TN):
+                        s[a, b] += qa[a] * kb[b]
+            # Scale and mask; this thread's part of each row's max ('>': NaN never wins).
+            for a in range(TM):
+                row = i * Br + ty + TY * a
+                m_part = NEG_INF
+                for b in range(TN):
+                    col = j * Bc + tx + TX * b
+                    visible = col < Sk and (not causal or col <= row + causal_offset)
+                    x = s[a, b] * softmax_scale if visible else NEG_INF
+                    s[a, b] = x
+                    if x > m_part:
+                        m_part = x
+                red[(ty + TY * a) * TX + tx] = m_part
+            # Wait until every partial row max is in red.
+            cuda.syncthreads()
+
+            # Alg.1 l.9: m_new, P~ij = exp(Sij - m_new) into Pij, l = alpha l + rowsum.
+            for a in range(TM):
+                r = ty + TY * a
+                m_tile = NEG_INF
+                for t in range(TX):
+                    x = red[r * TX + t]
+                    if x > m_tile:
+                        m_tile = x
+                m_new = m_tile if m_tile > m_i[a] else m_i[a]
+                m_safe = ZERO if m_new == NEG_INF else m_new    # no key seen yet
+                alpha = math.exp(m_i[a] - m_safe) if m_i[a] != NEG_INF else ZERO
+                l_tile = ZERO
+                for b in range(TN):
+                    x = s[a, b]
+                    p = math.exp(x - m_safe) if x != NEG_INF else ZERO
+                    Pij[r * BcP + tx + TX * b] = p
+                    l_tile += p
+                l_i[a] = alpha * l_i[a] + l_tile
+                m_i[a] = m_new
+                for e in range(DN):
+                    o[a, e] *= alpha            # Alg.1 l.10: diag(alpha) O_i ...
+            # Wait until Pij is complete.
+            cuda.syncthreads()
+
+            # Alg.1 l.10: ... + P~ij Vj, TM + DN loads per key.
+            if not causal or j * Bc + Bc - 1 <= first_limit:
+                # no key of this tile is hidden from any row of the block
+                for c in range(Bc):
+                    for a in range(TM):
+                        pa[a] = Pij[(ty + TY * a) * BcP + c]
+                    for e in range(DN):
+                        ve[e] = Vj[c * DP + tx + TX * e]
+                    for a in range(TM):
+                        for e in range(DN):
+                            o[a, e] += pa[a] * ve[e]
+            else:
+                # the causal diagonal: hidden (row, key) pairs never read V (NaN-safe)
+                for c in range(Bc):
+                    col = j * Bc + c
+                    for a in range(TM):
+                        pa[a] = Pij[(ty + TY * a) * BcP + c]
+                    for e in range(DN):
+                        ve[e] = Vj[c * DP + tx + TX * e]
+                    for a in range(TM):
+                        if col <= i * Br + ty + TY * a + causal_offset:
+                            for e in range(DN):
+                                o[a, e] += pa[a] * ve[e]
+
+        # Alg.1 l.12-16: each row's sum from its TX parts (red was last read before the
+        # last tile's fourth barrier, so it is free), normalise once, write O and L.
+        for a in range(TM):
+            red[(ty + TY * a) * TX + tx] = l_i[a]
+        # Wait until every partial row sum is in red.
+        cuda.syncthreads()
+        for a in range(TM):
+            r = ty + TY * a
+            row = i * Br + r
+            l_row = ZERO
+            for t in range(TX):
+                l_row += red[r * TX + t]
+            if row < Sq:
+                # l == 0: the row saw no key (fully masked): O = 0 and L = -inf exactly.
+                # A NaN l is not 0, so NaN propagates.
+                for e in range(DN):
+                    k = tx + TX * e
+                    if k < d:
+                        O[bh, row, k] = ZERO if l_row == ZERO else o[a, e] / l_row
+                if tx == 0:
+                    L[bh, row] = NEG_INF if l_row == ZERO else m_i[a] + math.log(l_row)
+
+    return forward_v5
