@@ -12,31 +12,17 @@ per SM; (128, 32, 8, 4) at d = 128 needs 128 O accumulators per thread (ptxas: a
 frame), kept to see what that costs.
 """
 
-import statistics
 import sys
 
 import numpy as np
 from numba import cuda
 
 import numbaflash
+from numbaflash.bench import time_ms
 
 CONFIGS = {64: [None, (64, 64, 4, 8), (128, 32, 8, 4), (64, 64, 4, 4), (128, 64, 8, 4)],
            128: [None, (64, 32, 4, 2), (64, 64, 4, 8), (64, 64, 4, 4), (128, 32, 8, 4),
                  (32, 32, 4, 4)]}
-
-
-def time_ms(fn, repeats=10, warmup=2):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, end = cuda.event(), cuda.event()
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(cuda.event_elapsed_time(start, end))
-    return statistics.median(times)
 
 
 def main():
@@ -56,7 +42,8 @@ def main():
                 print(f"d={d} {version} {tiles}: not run ({e})")
                 continue
             err = float(np.abs(out - ref).max())
-            ms = time_ms(lambda: numbaflash.attention(q, k, v, version=version, tiles=tiles))
+            ms = time_ms(lambda: numbaflash.attention(q, k, v, version=version, tiles=tiles),
+                         repeats=10, warmup=2)
             good = err <= 1e-4
             ok &= good
             print(f"d={d:3d} {version} tiles={tiles or 'default'!s:16s} "
