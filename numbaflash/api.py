@@ -108,8 +108,8 @@ def attention(q, k, v, *, causal=False, scale=None, window_size=None, alibi_slop
         return_lse: also return the logsumexp L of each row (the backward pass needs it).
         version: forward kernel version ("v1", "v2", "v3" GPU-only tensor cores, "v4"
             register-blocked, the default for plain attention; "v5" v4 with dynamic
-            shared memory for larger tiles, experimental; docs/kernels.md); None picks
-            the default (see explain).
+            shared memory for larger tiles, the default at 72 < d <= 128;
+            docs/kernels.md); None picks the default (see explain).
         tiles: (Br, Bc) for the tiled kernels (v4 and v5 also take (Br, Bc, TM, TN));
             None uses the documented rule in dispatch.py.
         window_size, alibi_slopes, softcap, attn_mask, score_mod, score_mod_grad, mask_mod:

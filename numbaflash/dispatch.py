@@ -379,35 +379,47 @@ def _plan_forward_v5(p, where, tiles, reason):
         reason += "; tiles given by the caller"
     nbytes = v5_shared_bytes(Br, Bc, TM, TN, p.d, p.acc_dtype)
     reason += (f"; v4's kernel with its {nbytes} bytes of shared memory taken from dynamic "
-               f"shared memory (may exceed 48 KB); v5 is experimental (not measured yet)")
+               f"shared memory (may exceed 48 KB)")
     threads = (Br // TM) * (Bc // TN)
     return Plan("forward", "v5", "forward_v5", where, Br, Bc, (math.ceil(p.Sq / Br), p.BH),
                 (threads,), nbytes, p.acc_dtype, p.causal, reason, thread_tile=(TM, TN))
 
 
-V4_DEFAULT_MAX_HEAD_DIM = 128   # where v4 was measured faster than v2 (d = 64 and 128)
+V4_DEFAULT_MAX_HEAD_DIM = 128   # where v4 and v5 were measured (d = 64 and 128)
 
 
 def _default_forward_version(p, where):
     """The default forward version for ``p`` and why.
 
     Plain attention (with or without the causal mask) in float32 or float16 with d <= 128:
-    v4, the fastest version that is exact for every input. On the H200 (docs/performance.md,
-    run 15) it beat v2 in five of issue 5's six cases (0.34x against 0.23x SDPA at
-    (2, 16, 4096, 64)) and tied it in the sixth ((2, 16, 4096, 128), 0.130x and 0.131x). Variants, float64 and d > 128: v2, which takes the variant
-    arguments and was not measured slower there. v3 (tensor cores) is faster still at
-    some shapes but exact only for finite inputs: inside its tensor-core products a NaN or
-    inf in K or V can reach rows that never see that key (0 * NaN), which v1, v2 and v4
-    rule out. Until v3 handles non-finite inputs exactly, it runs only when asked for.
+    the register-blocked SIMT kernels, the fastest versions that are exact for every
+    input. v4 where its tiles are as large as v5's; v5 (the same kernel with dynamic shared
+    memory) where the 48 KB static limit shrinks v4's tiles and v5's are larger. On the
+    H200 (docs/performance.md): v4 beat v2 in five of issue 5's six cases (run 15: 0.34x
+    against 0.23x SDPA at (2, 16, 4096, 64)) and tied it at (2, 16, 4096, 128), where v5,
+    with 64 x 32 tiles instead of 32 x 16, took 38.6 ms against v4's 48.8 (run 17). With
+    the same tiles v5 is slower than v4 (17.6 against 12.1 ms at d = 64, run 17), so it
+    is not used where it buys nothing.
+
+    Variants, float64 and d > 128: v2, which takes the variant arguments and was not
+    measured slower there. v3 (tensor cores) is faster still at some shapes but exact only
+    for finite inputs: inside its tensor-core products a NaN or inf in K or V can reach
+    rows that never see that key (0 * NaN), which v1, v2, v4 and v5 rule out. Until v3
+    handles non-finite inputs exactly, it runs only when asked for.
     """
     wanted = needs_variants(p)
     if wanted is not None:
-        why = "v2 is the default for variants: v3 and v4 compute plain attention only"
+        why = "v2 is the default for variants: v3, v4 and v5 compute plain attention only"
     elif p.acc_dtype != "float32":
-        why = "v2 is the default in float64 (v4 was measured faster in float32 only)"
+        why = "v2 is the default in float64 (v4 and v5 were measured in float32 only)"
     elif p.d > V4_DEFAULT_MAX_HEAD_DIM:
-        why = (f"v2 is the default at head dim {p.d} > {V4_DEFAULT_MAX_HEAD_DIM} (v4 was "
-               f"measured faster at d <= {V4_DEFAULT_MAX_HEAD_DIM} only)")
+        why = (f"v2 is the default at head dim {p.d} > {V4_DEFAULT_MAX_HEAD_DIM} (v4 and v5 "
+               f"were measured faster at d <= {V4_DEFAULT_MAX_HEAD_DIM} only)")
+    elif default_v5_tiles(p.d, p.acc_dtype) != default_v4_tiles(p.d, p.acc_dtype):
+        return "v5", (f"v5 is the default for plain attention in float32 at d = {p.d}: v4's "
+                      "kernel with dynamic shared memory, whose tiles here are larger than "
+                      "the 48 KB static limit allows v4 (the fastest exact version measured "
+                      "on the H200 at d = 128)")
     else:
         return "v4", ("v4 is the default for plain attention in float32 with d <= "
                       f"{V4_DEFAULT_MAX_HEAD_DIM}: register-blocked, exact for every input, "

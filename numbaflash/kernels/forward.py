@@ -66,7 +66,8 @@ v4  Register-blocked SIMT FlashAttention-2 (the default for plain attention in f
     tied at (2, 16, 4096, 128)). Run 14 passed its GPU property tests and
     compute-sanitizer's memcheck, racecheck and synccheck, and it became the default.
 
-v5  v4 with dynamic shared memory (experimental, opt-in: version="v5"; GPU and simulator).
+v5  v4 with dynamic shared memory (the default where it gives larger tiles than v4: plain
+    float32 attention with 72 < d <= 128; GPU and simulator).
     v4's static shared arrays are limited to 48 KB per block, which is what holds v4 to
     (32, 16) tiles and 64-thread blocks at d = 128 (0.128x SDPA there against 0.342x at
     d = 64). v5 runs v4's algorithm, thread layout, barriers and NaN-safety unchanged, but
@@ -81,8 +82,14 @@ v5  v4 with dynamic shared memory (experimental, opt-in: version="v5"; GPU and s
     lengths are run-time values (the launch sizes the array), so each shared access has a
     little more index arithmetic (ptxas, sm_90: 118-125 registers at d = 64 against v4's
     114-128, 152-156 at d = 128 with the bigger tiles; no spills, no stack); fewer blocks
-    per SM at d = 128 (two, 8 warps, against v4's 12 warps). Measurements: pending (the
-    lead runs them on the H200).
+    per SM at d = 128 (two, 8 warps, against v4's 12 warps). Measured on the H200
+    (scripts/v5_sweep.py, run 17 in docs/gpu-results.md), (2, 16, 4096, d), float32:
+    d = 128: 38.6 ms against v4's 48.8 and v2's 48.1 (1.26x v4; v3, tensor cores: 33.8);
+    d = 64, the same tiles as v4: 17.6 ms against v4's 12.1. So dynamic shared memory
+    itself costs time here: the five tiles are slices of one array, and the compiler,
+    unable to tell them apart, cannot reorder a tile's loads past another tile's stores
+    as it can with v4's separate arrays (our reading; the index arithmetic is the other
+    difference). v5 is the default only where its tiles are larger than v4's.
 
 Variants (kernels/variants.py, docs/variants.md): v1 and v2 take a compile-time
 ``variant`` and seven more run-time arguments after causal_offset (window_lo, Hq, group,
