@@ -185,10 +185,11 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, win
             score_mod (ValueError otherwise).
         version: backward version ("v1": deterministic, the default for variants; "v2":
             atomic dQ, a lesson, float32/float64 only; "v3": register-blocked,
-            deterministic, the default for plain attention); None picks the default; see
-            ``explain_backward`` and numbaflash/kernels/backward.py.
-        tiles: (Br, Bc) for the backward kernels (v3 also takes (Br, Bc, TM, TN)); None
-            uses the documented rule in dispatch.py.
+            deterministic, the default for plain attention; "v4": v3 with dynamic shared
+            memory for larger tiles, experimental, not yet measured on a GPU); None picks
+            the default; see ``explain_backward`` and numbaflash/kernels/backward.py.
+        tiles: (Br, Bc) for the backward kernels (v3 and v4 also take (Br, Bc, TM, TN));
+            None uses the documented rule in dispatch.py.
 
     Returns:
         ``(dq, dk, dv)`` with the shapes and dtype of q, k, v (float16 inputs are computed
@@ -284,8 +285,8 @@ def explain_backward(q, k, v, *, causal=False, scale=None, version=None, tiles=N
     """Validate like ``attention`` and return the backward's ``Plans`` without running them.
 
     ``print(numbaflash.explain_backward(q, k, v))`` shows one line per kernel (D, dK/dV,
-    dQ for v1 and v3): version, tiles (and v3's thread tile), grid, block, shared memory,
-    backend, variant and why.
+    dQ for v1, v3 and v4): version, tiles (and v3's and v4's thread tile), grid, block,
+    shared memory (v4: dynamic, per kernel), backend, variant and why.
     """
     p = check_attention_inputs(q, k, v, causal, scale, **variants)
     return plan_backward(p, version, tiles)

@@ -39,6 +39,12 @@ Tile rule (backward v3, experimental, opt-in: ``version="v3"``): see
 ``default_backward_v3_tiles``; its tiles are (Br, Bc, TM, TN), shared by its dK/dV and dQ
 kernels, with (Br / TM) x (Bc / TN) threads per block. Float32: d=64 -> (32, 32, 4, 2),
 d=128 -> (16, 16, 2, 1), 128 threads each; under the simulator (8, 8, 2, 2).
+
+Tile rule (backward v4, experimental, opt-in: ``version="v4"``): v3's kernels with
+dynamic shared memory, so its tiles may exceed 48 KB: see ``default_backward_v4_tiles``
+(up to 100 KB per kernel; a caller's tiles up to 227 KB). Float32: d=64 -> (32, 32, 4, 2)
+as v3, d=128 -> (32, 32, 2, 2), 256 threads. ``Plan.shared_bytes`` is each kernel's
+dynamic shared memory.
 """
 
 import functools
@@ -759,6 +765,102 @@ def _plan_backward_v3(p, where, tiles, reason, preprocess):
     ))
 
 
+# --- backward v4 (v3 with dynamic shared memory; experimental, opt-in) --------------------
+
+# v4 runs v3's two kernels with their shared arrays carved out of dynamic shared memory
+# (kernels/backward.py, make_backward_dkdv_v4 and make_backward_dq_v4), so the same bytes
+# (dkdv_v4_shared_bytes equals dkdv_v3_shared_bytes, dq_v4 dq_v3) may exceed 48 KB. Tile
+# rule: the first (Br, Bc, TM, TN) of BWD_V4_CANDIDATES whose two kernels fit in
+# BWD_V4_SHARED_MEM_TARGET (100 KB: two blocks fit the 228 KB of an H200 SM) and whose
+# accumulators fit BWD_V3_MAX_ACC_REGS, as for v3 (if none does, the first that fits in
+# shared memory). A caller's tiles may use up to DYNAMIC_SHARED_MEM_LIMIT (227 KB per
+# block on the H100/H200; kernels/smem.py checks the device's own maximum again before
+# the launch). GPU, float32: d <= 64 -> (32, 32, 4, 2), v3's tiles (43520 / 39040 bytes),
+# so v3 against v4 there measures what dynamic shared memory costs; d = 128 -> (32, 32,
+# 2, 2), 256 threads, 76288 / 71808 bytes (v3: (16, 16, 2, 1), 128 threads; (32, 32, 4,
+# 2) would need 128 dK/dV accumulators a thread); d = 256 -> (16, 16, 1, 1), 71936 /
+# 69696 bytes, within the register bound (v3: (8, 8, 1, 1), over it). Not yet measured
+# on a GPU: scripts/bwd_v4_sweep.py times the alternatives. Under the simulator,
+# BWD_V4_SIM_TILES, as v3's.
+BWD_V4_CANDIDATES = ((32, 32, 4, 2), (32, 32, 2, 2), (16, 16, 2, 1), (16, 16, 1, 1),
+                     (8, 8, 1, 1), (4, 4, 1, 1))
+BWD_V4_SHARED_MEM_TARGET = 100 * 1024
+BWD_V4_SIM_TILES = BWD_V3_SIM_TILES
+
+
+def dkdv_v4_shared_bytes(Br, Bc, TM, TN, d, acc_dtype):
+    """Dynamic shared memory of backward_dkdv_v4: v3's eight arrays back to back
+    (backward.dkdv_v4_shared_layout), the same bytes as ``dkdv_v3_shared_bytes``."""
+    END = bwd_kernels.dkdv_v4_shared_layout(Br, Bc, TM, TN, d)[-1]
+    return END * np.dtype(acc_dtype).itemsize
+
+
+def dq_v4_shared_bytes(Br, Bc, TM, TN, d, acc_dtype):
+    """Dynamic shared memory of backward_dq_v4: v3's five arrays back to back
+    (backward.dq_v4_shared_layout), the same bytes as ``dq_v3_shared_bytes``."""
+    END = bwd_kernels.dq_v4_shared_layout(Br, Bc, TM, TN, d)[-1]
+    return END * np.dtype(acc_dtype).itemsize
+
+
+def _bwd_v4_bytes(t, d, acc_dtype):
+    """The larger of backward v4's two kernels' dynamic shared memory for tiles ``t``."""
+    return max(dkdv_v4_shared_bytes(*t, d, acc_dtype), dq_v4_shared_bytes(*t, d, acc_dtype))
+
+
+def default_backward_v4_tiles(d, acc_dtype):
+    """The backward v4 tile rule (above), (Br, Bc, TM, TN). GPU, float32: d <= 64 ->
+    (32, 32, 4, 2), 128 threads (as v3); d = 128 -> (32, 32, 2, 2), 256 threads; d = 256
+    -> (16, 16, 1, 1), 256 threads; float64: d = 64 -> (32, 32, 4, 2), d = 128 ->
+    (16, 16, 2, 1) (v3: (16, 16, 2, 1) and (8, 8, 1, 1))."""
+    if simulating():
+        return BWD_V4_SIM_TILES
+    fits = [t for t in BWD_V4_CANDIDATES
+            if _bwd_v4_bytes(t, d, acc_dtype) <= BWD_V4_SHARED_MEM_TARGET]
+    for t in fits:
+        if max(backward_v3_acc_regs(*t, d)) <= BWD_V3_MAX_ACC_REGS:
+            return t
+    if fits:
+        return fits[0]
+    raise ValueError(f"backward v4 cannot run this input: no v4 tile fits head dim {d} in "
+                     f"{acc_dtype} within {BWD_V4_SHARED_MEM_TARGET} bytes of shared memory")
+
+
+def check_backward_v4_tiles(tiles, d, acc_dtype):
+    """A caller's backward v4 tiles (``_check_thread_tiles``), both kernels against the
+    dynamic limit."""
+    return _check_thread_tiles(tiles, d, acc_dtype, "backward v4",
+                               lambda Br, Bc, TM, TN: _bwd_v4_bytes((Br, Bc, TM, TN), d,
+                                                                    acc_dtype),
+                               DYNAMIC_SHARED_MEM_LIMIT,
+                               "227 KB dynamic shared memory per block on the H100/H200")
+
+
+def _plan_backward_v4(p, where, tiles, reason, preprocess):
+    if tiles is None:
+        Br, Bc, TM, TN = default_backward_v4_tiles(p.d, p.acc_dtype)
+        reason += f"; tiles by the v4 rule for d={p.d} in {p.acc_dtype}"
+        if where == "simulator":
+            reason += " (small tiles on the simulator, where every thread and barrier is slow)"
+    else:
+        Br, Bc, TM, TN = check_backward_v4_tiles(tiles, p.d, p.acc_dtype)
+        reason += "; tiles given by the caller"
+    reason += ("; v3's kernels with their shared memory taken from dynamic shared memory "
+               "(may exceed 48 KB); v4 is experimental (not measured yet)")
+    threads = (Br // TM) * (Bc // TN)
+    Tr, Tc = math.ceil(p.Sq / Br), math.ceil(p.Sk / Bc)
+    return Plans((
+        preprocess,
+        Plan("backward dK dV", "v4", "backward_dkdv_v4", where, Br, Bc, (Tc, p.BH), (threads,),
+             dkdv_v4_shared_bytes(Br, Bc, TM, TN, p.d, p.acc_dtype), p.acc_dtype, p.causal,
+             reason + "; one block per K/V tile, each thread a block of keys",
+             thread_tile=(TM, TN)),
+        Plan("backward dQ", "v4", "backward_dq_v4", where, Br, Bc, (Tr, p.BH), (threads,),
+             dq_v4_shared_bytes(Br, Bc, TM, TN, p.d, p.acc_dtype), p.acc_dtype, p.causal,
+             reason + "; one block per Q tile, each thread a block of query rows",
+             thread_tile=(TM, TN)),
+    ))
+
+
 def _default_backward_version(p):
     """The default backward version for ``p`` and why.
 
@@ -780,7 +882,7 @@ def plan_backward(p, version=None, tiles=None):
 
     ``version`` None means the default (``_default_backward_version``: v3, or v1 for
     variants). Raises ValueError for an unknown version, bad tiles, v2 with float16
-    inputs, or v2/v3 with a variant.
+    inputs, or v2/v3/v4 with a variant.
     """
     where = backend()
     if version is None:
@@ -792,8 +894,8 @@ def plan_backward(p, version=None, tiles=None):
     if version == "v2" and np.dtype(p.dtype) != np.dtype(p.acc_dtype):
         raise ValueError(f"backward v2 adds into dQ with atomics in the output dtype, so it needs "
                          f"float32 or float64 inputs; got {np.dtype(p.dtype)} (use v1)")
-    if version in ("v2", "v3") and needs_variants(p) is not None:
-        what = "v2 (a lesson)" if version == "v2" else "v3"
+    if version in ("v2", "v3", "v4") and needs_variants(p) is not None:
+        what = "v2 (a lesson)" if version == "v2" else version
         raise ValueError(f"backward {what} computes plain attention (with or without a "
                          f"causal mask) only, and this call asks for {needs_variants(p)}; "
                          f"use v1 (the default for variants)")
@@ -805,6 +907,8 @@ def plan_backward(p, version=None, tiles=None):
                       f"D = rowsum(dO * O) (Alg.2 l.4), {threads} query rows per block")
     if version == "v3":
         return _plan_backward_v3(p, where, tiles, reason, preprocess)
+    if version == "v4":
+        return _plan_backward_v4(p, where, tiles, reason, preprocess)
 
     if tiles is None:
         Br, Bc = default_backward_tiles(p.d, p.acc_dtype)
@@ -846,6 +950,11 @@ def backward_kernel(plan, p):
                 "backward_dq_v3": bwd_kernels.make_backward_dq_v3}[plan.kernel]
         TM, TN = plan.thread_tile
         return make(plan.Br, plan.Bc, TM, TN, p.d, p.upper, p.acc_dtype)
+    if plan.version == "v4":
+        make = {"backward_dkdv_v4": bwd_kernels.make_backward_dkdv_v4,
+                "backward_dq_v4": bwd_kernels.make_backward_dq_v4}[plan.kernel]
+        TM, TN = plan.thread_tile
+        return make(plan.Br, plan.Bc, TM, TN, p.d, p.upper, p.acc_dtype)
     if plan.kernel == "backward_dkdv_dq_v2":
         return bwd_kernels.make_backward_dkdv_dq_v2(plan.Br, plan.Bc, p.d, p.upper, p.acc_dtype)
     make = {"backward_dkdv_v1": bwd_kernels.make_backward_dkdv_v1,
@@ -867,17 +976,16 @@ def launch_backward(plans, p, Q, K, V, O, dO, L, D, dQ, dK, dV, slopes=None, att
     extra = variant_arguments(p, slopes, attn_mask, tiles)
     for plan in plans:
         log.info("%s", plan)
-        kernel = backward_kernel(plan, p)
-        launch = kernel[plan.grid, plan.block]
         if plan.kernel == "backward_preprocess":
-            launch(dO, O, D)
-        elif plan.kernel == "backward_dkdv_v1":
-            launch(Q, K, V, dO, L, D, dK, dV, scale, offset, *extra)
-        elif plan.kernel == "backward_dq_v1":
-            launch(Q, K, V, dO, L, D, dQ, scale, offset, *extra)
-        elif plan.kernel == "backward_dkdv_v3":
-            launch(Q, K, V, dO, L, D, dK, dV, scale, offset)
-        elif plan.kernel == "backward_dq_v3":
-            launch(Q, K, V, dO, L, D, dQ, scale, offset)
-        else:
-            launch(Q, K, V, dO, L, D, dQ, dK, dV, scale, offset)
+            args = (dO, O, D)
+        elif plan.kernel == "backward_dkdv_dq_v2":     # v2: one kernel for all three
+            args = (Q, K, V, dO, L, D, dQ, dK, dV, scale, offset)
+        elif plan.kernel.startswith("backward_dkdv_"):
+            args = (Q, K, V, dO, L, D, dK, dV, scale, offset)
+        else:                                           # backward_dq_v1, _v3, _v4
+            args = (Q, K, V, dO, L, D, dQ, scale, offset)
+        if plan.kernel in ("backward_dkdv_v1", "backward_dq_v1"):
+            args += extra                               # the kernels that take variants
+        # v4: dynamic shared memory, its bytes go with the launch
+        dynamic = plan.shared_bytes if plan.kernel.endswith("_v4") else 0
+        launch(backward_kernel(plan, p), plan.grid, plan.block, args, None, dynamic)

@@ -286,16 +286,17 @@ def check_backward(dout, q, k, v, out, lse, grads, *, causal=None, scale=None, *
 def version_tiles(version, tiles, d, dtype, seed=0):
     """The tiles to give backward ``version`` for a drawn (Br, Bc) (test helper).
 
-    v1 and v2 take (Br, Bc) as it is. v3 also takes a thread tile (TM, TN), picked here
-    from the divisors of Br and Bc by ``seed`` (the case's seed: a case's repr still
+    v1 and v2 take (Br, Bc) as it is. v3 and v4 also take a thread tile (TM, TN), picked
+    here from the divisors of Br and Bc by ``seed`` (the case's seed: a case's repr still
     rebuilds it), so that the draws cover thread grids from 1 x 1 up. Under the simulator
     at most 4 threads per axis (every simulated thread and barrier is slow); on a GPU
-    TM, TN in 1, 2, 4, and a pair that does not fit v3's shared memory gives None (v3's
-    own tile rule). Tiles of four numbers and None are passed through.
+    TM, TN in 1, 2, 4, and a pair that does not fit the version's shared memory gives None
+    (its own tile rule). v4 gets the same thread tile as v3 for the same case. Tiles of
+    four numbers and None are passed through.
     """
     from numbaflash import dispatch
     from numbaflash.kernels import simulating
-    if version != "v3" or tiles is None or len(tiles) == 4:
+    if version not in ("v3", "v4") or tiles is None or len(tiles) == 4:
         return tiles
     Br, Bc = tiles
     rng = np.random.default_rng([seed, 3])
@@ -305,7 +306,9 @@ def version_tiles(version, tiles, d, dtype, seed=0):
     else:
         TM = int(rng.choice([t for t in (1, 2, 4) if Br % t == 0]))
         TN = int(rng.choice([t for t in (1, 2, 4) if Bc % t == 0]))
+    check = (dispatch.check_backward_v3_tiles if version == "v3"
+             else dispatch.check_backward_v4_tiles)
     try:
-        return dispatch.check_backward_v3_tiles((Br, Bc, TM, TN), d, acc_dtype(dtype).__name__)
+        return check((Br, Bc, TM, TN), d, acc_dtype(dtype).__name__)
     except ValueError:
         return None

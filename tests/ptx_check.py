@@ -176,8 +176,8 @@ def backward_v3_signatures(dtype, acc):
 def backward_entries():
     """Every backward kernel x float16/float32/float64 x causal off/on (the preprocessing
     kernel has no mask) x d in 1, 64, 128, 256, with the default backward tiles (v3: its
-    own rule, dispatch.default_backward_v3_tiles); v2 only where it runs (float32,
-    float64); v3 at d = 1 and 256 in float32 only."""
+    own rule, dispatch.default_backward_v3_tiles; v4: dispatch.default_backward_v4_tiles);
+    v2 only where it runs (float32, float64); v3 and v4 at d = 1 and 256 in float32 only."""
     import numpy as np
 
     from numbaflash.kernels import backward as bwd
@@ -222,7 +222,23 @@ def backward_entries():
                 out.append(Entry(f"backward_dq_v3-{tag}", "backward",
                                  lambda t=t, d=d, c=causal, a=acc:
                                  bwd.make_backward_dq_v3(*t, d, c, a), dq3, no_f64))
-    assert {e.name.split("-")[0] for e in out} >= {"backward_dkdv_v3", "backward_dq_v3"}
+            # v4 (v3 with dynamic shared memory): its own tile rule, the same head dims and
+            # signatures as v3; ptxas's "smem" shows static shared memory only (the 1 KB
+            # sm_90 reserves per block): v4's arrays are dynamic,
+            # dispatch.dkdv_v4_shared_bytes / dq_v4_shared_bytes of them at launch
+            if "v4" in bwd.VERSIONS:
+                t = dispatch.default_backward_v4_tiles(d, acc)
+                for causal in (False, True):
+                    tag = (f"{dtype}-d{d}-{'causal' if causal else 'full'}-tiles{t[0]}x{t[1]}"
+                           f"-thread{t[2]}x{t[3]}")
+                    out.append(Entry(f"backward_dkdv_v4-{tag}", "backward",
+                                     lambda t=t, d=d, c=causal, a=acc:
+                                     bwd.make_backward_dkdv_v4(*t, d, c, a), dkdv3, no_f64))
+                    out.append(Entry(f"backward_dq_v4-{tag}", "backward",
+                                     lambda t=t, d=d, c=causal, a=acc:
+                                     bwd.make_backward_dq_v4(*t, d, c, a), dq3, no_f64))
+    assert {e.name.split("-")[0] for e in out} >= {f"backward_{k}_{v}" for k in ("dkdv", "dq")
+                                                   for v in ("v3", "v4")}
     return out
 
 

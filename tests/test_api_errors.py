@@ -346,7 +346,7 @@ def test_attention_logs_its_plan_at_info(version, allow_launch, caplog):
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])
 def test_explain_backward_names_each_kernel_or_says_why_not(version, dtype):
     """Every backward version either plans its kernels (one line each: kernel, tiles,
-    backend, reason; v3 also its thread tile) or refuses with a ValueError that says why
+    backend, reason; v3 and v4 also their thread tile) or refuses with a ValueError that says why
     (v2 with float16: atomics in the output dtype)."""
     q, k, v = arrays((2, 3, 5, 8), (2, 3, 6, 8), dtype=dtype)
     try:
@@ -363,7 +363,7 @@ def test_explain_backward_names_each_kernel_or_says_why_not(version, dtype):
         assert f"tiles (Br, Bc) = ({plan.Br}, {plan.Bc})" in text and "Why:" in text
         assert plan.shared_bytes <= dispatch.SHARED_MEM_LIMIT
         assert "causal=bottom_right" in text
-        if version == "v3":
+        if version in ("v3", "v4"):
             TM, TN = plan.thread_tile
             assert plan.block == ((plan.Br // TM) * (plan.Bc // TN),)
             assert f"thread tile (TM, TN) = ({TM}, {TN})" in text
@@ -382,3 +382,20 @@ def test_bad_backward_v3_tiles(tiles, match):
     q, k, v = arrays((2, 5, 256), (2, 6, 256))
     with pytest.raises(ValueError, match=match):
         numbaflash.explain_backward(q, k, v, version="v3", tiles=tiles)
+
+
+@pytest.mark.parametrize("tiles,match", [
+    ((128, 64, 4, 4), r"backward v4 tiles \(Br, Bc, TM, TN\) = \(128, 64, 4, 4\) need 464896 "
+                      r"bytes of shared memory at head dim 256 in float32; the limit is 232448 "
+                      r"\(227 KB dynamic shared memory per block on the H100/H200\)"),
+    ((128, 128, 2, 2), r"need 4096 threads \(\(Br / TM\) x \(Bc / TN\)\); a block holds at "
+                       r"most 1024"),
+    ((8, 8, 3, 2), r"backward v4 tiles need TM to divide Br and TN to divide Bc"),
+    ((8, 8, 2), r"tiles must be a pair of positive ints"),
+])
+def test_bad_backward_v4_tiles(tiles, match):
+    """Backward v4's tiles are checked against the dynamic shared-memory limit (227 KB),
+    both kernels, not 48 KB; the rest as v3's."""
+    q, k, v = arrays((2, 5, 256), (2, 6, 256))
+    with pytest.raises(ValueError, match=match):
+        numbaflash.explain_backward(q, k, v, version="v4", tiles=tiles)

@@ -42,8 +42,9 @@ RTOL = 1e-12
 VERSIONS = bwd.VERSIONS
 # dtypes each version supports (v2 adds into dQ in its own dtype: no float16)
 VERSION_DTYPES = {"v1": ("float16", "float32", "float64"), "v2": ("float32", "float64"),
-                  "v3": ("float16", "float32", "float64")}
-DETERMINISTIC = ("v1", "v3")        # the versions without atomics
+                  "v3": ("float16", "float32", "float64"),
+                  "v4": ("float16", "float32", "float64")}
+DETERMINISTIC = ("v1", "v3", "v4")  # the versions without atomics
 
 
 def backward_tiles(d, acc_dtype):
@@ -66,7 +67,7 @@ def forward(case, q=None, k=None, v=None):
 def backward(case, version="v1", tiles=None, out=None, lse=None, k=None, v=None, dout=None):
     """(out, lse, (dq, dk, dv)) as NumPy arrays: the forward (unless out and lse are
     given), then attention_backward with the case's tiles unless ``tiles`` is given (for
-    v3 with a thread tile added, backward_checks.version_tiles)."""
+    v3 and v4 with a thread tile added, backward_checks.version_tiles)."""
     k = case.k if k is None else k
     v = case.v if v is None else v
     if out is None:
@@ -266,6 +267,30 @@ def test_v3_does_not_depend_on_tiles_or_thread_tiles(case, data):
             assert_bitwise_equal(name, x, y)
 
 
+@settings(max_examples=examples(0.5))
+@given(case=cases(("float64", "float32"), max_seqlen=20, max_batch_heads=1),
+       data=st.data())
+def test_v4_equals_v3_with_the_same_tiles(case, data):
+    """v4 is v3's kernels with their shared arrays carved out of one dynamic shared array:
+    with the same (Br, Bc, TM, TN) every sum runs in the same order, so the gradients are
+    bitwise equal to v3's (on the simulator; on a GPU too, unless the compiler contracts
+    differently, so there they are compared to rounding)."""
+    dtype = np.dtype(case.dtype).name
+    tiles = data.draw(st.sampled_from(v3_tiles_that_fit(case.d, dtype)))
+    out, lse = forward(case)
+    _, _, want = backward(case, "v3", tiles=tiles, out=out, lse=lse)
+    _, _, got = backward(case, "v4", tiles=tiles, out=out, lse=lse)
+    if on_gpu():
+        mags = backward_magnitudes(case.dout, case.q, case.k, case.v, causal=case.causal,
+                                   scale=case.scale)
+        for name, x, y in zip(GRADS, got, want):
+            assert_close_f64(name, x, y,
+                             RTOL if dtype == "float64" else 1e-5, mags[name])
+    else:
+        for name, x, y in zip(GRADS, got, want):
+            assert_bitwise_equal(name, x, y)
+
+
 @pytest.mark.parametrize("version", VERSIONS)
 def test_nan_in_keys_nobody_sees_has_no_effect(version):
     """top_left with Sk > Sq: keys Sq.. are visible from no row. NaN there changes no bit
@@ -422,7 +447,7 @@ def test_mixed_host_and_device_raise(no_launch):
 
 
 @pytest.mark.parametrize("version, tiles, d, match", [
-    ("v9", None, 3, r"unknown backward version 'v9'; choose from \('v1', 'v2', 'v3'\)"),
+    ("v9", None, 3, r"unknown backward version 'v9'; choose from \('v1', 'v2', 'v3', 'v4'\)"),
     ("v1", (2048, 4), 3, r"Br = 2048 exceeds 1024: the backward runs one thread per query row"),
     ("v1", (4, 2048), 3, r"Bc = 2048 exceeds 1024: the backward runs one thread per key row"),
     ("v1", (0, 4), 3, r"tiles must be positive"),
@@ -437,6 +462,14 @@ def test_mixed_host_and_device_raise(no_launch):
     ("v3", (64, 64, 1, 1), 3, r"need 4096 threads .*; a block holds at most 1024"),
     ("v3", (32, 32, 0, 2), 3, r"tiles must be positive"),
     ("v3", (32, 32, 4), 3, r"tiles must be a pair of positive ints"),
+    ("v4", (128, 128, 4, 4), 128, r"backward v4 tiles \(Br, Bc, TM, TN\) = \(128, 128, 4, 4\) "
+                                  r"need \d+ bytes of shared memory at head dim 128 in float32; "
+                                  r"the limit is 232448 \(227 KB dynamic shared memory per "
+                                  r"block on the H100/H200\)"),
+    ("v4", (32, 32, 3, 2), 3, r"backward v4 tiles need TM to divide Br"),
+    ("v4", (64, 64, 1, 1), 3, r"need 4096 threads .*; a block holds at most 1024"),
+    ("v4", (32, 32, 0, 2), 3, r"tiles must be positive"),
+    ("v4", (32, 32, 4), 3, r"tiles must be a pair of positive ints"),
 ])
 def test_bad_version_or_tiles_raise_before_any_launch(no_launch, version, tiles, d, match):
     with pytest.raises(ValueError, match=match):
@@ -509,6 +542,27 @@ def test_explain_backward_names_each_kernel():
     assert plans[1].grid == (1, 2) and plans[2].grid == (1, 2)       # Sk = 5, Sq = 4
     plans = numbaflash.explain_backward(q, q, q, version="v3", tiles=(8, 8))
     assert plans[1].thread_tile == (4, 4)        # (Br, Bc) alone: TM, TN as forward v4
+    plans = numbaflash.explain_backward(q, q, q, version="v4", tiles=(16, 8, 2, 4))
+    assert [p.kernel for p in plans] == ["backward_preprocess", "backward_dkdv_v4",
+                                         "backward_dq_v4"]
+    v3 = numbaflash.explain_backward(q, q, q, version="v3", tiles=(16, 8, 2, 4))
+    for plan, same in zip(plans[1:], v3[1:]):    # v3's launch; the bytes now dynamic
+        assert (plan.Br, plan.Bc, plan.thread_tile, plan.block, plan.grid) == \
+            (same.Br, same.Bc, same.thread_tile, same.block, same.grid)
+        assert plan.shared_bytes == same.shared_bytes
+        assert "dynamic shared memory" in str(plan)
+
+
+def test_v4_takes_tiles_above_48_kb():
+    """The point of v4: tiles v3 refuses for static shared memory are accepted, and the
+    plans carry each kernel's dynamic bytes."""
+    q = np.zeros((1, 2, 5, 128), np.float32)
+    with pytest.raises(ValueError, match=r"the limit is 49152"):
+        numbaflash.explain_backward(q, q, q, version="v3", tiles=(32, 32, 2, 2))
+    plans = numbaflash.explain_backward(q, q, q, version="v4", tiles=(32, 32, 2, 2))
+    assert [p.shared_bytes for p in plans[1:]] == [76288, 71808]
+    assert all(p.block == (256,) and p.thread_tile == (2, 2) for p in plans[1:])
+    assert "tiles given by the caller" in str(plans)
 
 
 @pytest.mark.parametrize("acc_dtype", ["float32", "float64"])
@@ -527,6 +581,36 @@ def test_default_v3_tiles_fit_every_head_dim(acc_dtype, monkeypatch):
             [(32, 32, 4, 2), (16, 16, 2, 1), (8, 8, 1, 1)]
     else:
         assert dispatch.default_backward_v3_tiles(64, "float64") == (16, 16, 2, 1)
+
+
+@pytest.mark.parametrize("acc_dtype", ["float32", "float64"])
+def test_default_v4_tiles_follow_the_documented_rule(acc_dtype, monkeypatch):
+    """The backward v4 rule (GPU candidates) picks, for every head dim, tiles that pass the
+    caller's check, whose two kernels fit BWD_V4_SHARED_MEM_TARGET and whose accumulators
+    fit v3's register bound (float32, every d up to 256; float64 up to 160); each kernel's
+    dynamic bytes are v3's for the same tiles (same arrays); and the examples in
+    default_backward_v4_tiles's docstring hold."""
+    monkeypatch.setattr(dispatch, "simulating", lambda: False)
+    for d in range(1, 257):
+        t = dispatch.default_backward_v4_tiles(d, acc_dtype)
+        assert dispatch.check_backward_v4_tiles(t, d, acc_dtype) == t
+        dkdv = dispatch.dkdv_v4_shared_bytes(*t, d, acc_dtype)
+        dq = dispatch.dq_v4_shared_bytes(*t, d, acc_dtype)
+        assert max(dkdv, dq) <= dispatch.BWD_V4_SHARED_MEM_TARGET
+        assert dkdv == dispatch.dkdv_v3_shared_bytes(*t, d, acc_dtype)
+        assert dq == dispatch.dq_v3_shared_bytes(*t, d, acc_dtype)
+        if acc_dtype == "float32" or d <= 160:
+            assert max(dispatch.backward_v3_acc_regs(*t, d)) <= dispatch.BWD_V3_MAX_ACC_REGS
+        if acc_dtype == "float32" and d <= 64:
+            assert t == dispatch.default_backward_v3_tiles(d, acc_dtype)    # v3's tiles
+    if acc_dtype == "float32":
+        assert [dispatch.default_backward_v4_tiles(d, acc_dtype) for d in (64, 128, 256)] == \
+            [(32, 32, 4, 2), (32, 32, 2, 2), (16, 16, 1, 1)]
+        assert [dispatch.dkdv_v4_shared_bytes(32, 32, 2, 2, 128, acc_dtype),
+                dispatch.dq_v4_shared_bytes(32, 32, 2, 2, 128, acc_dtype)] == [76288, 71808]
+    else:
+        assert [dispatch.default_backward_v4_tiles(d, acc_dtype) for d in (64, 128)] == \
+            [(32, 32, 4, 2), (16, 16, 2, 1)]
 
 
 @pytest.mark.parametrize("acc_dtype", ["float32", "float64"])
@@ -574,8 +658,8 @@ def test_backward_kernels_compile_and_link_for_sm90(dtype, record_property):
     """Every backward kernel (ptx_check.py's "backward" group: each kernel x causal off/on
     x d in 1, 64, 128, 256 with the default tiles) compiles for sm_90 and links; float16
     and float32 kernels have no float64 in their PTX; at d = 64 in float32 (the common
-    case) v1's dQ kernel spills no registers, and v3's two kernels spill none at d = 64
-    and d = 128 in float16 and float32. (v1's dK/dV kernels keep four rows of d
+    case) v1's dQ kernel spills no registers, and v3's and v4's two kernels spill none at
+    d = 64 and d = 128 in float16 and float32. (v1's dK/dV kernels keep four rows of d
     accumulators, dKj and dVj plus one Q tile's part of each, which float32 accuracy
     needs (see backward.py); from d = 64 on they spill: reported, not failed.)"""
     from test_ptx import assert_compiled_without_f64, run_ptx_check, table
@@ -583,9 +667,9 @@ def test_backward_kernels_compile_and_link_for_sm90(dtype, record_property):
     record_property("ptx_report", table(results))
     print(table(results))
     # per d: preprocess + (v1's two kernels, v2's one but not for float16) x causal; v3's
-    # two kernels x causal at every d in float32, at d = 64 and 128 otherwise
+    # and v4's two kernels x causal at every d in float32, at d = 64 and 128 otherwise
     per_d = 1 + 2 * (2 if dtype == "float16" else 3)
-    want = 4 * per_d + 4 * (4 if dtype == "float32" else 2)
+    want = 4 * per_d + 2 * 4 * (4 if dtype == "float32" else 2)
     assert len(results) == want, [r["name"] for r in results]
     assert_compiled_without_f64(results, dtype)
     hot = []
@@ -593,10 +677,11 @@ def test_backward_kernels_compile_and_link_for_sm90(dtype, record_property):
         hot = [r for r in results if "-d64-" in r["name"] and "backward_dq_v1-" in r["name"]]
         assert len(hot) == 2
     if dtype in ("float16", "float32"):
-        v3 = [r for r in results if "_v3-" in r["name"] and ("-d64-" in r["name"]
-                                                             or "-d128-" in r["name"])]
-        assert len(v3) == 8
-        hot += v3
+        for version in ("_v3-", "_v4-"):
+            blocked = [r for r in results if version in r["name"]
+                       and ("-d64-" in r["name"] or "-d128-" in r["name"])]
+            assert len(blocked) == 8
+            hot += blocked
     for r in hot:
         assert r["spill_stores"] == 0 and r["spill_loads"] == 0, (
             f"{r['name']} spills registers: {r['spill_stores']} bytes stored, "

@@ -327,6 +327,10 @@ def test_versions_without_variants_refuse():
         numbaflash.explain_backward(q, q, q, version="v2", window_size=(2, 2))
     with pytest.raises(ValueError, match="backward v3 computes plain attention.*GQA"):
         numbaflash.explain_backward(q, k, k, version="v3")
+    with pytest.raises(ValueError, match="backward v4 computes plain attention.*GQA"):
+        numbaflash.explain_backward(q, k, k, version="v4")
+    with pytest.raises(ValueError, match="backward v4 computes plain attention.*softcap"):
+        numbaflash.explain_backward(q, q, q, version="v4", softcap=3.0)
     with pytest.raises(ValueError, match="forward v3 cannot run this input: .* softcap"):
         numbaflash.explain(q, q, q, version="v3", softcap=3.0)
     with pytest.raises(ValueError, match="forward v4 cannot run this input: .*GQA"):

@@ -93,6 +93,26 @@ v3  Register-blocked SIMT, the default for plain attention (causal or not; runs 
     11): 3.7x to 4.0x v1 at d = 64, 7.0x to 7.4x at d = 128 (where v1's 16-thread blocks
     were the worst), all within the tolerance rule.
 
+v4  v3 with dynamic shared memory (experimental, opt-in: version="v4"; GPU and simulator).
+    v3's shared arrays are static, at most 48 KB per block, and at d = 128 that is what
+    holds it to (16, 16, 2, 1) tiles (0.13x PyTorch SDPA there against 0.21x at d = 64 with
+    (32, 32, 4, 2)). v4 runs v3's two kernels with the algorithm, thread layout, barriers
+    and NaN-safety unchanged line for line, as forward v5 does forward v4: each kernel's
+    arrays are slices of ONE dynamic shared array, ``cuda.shared.array(0, acc)``, at
+    compile-time offsets (dkdv_v4_shared_layout, dq_v4_shared_layout), with flat indices
+    ([row * row_length + col]); the byte count goes with each launch,
+    ``kernel[grid, block, 0, nbytes]``, and above 48 KB the compiled kernel is first
+    allowed it (kernels/smem.py; up to 227 KB per block on the H200). With the same tiles
+    v4's gradients are bitwise v3's on the simulator. Default float32 tiles: d <= 64 as v3,
+    (32, 32, 4, 2), 42496 / 38016 bytes (dK/dV / dQ), so v3 against v4 there measures what
+    dynamic shared memory costs; d = 128 (32, 32, 2, 2), 256 threads, 76288 / 71808 bytes
+    (two blocks per SM): per k step of Sij and dPij 1 load per FMA (v3 at d = 128: 1.5),
+    per row of dVj, dKj 0.625 (v3: 1.06). (32, 32, 4, 2) at d = 128 would need 128 dK/dV
+    accumulators a thread, twice v3's register bound. ptxas (sm_90, float32, default
+    tiles, no GPU): d = 64: dK/dV 126 registers (150 causal), dQ 92 (114 causal); d = 128:
+    dK/dV 128 (126 causal), dQ 72 (96 causal); no spills, no stack. Measurements: pending
+    (the lead runs scripts/bwd_v4_sweep.py on the H200).
+
 Float32 sums: every accumulator (dKj, dVj over the Q tiles; dQi over the K/V tiles) adds
 one tile's terms into a fresh partial first and then adds the partial, as the forward does
 with l. Adding Sq terms one by one made dK's error 3x a float32 matmul's on the H200 at
@@ -106,8 +126,8 @@ softcap, slopes, attn_mask, tiles). dS is multiplied by d score / d s (softcap, 
 With GQA the dK/dV kernel runs one block per K/V head and tile, and walks the Q tiles of
 every query head of its group in a fixed order: dK, dV summed without atomics. Tiles
 that a boolean attn_mask or a mask_mod leaves empty are skipped through the table of
-visible tiles (``tiles``, variants.make_tile_table). v2 and v3 compute plain attention
-only (the dispatcher refuses variants).
+visible tiles (``tiles``, variants.make_tile_table). v2, v3 and v4 compute plain
+attention only (the dispatcher refuses variants).
 
 Timed on the H200 in docs/performance.md (v1: 0.054x SDPA EFFICIENT at (2, 16,
 4096, 64)). Fully masked rows (causal with Sq > Sk, where L = -inf) have P = 0:
@@ -125,7 +145,7 @@ from . import acc_type, jit_options
 from .bands import make_kv_tile_range, make_q_tile_range
 from .variants import PLAIN, make_variant_functions
 
-VERSIONS = ("v1", "v2", "v3")
+VERSIONS = ("v1", "v2", "v3", "v4")
 
 
 @functools.lru_cache(maxsize=None)
@@ -831,6 +851,424 @@ def make_backward_dq_v3(Br, Bc, TM, TN, d, causal, acc_dtype):
                         dQ[bh, row, k] = ZERO if L_a[a] == NEG_INF else dq[a, e] * softmax_scale
 
     return backward_dq_v3
+
+
+# --- v4: v3 with dynamic shared memory ----------------------------------------------------
+
+def dkdv_v4_shared_layout(Br, Bc, TM, TN, d):
+    """Where backward_dkdv_v4's arrays sit in its one dynamic shared array: the offsets, in
+    elements of the accumulator dtype, of KjT, VjT, QiT, dOiT, Pij, dSij, L_i, D_i (v3's
+    eight static arrays, same shapes, back to back, each row by row) and the end, which is
+    the array's length: (K_AT, V_AT, Q_AT, dO_AT, P_AT, dS_AT, L_AT, D_AT, END). With
+    v3_thread_grid's DPY (d rounded up to TY = Br // TM): KjT, VjT (DPY, Bc+1), QiT, dOiT
+    (DPY, Br+1), Pij, dSij (Br, Bc+1), L_i, D_i (Br). ``dispatch.dkdv_v4_shared_bytes`` is
+    END times the itemsize (the same bytes as v3's)."""
+    _, _, DP, _, _, _ = v3_thread_grid(Br, Bc, TM, TN, d)
+    K_AT = 0
+    V_AT = K_AT + DP * (Bc + 1)
+    Q_AT = V_AT + DP * (Bc + 1)
+    dO_AT = Q_AT + DP * (Br + 1)
+    P_AT = dO_AT + DP * (Br + 1)
+    dS_AT = P_AT + Br * (Bc + 1)
+    L_AT = dS_AT + Br * (Bc + 1)
+    D_AT = L_AT + Br
+    END = D_AT + Br
+    return K_AT, V_AT, Q_AT, dO_AT, P_AT, dS_AT, L_AT, D_AT, END
+
+
+def dq_v4_shared_layout(Br, Bc, TM, TN, d):
+    """Where backward_dq_v4's arrays sit in its one dynamic shared array: the offsets of
+    QiT, dOiT (DPX, Br+1), KjT, VjT (DPX, Bc+1) and dSij (Br, Bc+1), DPX = d rounded up to
+    TX = Bc // TN, and the end: (Q_AT, dO_AT, K_AT, V_AT, dS_AT, END).
+    ``dispatch.dq_v4_shared_bytes`` is END times the itemsize (the same bytes as v3's)."""
+    _, _, _, _, DP, _ = v3_thread_grid(Br, Bc, TM, TN, d)
+    Q_AT = 0
+    dO_AT = Q_AT + DP * (Br + 1)
+    K_AT = dO_AT + DP * (Br + 1)
+    V_AT = K_AT + DP * (Bc + 1)
+    dS_AT = V_AT + DP * (Bc + 1)
+    END = dS_AT + Br * (Bc + 1)
+    return Q_AT, dO_AT, K_AT, V_AT, dS_AT, END
+
+
+@functools.lru_cache(maxsize=None)
+def make_backward_dkdv_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
+    """v4 dK/dV kernel: ``make_backward_dkdv_v3``'s kernel with its shared memory taken
+    from dynamic shared memory (opt-in, ``version="v4"``; GPU and simulator).
+
+    The algorithm, thread layout, barriers and NaN-safety are v3's line for line (see
+    make_backward_dkdv_v3 for what each thread owns and why); only where the eight shared
+    arrays come from changes, as forward v5 changes forward v4. v3 declares them with
+    ``cuda.shared.array(shape, dtype)`` (static, at most 48 KB per block, which is what
+    holds v3 to (16, 16, 2, 1) tiles at d = 128); v4 declares ONE dynamic array,
+    ``cuda.shared.array(0, acc)``, and cuts it into v3's arrays at the compile-time
+    offsets of ``dkdv_v4_shared_layout``: each is a 1D slice (a view), and v3's 2D index
+    [row, col] becomes [row * row_length + col] (why slices and not reshape: see
+    forward.make_forward_v5). Under the simulator each slice is bounds-checked on its own.
+
+    Launch: as v3, grid (Tc, BH), block (TY * TX,), plus END * itemsize bytes of dynamic
+    shared memory (END from ``dkdv_v4_shared_layout``; ``dispatch.dkdv_v4_shared_bytes``):
+
+        kernel[grid, block, 0, nbytes](Q, K, V, dO, L, D, dK, dV, softmax_scale, causal_offset)
+
+    Above 48 KB the compiled kernel must first be allowed that much (kernels/smem.py;
+    dispatch.launch_backward does it). Measurements: pending (GPU).
+    """
+    acc = acc_type(acc_dtype)
+    ZERO = acc(0)
+    NEG_INF = acc(-math.inf)
+    LOG2E_ACC = acc(LOG2E)
+    TY, TX, DP, DN, _, _ = v3_thread_grid(Br, Bc, TM, TN, d)
+    THREADS = TY * TX
+    BrP = Br + 1                        # padded row lengths of QiT, dOiT (BrP) and of
+    BcP = Bc + 1                        # KjT, VjT, Pij, dSij (BcP), as in v3
+    # The arrays' offsets in the dynamic shared array (elements), and v3's 2D indices:
+    #   KjT, VjT  (DP, BcP)  KjT[k, c] -> KjT[k * BcP + c]
+    #   QiT, dOiT (DP, BrP)  QiT[k, r] -> QiT[k * BrP + r]
+    #   Pij, dSij (Br, BcP)  Pij[r, c] -> Pij[r * BcP + c]
+    #   L_i, D_i  (Br,)      unchanged
+    K_AT, V_AT, Q_AT, dO_AT, P_AT, dS_AT, L_AT, D_AT, END = dkdv_v4_shared_layout(
+        Br, Bc, TM, TN, d)
+    q_tile_range = make_q_tile_range(Br, Bc, causal, False)
+
+    @cuda.jit(**jit_options())
+    def backward_dkdv_v4(Q, K, V, dO, L, D, dK, dV, softmax_scale, causal_offset):
+        bh = cuda.blockIdx.y
+        j = cuda.blockIdx.x             # K/V tile index (Alg.2 l.5: one block per j)
+        tid = cuda.threadIdx.x
+        ty = tid // TX
+        tx = tid % TX
+        Sq = Q.shape[1]
+        Sk = K.shape[1]
+        # P = exp(S * scale - L) = exp2(S * scale * log2(e) - L * log2(e)): one FMA and an
+        # exp2 per entry (L_i below is staged already multiplied by log2(e)).
+        scale_log2 = softmax_scale * LOG2E_ACC
+
+        # The block's dynamic shared memory (END elements, sized by the launch), cut into
+        # v3's eight arrays: slices are views, so KjT[x] is smem[K_AT + x].
+        smem = cuda.shared.array(0, acc)
+        KjT = smem[K_AT:V_AT]
+        VjT = smem[V_AT:Q_AT]
+        QiT = smem[Q_AT:dO_AT]
+        dOiT = smem[dO_AT:P_AT]
+        Pij = smem[P_AT:dS_AT]
+        dSij = smem[dS_AT:L_AT]
+        L_i = smem[L_AT:D_AT]
+        D_i = smem[D_AT:END]
+        s = cuda.local.array((TM, TN), acc)     # this thread's block of Sij, then Pij
+        dp = cuda.local.array((TM, TN), acc)    # ... of dPij, then dSij
+        qa = cuda.local.array(TM, acc)          # one k step: TM values of Qi, of dOi ...
+        da = cuda.local.array(TM, acc)
+        kb = cuda.local.array(TN, acc)          # ... and TN of Kj, of Vj
+        vb = cuda.local.array(TN, acc)
+        pb = cuda.local.array(TN, acc)          # one query row: TN values of Pij, of dSij ...
+        sb = cuda.local.array(TN, acc)
+        qe = cuda.local.array(DN, acc)          # ... and DN of Qi, of dOi
+        oe = cuda.local.array(DN, acc)
+        dk = cuda.local.array((TN, DN), acc)    # this thread's block of dKj, dVj
+        dv = cuda.local.array((TN, DN), acc)
+        dk_t = cuda.local.array((TN, DN), acc)  # one Q tile's part of them (as in v1)
+        dv_t = cuda.local.array((TN, DN), acc)
+
+        # From here on, v3 line for line (with the flat indices above).
+        # Alg.2 l.6: stage Kj, Vj transposed (zeros past Sk and past d).
+        for idx in range(tid, Bc * DP, THREADS):
+            c = idx // DP
+            k = idx % DP
+            col = j * Bc + c
+            inside = col < Sk and k < d
+            KjT[k * BcP + c] = acc(K[bh, col, k]) if inside else ZERO
+            VjT[k * BcP + c] = acc(V[bh, col, k]) if inside else ZERO
+        for b in range(TN):             # Alg.2 l.7: dKj = 0, dVj = 0
+            for e in range(DN):
+                dk[b, e] = ZERO
+                dv[b, e] = ZERO
+
+        # Alg.2 l.8: loop over Q tiles; causal blocks start at the first one with a row
+        # that sees column j*Bc (bands.py, tiled.first_q_tile).
+        i_start, i_end = q_tile_range(j, Sq, causal_offset, 0)
+        last_col = j * Bc + Bc - 1      # the block's last key
+        for i in range(i_start, i_end):
+            # Wait until every thread is done with the previous tile's QiT, dOiT, Pij,
+            # dSij, L_i, D_i (for the first tile: until KjT and VjT are complete).
+            cuda.syncthreads()
+            # Alg.2 l.9: load Qi, dOi (transposed), L_i, D_i. A row past Sq or with
+            # L = -inf is zeros, and its L_i is -inf, so it is skipped below.
+            for idx in range(tid, Br * DP, THREADS):
+                r = idx // DP
+                k = idx % DP
+                row = i * Br + r
+                keep = row < Sq and k < d
+                if keep:
+                    keep = L[bh, row] != NEG_INF
+                QiT[k * BrP + r] = acc(Q[bh, row, k]) if keep else ZERO
+                dOiT[k * BrP + r] = acc(dO[bh, row, k]) if keep else ZERO
+            for r in range(tid, Br, THREADS):
+                row = i * Br + r
+                L_i[r] = L[bh, row] * LOG2E_ACC if row < Sq else NEG_INF
+                D_i[r] = D[bh, row] if row < Sq else ZERO
+            # Wait until QiT, dOiT, L_i, D_i are complete.
+            cuda.syncthreads()
+
+            # Alg.2 l.10 and l.13: Sij = Qi Kj^T and dPij = dOi Vj^T, TM x TN each per
+            # thread; per k step 2 (TM + TN) loads for 2 TM TN FMAs.
+            for a in range(TM):
+                for b in range(TN):
+                    s[a, b] = ZERO
+                    dp[a, b] = ZERO
+            for k in range(d):
+                for a in range(TM):
+                    qa[a] = QiT[k * BrP + ty + TY * a]
+                    da[a] = dOiT[k * BrP + ty + TY * a]
+                for b in range(TN):
+                    kb[b] = KjT[k * BcP + tx + TX * b]
+                    vb[b] = VjT[k * BcP + tx + TX * b]
+                for a in range(TM):
+                    for b in range(TN):
+                        s[a, b] += qa[a] * kb[b]
+                        dp[a, b] += da[a] * vb[b]
+            # Alg.2 l.11 and l.14: Pij = exp(Sij - L_i), dSij = Pij * (dPij - D_i); masked
+            # pairs get exactly 0 without an exp (and without reading their S or dP).
+            for a in range(TM):
+                r = ty + TY * a
+                row = i * Br + r
+                L_r = L_i[r]
+                D_r = D_i[r]
+                for b in range(TN):
+                    c = tx + TX * b
+                    col = j * Bc + c
+                    visible = (L_r != NEG_INF and col < Sk
+                               and (not causal or col <= row + causal_offset))
+                    p = ZERO
+                    ds = ZERO
+                    if visible:
+                        p = math.exp2(s[a, b] * scale_log2 - L_r)
+                        ds = p * (dp[a, b] - D_r)
+                    Pij[r * BcP + c] = p
+                    dSij[r * BcP + c] = ds
+            # Wait until Pij and dSij are complete.
+            cuda.syncthreads()
+
+            # Alg.2 l.12 and l.16: dVj += Pij^T dOi, dKj += dSij^T Qi, this Q tile's part
+            # summed on its own; per row 2 (TN + DN) loads for 2 TN DN FMAs.
+            for b in range(TN):
+                for e in range(DN):
+                    dk_t[b, e] = ZERO
+                    dv_t[b, e] = ZERO
+            if not causal or last_col <= i * Br + causal_offset:
+                # every row of the tile sees every key of the block: no test
+                for r in range(Br):
+                    for b in range(TN):
+                        pb[b] = Pij[r * BcP + tx + TX * b]
+                        sb[b] = dSij[r * BcP + tx + TX * b]
+                    for e in range(DN):
+                        oe[e] = dOiT[(ty + TY * e) * BrP + r]
+                        qe[e] = QiT[(ty + TY * e) * BrP + r]
+                    for b in range(TN):
+                        for e in range(DN):
+                            dv_t[b, e] += pb[b] * oe[e]
+                            dk_t[b, e] += sb[b] * qe[e]
+            else:
+                # the causal diagonal: hidden (row, key) pairs never read q or dO, so a
+                # NaN in the row of a query that does not see the key has no effect
+                for r in range(Br):
+                    row = i * Br + r
+                    for b in range(TN):
+                        pb[b] = Pij[r * BcP + tx + TX * b]
+                        sb[b] = dSij[r * BcP + tx + TX * b]
+                    for e in range(DN):
+                        oe[e] = dOiT[(ty + TY * e) * BrP + r]
+                        qe[e] = QiT[(ty + TY * e) * BrP + r]
+                    for b in range(TN):
+                        if j * Bc + tx + TX * b <= row + causal_offset:
+                            for e in range(DN):
+                                dv_t[b, e] += pb[b] * oe[e]
+                                dk_t[b, e] += sb[b] * qe[e]
+            for b in range(TN):
+                for e in range(DN):
+                    dk[b, e] += dk_t[b, e]
+                    dv[b, e] += dv_t[b, e]
+
+        # Alg.2 l.18: write dKj (times the scale, see the module docstring) and dVj.
+        for b in range(TN):
+            col = j * Bc + tx + TX * b
+            if col < Sk:
+                for e in range(DN):
+                    k = ty + TY * e
+                    if k < d:
+                        dK[bh, col, k] = dk[b, e] * softmax_scale
+                        dV[bh, col, k] = dv[b, e]
+
+    return backward_dkdv_v4
+
+
+@functools.lru_cache(maxsize=None)
+def make_backward_dq_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
+    """v4 dQ kernel: ``make_backward_dq_v3``'s kernel with its shared memory taken from
+    dynamic shared memory, as ``make_backward_dkdv_v4`` is v3's dK/dV kernel's.
+
+    v3's five shared arrays (QiT, dOiT, KjT, VjT, dSij) are slices of one dynamic array at
+    the offsets of ``dq_v4_shared_layout``, with flat indices; everything else is v3's
+    line for line (see make_backward_dq_v3). Launch: as v3, grid (Tr, BH), block
+    (TY * TX,), plus END * itemsize bytes of dynamic shared memory
+    (``dispatch.dq_v4_shared_bytes``), allowed first above 48 KB (kernels/smem.py).
+    """
+    acc = acc_type(acc_dtype)
+    ZERO = acc(0)
+    NEG_INF = acc(-math.inf)
+    LOG2E_ACC = acc(LOG2E)
+    TY, TX, _, _, DP, DN = v3_thread_grid(Br, Bc, TM, TN, d)
+    THREADS = TY * TX
+    BrP = Br + 1
+    BcP = Bc + 1
+    # Offsets (elements) and v3's 2D indices: QiT, dOiT (DP, BrP): [k, r] -> [k * BrP + r];
+    # KjT, VjT (DP, BcP): [k, c] -> [k * BcP + c]; dSij (Br, BcP): [r, c] -> [r * BcP + c].
+    Q_AT, dO_AT, K_AT, V_AT, dS_AT, END = dq_v4_shared_layout(Br, Bc, TM, TN, d)
+    kv_tile_range = make_kv_tile_range(Br, Bc, causal, False)
+
+    @cuda.jit(**jit_options())
+    def backward_dq_v4(Q, K, V, dO, L, D, dQ, softmax_scale, causal_offset):
+        bh = cuda.blockIdx.y
+        i = cuda.blockIdx.x             # Q tile index: one block per i
+        tid = cuda.threadIdx.x
+        ty = tid // TX
+        tx = tid % TX
+        Sq = Q.shape[1]
+        Sk = K.shape[1]
+        scale_log2 = softmax_scale * LOG2E_ACC      # exp2, as in the dK/dV kernel
+
+        # The block's dynamic shared memory, cut into v3's five arrays (views).
+        smem = cuda.shared.array(0, acc)
+        QiT = smem[Q_AT:dO_AT]
+        dOiT = smem[dO_AT:K_AT]
+        KjT = smem[K_AT:V_AT]
+        VjT = smem[V_AT:dS_AT]
+        dSij = smem[dS_AT:END]
+        s = cuda.local.array((TM, TN), acc)     # this thread's block of Sij
+        dp = cuda.local.array((TM, TN), acc)    # ... of dPij
+        qa = cuda.local.array(TM, acc)          # one k step: TM values of Qi, of dOi ...
+        da = cuda.local.array(TM, acc)
+        kb = cuda.local.array(TN, acc)          # ... and TN of Kj, of Vj
+        vb = cuda.local.array(TN, acc)
+        sa = cuda.local.array(TM, acc)          # one key: TM values of dSij ...
+        ke = cuda.local.array(DN, acc)          # ... and DN of Kj
+        L_a = cuda.local.array(TM, acc)         # L * log2(e) and D of this thread's rows
+        D_a = cuda.local.array(TM, acc)
+        dq = cuda.local.array((TM, DN), acc)    # this thread's block of dQi
+        dq_t = cuda.local.array((TM, DN), acc)  # one K/V tile's part of it (as in v1)
+
+        # From here on, v3 line for line (with the flat indices above).
+        # Alg.2 l.9: stage Qi and dOi transposed (zeros past Sq and past d); L and D of
+        # this thread's rows into registers; dQi = 0.
+        for idx in range(tid, Br * DP, THREADS):
+            r = idx // DP
+            k = idx % DP
+            row = i * Br + r
+            inside = row < Sq and k < d
+            QiT[k * BrP + r] = acc(Q[bh, row, k]) if inside else ZERO
+            dOiT[k * BrP + r] = acc(dO[bh, row, k]) if inside else ZERO
+        for a in range(TM):
+            row = i * Br + ty + TY * a
+            L_a[a] = L[bh, row] * LOG2E_ACC if row < Sq else NEG_INF
+            D_a[a] = D[bh, row] if row < Sq else ZERO
+            for e in range(DN):
+                dq[a, e] = ZERO
+
+        # Loop over K/V tiles; causal blocks stop after the last tile that any of their
+        # rows can see (as in v1; bands.py, tiled.tiles_needed).
+        _, Tc = kv_tile_range(i, Sk, causal_offset, 0)
+        first_limit = i * Br + causal_offset        # the last key the block's first row sees
+        for j in range(Tc):
+            # Wait until every thread is done with the previous KjT, VjT, dSij (for the
+            # first tile: until QiT and dOiT are complete).
+            cuda.syncthreads()
+            # Alg.2 l.6: load Kj, Vj transposed; zeros past Sk and past d.
+            for idx in range(tid, Bc * DP, THREADS):
+                c = idx // DP
+                k = idx % DP
+                col = j * Bc + c
+                inside = col < Sk and k < d
+                KjT[k * BcP + c] = acc(K[bh, col, k]) if inside else ZERO
+                VjT[k * BcP + c] = acc(V[bh, col, k]) if inside else ZERO
+            # Wait until KjT and VjT are complete.
+            cuda.syncthreads()
+
+            # Alg.2 l.10 and l.13: Sij and dPij, TM x TN per thread.
+            for a in range(TM):
+                for b in range(TN):
+                    s[a, b] = ZERO
+                    dp[a, b] = ZERO
+            for k in range(d):
+                for a in range(TM):
+                    qa[a] = QiT[k * BrP + ty + TY * a]
+                    da[a] = dOiT[k * BrP + ty + TY * a]
+                for b in range(TN):
+                    kb[b] = KjT[k * BcP + tx + TX * b]
+                    vb[b] = VjT[k * BcP + tx + TX * b]
+                for a in range(TM):
+                    for b in range(TN):
+                        s[a, b] += qa[a] * kb[b]
+                        dp[a, b] += da[a] * vb[b]
+            # Alg.2 l.11 and l.14: Pij and dSij; masked pairs and rows that see no key
+            # (L = -inf) get dS = 0 without an exp.
+            for a in range(TM):
+                r = ty + TY * a
+                row = i * Br + r
+                for b in range(TN):
+                    c = tx + TX * b
+                    col = j * Bc + c
+                    visible = (L_a[a] != NEG_INF and col < Sk
+                               and (not causal or col <= row + causal_offset))
+                    ds = ZERO
+                    if visible:
+                        p = math.exp2(s[a, b] * scale_log2 - L_a[a])
+                        ds = p * (dp[a, b] - D_a[a])
+                    dSij[r * BcP + c] = ds
+            # Wait until dSij is complete.
+            cuda.syncthreads()
+
+            # Alg.2 l.15: dQi += dSij Kj, this K/V tile's part summed on its own; per key
+            # TM + DN loads for TM DN FMAs.
+            for a in range(TM):
+                for e in range(DN):
+                    dq_t[a, e] = ZERO
+            if not causal or j * Bc + Bc - 1 <= first_limit:
+                # every row of the block sees every key of the tile: no test
+                for c in range(Bc):
+                    for a in range(TM):
+                        sa[a] = dSij[(ty + TY * a) * BcP + c]
+                    for e in range(DN):
+                        ke[e] = KjT[(tx + TX * e) * BcP + c]
+                    for a in range(TM):
+                        for e in range(DN):
+                            dq_t[a, e] += sa[a] * ke[e]
+            else:
+                # the causal diagonal: a key hidden from a row is never read for it, so
+                # a NaN in that key has no effect on the row
+                for c in range(Bc):
+                    col = j * Bc + c
+                    for a in range(TM):
+                        sa[a] = dSij[(ty + TY * a) * BcP + c]
+                    for e in range(DN):
+                        ke[e] = KjT[(tx + TX * e) * BcP + c]
+                    for a in range(TM):
+                        if col <= i * Br + ty + TY * a + causal_offset:
+                            for e in range(DN):
+                                dq_t[a, e] += sa[a] * ke[e]
+            for a in range(TM):
+                for e in range(DN):
+                    dq[a, e] += dq_t[a, e]
+
+        # Write dQi (times the scale). A row that sees no key (L = -inf) writes exact zeros.
+        for a in range(TM):
+            row = i * Br + ty + TY * a
+            if row < Sq:
+                for e in range(DN):
+                    k = tx + TX * e
+                    if k < d:
+                        dQ[bh, row, k] = ZERO if L_a[a] == NEG_INF else dq[a, e] * softmax_scale
+
+    return backward_dq_v4
 
 
 @cuda.jit(device=True)
