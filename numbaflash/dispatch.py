@@ -329,9 +329,9 @@ def _plan_forward_v4(p, where, tiles, reason):
 # maximum (kernels/smem.py checks the device's own maximum again before the launch).
 # GPU, float32: d <= 64 -> (64, 32, 4, 4), as v4 (so v4 against v5 measures what dynamic
 # shared memory costs); d = 128 -> (64, 32, 4, 4), 77056 bytes, 128 threads (v4: (32, 16,
-# 4, 2), 64 threads); d = 256 -> (16, 16, 2, 2), 52800 bytes. Not yet measured on a GPU:
-# the candidates are a first guess for scripts/v5_sweep.py to check. Under the simulator,
-# V5_SIM_TILES, as v4's.
+# 4, 2), 64 threads); d = 256 -> (16, 16, 2, 2), 52800 bytes. scripts/v5_sweep.py (run 17)
+# at d = 128: (64, 32, 4, 4) 38.6 ms, (64, 32, 4, 2) 39.0, larger tiles 43-58; v4 48.8.
+# Under the simulator, V5_SIM_TILES, as v4's.
 V5_CANDIDATES = ((64, 32, 4, 4), (64, 32, 4, 2), (32, 32, 4, 4), (32, 16, 4, 2),
                  (16, 16, 2, 2), (16, 8, 2, 1), (8, 8, 2, 2), (8, 8, 1, 1), (4, 4, 1, 1))
 V5_SHARED_MEM_TARGET = 100 * 1024
@@ -779,9 +779,9 @@ def _plan_backward_v3(p, where, tiles, reason, preprocess):
 # so v3 against v4 there measures what dynamic shared memory costs; d = 128 -> (32, 32,
 # 2, 2), 256 threads, 76288 / 71808 bytes (v3: (16, 16, 2, 1), 128 threads; (32, 32, 4,
 # 2) would need 128 dK/dV accumulators a thread); d = 256 -> (16, 16, 1, 1), 71936 /
-# 69696 bytes, within the register bound (v3: (8, 8, 1, 1), over it). Not yet measured
-# on a GPU: scripts/bwd_v4_sweep.py times the alternatives. Under the simulator,
-# BWD_V4_SIM_TILES, as v3's.
+# 69696 bytes, within the register bound (v3: (8, 8, 1, 1), over it). Measured
+# (scripts/bwd_v4_sweep.py, run 18): slower than v3 with every tile tried, so v4 is never
+# the default (kernels/backward.py). Under the simulator, BWD_V4_SIM_TILES, as v3's.
 BWD_V4_CANDIDATES = ((32, 32, 4, 2), (32, 32, 2, 2), (16, 16, 2, 1), (16, 16, 1, 1),
                      (8, 8, 1, 1), (4, 4, 1, 1))
 BWD_V4_SHARED_MEM_TARGET = 100 * 1024
@@ -845,7 +845,7 @@ def _plan_backward_v4(p, where, tiles, reason, preprocess):
         Br, Bc, TM, TN = check_backward_v4_tiles(tiles, p.d, p.acc_dtype)
         reason += "; tiles given by the caller"
     reason += ("; v3's kernels with their shared memory taken from dynamic shared memory "
-               "(may exceed 48 KB); v4 is experimental (not measured yet)")
+               "(may exceed 48 KB); v4 is opt-in: slower than v3 on the H200 (run 18)")
     threads = (Br // TM) * (Bc // TN)
     Tr, Tc = math.ceil(p.Sq / Br), math.ceil(p.Sk / Bc)
     return Plans((

@@ -110,8 +110,13 @@ v4  v3 with dynamic shared memory (experimental, opt-in: version="v4"; GPU and s
     per row of dVj, dKj 0.625 (v3: 1.06). (32, 32, 4, 2) at d = 128 would need 128 dK/dV
     accumulators a thread, twice v3's register bound. ptxas (sm_90, float32, default
     tiles, no GPU): d = 64: dK/dV 126 registers (150 causal), dQ 92 (114 causal); d = 128:
-    dK/dV 128 (126 causal), dQ 72 (96 causal); no spills, no stack. Measurements: pending
-    (the lead runs scripts/bwd_v4_sweep.py on the H200).
+    dK/dV 128 (126 causal), dQ 72 (96 causal); no spills, no stack. Measured on the H200
+    (scripts/bwd_v4_sweep.py, run 18 in docs/gpu-results.md; all checks against float64
+    passed): slower than v3 everywhere, so it stays opt-in. With v3's own tiles the
+    dynamic array costs a third of the speed (d = 64: 73.3 ms against v3's 48.1; d = 128
+    at (16, 16, 2, 1): 267.8 against 144.7), as in forward v5; larger tiles at d = 128
+    win some of it back but not all ((32, 32, 4, 2): 152.6 ms, 0.95x v3; the default
+    (32, 32, 2, 2): 164.3 ms, 0.88x).
 
 Float32 sums: every accumulator (dKj, dVj over the Q tiles; dQi over the K/V tiles) adds
 one tile's terms into a fresh partial first and then adds the partial, as the forward does
@@ -912,7 +917,7 @@ def make_backward_dkdv_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
         kernel[grid, block, 0, nbytes](Q, K, V, dO, L, D, dK, dV, softmax_scale, causal_offset)
 
     Above 48 KB the compiled kernel must first be allowed that much (kernels/smem.py;
-    dispatch.launch_backward does it). Measurements: pending (GPU).
+    dispatch.launch_backward does it). Measured: the module docstring (v4).
     """
     acc = acc_type(acc_dtype)
     ZERO = acc(0)
