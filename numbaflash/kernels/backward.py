@@ -148,6 +148,7 @@ from numba import cuda
 
 from . import acc_type, jit_options
 from .bands import make_kv_tile_range, make_q_tile_range
+from .smem import U
 from .variants import PLAIN, make_variant_functions
 
 VERSIONS = ("v1", "v2", "v3", "v4")
@@ -982,8 +983,8 @@ def make_backward_dkdv_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
             k = idx % DP
             col = j * Bc + c
             inside = col < Sk and k < d
-            KjT[k * BcP + c] = acc(K[bh, col, k]) if inside else ZERO
-            VjT[k * BcP + c] = acc(V[bh, col, k]) if inside else ZERO
+            KjT[U(k * BcP + c)] = acc(K[bh, col, k]) if inside else ZERO
+            VjT[U(k * BcP + c)] = acc(V[bh, col, k]) if inside else ZERO
         for b in range(TN):             # Alg.2 l.7: dKj = 0, dVj = 0
             for e in range(DN):
                 dk[b, e] = ZERO
@@ -1006,12 +1007,12 @@ def make_backward_dkdv_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
                 keep = row < Sq and k < d
                 if keep:
                     keep = L[bh, row] != NEG_INF
-                QiT[k * BrP + r] = acc(Q[bh, row, k]) if keep else ZERO
-                dOiT[k * BrP + r] = acc(dO[bh, row, k]) if keep else ZERO
+                QiT[U(k * BrP + r)] = acc(Q[bh, row, k]) if keep else ZERO
+                dOiT[U(k * BrP + r)] = acc(dO[bh, row, k]) if keep else ZERO
             for r in range(tid, Br, THREADS):
                 row = i * Br + r
-                L_i[r] = L[bh, row] * LOG2E_ACC if row < Sq else NEG_INF
-                D_i[r] = D[bh, row] if row < Sq else ZERO
+                L_i[U(r)] = L[bh, row] * LOG2E_ACC if row < Sq else NEG_INF
+                D_i[U(r)] = D[bh, row] if row < Sq else ZERO
             # Wait until QiT, dOiT, L_i, D_i are complete.
             cuda.syncthreads()
 
@@ -1023,11 +1024,11 @@ def make_backward_dkdv_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
                     dp[a, b] = ZERO
             for k in range(d):
                 for a in range(TM):
-                    qa[a] = QiT[k * BrP + ty + TY * a]
-                    da[a] = dOiT[k * BrP + ty + TY * a]
+                    qa[a] = QiT[U(k * BrP + ty + TY * a)]
+                    da[a] = dOiT[U(k * BrP + ty + TY * a)]
                 for b in range(TN):
-                    kb[b] = KjT[k * BcP + tx + TX * b]
-                    vb[b] = VjT[k * BcP + tx + TX * b]
+                    kb[b] = KjT[U(k * BcP + tx + TX * b)]
+                    vb[b] = VjT[U(k * BcP + tx + TX * b)]
                 for a in range(TM):
                     for b in range(TN):
                         s[a, b] += qa[a] * kb[b]
@@ -1037,8 +1038,8 @@ def make_backward_dkdv_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
             for a in range(TM):
                 r = ty + TY * a
                 row = i * Br + r
-                L_r = L_i[r]
-                D_r = D_i[r]
+                L_r = L_i[U(r)]
+                D_r = D_i[U(r)]
                 for b in range(TN):
                     c = tx + TX * b
                     col = j * Bc + c
@@ -1049,8 +1050,8 @@ def make_backward_dkdv_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
                     if visible:
                         p = math.exp2(s[a, b] * scale_log2 - L_r)
                         ds = p * (dp[a, b] - D_r)
-                    Pij[r * BcP + c] = p
-                    dSij[r * BcP + c] = ds
+                    Pij[U(r * BcP + c)] = p
+                    dSij[U(r * BcP + c)] = ds
             # Wait until Pij and dSij are complete.
             cuda.syncthreads()
 
@@ -1064,11 +1065,11 @@ def make_backward_dkdv_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
                 # every row of the tile sees every key of the block: no test
                 for r in range(Br):
                     for b in range(TN):
-                        pb[b] = Pij[r * BcP + tx + TX * b]
-                        sb[b] = dSij[r * BcP + tx + TX * b]
+                        pb[b] = Pij[U(r * BcP + tx + TX * b)]
+                        sb[b] = dSij[U(r * BcP + tx + TX * b)]
                     for e in range(DN):
-                        oe[e] = dOiT[(ty + TY * e) * BrP + r]
-                        qe[e] = QiT[(ty + TY * e) * BrP + r]
+                        oe[e] = dOiT[U((ty + TY * e) * BrP + r)]
+                        qe[e] = QiT[U((ty + TY * e) * BrP + r)]
                     for b in range(TN):
                         for e in range(DN):
                             dv_t[b, e] += pb[b] * oe[e]
@@ -1079,11 +1080,11 @@ def make_backward_dkdv_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
                 for r in range(Br):
                     row = i * Br + r
                     for b in range(TN):
-                        pb[b] = Pij[r * BcP + tx + TX * b]
-                        sb[b] = dSij[r * BcP + tx + TX * b]
+                        pb[b] = Pij[U(r * BcP + tx + TX * b)]
+                        sb[b] = dSij[U(r * BcP + tx + TX * b)]
                     for e in range(DN):
-                        oe[e] = dOiT[(ty + TY * e) * BrP + r]
-                        qe[e] = QiT[(ty + TY * e) * BrP + r]
+                        oe[e] = dOiT[U((ty + TY * e) * BrP + r)]
+                        qe[e] = QiT[U((ty + TY * e) * BrP + r)]
                     for b in range(TN):
                         if j * Bc + tx + TX * b <= row + causal_offset:
                             for e in range(DN):
@@ -1170,8 +1171,8 @@ def make_backward_dq_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
             k = idx % DP
             row = i * Br + r
             inside = row < Sq and k < d
-            QiT[k * BrP + r] = acc(Q[bh, row, k]) if inside else ZERO
-            dOiT[k * BrP + r] = acc(dO[bh, row, k]) if inside else ZERO
+            QiT[U(k * BrP + r)] = acc(Q[bh, row, k]) if inside else ZERO
+            dOiT[U(k * BrP + r)] = acc(dO[bh, row, k]) if inside else ZERO
         for a in range(TM):
             row = i * Br + ty + TY * a
             L_a[a] = L[bh, row] * LOG2E_ACC if row < Sq else NEG_INF
@@ -1193,8 +1194,8 @@ def make_backward_dq_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
                 k = idx % DP
                 col = j * Bc + c
                 inside = col < Sk and k < d
-                KjT[k * BcP + c] = acc(K[bh, col, k]) if inside else ZERO
-                VjT[k * BcP + c] = acc(V[bh, col, k]) if inside else ZERO
+                KjT[U(k * BcP + c)] = acc(K[bh, col, k]) if inside else ZERO
+                VjT[U(k * BcP + c)] = acc(V[bh, col, k]) if inside else ZERO
             # Wait until KjT and VjT are complete.
             cuda.syncthreads()
 
@@ -1205,11 +1206,11 @@ def make_backward_dq_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
                     dp[a, b] = ZERO
             for k in range(d):
                 for a in range(TM):
-                    qa[a] = QiT[k * BrP + ty + TY * a]
-                    da[a] = dOiT[k * BrP + ty + TY * a]
+                    qa[a] = QiT[U(k * BrP + ty + TY * a)]
+                    da[a] = dOiT[U(k * BrP + ty + TY * a)]
                 for b in range(TN):
-                    kb[b] = KjT[k * BcP + tx + TX * b]
-                    vb[b] = VjT[k * BcP + tx + TX * b]
+                    kb[b] = KjT[U(k * BcP + tx + TX * b)]
+                    vb[b] = VjT[U(k * BcP + tx + TX * b)]
                 for a in range(TM):
                     for b in range(TN):
                         s[a, b] += qa[a] * kb[b]
@@ -1228,7 +1229,7 @@ def make_backward_dq_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
                     if visible:
                         p = math.exp2(s[a, b] * scale_log2 - L_a[a])
                         ds = p * (dp[a, b] - D_a[a])
-                    dSij[r * BcP + c] = ds
+                    dSij[U(r * BcP + c)] = ds
             # Wait until dSij is complete.
             cuda.syncthreads()
 
@@ -1241,9 +1242,9 @@ def make_backward_dq_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
                 # every row of the block sees every key of the tile: no test
                 for c in range(Bc):
                     for a in range(TM):
-                        sa[a] = dSij[(ty + TY * a) * BcP + c]
+                        sa[a] = dSij[U((ty + TY * a) * BcP + c)]
                     for e in range(DN):
-                        ke[e] = KjT[(tx + TX * e) * BcP + c]
+                        ke[e] = KjT[U((tx + TX * e) * BcP + c)]
                     for a in range(TM):
                         for e in range(DN):
                             dq_t[a, e] += sa[a] * ke[e]
@@ -1253,9 +1254,9 @@ def make_backward_dq_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
                 for c in range(Bc):
                     col = j * Bc + c
                     for a in range(TM):
-                        sa[a] = dSij[(ty + TY * a) * BcP + c]
+                        sa[a] = dSij[U((ty + TY * a) * BcP + c)]
                     for e in range(DN):
-                        ke[e] = KjT[(tx + TX * e) * BcP + c]
+                        ke[e] = KjT[U((tx + TX * e) * BcP + c)]
                     for a in range(TM):
                         if col <= i * Br + ty + TY * a + causal_offset:
                             for e in range(DN):

@@ -112,6 +112,7 @@ from numba import cuda
 
 from . import acc_type, jit_options
 from .bands import make_kv_tile_range
+from .smem import U
 from .variants import PLAIN, make_variant_functions
 
 VERSIONS = ("v1", "v2", "v3", "v4", "v5")
@@ -858,7 +859,7 @@ def make_forward_v5(Br, Bc, TM, TN, d, causal, acc_dtype):
             r = idx // DP
             k = idx % DP
             row = i * Br + r
-            QiT[k * BrP + r] = acc(Q[bh, row, k]) if row < Sq and k < d else ZERO
+            QiT[U(k * BrP + r)] = acc(Q[bh, row, k]) if row < Sq and k < d else ZERO
         for a in range(TM):
             m_i[a] = NEG_INF
             l_i[a] = ZERO
@@ -878,8 +879,8 @@ def make_forward_v5(Br, Bc, TM, TN, d, causal, acc_dtype):
                 k = idx % DP
                 col = j * Bc + c
                 inside = col < Sk and k < d
-                KjT[k * BcP + c] = acc(K[bh, col, k]) if inside else ZERO
-                Vj[c * DP + k] = acc(V[bh, col, k]) if inside else ZERO
+                KjT[U(k * BcP + c)] = acc(K[bh, col, k]) if inside else ZERO
+                Vj[U(c * DP + k)] = acc(V[bh, col, k]) if inside else ZERO
             # Wait until KjT and Vj are complete.
             cuda.syncthreads()
 
@@ -889,9 +890,9 @@ def make_forward_v5(Br, Bc, TM, TN, d, causal, acc_dtype):
                     s[a, b] = ZERO
             for k in range(DP):
                 for a in range(TM):
-                    qa[a] = QiT[k * BrP + ty + TY * a]
+                    qa[a] = QiT[U(k * BrP + ty + TY * a)]
                 for b in range(TN):
-                    kb[b] = KjT[k * BcP + tx + TX * b]
+                    kb[b] = KjT[U(k * BcP + tx + TX * b)]
                 for a in range(TM):
                     for b in range(TN):
                         s[a, b] += qa[a] * kb[b]
@@ -906,7 +907,7 @@ def make_forward_v5(Br, Bc, TM, TN, d, causal, acc_dtype):
                     s[a, b] = x
                     if x > m_part:
                         m_part = x
-                red[(ty + TY * a) * TX + tx] = m_part
+                red[U((ty + TY * a) * TX + tx)] = m_part
             # Wait until every partial row max is in red.
             cuda.syncthreads()
 
@@ -915,7 +916,7 @@ def make_forward_v5(Br, Bc, TM, TN, d, causal, acc_dtype):
                 r = ty + TY * a
                 m_tile = NEG_INF
                 for t in range(TX):
-                    x = red[r * TX + t]
+                    x = red[U(r * TX + t)]
                     if x > m_tile:
                         m_tile = x
                 m_new = m_tile if m_tile > m_i[a] else m_i[a]
@@ -925,7 +926,7 @@ def make_forward_v5(Br, Bc, TM, TN, d, causal, acc_dtype):
                 for b in range(TN):
                     x = s[a, b]
                     p = math.exp(x - m_safe) if x != NEG_INF else ZERO
-                    Pij[r * BcP + tx + TX * b] = p
+                    Pij[U(r * BcP + tx + TX * b)] = p
                     l_tile += p
                 l_i[a] = alpha * l_i[a] + l_tile
                 m_i[a] = m_new
@@ -939,9 +940,9 @@ def make_forward_v5(Br, Bc, TM, TN, d, causal, acc_dtype):
                 # no key of this tile is hidden from any row of the block
                 for c in range(Bc):
                     for a in range(TM):
-                        pa[a] = Pij[(ty + TY * a) * BcP + c]
+                        pa[a] = Pij[U((ty + TY * a) * BcP + c)]
                     for e in range(DN):
-                        ve[e] = Vj[c * DP + tx + TX * e]
+                        ve[e] = Vj[U(c * DP + tx + TX * e)]
                     for a in range(TM):
                         for e in range(DN):
                             o[a, e] += pa[a] * ve[e]
@@ -950,9 +951,9 @@ def make_forward_v5(Br, Bc, TM, TN, d, causal, acc_dtype):
                 for c in range(Bc):
                     col = j * Bc + c
                     for a in range(TM):
-                        pa[a] = Pij[(ty + TY * a) * BcP + c]
+                        pa[a] = Pij[U((ty + TY * a) * BcP + c)]
                     for e in range(DN):
-                        ve[e] = Vj[c * DP + tx + TX * e]
+                        ve[e] = Vj[U(c * DP + tx + TX * e)]
                     for a in range(TM):
                         if col <= i * Br + ty + TY * a + causal_offset:
                             for e in range(DN):
@@ -961,7 +962,7 @@ def make_forward_v5(Br, Bc, TM, TN, d, causal, acc_dtype):
         # Alg.1 l.12-16: each row's sum from its TX parts (red was last read before the
         # last tile's fourth barrier, so it is free), normalise once, write O and L.
         for a in range(TM):
-            red[(ty + TY * a) * TX + tx] = l_i[a]
+            red[U((ty + TY * a) * TX + tx)] = l_i[a]
         # Wait until every partial row sum is in red.
         cuda.syncthreads()
         for a in range(TM):
@@ -969,7 +970,7 @@ def make_forward_v5(Br, Bc, TM, TN, d, causal, acc_dtype):
             row = i * Br + r
             l_row = ZERO
             for t in range(TX):
-                l_row += red[r * TX + t]
+                l_row += red[U(r * TX + t)]
             if row < Sq:
                 # l == 0: the row saw no key (fully masked): O = 0 and L = -inf exactly.
                 # A NaN l is not 0, so NaN propagates.

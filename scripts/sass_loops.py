@@ -1,0 +1,102 @@
+"""The innermost loops of a kernel's machine code (SASS, sm_90), counted: no GPU needed.
+
+    python scripts/sass_loops.py [--nvdisasm PATH] [--d 64]
+
+Compiles forward v4 and v5 and backward v3 and v4 (float32, not causal, their GPU default
+tiles for head dim d, and v3's tiles for v4 too) to PTX with Numba, links the PTX to an
+sm_90 cubin with nvJitLink (numba-cuda[cu13]), disassembles it with ``nvdisasm`` (from a
+CUDA toolkit; pass its path if it is not on PATH) and prints, for every loop with at
+least 16 FFMAs and no barrier (the multiply-add loops), its instruction count, shared
+loads (LDS), FFMAs and integer instructions (IMAD, IADD3, LEA, SHF, ISETP, SEL).
+
+It is the evidence behind kernels/smem.py's ``U``: before the dynamic-shared-memory
+kernels indexed their tiles with unsigned integers, their inner loops carried twice the
+integer instructions of the static-array kernels' (Numba's negative-index wraparound).
+"""
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
+os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "0")
+
+from numba import cuda  # noqa: E402
+
+import ptx_check  # noqa: E402  (tests/ptx_check.py: the kernels' signatures)
+from numbaflash import dispatch  # noqa: E402
+from numbaflash.kernels import backward as bwd  # noqa: E402
+from numbaflash.kernels import forward as fwd  # noqa: E402
+
+
+def cubin(ptx):
+    from cuda.bindings import nvjitlink
+    handle = nvjitlink.create(1, ["-arch=sm_90"])
+    data = ptx.encode()
+    nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), "kernel")
+    nvjitlink.complete(handle)
+    buf = bytearray(nvjitlink.get_linked_cubin_size(handle))
+    nvjitlink.get_linked_cubin(handle, buf)
+    nvjitlink.destroy(handle)
+    return bytes(buf)
+
+
+def inner_loops(sass):
+    """(instructions, LDS, FFMA, integer) for each backward-branch loop with >= 16 FFMAs
+    and no barrier."""
+    lines = sass.splitlines()
+    labels = {m.group(1): i for i, line in enumerate(lines)
+              if (m := re.match(r"\s*(\.L_x_\d+):", line))}
+    loops = []
+    for i, line in enumerate(lines):
+        m = re.search(r"BRA\s+`?\(?(\.L_x_\d+)", line)
+        if not (m and labels.get(m.group(1), i) < i):
+            continue
+        body = [x for x in lines[labels[m.group(1)]:i + 1] if re.search(r"/\*[0-9a-f]{4,}\*/", x)]
+        count = lambda pattern: sum(1 for x in body if re.search(pattern, x))  # noqa: E731
+        if count(r"FFMA") >= 16 and not count(r"BAR"):
+            loops.append((len(body), count(r"\bLDS"), count(r"FFMA"),
+                          count(r"IMAD|IADD3|LEA|SHF|ISETP|SEL")))
+    return sorted(loops, reverse=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nvdisasm", default=shutil.which("nvdisasm"))
+    ap.add_argument("--d", type=int, default=64)
+    args = ap.parse_args()
+    if not args.nvdisasm:
+        sys.exit("nvdisasm not found: pass --nvdisasm PATH (it comes with a CUDA toolkit)")
+    d, f32 = args.d, np.float32
+    v4 = dispatch.V4_CANDIDATES[0] if d <= 72 else (32, 16, 4, 2)
+    b3 = (32, 32, 4, 2) if d <= 64 else (16, 16, 2, 1)
+    kernels = [
+        ("forward v4", fwd.make_forward_v4(*v4, d, False, "float32"), ptx_check.forward_signature(f32, f32)),
+        ("forward v5", fwd.make_forward_v5(*v4, d, False, "float32"), ptx_check.forward_signature(f32, f32)),
+        ("backward v3 dK/dV", bwd.make_backward_dkdv_v3(*b3, d, False, "float32"),
+         ptx_check.backward_v3_signatures(f32, f32)[0]),
+        ("backward v4 dK/dV", bwd.make_backward_dkdv_v4(*b3, d, False, "float32"),
+         ptx_check.backward_v3_signatures(f32, f32)[0]),
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, kernel, signature in kernels:
+            ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=(9, 0))
+            path = os.path.join(tmp, "k.cubin")
+            with open(path, "wb") as f:
+                f.write(cubin(ptx))
+            sass = subprocess.run([args.nvdisasm, path], capture_output=True, text=True,
+                                  check=True).stdout
+            loops = ", ".join(f"{n} insts ({lds} LDS, {ffma} FFMA, {integer} integer)"
+                              for n, lds, ffma, integer in inner_loops(sass))
+            print(f"d={d} {name:18s} {loops}")
+
+
+if __name__ == "__main__":
+    main()
