@@ -85,11 +85,15 @@ v5  v4 with dynamic shared memory (the default where it gives larger tiles than 
     per SM at d = 128 (two, 8 warps, against v4's 12 warps). Measured on the H200
     (scripts/v5_sweep.py, run 17 in docs/gpu-results.md), (2, 16, 4096, d), float32:
     d = 128: 38.6 ms against v4's 48.8 and v2's 48.1 (1.26x v4; v3, tensor cores: 33.8);
-    d = 64, the same tiles as v4: 17.6 ms against v4's 12.1. So dynamic shared memory
-    itself costs time here: the five tiles are slices of one array, and the compiler,
-    unable to tell them apart, cannot reorder a tile's loads past another tile's stores
-    as it can with v4's separate arrays (our reading; the index arithmetic is the other
-    difference). v5 is the default only where its tiles are larger than v4's.
+    d = 64, the same tiles as v4: 17.6 ms against v4's 12.1. The cause, found in the SASS
+    afterwards (scripts/sass_loops.py): the tiles are slices whose length is a run-time
+    value, and Numba wraps every signed index that might be negative around by it, which
+    doubled the integer instructions of the inner loops. The tiles are now indexed with
+    unsigned integers (``U``, kernels/smem.py): the inner loops have fewer instructions
+    than v4's (76 and 61 against 90 and 41 for twice the FMAs, d = 64), and the results
+    are bitwise v4's on the simulator. Not yet timed on a GPU since (the device time of
+    that session was spent): scripts/dynamic_smem_timing.py is the check to run first.
+    v5 is the default only where its tiles are larger than v4's.
 
 Variants (kernels/variants.py, docs/variants.md): v1 and v2 take a compile-time
 ``variant`` and seven more run-time arguments after causal_offset (window_lo, Hq, group,
