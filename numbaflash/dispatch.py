@@ -14,14 +14,15 @@ d=128 -> (64, 32); d=256 -> (64, 16); float64 halves Bc. Callers may pass
 ``tiles=(Br, Bc)``; it is checked against the same limits (Br <= 1024 threads, shared
 memory <= 48 KB).
 
-Tile rule (v4 forward, the default for plain float32 attention with d <= 128): see ``default_v4_tiles`` below; its tiles
-are (Br, Bc, TM, TN), TM x TN the block of scores each thread owns, and ``explain`` shows
-them with the thread grid.
+Tile rule (v4 forward, the default for plain float32 attention up to d = 72): see
+``default_v4_tiles`` below; its tiles are (Br, Bc, TM, TN), TM x TN the block of scores
+each thread owns, and ``explain`` shows them with the thread grid.
 
-Tile rule (v5 forward, experimental, opt-in): v4's kernel with dynamic shared memory, so
-its tiles may exceed 48 KB: see ``default_v5_tiles`` (up to 100 KB; a caller's tiles up to
-227 KB, the H100/H200's per-block maximum). ``Plan.shared_bytes`` is then the dynamic
-shared memory the launch asks for.
+Tile rule (v5 forward, the default for plain float32 attention at 72 < d <= 128, where its
+tiles are larger than v4's): v4's kernel with dynamic shared memory, so its tiles may
+exceed 48 KB: see ``default_v5_tiles`` (up to 100 KB; a caller's tiles up to 227 KB, the
+H100/H200's per-block maximum). ``Plan.shared_bytes`` is then the dynamic shared memory
+the launch asks for.
 
 ``plan_backward`` returns ``Plans``, one ``Plan`` per kernel in launch order (D, then
 dK/dV, then dQ for v1). Tile rule (backward): one (Br, Bc) for the whole pass, the same
@@ -35,14 +36,14 @@ d=256 -> (8, 8). Bc is the dK/dV kernel's thread count and Br the dQ kernel's, s
 caller's ``tiles=(Br, Bc)`` is checked against both (each <= 1024) and both shared
 memory sizes.
 
-Tile rule (backward v3, experimental, opt-in: ``version="v3"``): see
+Tile rule (backward v3, the default for plain attention): see
 ``default_backward_v3_tiles``; its tiles are (Br, Bc, TM, TN), shared by its dK/dV and dQ
 kernels, with (Br / TM) x (Bc / TN) threads per block. Float32: d=64 -> (32, 32, 4, 2),
 d=128 -> (16, 16, 2, 1), 128 threads each; under the simulator (8, 8, 2, 2).
 
-Tile rule (backward v4, experimental, opt-in: ``version="v4"``): v3's kernels with
-dynamic shared memory, so its tiles may exceed 48 KB: see ``default_backward_v4_tiles``
-(up to 100 KB per kernel; a caller's tiles up to 227 KB). Float32: d=64 -> (32, 32, 4, 2)
+Tile rule (backward v4, opt-in: ``version="v4"``; slower than v3 on the H200, run 18):
+v3's kernels with dynamic shared memory, so its tiles may exceed 48 KB: see
+``default_backward_v4_tiles`` (up to 100 KB per kernel; a caller's tiles up to 227 KB). Float32: d=64 -> (32, 32, 4, 2)
 as v3, d=128 -> (32, 32, 2, 2), 256 threads. ``Plan.shared_bytes`` is each kernel's
 dynamic shared memory.
 """
