@@ -43,9 +43,9 @@ d=128 -> (16, 16, 2, 1), 128 threads each; under the simulator (8, 8, 2, 2).
 
 Tile rule (backward v4, opt-in: ``version="v4"``; slower than v3 on the H200, run 18):
 v3's kernels with dynamic shared memory, so its tiles may exceed 48 KB: see
-``default_backward_v4_tiles`` (up to 100 KB per kernel; a caller's tiles up to 227 KB). Float32: d=64 -> (32, 32, 4, 2)
-as v3, d=128 -> (32, 32, 2, 2), 256 threads. ``Plan.shared_bytes`` is each kernel's
-dynamic shared memory.
+``default_backward_v4_tiles`` (up to 100 KB per kernel; a caller's tiles up to 227 KB).
+Float32: d=64 -> (32, 32, 4, 2) as v3, d=128 -> (32, 32, 2, 2), 256 threads.
+``Plan.shared_bytes`` is each kernel's dynamic shared memory.
 """
 
 import functools
