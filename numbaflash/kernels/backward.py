@@ -109,10 +109,12 @@ v4  v3 with dynamic shared memory (experimental, opt-in: version="v4"; GPU and s
     (two blocks per SM): per k step of Sij and dPij 1 load per FMA (v3 at d = 128: 1.5),
     per row of dVj, dKj 0.625 (v3: 1.06). (32, 32, 4, 2) at d = 128 would need 128 dK/dV
     accumulators a thread, twice v3's register bound. ptxas (sm_90, float32, default
-    tiles, no GPU): d = 64: dK/dV 126 registers (150 causal), dQ 92 (114 causal); d = 128:
-    dK/dV 128 (126 causal), dQ 72 (96 causal); no spills, no stack. Measured on the H200
+    tiles, no GPU, with the unsigned indices of kernels/smem.py): d = 64: dK/dV 101
+    registers (103 causal; v3: 157 and 116), dQ 72; d = 128: dK/dV 101 (105 causal), dQ 64
+    (72 causal); no spills, no stack. Measured on the H200
     (scripts/bwd_v4_sweep.py, run 18 in docs/gpu-results.md; all checks against float64
-    passed): slower than v3 everywhere, so it stays opt-in. With v3's own tiles the
+    passed), before its tiles were indexed with unsigned integers: slower than v3
+    everywhere, so it stays opt-in until it is timed again. With v3's own tiles the
     dynamic array costs a third of the speed (d = 64: 73.3 ms against v3's 48.1; d = 128
     at (16, 16, 2, 1): 267.8 against 144.7), as in forward v5; larger tiles at d = 128
     win some of it back but not all ((32, 32, 4, 2): 152.6 ms, 0.95x v3; the default

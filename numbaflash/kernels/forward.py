@@ -78,11 +78,10 @@ v5  v4 with dynamic shared memory (the default where it gives larger tiles than 
     allowed it (kernels/smem.py sets CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES; up to
     227 KB per block on the H200). Default float32 tiles: d = 64 as v4 (64, 32, 4, 4),
     43776 bytes, so v4 against v5 there measures what dynamic shared memory costs; d = 128
-    (64, 32, 4, 4), 77056 bytes, 128 threads (two blocks per SM). Costs: the slices'
-    lengths are run-time values (the launch sizes the array), so each shared access has a
-    little more index arithmetic (ptxas, sm_90: 118-125 registers at d = 64 against v4's
-    114-128, 152-156 at d = 128 with the bigger tiles; no spills, no stack); fewer blocks
-    per SM at d = 128 (two, 8 warps, against v4's 12 warps). Measured on the H200
+    (64, 32, 4, 4), 77056 bytes, 128 threads (two blocks per SM). ptxas (sm_90, float32,
+    with the unsigned indices below): 96 registers at d = 64 (v4: 114-128), 128 at d = 128
+    with the bigger tiles; no spills, no stack. Costs: fewer blocks per SM at d = 128 (two,
+    8 warps, against v4's 12 warps). Measured on the H200
     (scripts/v5_sweep.py, run 17 in docs/gpu-results.md), (2, 16, 4096, d), float32:
     d = 128: 38.6 ms against v4's 48.8 and v2's 48.1 (1.26x v4; v3, tensor cores: 33.8);
     d = 64, the same tiles as v4: 17.6 ms against v4's 12.1. The cause, found in the SASS
