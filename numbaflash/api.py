@@ -186,7 +186,7 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, win
         version: backward version ("v1": deterministic, the default for variants; "v2":
             atomic dQ, a lesson, float32/float64 only; "v3": register-blocked,
             deterministic, the default for plain attention; "v4": v3 with dynamic shared
-            memory for larger tiles, experimental, not yet measured on a GPU); None picks
+            memory for larger tiles, opt-in: slower than v3 on the H200, run 18); None picks
             the default; see ``explain_backward`` and numbaflash/kernels/backward.py.
         tiles: (Br, Bc) for the backward kernels (v3 and v4 also take (Br, Bc, TM, TN));
             None uses the documented rule in dispatch.py.
