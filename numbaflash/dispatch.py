@@ -319,7 +319,7 @@ def _plan_forward_v4(p, where, tiles, reason):
                 p.causal, reason, thread_tile=(TM, TN))
 
 
-# --- forward v5 (v4 with dynamic shared memory; experimental, opt-in) ------------------
+# --- forward v5 (v4 with dynamic shared memory; the default at 72 < d <= 128) ----------
 
 # v5 runs v4's kernel with its five shared arrays carved out of dynamic shared memory
 # (kernels/forward.py, make_forward_v5), so the same shared bytes (v5_shared_bytes equals
