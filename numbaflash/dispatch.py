@@ -304,19 +304,28 @@ def check_v4_tiles(tiles, d, acc_dtype):
                                                                      acc_dtype))
 
 
-def _plan_forward_v4(p, where, tiles, reason):
+def _plan_forward_blocked(p, where, tiles, reason, version):
+    """The Plan of the register-blocked forward ``version`` ("v4" or "v5": v4's kernel
+    with dynamic shared memory; ``Plan.shared_bytes`` is then what its launch asks for)."""
+    default_tiles, check_tiles, shared_bytes = {
+        "v4": (default_v4_tiles, check_v4_tiles, v4_shared_bytes),
+        "v5": (default_v5_tiles, check_v5_tiles, v5_shared_bytes)}[version]
     if tiles is None:
-        Br, Bc, TM, TN = default_v4_tiles(p.d, p.acc_dtype)
-        reason += f"; tiles by the v4 rule for d={p.d} in {p.acc_dtype}"
+        Br, Bc, TM, TN = default_tiles(p.d, p.acc_dtype)
+        reason += f"; tiles by the {version} rule for d={p.d} in {p.acc_dtype}"
         if where == "simulator":
             reason += " (small tiles on the simulator, where every thread and barrier is slow)"
     else:
-        Br, Bc, TM, TN = check_v4_tiles(tiles, p.d, p.acc_dtype)
+        Br, Bc, TM, TN = check_tiles(tiles, p.d, p.acc_dtype)
         reason += "; tiles given by the caller"
+    nbytes = shared_bytes(Br, Bc, TM, TN, p.d, p.acc_dtype)
+    if version == "v5":
+        reason += (f"; v4's kernel with its {nbytes} bytes of shared memory taken from "
+                   f"dynamic shared memory (may exceed 48 KB)")
     threads = (Br // TM) * (Bc // TN)
-    return Plan("forward", "v4", "forward_v4", where, Br, Bc, (math.ceil(p.Sq / Br), p.BH),
-                (threads,), v4_shared_bytes(Br, Bc, TM, TN, p.d, p.acc_dtype), p.acc_dtype,
-                p.causal, reason, thread_tile=(TM, TN))
+    return Plan("forward", version, f"forward_{version}", where, Br, Bc,
+                (math.ceil(p.Sq / Br), p.BH), (threads,), nbytes, p.acc_dtype, p.causal, reason,
+                thread_tile=(TM, TN))
 
 
 # --- forward v5 (v4 with dynamic shared memory; the default at 72 < d <= 128) ----------
@@ -368,28 +377,6 @@ def check_v5_tiles(tiles, d, acc_dtype):
                                                                      acc_dtype),
                                DYNAMIC_SHARED_MEM_LIMIT,
                                "227 KB dynamic shared memory per block on the H100/H200")
-
-
-def _plan_forward_v5(p, where, tiles, reason):
-    wanted = needs_variants(p)
-    if wanted is not None:
-        raise ValueError(f"forward v5 cannot run this input: it computes plain attention "
-                         f"(with or without a causal mask) only, and this call asks for "
-                         f"{wanted}; v1 and v2 (the default) support variants")
-    if tiles is None:
-        Br, Bc, TM, TN = default_v5_tiles(p.d, p.acc_dtype)
-        reason += f"; tiles by the v5 rule for d={p.d} in {p.acc_dtype}"
-        if where == "simulator":
-            reason += " (small tiles on the simulator, where every thread and barrier is slow)"
-    else:
-        Br, Bc, TM, TN = check_v5_tiles(tiles, p.d, p.acc_dtype)
-        reason += "; tiles given by the caller"
-    nbytes = v5_shared_bytes(Br, Bc, TM, TN, p.d, p.acc_dtype)
-    reason += (f"; v4's kernel with its {nbytes} bytes of shared memory taken from dynamic "
-               f"shared memory (may exceed 48 KB)")
-    threads = (Br // TM) * (Bc // TN)
-    return Plan("forward", "v5", "forward_v5", where, Br, Bc, (math.ceil(p.Sq / Br), p.BH),
-                (threads,), nbytes, p.acc_dtype, p.causal, reason, thread_tile=(TM, TN))
 
 
 V4_DEFAULT_MAX_HEAD_DIM = 128   # where v4 and v5 were measured (d = 64 and 128)
@@ -478,15 +465,13 @@ def plan_forward(p, version=None, tiles=None):
                     (32 * fwd_kernels.V3_WARPS,), v3_shared_bytes(Bc, p.d), p.acc_dtype,
                     p.causal, reason)
 
-    if version == "v4":
+    if version in ("v4", "v5"):
         wanted = needs_variants(p)
         if wanted is not None:
-            raise ValueError(f"forward v4 cannot run this input: it computes plain attention "
-                             f"(with or without a causal mask) only, and this call asks for "
-                             f"{wanted}; v1 and v2 (the default) support variants")
-        return _plan_forward_v4(p, where, tiles, reason)
-    if version == "v5":
-        return _plan_forward_v5(p, where, tiles, reason)
+            raise ValueError(f"forward {version} cannot run this input: it computes plain "
+                             f"attention (with or without a causal mask) only, and this call "
+                             f"asks for {wanted}; v1 and v2 (the default) support variants")
+        return _plan_forward_blocked(p, where, tiles, reason, version)
 
     if tiles is None:
         Br, Bc = default_forward_tiles(p.d, p.acc_dtype)
@@ -742,26 +727,37 @@ def check_backward_v3_tiles(tiles, d, acc_dtype):
                                    dq_v3_shared_bytes(Br, Bc, TM, TN, d, acc_dtype)))
 
 
-def _plan_backward_v3(p, where, tiles, reason, preprocess):
+def _plan_backward_blocked(p, where, tiles, reason, preprocess, version):
+    """The Plans of the register-blocked backward ``version`` ("v3" or "v4": v3's kernels
+    with dynamic shared memory; each Plan's ``shared_bytes`` is then what its launch asks
+    for)."""
+    default_tiles, check_tiles, dkdv_bytes, dq_bytes, why = {
+        "v3": (default_backward_v3_tiles, check_backward_v3_tiles, dkdv_v3_shared_bytes,
+               dq_v3_shared_bytes,
+               "measured on the H200: 3.7x to 7.4x faster than v1 (docs/gpu-results.md)"),
+        "v4": (default_backward_v4_tiles, check_backward_v4_tiles, dkdv_v4_shared_bytes,
+               dq_v4_shared_bytes,
+               "v3's kernels with their shared memory taken from dynamic shared memory (may "
+               "exceed 48 KB); v4 is opt-in: slower than v3 on the H200 (run 18)")}[version]
     if tiles is None:
-        Br, Bc, TM, TN = default_backward_v3_tiles(p.d, p.acc_dtype)
-        reason += f"; tiles by the v3 rule for d={p.d} in {p.acc_dtype}"
+        Br, Bc, TM, TN = default_tiles(p.d, p.acc_dtype)
+        reason += f"; tiles by the {version} rule for d={p.d} in {p.acc_dtype}"
         if where == "simulator":
             reason += " (small tiles on the simulator, where every thread and barrier is slow)"
     else:
-        Br, Bc, TM, TN = check_backward_v3_tiles(tiles, p.d, p.acc_dtype)
+        Br, Bc, TM, TN = check_tiles(tiles, p.d, p.acc_dtype)
         reason += "; tiles given by the caller"
-    reason += "; measured on the H200: 3.7x to 7.4x faster than v1 (docs/gpu-results.md)"
+    reason += "; " + why
     threads = (Br // TM) * (Bc // TN)
     Tr, Tc = math.ceil(p.Sq / Br), math.ceil(p.Sk / Bc)
     return Plans((
         preprocess,
-        Plan("backward dK dV", "v3", "backward_dkdv_v3", where, Br, Bc, (Tc, p.BH), (threads,),
-             dkdv_v3_shared_bytes(Br, Bc, TM, TN, p.d, p.acc_dtype), p.acc_dtype, p.causal,
+        Plan("backward dK dV", version, f"backward_dkdv_{version}", where, Br, Bc, (Tc, p.BH),
+             (threads,), dkdv_bytes(Br, Bc, TM, TN, p.d, p.acc_dtype), p.acc_dtype, p.causal,
              reason + "; one block per K/V tile, each thread a block of keys",
              thread_tile=(TM, TN)),
-        Plan("backward dQ", "v3", "backward_dq_v3", where, Br, Bc, (Tr, p.BH), (threads,),
-             dq_v3_shared_bytes(Br, Bc, TM, TN, p.d, p.acc_dtype), p.acc_dtype, p.causal,
+        Plan("backward dQ", version, f"backward_dq_{version}", where, Br, Bc, (Tr, p.BH),
+             (threads,), dq_bytes(Br, Bc, TM, TN, p.d, p.acc_dtype), p.acc_dtype, p.causal,
              reason + "; one block per Q tile, each thread a block of query rows",
              thread_tile=(TM, TN)),
     ))
@@ -837,32 +833,6 @@ def check_backward_v4_tiles(tiles, d, acc_dtype):
                                "227 KB dynamic shared memory per block on the H100/H200")
 
 
-def _plan_backward_v4(p, where, tiles, reason, preprocess):
-    if tiles is None:
-        Br, Bc, TM, TN = default_backward_v4_tiles(p.d, p.acc_dtype)
-        reason += f"; tiles by the v4 rule for d={p.d} in {p.acc_dtype}"
-        if where == "simulator":
-            reason += " (small tiles on the simulator, where every thread and barrier is slow)"
-    else:
-        Br, Bc, TM, TN = check_backward_v4_tiles(tiles, p.d, p.acc_dtype)
-        reason += "; tiles given by the caller"
-    reason += ("; v3's kernels with their shared memory taken from dynamic shared memory "
-               "(may exceed 48 KB); v4 is opt-in: slower than v3 on the H200 (run 18)")
-    threads = (Br // TM) * (Bc // TN)
-    Tr, Tc = math.ceil(p.Sq / Br), math.ceil(p.Sk / Bc)
-    return Plans((
-        preprocess,
-        Plan("backward dK dV", "v4", "backward_dkdv_v4", where, Br, Bc, (Tc, p.BH), (threads,),
-             dkdv_v4_shared_bytes(Br, Bc, TM, TN, p.d, p.acc_dtype), p.acc_dtype, p.causal,
-             reason + "; one block per K/V tile, each thread a block of keys",
-             thread_tile=(TM, TN)),
-        Plan("backward dQ", "v4", "backward_dq_v4", where, Br, Bc, (Tr, p.BH), (threads,),
-             dq_v4_shared_bytes(Br, Bc, TM, TN, p.d, p.acc_dtype), p.acc_dtype, p.causal,
-             reason + "; one block per Q tile, each thread a block of query rows",
-             thread_tile=(TM, TN)),
-    ))
-
-
 def _default_backward_version(p):
     """The default backward version for ``p`` and why.
 
@@ -907,10 +877,8 @@ def plan_backward(p, version=None, tiles=None):
     preprocess = Plan("backward D", version, "backward_preprocess", where, None, None,
                       (math.ceil(p.Sq / threads), p.BH), (threads,), 0, p.acc_dtype, p.causal,
                       f"D = rowsum(dO * O) (Alg.2 l.4), {threads} query rows per block")
-    if version == "v3":
-        return _plan_backward_v3(p, where, tiles, reason, preprocess)
-    if version == "v4":
-        return _plan_backward_v4(p, where, tiles, reason, preprocess)
+    if version in ("v3", "v4"):
+        return _plan_backward_blocked(p, where, tiles, reason, preprocess, version)
 
     if tiles is None:
         Br, Bc = default_backward_tiles(p.d, p.acc_dtype)
