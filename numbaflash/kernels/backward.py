@@ -570,8 +570,8 @@ def make_backward_dkdv_v3(Br, Bc, TM, TN, d, causal, acc_dtype):
             k = idx % DP
             col = j * Bc + c
             inside = col < Sk and k < d
-            KjT[k, c] = acc(K[bh, col, k]) if inside else ZERO
-            VjT[k, c] = acc(V[bh, col, k]) if inside else ZERO
+            KjT[U(k), U(c)] = acc(K[bh, col, k]) if inside else ZERO
+            VjT[U(k), U(c)] = acc(V[bh, col, k]) if inside else ZERO
         for b in range(TN):             # Alg.2 l.7: dKj = 0, dVj = 0
             for e in range(DN):
                 dk[b, e] = ZERO
@@ -594,12 +594,12 @@ def make_backward_dkdv_v3(Br, Bc, TM, TN, d, causal, acc_dtype):
                 keep = row < Sq and k < d
                 if keep:
                     keep = L[bh, row] != NEG_INF
-                QiT[k, r] = acc(Q[bh, row, k]) if keep else ZERO
-                dOiT[k, r] = acc(dO[bh, row, k]) if keep else ZERO
+                QiT[U(k), U(r)] = acc(Q[bh, row, k]) if keep else ZERO
+                dOiT[U(k), U(r)] = acc(dO[bh, row, k]) if keep else ZERO
             for r in range(tid, Br, THREADS):
                 row = i * Br + r
-                L_i[r] = L[bh, row] * LOG2E_ACC if row < Sq else NEG_INF
-                D_i[r] = D[bh, row] if row < Sq else ZERO
+                L_i[U(r)] = L[bh, row] * LOG2E_ACC if row < Sq else NEG_INF
+                D_i[U(r)] = D[bh, row] if row < Sq else ZERO
             # Wait until QiT, dOiT, L_i, D_i are complete.
             cuda.syncthreads()
 
@@ -611,11 +611,11 @@ def make_backward_dkdv_v3(Br, Bc, TM, TN, d, causal, acc_dtype):
                     dp[a, b] = ZERO
             for k in range(d):
                 for a in range(TM):
-                    qa[a] = QiT[k, ty + TY * a]
-                    da[a] = dOiT[k, ty + TY * a]
+                    qa[a] = QiT[U(k), U(ty + TY * a)]
+                    da[a] = dOiT[U(k), U(ty + TY * a)]
                 for b in range(TN):
-                    kb[b] = KjT[k, tx + TX * b]
-                    vb[b] = VjT[k, tx + TX * b]
+                    kb[b] = KjT[U(k), U(tx + TX * b)]
+                    vb[b] = VjT[U(k), U(tx + TX * b)]
                 for a in range(TM):
                     for b in range(TN):
                         s[a, b] += qa[a] * kb[b]
@@ -625,8 +625,8 @@ def make_backward_dkdv_v3(Br, Bc, TM, TN, d, causal, acc_dtype):
             for a in range(TM):
                 r = ty + TY * a
                 row = i * Br + r
-                L_r = L_i[r]
-                D_r = D_i[r]
+                L_r = L_i[U(r)]
+                D_r = D_i[U(r)]
                 for b in range(TN):
                     c = tx + TX * b
                     col = j * Bc + c
@@ -637,8 +637,8 @@ def make_backward_dkdv_v3(Br, Bc, TM, TN, d, causal, acc_dtype):
                     if visible:
                         p = math.exp2(s[a, b] * scale_log2 - L_r)
                         ds = p * (dp[a, b] - D_r)
-                    Pij[r, c] = p
-                    dSij[r, c] = ds
+                    Pij[U(r), U(c)] = p
+                    dSij[U(r), U(c)] = ds
             # Wait until Pij and dSij are complete.
             cuda.syncthreads()
 
@@ -652,11 +652,11 @@ def make_backward_dkdv_v3(Br, Bc, TM, TN, d, causal, acc_dtype):
                 # every row of the tile sees every key of the block: no test
                 for r in range(Br):
                     for b in range(TN):
-                        pb[b] = Pij[r, tx + TX * b]
-                        sb[b] = dSij[r, tx + TX * b]
+                        pb[b] = Pij[U(r), U(tx + TX * b)]
+                        sb[b] = dSij[U(r), U(tx + TX * b)]
                     for e in range(DN):
-                        oe[e] = dOiT[ty + TY * e, r]
-                        qe[e] = QiT[ty + TY * e, r]
+                        oe[e] = dOiT[U(ty + TY * e), U(r)]
+                        qe[e] = QiT[U(ty + TY * e), U(r)]
                     for b in range(TN):
                         for e in range(DN):
                             dv_t[b, e] += pb[b] * oe[e]
@@ -667,11 +667,11 @@ def make_backward_dkdv_v3(Br, Bc, TM, TN, d, causal, acc_dtype):
                 for r in range(Br):
                     row = i * Br + r
                     for b in range(TN):
-                        pb[b] = Pij[r, tx + TX * b]
-                        sb[b] = dSij[r, tx + TX * b]
+                        pb[b] = Pij[U(r), U(tx + TX * b)]
+                        sb[b] = dSij[U(r), U(tx + TX * b)]
                     for e in range(DN):
-                        oe[e] = dOiT[ty + TY * e, r]
-                        qe[e] = QiT[ty + TY * e, r]
+                        oe[e] = dOiT[U(ty + TY * e), U(r)]
+                        qe[e] = QiT[U(ty + TY * e), U(r)]
                     for b in range(TN):
                         if j * Bc + tx + TX * b <= row + causal_offset:
                             for e in range(DN):
@@ -755,8 +755,8 @@ def make_backward_dq_v3(Br, Bc, TM, TN, d, causal, acc_dtype):
             k = idx % DP
             row = i * Br + r
             inside = row < Sq and k < d
-            QiT[k, r] = acc(Q[bh, row, k]) if inside else ZERO
-            dOiT[k, r] = acc(dO[bh, row, k]) if inside else ZERO
+            QiT[U(k), U(r)] = acc(Q[bh, row, k]) if inside else ZERO
+            dOiT[U(k), U(r)] = acc(dO[bh, row, k]) if inside else ZERO
         for a in range(TM):
             row = i * Br + ty + TY * a
             L_a[a] = L[bh, row] * LOG2E_ACC if row < Sq else NEG_INF
@@ -778,8 +778,8 @@ def make_backward_dq_v3(Br, Bc, TM, TN, d, causal, acc_dtype):
                 k = idx % DP
                 col = j * Bc + c
                 inside = col < Sk and k < d
-                KjT[k, c] = acc(K[bh, col, k]) if inside else ZERO
-                VjT[k, c] = acc(V[bh, col, k]) if inside else ZERO
+                KjT[U(k), U(c)] = acc(K[bh, col, k]) if inside else ZERO
+                VjT[U(k), U(c)] = acc(V[bh, col, k]) if inside else ZERO
             # Wait until KjT and VjT are complete.
             cuda.syncthreads()
 
@@ -790,11 +790,11 @@ def make_backward_dq_v3(Br, Bc, TM, TN, d, causal, acc_dtype):
                     dp[a, b] = ZERO
             for k in range(d):
                 for a in range(TM):
-                    qa[a] = QiT[k, ty + TY * a]
-                    da[a] = dOiT[k, ty + TY * a]
+                    qa[a] = QiT[U(k), U(ty + TY * a)]
+                    da[a] = dOiT[U(k), U(ty + TY * a)]
                 for b in range(TN):
-                    kb[b] = KjT[k, tx + TX * b]
-                    vb[b] = VjT[k, tx + TX * b]
+                    kb[b] = KjT[U(k), U(tx + TX * b)]
+                    vb[b] = VjT[U(k), U(tx + TX * b)]
                 for a in range(TM):
                     for b in range(TN):
                         s[a, b] += qa[a] * kb[b]
@@ -813,7 +813,7 @@ def make_backward_dq_v3(Br, Bc, TM, TN, d, causal, acc_dtype):
                     if visible:
                         p = math.exp2(s[a, b] * scale_log2 - L_a[a])
                         ds = p * (dp[a, b] - D_a[a])
-                    dSij[r, c] = ds
+                    dSij[U(r), U(c)] = ds
             # Wait until dSij is complete.
             cuda.syncthreads()
 
@@ -826,9 +826,9 @@ def make_backward_dq_v3(Br, Bc, TM, TN, d, causal, acc_dtype):
                 # every row of the block sees every key of the tile: no test
                 for c in range(Bc):
                     for a in range(TM):
-                        sa[a] = dSij[ty + TY * a, c]
+                        sa[a] = dSij[U(ty + TY * a), U(c)]
                     for e in range(DN):
-                        ke[e] = KjT[tx + TX * e, c]
+                        ke[e] = KjT[U(tx + TX * e), U(c)]
                     for a in range(TM):
                         for e in range(DN):
                             dq_t[a, e] += sa[a] * ke[e]
@@ -838,9 +838,9 @@ def make_backward_dq_v3(Br, Bc, TM, TN, d, causal, acc_dtype):
                 for c in range(Bc):
                     col = j * Bc + c
                     for a in range(TM):
-                        sa[a] = dSij[ty + TY * a, c]
+                        sa[a] = dSij[U(ty + TY * a), U(c)]
                     for e in range(DN):
-                        ke[e] = KjT[tx + TX * e, c]
+                        ke[e] = KjT[U(tx + TX * e), U(c)]
                     for a in range(TM):
                         if col <= i * Br + ty + TY * a + causal_offset:
                             for e in range(DN):

@@ -632,7 +632,7 @@ def make_forward_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
             r = idx // DP
             k = idx % DP
             row = i * Br + r
-            QiT[k, r] = acc(Q[bh, row, k]) if row < Sq and k < d else ZERO
+            QiT[U(k), U(r)] = acc(Q[bh, row, k]) if row < Sq and k < d else ZERO
         for a in range(TM):
             m_i[a] = NEG_INF
             l_i[a] = ZERO
@@ -652,8 +652,8 @@ def make_forward_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
                 k = idx % DP
                 col = j * Bc + c
                 inside = col < Sk and k < d
-                KjT[k, c] = acc(K[bh, col, k]) if inside else ZERO
-                Vj[c, k] = acc(V[bh, col, k]) if inside else ZERO
+                KjT[U(k), U(c)] = acc(K[bh, col, k]) if inside else ZERO
+                Vj[U(c), U(k)] = acc(V[bh, col, k]) if inside else ZERO
             # Wait until KjT and Vj are complete.
             cuda.syncthreads()
 
@@ -663,9 +663,9 @@ def make_forward_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
                     s[a, b] = ZERO
             for k in range(DP):
                 for a in range(TM):
-                    qa[a] = QiT[k, ty + TY * a]
+                    qa[a] = QiT[U(k), U(ty + TY * a)]
                 for b in range(TN):
-                    kb[b] = KjT[k, tx + TX * b]
+                    kb[b] = KjT[U(k), U(tx + TX * b)]
                 for a in range(TM):
                     for b in range(TN):
                         s[a, b] += qa[a] * kb[b]
@@ -680,7 +680,7 @@ def make_forward_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
                     s[a, b] = x
                     if x > m_part:
                         m_part = x
-                red[ty + TY * a, tx] = m_part
+                red[U(ty + TY * a), U(tx)] = m_part
             # Wait until every partial row max is in red.
             cuda.syncthreads()
 
@@ -689,7 +689,7 @@ def make_forward_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
                 r = ty + TY * a
                 m_tile = NEG_INF
                 for t in range(TX):
-                    x = red[r, t]
+                    x = red[U(r), U(t)]
                     if x > m_tile:
                         m_tile = x
                 m_new = m_tile if m_tile > m_i[a] else m_i[a]
@@ -699,7 +699,7 @@ def make_forward_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
                 for b in range(TN):
                     x = s[a, b]
                     p = math.exp(x - m_safe) if x != NEG_INF else ZERO
-                    Pij[r, tx + TX * b] = p
+                    Pij[U(r), U(tx + TX * b)] = p
                     l_tile += p
                 l_i[a] = alpha * l_i[a] + l_tile
                 m_i[a] = m_new
@@ -713,9 +713,9 @@ def make_forward_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
                 # no key of this tile is hidden from any row of the block
                 for c in range(Bc):
                     for a in range(TM):
-                        pa[a] = Pij[ty + TY * a, c]
+                        pa[a] = Pij[U(ty + TY * a), U(c)]
                     for e in range(DN):
-                        ve[e] = Vj[c, tx + TX * e]
+                        ve[e] = Vj[U(c), U(tx + TX * e)]
                     for a in range(TM):
                         for e in range(DN):
                             o[a, e] += pa[a] * ve[e]
@@ -724,9 +724,9 @@ def make_forward_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
                 for c in range(Bc):
                     col = j * Bc + c
                     for a in range(TM):
-                        pa[a] = Pij[ty + TY * a, c]
+                        pa[a] = Pij[U(ty + TY * a), U(c)]
                     for e in range(DN):
-                        ve[e] = Vj[c, tx + TX * e]
+                        ve[e] = Vj[U(c), U(tx + TX * e)]
                     for a in range(TM):
                         if col <= i * Br + ty + TY * a + causal_offset:
                             for e in range(DN):
@@ -735,7 +735,7 @@ def make_forward_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
         # Alg.1 l.12-16: each row's sum from its TX parts (red was last read before the
         # last tile's fourth barrier, so it is free), normalise once, write O and L.
         for a in range(TM):
-            red[ty + TY * a, tx] = l_i[a]
+            red[U(ty + TY * a), U(tx)] = l_i[a]
         # Wait until every partial row sum is in red.
         cuda.syncthreads()
         for a in range(TM):
@@ -743,7 +743,7 @@ def make_forward_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
             row = i * Br + r
             l_row = ZERO
             for t in range(TX):
-                l_row += red[r, t]
+                l_row += red[U(r), U(t)]
             if row < Sq:
                 # l == 0: the row saw no key (fully masked): O = 0 and L = -inf exactly.
                 # A NaN l is not 0, so NaN propagates.
