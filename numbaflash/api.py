@@ -107,8 +107,8 @@ def attention(q, k, v, *, causal=False, scale=None, window_size=None, alibi_slop
         scale: softmax scale, default 1/sqrt(d). Must be finite.
         return_lse: also return the logsumexp L of each row (the backward pass needs it).
         version: forward kernel version ("v1", "v2", "v3" GPU-only tensor cores, "v4"
-            register-blocked, the default for plain attention; "v5" v4 with dynamic
-            shared memory for larger tiles, the default at 72 < d <= 128;
+            register-blocked; "v5" v4 with dynamic shared memory for larger tiles, the
+            default for plain attention in float32 and float16 with d <= 128;
             docs/kernels.md); None picks the default (see explain).
         tiles: (Br, Bc) for the tiled kernels (v4 and v5 also take (Br, Bc, TM, TN));
             None uses the documented rule in dispatch.py.
@@ -185,9 +185,10 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, win
             score_mod (ValueError otherwise).
         version: backward version ("v1": deterministic, the default for variants; "v2":
             atomic dQ, a lesson, float32/float64 only; "v3": register-blocked,
-            deterministic, the default for plain attention; "v4": v3 with dynamic shared
-            memory for larger tiles, opt-in: slower than v3 on the H200, run 18); None picks
-            the default; see ``explain_backward`` and numbaflash/kernels/backward.py.
+            deterministic, the default for plain attention in float64 and at d > 128;
+            "v4": v3 with dynamic shared memory for larger tiles, the default for plain
+            attention in float32 and float16 with d <= 128); None picks the default; see
+            ``explain_backward`` and numbaflash/kernels/backward.py.
         tiles: (Br, Bc) for the backward kernels (v3 and v4 also take (Br, Bc, TM, TN));
             None uses the documented rule in dispatch.py.
 

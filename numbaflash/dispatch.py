@@ -14,14 +14,15 @@ d=128 -> (64, 32); d=256 -> (64, 16); float64 halves Bc. Callers may pass
 ``tiles=(Br, Bc)``; it is checked against the same limits (Br <= 1024 threads, shared
 memory <= 48 KB).
 
-Tile rule (v4 forward, the default for plain float32 attention up to d = 72): see
+Tile rule (v4 forward, register-blocked, opt-in: ``version="v4"``): see
 ``default_v4_tiles`` below; its tiles are (Br, Bc, TM, TN), TM x TN the block of scores
 each thread owns, and ``explain`` shows them with the thread grid.
 
-Tile rule (v5 forward, the default for plain float32 attention at 72 < d <= 128, where its
-tiles are larger than v4's): v4's kernel with dynamic shared memory, so its tiles may
-exceed 48 KB: see ``default_v5_tiles`` (up to 100 KB; a caller's tiles up to 227 KB, the
-H100/H200's per-block maximum). ``Plan.shared_bytes`` is then the dynamic shared memory
+Tile rule (v5 forward, the default for plain float32 attention up to d = 128): v4's
+kernel with dynamic shared memory, so its tiles may exceed 48 KB: see
+``default_v5_tiles`` (up to 113 KB, so two blocks share an SM; a caller's tiles up to
+227 KB, the H100/H200's per-block maximum). Float32: d=64 -> (128, 64, 8, 4), d=128 ->
+(64, 32, 4, 2), 256 threads each. ``Plan.shared_bytes`` is then the dynamic shared memory
 the launch asks for.
 
 ``plan_backward`` returns ``Plans``, one ``Plan`` per kernel in launch order (D, then
@@ -36,15 +37,15 @@ d=256 -> (8, 8). Bc is the dK/dV kernel's thread count and Br the dQ kernel's, s
 caller's ``tiles=(Br, Bc)`` is checked against both (each <= 1024) and both shared
 memory sizes.
 
-Tile rule (backward v3, the default for plain attention): see
+Tile rule (backward v3, the default for plain attention in float64 and at d > 128): see
 ``default_backward_v3_tiles``; its tiles are (Br, Bc, TM, TN), shared by its dK/dV and dQ
 kernels, with (Br / TM) x (Bc / TN) threads per block. Float32: d=64 -> (32, 32, 4, 2),
 d=128 -> (16, 16, 2, 1), 128 threads each; under the simulator (8, 8, 2, 2).
 
-Tile rule (backward v4, opt-in: ``version="v4"``; slower than v3 on the H200, run 18):
-v3's kernels with dynamic shared memory, so its tiles may exceed 48 KB: see
+Tile rule (backward v4, the default for plain float32 attention up to d = 128): v3's
+kernels with dynamic shared memory, so its tiles may exceed 48 KB: see
 ``default_backward_v4_tiles`` (up to 100 KB per kernel; a caller's tiles up to 227 KB).
-Float32: d=64 -> (32, 32, 4, 2) as v3, d=128 -> (32, 32, 2, 2), 256 threads.
+Float32: d=64 -> (64, 64, 4, 4), d=128 -> (32, 32, 2, 2), 256 threads each.
 ``Plan.shared_bytes`` is each kernel's dynamic shared memory.
 """
 
@@ -222,7 +223,7 @@ def check_v3_tiles(tiles, d):
     return Br, Bc
 
 
-# --- forward v4 (register-blocked SIMT; the default for plain attention) ---------------
+# --- forward v4 (register-blocked SIMT; opt-in since v5 took over, run 21) -------------
 
 # v4 tile rule: the first (Br, Bc, TM, TN) of V4_CANDIDATES whose shared memory fits in
 # 48 KB and whose O block per thread, TM x DN with DN = DP / TX (TX = Bc / TN threads per
@@ -328,23 +329,26 @@ def _plan_forward_blocked(p, where, tiles, reason, version):
                 thread_tile=(TM, TN))
 
 
-# --- forward v5 (v4 with dynamic shared memory; the default at 72 < d <= 128) ----------
+# --- forward v5 (v4 with dynamic shared memory; the default for plain attention) -------
 
 # v5 runs v4's kernel with its five shared arrays carved out of dynamic shared memory
 # (kernels/forward.py, make_forward_v5), so the same shared bytes (v5_shared_bytes equals
 # v4_shared_bytes) may exceed 48 KB. Tile rule: the first (Br, Bc, TM, TN) of
-# V5_CANDIDATES whose shared memory fits in V5_SHARED_MEM_TARGET (100 KB: two blocks fit
-# the 228 KB of an H200 SM) and whose O block per thread fits V4_MAX_O_REGS, as for v4.
-# A caller's tiles may use up to DYNAMIC_SHARED_MEM_LIMIT, the H100/H200's per-block
-# maximum (kernels/smem.py checks the device's own maximum again before the launch).
-# GPU, float32: d <= 64 -> (64, 32, 4, 4), as v4 (so v4 against v5 measures what dynamic
-# shared memory costs); d = 128 -> (64, 32, 4, 4), 77056 bytes, 128 threads (v4: (32, 16,
-# 4, 2), 64 threads); d = 256 -> (16, 16, 2, 2), 52800 bytes. scripts/v5_sweep.py (run 17)
-# at d = 128: (64, 32, 4, 4) 38.6 ms, (64, 32, 4, 2) 39.0, larger tiles 43-58; v4 48.8.
-# Under the simulator, V5_SIM_TILES, as v4's.
-V5_CANDIDATES = ((64, 32, 4, 4), (64, 32, 4, 2), (32, 32, 4, 4), (32, 16, 4, 2),
-                 (16, 16, 2, 2), (16, 8, 2, 1), (8, 8, 2, 2), (8, 8, 1, 1), (4, 4, 1, 1))
-V5_SHARED_MEM_TARGET = 100 * 1024
+# V5_CANDIDATES whose shared memory fits in V5_SHARED_MEM_TARGET (113 KB: two blocks,
+# each with the 1 KB the driver reserves, fit the 228 KB of an H200 SM) and whose O block
+# per thread fits V4_MAX_O_REGS, as for v4. A caller's tiles may use up to
+# DYNAMIC_SHARED_MEM_LIMIT, the H100/H200's per-block maximum (kernels/smem.py checks the
+# device's own maximum again before the launch). GPU, float32: d <= 64 -> (128, 64, 8, 4),
+# 107520 bytes at d = 64, 256 threads; 64 < d <= 128 -> (64, 32, 4, 2), 79104 bytes at
+# d = 128, 256 threads; d = 256 -> (16, 16, 2, 2), 52800 bytes. The order is measured:
+# scripts/v5_sweep.py, run 21 (unsigned tile indices), at (2, 16, 4096, d): d = 64,
+# (128, 64, 8, 4) 8.33 ms, (64, 64, 4, 4) 9.90, (64, 32, 4, 4) 10.23, v4 11.88;
+# d = 128, (64, 32, 4, 2) 22.88 ms, (64, 32, 4, 4) 30.64, the larger tiles 31.6-50.8,
+# v4 46.46. Under the simulator, V5_SIM_TILES, as v4's.
+V5_CANDIDATES = ((128, 64, 8, 4), (64, 32, 4, 2), (64, 32, 4, 4), (32, 32, 4, 4),
+                 (32, 16, 4, 2), (16, 16, 2, 2), (16, 8, 2, 1), (8, 8, 2, 2), (8, 8, 1, 1),
+                 (4, 4, 1, 1))
+V5_SHARED_MEM_TARGET = 113 * 1024
 DYNAMIC_SHARED_MEM_LIMIT = 227 * 1024
 V5_SIM_TILES = V4_SIM_TILES
 
@@ -356,9 +360,9 @@ def v5_shared_bytes(Br, Bc, TM, TN, d, acc_dtype):
 
 
 def default_v5_tiles(d, acc_dtype):
-    """v5 tile rule (above), (Br, Bc, TM, TN). GPU, float32: d <= 128 -> (64, 32, 4, 4),
-    128 threads (43776 bytes at d = 64, 77056 at d = 128); d = 256 -> (16, 16, 2, 2), 64
-    threads; float64: d = 64 -> (64, 32, 4, 4), d = 128 -> (32, 16, 4, 2)."""
+    """v5 tile rule (above), (Br, Bc, TM, TN). GPU, float32: d <= 64 -> (128, 64, 8, 4),
+    256 threads; 64 < d <= 128 -> (64, 32, 4, 2), 256 threads; d = 256 -> (16, 16, 2, 2),
+    64 threads; float64: d = 64 -> (64, 32, 4, 2), d = 128 -> (32, 32, 4, 4)."""
     if simulating():
         return V5_SIM_TILES
     for Br, Bc, TM, TN in V5_CANDIDATES:
@@ -386,14 +390,13 @@ def _default_forward_version(p, where):
     """The default forward version for ``p`` and why.
 
     Plain attention (with or without the causal mask) in float32 or float16 with d <= 128:
-    the register-blocked SIMT kernels, the fastest versions that are exact for every
-    input. v4 where its tiles are as large as v5's; v5 (the same kernel with dynamic shared
-    memory) where the 48 KB static limit shrinks v4's tiles and v5's are larger. On the
-    H200 (docs/performance.md): v4 beat v2 in five of issue 5's six cases (run 15: 0.34x
-    against 0.23x SDPA at (2, 16, 4096, 64)) and tied it at (2, 16, 4096, 128), where v5,
-    with 64 x 32 tiles instead of 32 x 16, took 38.6 ms against v4's 48.8 (run 17). With
-    the same tiles v5 is slower than v4 (17.6 against 12.1 ms at d = 64, run 17), so it
-    is not used where it buys nothing.
+    v5, the register-blocked SIMT kernel with its tiles in dynamic shared memory, the
+    fastest version that is exact for every input. On the H200 (docs/gpu-results.md, runs
+    20 and 21, at (2, 16, 4096, d)): d = 64, v5 8.33 ms against v4's 10.50 (both with
+    unsigned tile indices) and v2's 17.99; d = 128, v5 22.88 ms against v4's 43.36 and
+    v2's 46.04. v5's tiles are larger than the 48 KB static limit allows v4. (Before its
+    tiles were indexed with unsigned integers, v5 was the slower of the two with the same
+    tiles, 17.6 against 12.1 ms at d = 64, run 17: kernels/smem.py says why.)
 
     Variants, float64 and d > 128: v2, which takes the variant arguments and was not
     measured slower there. v3 (tensor cores) is faster still at some shapes but exact only
@@ -409,14 +412,10 @@ def _default_forward_version(p, where):
     elif p.d > V4_DEFAULT_MAX_HEAD_DIM:
         why = (f"v2 is the default at head dim {p.d} > {V4_DEFAULT_MAX_HEAD_DIM} (v4 and v5 "
                f"were measured faster at d <= {V4_DEFAULT_MAX_HEAD_DIM} only)")
-    elif default_v5_tiles(p.d, p.acc_dtype) != default_v4_tiles(p.d, p.acc_dtype):
-        return "v5", (f"v5 is the default for plain attention in float32 at d = {p.d}: v4's "
-                      "kernel with dynamic shared memory, whose tiles here are larger than "
-                      "the 48 KB static limit allows v4 (the fastest exact version measured "
-                      "on the H200 at d = 128)")
     else:
-        return "v4", ("v4 is the default for plain attention in float32 with d <= "
-                      f"{V4_DEFAULT_MAX_HEAD_DIM}: register-blocked, exact for every input, "
+        return "v5", ("v5 is the default for plain attention in float32 with d <= "
+                      f"{V4_DEFAULT_MAX_HEAD_DIM}: register-blocked, its tiles in dynamic "
+                      "shared memory beyond the 48 KB static limit, exact for every input, "
                       "the fastest such version measured on the H200")
     if wanted is None and v3_refusal(p, where) is None:
         why += ("; v3 (tensor cores) is faster here but assumes finite inputs: pass "
@@ -659,7 +658,7 @@ def check_backward_tiles(tiles, d, acc_dtype):
     return Br, Bc
 
 
-# --- backward v3 (register-blocked SIMT; opt-in) ----------------------------------------
+# --- backward v3 (register-blocked SIMT; the default in float64 and at d > 128) ---------
 
 # v3 tile rule: the first (Br, Bc, TM, TN) of BWD_V3_CANDIDATES whose two kernels fit in
 # 48 KB of static shared memory and whose accumulators fit BWD_V3_MAX_ACC_REGS per thread:
@@ -738,7 +737,7 @@ def _plan_backward_blocked(p, where, tiles, reason, preprocess, version):
         "v4": (default_backward_v4_tiles, check_backward_v4_tiles, dkdv_v4_shared_bytes,
                dq_v4_shared_bytes,
                "v3's kernels with their shared memory taken from dynamic shared memory (may "
-               "exceed 48 KB); v4 is opt-in: slower than v3 on the H200 (run 18)")}[version]
+               "exceed 48 KB); measured on the H200: 1.2x to 1.7x faster than v3 (runs 20-21)")}[version]
     if tiles is None:
         Br, Bc, TM, TN = default_tiles(p.d, p.acc_dtype)
         reason += f"; tiles by the {version} rule for d={p.d} in {p.acc_dtype}"
@@ -763,7 +762,7 @@ def _plan_backward_blocked(p, where, tiles, reason, preprocess, version):
     ))
 
 
-# --- backward v4 (v3 with dynamic shared memory; experimental, opt-in) --------------------
+# --- backward v4 (v3 with dynamic shared memory; the default for plain attention) ------
 
 # v4 runs v3's two kernels with their shared arrays carved out of dynamic shared memory
 # (kernels/backward.py, make_backward_dkdv_v4 and make_backward_dq_v4), so the same bytes
@@ -773,14 +772,17 @@ def _plan_backward_blocked(p, where, tiles, reason, preprocess, version):
 # accumulators fit BWD_V3_MAX_ACC_REGS, as for v3 (if none does, the first that fits in
 # shared memory). A caller's tiles may use up to DYNAMIC_SHARED_MEM_LIMIT (227 KB per
 # block on the H100/H200; kernels/smem.py checks the device's own maximum again before
-# the launch). GPU, float32: d <= 64 -> (32, 32, 4, 2), v3's tiles (43520 / 39040 bytes),
-# so v3 against v4 there measures what dynamic shared memory costs; d = 128 -> (32, 32,
-# 2, 2), 256 threads, 76288 / 71808 bytes (v3: (16, 16, 2, 1), 128 threads; (32, 32, 4,
-# 2) would need 128 dK/dV accumulators a thread); d = 256 -> (16, 16, 1, 1), 71936 /
-# 69696 bytes, within the register bound (v3: (8, 8, 1, 1), over it). Measured
-# (scripts/bwd_v4_sweep.py, run 18): slower than v3 with every tile tried, so v4 is never
-# the default (kernels/backward.py). Under the simulator, BWD_V4_SIM_TILES, as v3's.
-BWD_V4_CANDIDATES = ((32, 32, 4, 2), (32, 32, 2, 2), (16, 16, 2, 1), (16, 16, 1, 1),
+# the launch). GPU, float32: d <= 64 -> (64, 64, 4, 4), 256 threads, 100352 / 83200
+# bytes at d = 64; 64 < d <= 128 -> (32, 32, 2, 2), 256 threads, 76288 / 71808 bytes at
+# d = 128 (v3: (16, 16, 2, 1), 128 threads; (64, 64, 4, 4) needs 167 KB and (32, 32, 4, 2)
+# 128 dK/dV accumulators a thread); d = 256 -> (16, 16, 1, 1), 71936 / 69696 bytes,
+# within the register bound (v3: (8, 8, 1, 1), over it). Measured (scripts/bwd_v4_sweep.py,
+# run 21, unsigned tile indices, (2, 16, 4096, d), not causal / causal): d = 64, (64, 64,
+# 4, 4) 30.71 / 17.26 ms, v3's tiles 38.03 / 20.85; d = 128, (32, 32, 2, 2) 84.28 / 45.87
+# ms, (64, 64, 4, 4) 81.29 / 42.44 at one block per SM, the others 94-124 / 55-67. Run 18,
+# before the unsigned indices, had v4 slower than v3 with every tile. Under the simulator,
+# BWD_V4_SIM_TILES, as v3's.
+BWD_V4_CANDIDATES = ((64, 64, 4, 4), (32, 32, 4, 2), (32, 32, 2, 2), (16, 16, 2, 1), (16, 16, 1, 1),
                      (8, 8, 1, 1), (4, 4, 1, 1))
 BWD_V4_SHARED_MEM_TARGET = 100 * 1024
 BWD_V4_SIM_TILES = BWD_V3_SIM_TILES
@@ -807,7 +809,7 @@ def _bwd_v4_bytes(t, d, acc_dtype):
 
 def default_backward_v4_tiles(d, acc_dtype):
     """The backward v4 tile rule (above), (Br, Bc, TM, TN). GPU, float32: d <= 64 ->
-    (32, 32, 4, 2), 128 threads (as v3); d = 128 -> (32, 32, 2, 2), 256 threads; d = 256
+    (64, 64, 4, 4), 256 threads; d = 128 -> (32, 32, 2, 2), 256 threads; d = 256
     -> (16, 16, 1, 1), 256 threads; float64: d = 64 -> (32, 32, 4, 2), d = 128 ->
     (16, 16, 2, 1) (v3: (16, 16, 2, 1) and (8, 8, 1, 1))."""
     if simulating():
@@ -836,24 +838,34 @@ def check_backward_v4_tiles(tiles, d, acc_dtype):
 def _default_backward_version(p):
     """The default backward version for ``p`` and why.
 
-    v3 (register-blocked) for plain attention, causal or not: deterministic like v1 and
-    3.7x to 7.4x faster than v1 on the H200 (docs/gpu-results.md, run 11). v1 when the
-    call asks for a variant (window, GQA, softcap, ALiBi, masks, user modifiers), which
-    only v1 supports.
+    v4 (register-blocked, tiles in dynamic shared memory) for plain attention, causal or
+    not, in float32 or float16 with d <= 128: deterministic like v1 and v3, and the
+    fastest on the H200 (docs/gpu-results.md, run 21, at (2, 16, 4096, d)): d = 64, 30.71
+    ms against v3's 37.89 (run 20; both with unsigned tile indices); d = 128, 84.28 ms
+    against v3's 119.44 (run 20). v3 (the same kernels in 48 KB of static shared memory)
+    in float64 and at d > 128, where v4 was not measured; v3 was 3.7x to 7.4x faster than
+    v1 (run 11). v1 when the call asks for a variant (window, GQA, softcap, ALiBi, masks,
+    user modifiers), which only v1 supports.
     """
     wanted = needs_variants(p)
     if wanted is not None:
-        return "v1", (f"v1 is the default for variants ({wanted}): v3 computes plain "
+        return "v1", (f"v1 is the default for variants ({wanted}): v3 and v4 compute plain "
                       f"attention only")
-    return "v3", ("v3 is the default: register-blocked, deterministic (no atomics, so "
-                  "repeated runs are bitwise identical)")
+    if p.acc_dtype == "float32" and p.d <= V4_DEFAULT_MAX_HEAD_DIM:
+        return "v4", ("v4 is the default for plain attention in float32 with d <= "
+                      f"{V4_DEFAULT_MAX_HEAD_DIM}: register-blocked, its tiles in dynamic "
+                      "shared memory, deterministic (no atomics, so repeated runs are "
+                      "bitwise identical), the fastest version measured on the H200")
+    return "v3", (f"v3 is the default for plain attention in {p.acc_dtype} at d = {p.d}: "
+                  "register-blocked, deterministic (no atomics, so repeated runs are bitwise "
+                  f"identical); v4 was measured in float32 at d <= {V4_DEFAULT_MAX_HEAD_DIM} only")
 
 
 def plan_backward(p, version=None, tiles=None):
     """Choose the backward kernels for Problem ``p``; returns ``Plans`` in launch order.
 
-    ``version`` None means the default (``_default_backward_version``: v3, or v1 for
-    variants). Raises ValueError for an unknown version, bad tiles, v2 with float16
+    ``version`` None means the default (``_default_backward_version``: v4, v3 in
+    float64 and at d > 128, v1 for variants). Raises ValueError for an unknown version, bad tiles, v2 with float16
     inputs, or v2/v3/v4 with a variant.
     """
     where = backend()

@@ -242,13 +242,17 @@ def test_default_v5_tiles_follow_the_documented_rule(acc_dtype, monkeypatch):
         assert TM * (dispatch.v4_head_dim_padded(Bc, TN, d) // (Bc // TN)) <= dispatch.V4_MAX_O_REGS
     if acc_dtype == "float32":
         assert [dispatch.default_v5_tiles(d, acc_dtype) for d in (64, 128, 256)] == \
-            [(64, 32, 4, 4), (64, 32, 4, 4), (16, 16, 2, 2)]
-        assert [dispatch.v5_shared_bytes(64, 32, 4, 4, d, acc_dtype) for d in (64, 128)] == \
-            [43776, 77056]
-        assert dispatch.default_v4_tiles(128, acc_dtype) == (32, 16, 4, 2)    # what v5 lifts
+            [(128, 64, 8, 4), (64, 32, 4, 2), (16, 16, 2, 2)]
+        assert [dispatch.v5_shared_bytes(128, 64, 8, 4, 64, acc_dtype),
+                dispatch.v5_shared_bytes(64, 32, 4, 2, 128, acc_dtype)] == [107520, 79104]
+        assert dispatch.default_v4_tiles(64, acc_dtype) == (64, 32, 4, 4)     # what v5 lifts
+        assert dispatch.default_v4_tiles(128, acc_dtype) == (32, 16, 4, 2)
+        # two blocks per SM: each block's bytes plus the 1 KB the driver reserves, twice,
+        # within the H200 SM's 228 KB
+        assert 2 * (dispatch.V5_SHARED_MEM_TARGET + 1024) <= 228 * 1024
     else:
         assert [dispatch.default_v5_tiles(d, acc_dtype) for d in (64, 128)] == \
-            [(64, 32, 4, 4), (32, 16, 4, 2)]
+            [(64, 32, 4, 2), (32, 32, 4, 4)]
 
 
 def test_batch_heads_above_the_grid_limit():

@@ -518,12 +518,16 @@ def test_empty_inputs_give_zeros_without_a_launch(no_launch, Sq, Sk, lead, host)
 
 def test_explain_backward_names_each_kernel():
     q = inputs()[1]
-    plans = numbaflash.explain_backward(q, q, q, causal=True)         # the default: v3
-    assert [p.kernel for p in plans] == ["backward_preprocess", "backward_dkdv_v3",
-                                         "backward_dq_v3"]
+    plans = numbaflash.explain_backward(q, q, q, causal=True)         # the default: v4
+    assert [p.kernel for p in plans] == ["backward_preprocess", "backward_dkdv_v4",
+                                         "backward_dq_v4"]
     assert len(str(plans).splitlines()) == 3
     assert all(p.causal == "bottom_right" for p in plans)
-    assert "v3 is the default" in str(plans)
+    assert "v4 is the default" in str(plans)
+    plans = numbaflash.explain_backward(q.astype(np.float64), q.astype(np.float64),
+                                        q.astype(np.float64))    # float64: v3
+    assert [p.kernel for p in plans][1:] == ["backward_dkdv_v3", "backward_dq_v3"]
+    assert "v3 is the default for plain attention in float64" in str(plans)
     plans = numbaflash.explain_backward(q, q, q, causal=True, window_size=(2, 0))
     assert [p.kernel for p in plans] == ["backward_preprocess", "backward_dkdv_v1",
                                          "backward_dq_v1"]               # variants: v1
@@ -601,11 +605,11 @@ def test_default_v4_tiles_follow_the_documented_rule(acc_dtype, monkeypatch):
         assert dq == dispatch.dq_v3_shared_bytes(*t, d, acc_dtype)
         if acc_dtype == "float32" or d <= 160:
             assert max(dispatch.backward_v3_acc_regs(*t, d)) <= dispatch.BWD_V3_MAX_ACC_REGS
-        if acc_dtype == "float32" and d <= 64:
-            assert t == dispatch.default_backward_v3_tiles(d, acc_dtype)    # v3's tiles
     if acc_dtype == "float32":
         assert [dispatch.default_backward_v4_tiles(d, acc_dtype) for d in (64, 128, 256)] == \
-            [(32, 32, 4, 2), (32, 32, 2, 2), (16, 16, 1, 1)]
+            [(64, 64, 4, 4), (32, 32, 2, 2), (16, 16, 1, 1)]
+        assert [dispatch.dkdv_v4_shared_bytes(64, 64, 4, 4, 64, acc_dtype),
+                dispatch.dq_v4_shared_bytes(64, 64, 4, 4, 64, acc_dtype)] == [100352, 83200]
         assert [dispatch.dkdv_v4_shared_bytes(32, 32, 2, 2, 128, acc_dtype),
                 dispatch.dq_v4_shared_bytes(32, 32, 2, 2, 128, acc_dtype)] == [76288, 71808]
     else:

@@ -93,7 +93,8 @@ v3  Register-blocked SIMT, the default for plain attention (causal or not; runs 
     11): 3.7x to 4.0x v1 at d = 64, 7.0x to 7.4x at d = 128 (where v1's 16-thread blocks
     were the worst), all within the tolerance rule.
 
-v4  v3 with dynamic shared memory (experimental, opt-in: version="v4"; GPU and simulator).
+v4  v3 with dynamic shared memory (the default for plain float32 attention with d <= 128;
+    GPU and simulator).
     v3's shared arrays are static, at most 48 KB per block, and at d = 128 that is what
     holds it to (16, 16, 2, 1) tiles (0.13x PyTorch SDPA there against 0.21x at d = 64 with
     (32, 32, 4, 2)). v4 runs v3's two kernels with the algorithm, thread layout, barriers
@@ -103,9 +104,9 @@ v4  v3 with dynamic shared memory (experimental, opt-in: version="v4"; GPU and s
     ([row * row_length + col]); the byte count goes with each launch,
     ``kernel[grid, block, 0, nbytes]``, and above 48 KB the compiled kernel is first
     allowed it (kernels/smem.py; up to 227 KB per block on the H200). With the same tiles
-    v4's gradients are bitwise v3's on the simulator. Default float32 tiles: d <= 64 as v3,
-    (32, 32, 4, 2), 42496 / 38016 bytes (dK/dV / dQ), so v3 against v4 there measures what
-    dynamic shared memory costs; d = 128 (32, 32, 2, 2), 256 threads, 76288 / 71808 bytes
+    v4's gradients are bitwise v3's on the simulator. Default float32 tiles: d <= 64
+    (64, 64, 4, 4), 256 threads, 100352 / 83200 bytes (dK/dV / dQ; v3: (32, 32, 4, 2),
+    128 threads); d = 128 (32, 32, 2, 2), 256 threads, 76288 / 71808 bytes
     (two blocks per SM): per k step of Sij and dPij 1 load per FMA (v3 at d = 128: 1.5),
     per row of dVj, dKj 0.625 (v3: 1.06). (32, 32, 4, 2) at d = 128 would need 128 dK/dV
     accumulators a thread, twice v3's register bound. ptxas (sm_90, float32, default
@@ -114,11 +115,15 @@ v4  v3 with dynamic shared memory (experimental, opt-in: version="v4"; GPU and s
     (72 causal); no spills, no stack. Measured on the H200
     (scripts/bwd_v4_sweep.py, run 18 in docs/gpu-results.md; all checks against float64
     passed), before its tiles were indexed with unsigned integers: slower than v3
-    everywhere, so it stays opt-in until it is timed again. With v3's own tiles the
+    everywhere. With v3's own tiles the
     dynamic array costs a third of the speed (d = 64: 73.3 ms against v3's 48.1; d = 128
     at (16, 16, 2, 1): 267.8 against 144.7), as in forward v5; larger tiles at d = 128
     win some of it back but not all ((32, 32, 4, 2): 152.6 ms, 0.95x v3; the default
-    (32, 32, 2, 2): 164.3 ms, 0.88x).
+    (32, 32, 2, 2): 164.3 ms, 0.88x). The same sweep after the change (run 21; v3 without
+    them, 47.93 and 146.04 ms): d = 64, v3's tiles 38.03 ms, (64, 64, 4, 4) 30.71 (causal
+    17.26); d = 128, (32, 32, 2, 2) 84.28 (causal 45.87), (64, 64, 4, 4) 81.29 at one block
+    per SM. v3 with unsigned indices (run 20): 37.89 and 119.44 ms. So v4 is the default
+    for plain float32 attention with d <= 128 (dispatch._default_backward_version).
 
 Float32 sums: every accumulator (dKj, dVj over the Q tiles; dQi over the K/V tiles) adds
 one tile's terms into a fresh partial first and then adds the partial, as the forward does
@@ -902,7 +907,8 @@ def dq_v4_shared_layout(Br, Bc, TM, TN, d):
 @functools.lru_cache(maxsize=None)
 def make_backward_dkdv_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
     """v4 dK/dV kernel: ``make_backward_dkdv_v3``'s kernel with its shared memory taken
-    from dynamic shared memory (opt-in, ``version="v4"``; GPU and simulator).
+    from dynamic shared memory (the default for plain float32 attention, d <= 128; GPU
+    and simulator).
 
     The algorithm, thread layout, barriers and NaN-safety are v3's line for line (see
     make_backward_dkdv_v3 for what each thread owns and why); only where the eight shared

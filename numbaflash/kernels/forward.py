@@ -90,9 +90,11 @@ v5  v4 with dynamic shared memory (the default where it gives larger tiles than 
     doubled the integer instructions of the inner loops. The tiles are now indexed with
     unsigned integers (``U``, kernels/smem.py): the inner loops have fewer instructions
     than v4's (76 and 61 against 90 and 41 for twice the FMAs, d = 64), and the results
-    are bitwise v4's on the simulator. Not yet timed on a GPU since (the device time of
-    that session was spent): scripts/dynamic_smem_timing.py is the check to run first.
-    v5 is the default only where its tiles are larger than v4's.
+    are bitwise v4's on the simulator. Timed on the H200 since (runs 20 and 21,
+    scripts/dynamic_smem_timing.py and scripts/v5_sweep.py; v4 with unsigned indices as
+    well): d = 64, v4's tiles 10.28 ms against v4's 10.50, and (128, 64, 8, 4) 8.33 ms;
+    d = 128, (64, 32, 4, 2) 22.88 ms against v4's 43.36. v5 is now the default for plain
+    attention in float32 and float16 with d <= 128 (dispatch.default_v5_tiles).
 
 Variants (kernels/variants.py, docs/variants.md): v1 and v2 take a compile-time
 ``variant`` and seven more run-time arguments after causal_offset (window_lo, Hq, group,
