@@ -128,9 +128,9 @@ for name, idx, g in zip(("dQ", "dK", "dV"), range(3), grads):
 # Line 15 is the awkward one. Blocks own key/value tiles $j$, but $dQ_i$ collects a term from
 # **every** $j$: all blocks add into the same rows of $dQ$ at once. On a GPU that needs atomic
 # additions, whose order (and so the rounding of the sum) changes from run to run. The
-# library's default (v1) instead runs a third pass that owns the query tiles and
-# recomputes $S_{ij}$, $P_{ij}$, $dP_{ij}$ there; v2 follows the paper with atomics, as a
-# lesson.
+# library's deterministic versions (v1; v3 and v4, the defaults, register-blocked) instead
+# run a third pass that owns the query tiles and recomputes $S_{ij}$, $P_{ij}$, $dP_{ij}$
+# there; v2 follows the paper with atomics, as a lesson.
 
 # %%
 print(inspect.getsource(tiled.backward))

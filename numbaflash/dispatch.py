@@ -565,8 +565,13 @@ def launch_forward(plan, p, Q, K, V, O, L, slopes=None, attn_mask=None):
     # The argument types follow from the input dtype, unless the caller passed arrays of
     # their own (slopes, attn_mask: any dtype and layout); then the dispatcher types them.
     types_key = (p.dtype, p.acc_dtype) if slopes is None and attn_mask is None else None
-    dynamic = plan.shared_bytes if plan.version == "v5" else 0  # v5: bytes go with the launch
-    launch(kernel, plan.grid, plan.block, args, types_key, dynamic)
+    launch(kernel, plan.grid, plan.block, args, types_key, forward_dynamic_shared_bytes(plan))
+
+
+def forward_dynamic_shared_bytes(plan):
+    """The dynamic shared memory a forward launch must ask for: v5's tiles (its
+    ``shared_bytes``); 0 for the versions whose shared arrays are static."""
+    return plan.shared_bytes if plan.version == "v5" else 0
 
 
 _COMPILED = {}      # (kernel, types_key) -> the compiled kernel for those argument types

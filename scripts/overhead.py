@@ -10,7 +10,8 @@ Three timings, each the median over ``--calls`` calls of wall-clock time per cal
 synchronize after every call (so each includes the kernel's own run time):
 
     raw     the compiled kernel of the default plan, launched directly on preallocated
-            (BH, S, d) arrays: what any Numba program pays at least
+            (BH, S, d) arrays (with the dynamic shared memory v5 asks for): what any
+            Numba program pays at least
     api     numbaflash.attention(q, k, v) on device arrays (allocates out; no lse returned)
     api+lse numbaflash.attention(..., return_lse=True)
 
@@ -27,6 +28,7 @@ from numba import cuda
 
 import numbaflash
 from numbaflash import dispatch
+from numbaflash.kernels import smem
 from numbaflash.validate import check_attention_inputs
 
 
@@ -67,7 +69,9 @@ def breakdown(q, k, v, calls):
     O = cuda.device_array(shape3, np.float32)
     L = cuda.device_array((p.BH, p.Sq), np.float32)
     args = (Q, K, V, O, L, np.float32(p.softmax_scale), np.int64(p.causal_offset))
-    config = kernel[plan.grid, plan.block]
+    dynamic = dispatch.forward_dynamic_shared_bytes(plan)
+    smem.allow_dynamic_shared_memory(kernel, args, dynamic)     # above 48 KB (v5)
+    config = kernel[plan.grid, plan.block, 0, dynamic]
     compiled = kernel.compile(tuple(kernel.typeof_pyval(a) for a in args))
     pieces = [
         ("validate + plan (remembered per call key)",
@@ -118,8 +122,12 @@ def main():
         # v1 and v2 also take the variant arguments (placeholders for plain attention)
         extra = dispatch.variant_arguments(p, None, None) if plan.version in ("v1", "v2") else ()
 
+        args_raw = (Q, K, V, O, L, scale, offset, *extra)
+        dynamic = dispatch.forward_dynamic_shared_bytes(plan)     # v5: bytes go with the launch
+        smem.allow_dynamic_shared_memory(kernel, args_raw, dynamic)
+
         def raw():
-            kernel[plan.grid, plan.block](Q, K, V, O, L, scale, offset, *extra)
+            kernel[plan.grid, plan.block, 0, dynamic](*args_raw)
 
         t_raw = per_call_us(raw, args.calls)
         t_api = per_call_us(lambda: numbaflash.attention(q, k, v, causal=causal), args.calls)

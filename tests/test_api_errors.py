@@ -365,7 +365,9 @@ def test_explain_backward_names_each_kernel_or_says_why_not(version, dtype):
     for plan in plans[1:]:
         text = str(plan)
         assert f"tiles (Br, Bc) = ({plan.Br}, {plan.Bc})" in text and "Why:" in text
-        assert plan.shared_bytes <= dispatch.SHARED_MEM_LIMIT
+        # v4's tiles live in dynamic shared memory, up to its target of 100 KB per kernel
+        limit = dispatch.BWD_V4_SHARED_MEM_TARGET if version == "v4" else dispatch.SHARED_MEM_LIMIT
+        assert plan.shared_bytes <= limit
         assert "causal=bottom_right" in text
         if version in ("v3", "v4"):
             TM, TN = plan.thread_tile

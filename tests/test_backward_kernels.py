@@ -390,7 +390,7 @@ def test_launches_are_logged(caplog):
     with caplog.at_level(logging.INFO, logger="numbaflash"):
         numbaflash.attention_backward(case.dout, case.q, case.k, case.v, out, lse, tiles=(4, 4))
     text = caplog.text
-    for kernel in ("backward_preprocess", "backward_dkdv_v3", "backward_dq_v3"):   # the default
+    for kernel in ("backward_preprocess", "backward_dkdv_v4", "backward_dq_v4"):   # the default
         assert kernel in text
     assert "deterministic" in text
 

@@ -54,8 +54,8 @@ v2  A lesson, not the default: Alg.2 l.15 as the paper writes it. backward_dkdv_
     (flash-attention adds into a float32 scratch buffer and converts it afterwards, and
     offers a deterministic mode for the reason in (1)).
 
-v3  Register-blocked SIMT, the default for plain attention (causal or not; runs on the
-    GPU and the simulator). The same three kernels and order of work as v1 (backward_preprocess is
+v3  Register-blocked SIMT, the default for plain attention in float64 and at d > 128
+    (causal or not; runs on the GPU and the simulator; v4 elsewhere). The same three kernels and order of work as v1 (backward_preprocess is
     reused), with the work of a block spread the way forward v4 spreads it. v1 is bound by
     shared-memory loads and by occupancy: each FMA of s, dp, dKj and dVj needs one or two
     shared loads and no loaded value serves a second key, and its 32-thread blocks (16 at

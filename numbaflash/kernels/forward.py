@@ -43,8 +43,8 @@ v3  Tensor cores (GPU only). The same Algorithm 1 with the two matrix products,
     key's TF32 split into NaN; v1 and v2 never read masked keys and keep +-inf scores.
     So v3 runs only when asked for (version="v3"); the default is v2.
 
-v4  Register-blocked SIMT FlashAttention-2 (the default for plain attention in float32 and
-    float16 with d <= 128; runs on the GPU and the simulator). v2 is bound by shared-memory loads: each FMA of
+v4  Register-blocked SIMT FlashAttention-2 (runs on the GPU and the simulator; the
+    default for plain attention from run 14 until v5 replaced it after run 21). v2 is bound by shared-memory loads: each FMA of
     q_i . Kj[c] and p * Vj[c, k] needs one shared load, and no loaded value serves a
     second row. v4 gives each thread a TM x TN block of Sij and a TM x DN block of O_i
     (DN = d / TX, TX = Bc / TN threads per row) in registers, like a SIMT matmul: per k
@@ -65,9 +65,11 @@ v4  Register-blocked SIMT FlashAttention-2 (the default for plain attention in f
     (2, 16, 4096, 64) against v2's 0.23x; faster than v2 in five of issue 5's six cases,
     tied at (2, 16, 4096, 128)). Run 14 passed its GPU property tests and
     compute-sanitizer's memcheck, racecheck and synccheck, and it became the default.
+    With unsigned tile indices (as v5, below; run 20): 10.50 ms against 11.65 before at
+    (2, 16, 4096, 64); memcheck, racecheck and synccheck 0 errors again (run 22).
 
-v5  v4 with dynamic shared memory (the default where it gives larger tiles than v4: plain
-    float32 attention with 72 < d <= 128; GPU and simulator).
+v5  v4 with dynamic shared memory (the default for plain attention in float32 and float16
+    with d <= 128; GPU and simulator).
     v4's static shared arrays are limited to 48 KB per block, which is what holds v4 to
     (32, 16) tiles and 64-thread blocks at d = 128 (0.128x SDPA there against 0.342x at
     d = 64). v5 runs v4's algorithm, thread layout, barriers and NaN-safety unchanged, but
@@ -553,8 +555,8 @@ def make_forward_v3(Bc, d, causal):
 
 @functools.lru_cache(maxsize=None)
 def make_forward_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
-    """v4 (register-blocked SIMT FlashAttention-2) kernel: the default for plain attention
-    in float32 and float16 with d <= 128 (dispatch._default_forward_version).
+    """v4 (register-blocked SIMT FlashAttention-2) kernel (opt-in, ``version="v4"``;
+    v5 is this kernel with dynamic shared memory, and the default).
 
     Launch: grid (Tr, BH) with Tr = ceil(Sq / Br), block (TY * TX,) with TY = Br // TM and
     TX = Bc // TN: thread tid is (ty, tx) = (tid // TX, tid % TX) of a TY x TX grid.
@@ -781,8 +783,7 @@ def v5_shared_layout(Br, Bc, TM, TN, d):
 def make_forward_v5(Br, Bc, TM, TN, d, causal, acc_dtype):
     """v5: forward v4 with its shared memory taken from dynamic shared memory, so that a
     block's tiles may exceed the 48 KB of static shared memory (the default for plain
-    float32 attention at 72 < d <= 128, where its tiles are larger than v4's; runs on the
-    GPU and the simulator).
+    float32 attention with d <= 128; runs on the GPU and the simulator).
 
     The algorithm, thread layout, barriers and NaN-safety are v4's, line for line (see
     make_forward_v4); what changes is where the five shared arrays come from. v4
