@@ -742,7 +742,8 @@ def _plan_backward_blocked(p, where, tiles, reason, preprocess, version):
         "v4": (default_backward_v4_tiles, check_backward_v4_tiles, dkdv_v4_shared_bytes,
                dq_v4_shared_bytes,
                "v3's kernels with their shared memory taken from dynamic shared memory (may "
-               "exceed 48 KB); measured on the H200: 1.2x to 1.7x faster than v3 (runs 20-21)")}[version]
+               "exceed 48 KB); measured on the H200: 1.2x to 1.4x faster than v3 "
+               "(runs 20-21)")}[version]
     if tiles is None:
         Br, Bc, TM, TN = default_tiles(p.d, p.acc_dtype)
         reason += f"; tiles by the {version} rule for d={p.d} in {p.acc_dtype}"

@@ -55,8 +55,9 @@ v2  A lesson, not the default: Alg.2 l.15 as the paper writes it. backward_dkdv_
     offers a deterministic mode for the reason in (1)).
 
 v3  Register-blocked SIMT, the default for plain attention in float64 and at d > 128
-    (causal or not; runs on the GPU and the simulator; v4 elsewhere). The same three kernels and order of work as v1 (backward_preprocess is
-    reused), with the work of a block spread the way forward v4 spreads it. v1 is bound by
+    (causal or not; runs on the GPU and the simulator; v4 elsewhere). The same three
+    kernels and order of work as v1 (backward_preprocess is reused), with the work of a
+    block spread the way forward v4 spreads it. v1 is bound by
     shared-memory loads and by occupancy: each FMA of s, dp, dKj and dVj needs one or two
     shared loads and no loaded value serves a second key, and its 32-thread blocks (16 at
     d = 128) with 255 registers and spills leave about 6 warps per SM. In v3 the (Br, Bc)
@@ -570,13 +571,15 @@ def make_backward_dkdv_v3(Br, Bc, TM, TN, d, causal, acc_dtype):
         dv_t = cuda.local.array((TN, DN), acc)
 
         # Alg.2 l.6: stage Kj, Vj transposed (zeros past Sk and past d).
-        for idx in range(tid, Bc * DP, THREADS):
+        idx = tid
+        while idx < Bc * DP:
             c = idx // DP
             k = idx % DP
             col = j * Bc + c
             inside = col < Sk and k < d
-            KjT[U(k), U(c)] = acc(K[bh, col, k]) if inside else ZERO
-            VjT[U(k), U(c)] = acc(V[bh, col, k]) if inside else ZERO
+            KjT[U(k), U(c)] = acc(K[U(bh), U(col), U(k)]) if inside else ZERO
+            VjT[U(k), U(c)] = acc(V[U(bh), U(col), U(k)]) if inside else ZERO
+            idx += THREADS
         for b in range(TN):             # Alg.2 l.7: dKj = 0, dVj = 0
             for e in range(DN):
                 dk[b, e] = ZERO
@@ -592,15 +595,17 @@ def make_backward_dkdv_v3(Br, Bc, TM, TN, d, causal, acc_dtype):
             cuda.syncthreads()
             # Alg.2 l.9: load Qi, dOi (transposed), L_i, D_i. A row past Sq or with
             # L = -inf is zeros, and its L_i is -inf, so it is skipped below.
-            for idx in range(tid, Br * DP, THREADS):
+            idx = tid
+            while idx < Br * DP:
                 r = idx // DP
                 k = idx % DP
                 row = i * Br + r
                 keep = row < Sq and k < d
                 if keep:
                     keep = L[bh, row] != NEG_INF
-                QiT[U(k), U(r)] = acc(Q[bh, row, k]) if keep else ZERO
-                dOiT[U(k), U(r)] = acc(dO[bh, row, k]) if keep else ZERO
+                QiT[U(k), U(r)] = acc(Q[U(bh), U(row), U(k)]) if keep else ZERO
+                dOiT[U(k), U(r)] = acc(dO[U(bh), U(row), U(k)]) if keep else ZERO
+                idx += THREADS
             for r in range(tid, Br, THREADS):
                 row = i * Br + r
                 L_i[U(r)] = L[bh, row] * LOG2E_ACC if row < Sq else NEG_INF
@@ -614,7 +619,8 @@ def make_backward_dkdv_v3(Br, Bc, TM, TN, d, causal, acc_dtype):
                 for b in range(TN):
                     s[a, b] = ZERO
                     dp[a, b] = ZERO
-            for k in range(d):
+            k = 0
+            while k < d:             # a while loop, not range(): see kernels/__init__.py
                 for a in range(TM):
                     qa[a] = QiT[U(k), U(ty + TY * a)]
                     da[a] = dOiT[U(k), U(ty + TY * a)]
@@ -625,6 +631,7 @@ def make_backward_dkdv_v3(Br, Bc, TM, TN, d, causal, acc_dtype):
                     for b in range(TN):
                         s[a, b] += qa[a] * kb[b]
                         dp[a, b] += da[a] * vb[b]
+                k += 1
             # Alg.2 l.11 and l.14: Pij = exp(Sij - L_i), dSij = Pij * (dPij - D_i); masked
             # pairs get exactly 0 without an exp (and without reading their S or dP).
             for a in range(TM):
@@ -655,7 +662,8 @@ def make_backward_dkdv_v3(Br, Bc, TM, TN, d, causal, acc_dtype):
                     dv_t[b, e] = ZERO
             if not causal or last_col <= i * Br + causal_offset:
                 # every row of the tile sees every key of the block: no test
-                for r in range(Br):
+                r = 0
+                while r < Br:             # a while loop, not range(): see kernels/__init__.py
                     for b in range(TN):
                         pb[b] = Pij[U(r), U(tx + TX * b)]
                         sb[b] = dSij[U(r), U(tx + TX * b)]
@@ -666,10 +674,12 @@ def make_backward_dkdv_v3(Br, Bc, TM, TN, d, causal, acc_dtype):
                         for e in range(DN):
                             dv_t[b, e] += pb[b] * oe[e]
                             dk_t[b, e] += sb[b] * qe[e]
+                    r += 1
             else:
                 # the causal diagonal: hidden (row, key) pairs never read q or dO, so a
                 # NaN in the row of a query that does not see the key has no effect
-                for r in range(Br):
+                r = 0
+                while r < Br:             # a while loop, not range(): see kernels/__init__.py
                     row = i * Br + r
                     for b in range(TN):
                         pb[b] = Pij[U(r), U(tx + TX * b)]
@@ -682,6 +692,7 @@ def make_backward_dkdv_v3(Br, Bc, TM, TN, d, causal, acc_dtype):
                             for e in range(DN):
                                 dv_t[b, e] += pb[b] * oe[e]
                                 dk_t[b, e] += sb[b] * qe[e]
+                    r += 1
             for b in range(TN):
                 for e in range(DN):
                     dk[b, e] += dk_t[b, e]
@@ -755,13 +766,15 @@ def make_backward_dq_v3(Br, Bc, TM, TN, d, causal, acc_dtype):
 
         # Alg.2 l.9: stage Qi and dOi transposed (zeros past Sq and past d); L and D of
         # this thread's rows into registers; dQi = 0.
-        for idx in range(tid, Br * DP, THREADS):
+        idx = tid
+        while idx < Br * DP:
             r = idx // DP
             k = idx % DP
             row = i * Br + r
             inside = row < Sq and k < d
-            QiT[U(k), U(r)] = acc(Q[bh, row, k]) if inside else ZERO
-            dOiT[U(k), U(r)] = acc(dO[bh, row, k]) if inside else ZERO
+            QiT[U(k), U(r)] = acc(Q[U(bh), U(row), U(k)]) if inside else ZERO
+            dOiT[U(k), U(r)] = acc(dO[U(bh), U(row), U(k)]) if inside else ZERO
+            idx += THREADS
         for a in range(TM):
             row = i * Br + ty + TY * a
             L_a[a] = L[bh, row] * LOG2E_ACC if row < Sq else NEG_INF
@@ -778,13 +791,15 @@ def make_backward_dq_v3(Br, Bc, TM, TN, d, causal, acc_dtype):
             # first tile: until QiT and dOiT are complete).
             cuda.syncthreads()
             # Alg.2 l.6: load Kj, Vj transposed; zeros past Sk and past d.
-            for idx in range(tid, Bc * DP, THREADS):
+            idx = tid
+            while idx < Bc * DP:
                 c = idx // DP
                 k = idx % DP
                 col = j * Bc + c
                 inside = col < Sk and k < d
-                KjT[U(k), U(c)] = acc(K[bh, col, k]) if inside else ZERO
-                VjT[U(k), U(c)] = acc(V[bh, col, k]) if inside else ZERO
+                KjT[U(k), U(c)] = acc(K[U(bh), U(col), U(k)]) if inside else ZERO
+                VjT[U(k), U(c)] = acc(V[U(bh), U(col), U(k)]) if inside else ZERO
+                idx += THREADS
             # Wait until KjT and VjT are complete.
             cuda.syncthreads()
 
@@ -793,7 +808,8 @@ def make_backward_dq_v3(Br, Bc, TM, TN, d, causal, acc_dtype):
                 for b in range(TN):
                     s[a, b] = ZERO
                     dp[a, b] = ZERO
-            for k in range(d):
+            k = 0
+            while k < d:             # a while loop, not range(): see kernels/__init__.py
                 for a in range(TM):
                     qa[a] = QiT[U(k), U(ty + TY * a)]
                     da[a] = dOiT[U(k), U(ty + TY * a)]
@@ -804,6 +820,7 @@ def make_backward_dq_v3(Br, Bc, TM, TN, d, causal, acc_dtype):
                     for b in range(TN):
                         s[a, b] += qa[a] * kb[b]
                         dp[a, b] += da[a] * vb[b]
+                k += 1
             # Alg.2 l.11 and l.14: Pij and dSij; masked pairs and rows that see no key
             # (L = -inf) get dS = 0 without an exp.
             for a in range(TM):
@@ -829,7 +846,8 @@ def make_backward_dq_v3(Br, Bc, TM, TN, d, causal, acc_dtype):
                     dq_t[a, e] = ZERO
             if not causal or j * Bc + Bc - 1 <= first_limit:
                 # every row of the block sees every key of the tile: no test
-                for c in range(Bc):
+                c = 0
+                while c < Bc:             # a while loop, not range(): see kernels/__init__.py
                     for a in range(TM):
                         sa[a] = dSij[U(ty + TY * a), U(c)]
                     for e in range(DN):
@@ -837,10 +855,12 @@ def make_backward_dq_v3(Br, Bc, TM, TN, d, causal, acc_dtype):
                     for a in range(TM):
                         for e in range(DN):
                             dq_t[a, e] += sa[a] * ke[e]
+                    c += 1
             else:
                 # the causal diagonal: a key hidden from a row is never read for it, so
                 # a NaN in that key has no effect on the row
-                for c in range(Bc):
+                c = 0
+                while c < Bc:             # a while loop, not range(): see kernels/__init__.py
                     col = j * Bc + c
                     for a in range(TM):
                         sa[a] = dSij[U(ty + TY * a), U(c)]
@@ -850,6 +870,7 @@ def make_backward_dq_v3(Br, Bc, TM, TN, d, causal, acc_dtype):
                         if col <= i * Br + ty + TY * a + causal_offset:
                             for e in range(DN):
                                 dq_t[a, e] += sa[a] * ke[e]
+                    c += 1
             for a in range(TM):
                 for e in range(DN):
                     dq[a, e] += dq_t[a, e]
@@ -986,13 +1007,15 @@ def make_backward_dkdv_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
 
         # From here on, v3 line for line (with the flat indices above).
         # Alg.2 l.6: stage Kj, Vj transposed (zeros past Sk and past d).
-        for idx in range(tid, Bc * DP, THREADS):
+        idx = tid
+        while idx < Bc * DP:
             c = idx // DP
             k = idx % DP
             col = j * Bc + c
             inside = col < Sk and k < d
-            KjT[U(k * BcP + c)] = acc(K[bh, col, k]) if inside else ZERO
-            VjT[U(k * BcP + c)] = acc(V[bh, col, k]) if inside else ZERO
+            KjT[U(k * BcP + c)] = acc(K[U(bh), U(col), U(k)]) if inside else ZERO
+            VjT[U(k * BcP + c)] = acc(V[U(bh), U(col), U(k)]) if inside else ZERO
+            idx += THREADS
         for b in range(TN):             # Alg.2 l.7: dKj = 0, dVj = 0
             for e in range(DN):
                 dk[b, e] = ZERO
@@ -1008,15 +1031,17 @@ def make_backward_dkdv_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
             cuda.syncthreads()
             # Alg.2 l.9: load Qi, dOi (transposed), L_i, D_i. A row past Sq or with
             # L = -inf is zeros, and its L_i is -inf, so it is skipped below.
-            for idx in range(tid, Br * DP, THREADS):
+            idx = tid
+            while idx < Br * DP:
                 r = idx // DP
                 k = idx % DP
                 row = i * Br + r
                 keep = row < Sq and k < d
                 if keep:
                     keep = L[bh, row] != NEG_INF
-                QiT[U(k * BrP + r)] = acc(Q[bh, row, k]) if keep else ZERO
-                dOiT[U(k * BrP + r)] = acc(dO[bh, row, k]) if keep else ZERO
+                QiT[U(k * BrP + r)] = acc(Q[U(bh), U(row), U(k)]) if keep else ZERO
+                dOiT[U(k * BrP + r)] = acc(dO[U(bh), U(row), U(k)]) if keep else ZERO
+                idx += THREADS
             for r in range(tid, Br, THREADS):
                 row = i * Br + r
                 L_i[U(r)] = L[bh, row] * LOG2E_ACC if row < Sq else NEG_INF
@@ -1030,7 +1055,8 @@ def make_backward_dkdv_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
                 for b in range(TN):
                     s[a, b] = ZERO
                     dp[a, b] = ZERO
-            for k in range(d):
+            k = 0
+            while k < d:             # a while loop, not range(): see kernels/__init__.py
                 for a in range(TM):
                     qa[a] = QiT[U(k * BrP + ty + TY * a)]
                     da[a] = dOiT[U(k * BrP + ty + TY * a)]
@@ -1041,6 +1067,7 @@ def make_backward_dkdv_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
                     for b in range(TN):
                         s[a, b] += qa[a] * kb[b]
                         dp[a, b] += da[a] * vb[b]
+                k += 1
             # Alg.2 l.11 and l.14: Pij = exp(Sij - L_i), dSij = Pij * (dPij - D_i); masked
             # pairs get exactly 0 without an exp (and without reading their S or dP).
             for a in range(TM):
@@ -1071,7 +1098,8 @@ def make_backward_dkdv_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
                     dv_t[b, e] = ZERO
             if not causal or last_col <= i * Br + causal_offset:
                 # every row of the tile sees every key of the block: no test
-                for r in range(Br):
+                r = 0
+                while r < Br:             # a while loop, not range(): see kernels/__init__.py
                     for b in range(TN):
                         pb[b] = Pij[U(r * BcP + tx + TX * b)]
                         sb[b] = dSij[U(r * BcP + tx + TX * b)]
@@ -1082,10 +1110,12 @@ def make_backward_dkdv_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
                         for e in range(DN):
                             dv_t[b, e] += pb[b] * oe[e]
                             dk_t[b, e] += sb[b] * qe[e]
+                    r += 1
             else:
                 # the causal diagonal: hidden (row, key) pairs never read q or dO, so a
                 # NaN in the row of a query that does not see the key has no effect
-                for r in range(Br):
+                r = 0
+                while r < Br:             # a while loop, not range(): see kernels/__init__.py
                     row = i * Br + r
                     for b in range(TN):
                         pb[b] = Pij[U(r * BcP + tx + TX * b)]
@@ -1098,6 +1128,7 @@ def make_backward_dkdv_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
                             for e in range(DN):
                                 dv_t[b, e] += pb[b] * oe[e]
                                 dk_t[b, e] += sb[b] * qe[e]
+                    r += 1
             for b in range(TN):
                 for e in range(DN):
                     dk[b, e] += dk_t[b, e]
@@ -1174,13 +1205,15 @@ def make_backward_dq_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
         # From here on, v3 line for line (with the flat indices above).
         # Alg.2 l.9: stage Qi and dOi transposed (zeros past Sq and past d); L and D of
         # this thread's rows into registers; dQi = 0.
-        for idx in range(tid, Br * DP, THREADS):
+        idx = tid
+        while idx < Br * DP:
             r = idx // DP
             k = idx % DP
             row = i * Br + r
             inside = row < Sq and k < d
-            QiT[U(k * BrP + r)] = acc(Q[bh, row, k]) if inside else ZERO
-            dOiT[U(k * BrP + r)] = acc(dO[bh, row, k]) if inside else ZERO
+            QiT[U(k * BrP + r)] = acc(Q[U(bh), U(row), U(k)]) if inside else ZERO
+            dOiT[U(k * BrP + r)] = acc(dO[U(bh), U(row), U(k)]) if inside else ZERO
+            idx += THREADS
         for a in range(TM):
             row = i * Br + ty + TY * a
             L_a[a] = L[bh, row] * LOG2E_ACC if row < Sq else NEG_INF
@@ -1197,13 +1230,15 @@ def make_backward_dq_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
             # first tile: until QiT and dOiT are complete).
             cuda.syncthreads()
             # Alg.2 l.6: load Kj, Vj transposed; zeros past Sk and past d.
-            for idx in range(tid, Bc * DP, THREADS):
+            idx = tid
+            while idx < Bc * DP:
                 c = idx // DP
                 k = idx % DP
                 col = j * Bc + c
                 inside = col < Sk and k < d
-                KjT[U(k * BcP + c)] = acc(K[bh, col, k]) if inside else ZERO
-                VjT[U(k * BcP + c)] = acc(V[bh, col, k]) if inside else ZERO
+                KjT[U(k * BcP + c)] = acc(K[U(bh), U(col), U(k)]) if inside else ZERO
+                VjT[U(k * BcP + c)] = acc(V[U(bh), U(col), U(k)]) if inside else ZERO
+                idx += THREADS
             # Wait until KjT and VjT are complete.
             cuda.syncthreads()
 
@@ -1212,7 +1247,8 @@ def make_backward_dq_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
                 for b in range(TN):
                     s[a, b] = ZERO
                     dp[a, b] = ZERO
-            for k in range(d):
+            k = 0
+            while k < d:             # a while loop, not range(): see kernels/__init__.py
                 for a in range(TM):
                     qa[a] = QiT[U(k * BrP + ty + TY * a)]
                     da[a] = dOiT[U(k * BrP + ty + TY * a)]
@@ -1223,6 +1259,7 @@ def make_backward_dq_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
                     for b in range(TN):
                         s[a, b] += qa[a] * kb[b]
                         dp[a, b] += da[a] * vb[b]
+                k += 1
             # Alg.2 l.11 and l.14: Pij and dSij; masked pairs and rows that see no key
             # (L = -inf) get dS = 0 without an exp.
             for a in range(TM):
@@ -1248,7 +1285,8 @@ def make_backward_dq_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
                     dq_t[a, e] = ZERO
             if not causal or j * Bc + Bc - 1 <= first_limit:
                 # every row of the block sees every key of the tile: no test
-                for c in range(Bc):
+                c = 0
+                while c < Bc:             # a while loop, not range(): see kernels/__init__.py
                     for a in range(TM):
                         sa[a] = dSij[U((ty + TY * a) * BcP + c)]
                     for e in range(DN):
@@ -1256,10 +1294,12 @@ def make_backward_dq_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
                     for a in range(TM):
                         for e in range(DN):
                             dq_t[a, e] += sa[a] * ke[e]
+                    c += 1
             else:
                 # the causal diagonal: a key hidden from a row is never read for it, so
                 # a NaN in that key has no effect on the row
-                for c in range(Bc):
+                c = 0
+                while c < Bc:             # a while loop, not range(): see kernels/__init__.py
                     col = j * Bc + c
                     for a in range(TM):
                         sa[a] = dSij[U((ty + TY * a) * BcP + c)]
@@ -1269,6 +1309,7 @@ def make_backward_dq_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
                         if col <= i * Br + ty + TY * a + causal_offset:
                             for e in range(DN):
                                 dq_t[a, e] += sa[a] * ke[e]
+                    c += 1
             for a in range(TM):
                 for e in range(DN):
                     dq[a, e] += dq_t[a, e]

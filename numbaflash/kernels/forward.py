@@ -44,9 +44,10 @@ v3  Tensor cores (GPU only). The same Algorithm 1 with the two matrix products,
     So v3 runs only when asked for (version="v3"); the default is v2.
 
 v4  Register-blocked SIMT FlashAttention-2 (runs on the GPU and the simulator; the
-    default for plain attention from run 14 until v5 replaced it after run 21). v2 is bound by shared-memory loads: each FMA of
-    q_i . Kj[c] and p * Vj[c, k] needs one shared load, and no loaded value serves a
-    second row. v4 gives each thread a TM x TN block of Sij and a TM x DN block of O_i
+    default for plain attention from run 14 until v5 replaced it after run 21). v2 is
+    bound by shared-memory loads: each FMA of q_i . Kj[c] and p * Vj[c, k] needs one
+    shared load, and no loaded value serves a second row. v4 gives each thread a TM x TN
+    block of Sij and a TM x DN block of O_i
     (DN = d / TX, TX = Bc / TN threads per row) in registers, like a SIMT matmul: per k
     step of Sij it loads TM values of Qi and TN of Kj and does TM * TN FMAs, and per key of
     P~ij Vj it loads TM values of P~ij and DN of Vj for TM * DN FMAs. Default float32 tiles
@@ -651,13 +652,15 @@ def make_forward_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
             # for j = 0, until QiT is complete).
             cuda.syncthreads()
             # Alg.1 l.7: load Kj (transposed) and Vj; rows past Sk and columns past d are 0.
-            for idx in range(tid, Bc * DP, THREADS):
+            idx = tid
+            while idx < Bc * DP:
                 c = idx // DP
                 k = idx % DP
                 col = j * Bc + c
                 inside = col < Sk and k < d
-                KjT[U(k), U(c)] = acc(K[bh, col, k]) if inside else ZERO
-                Vj[U(c), U(k)] = acc(V[bh, col, k]) if inside else ZERO
+                KjT[U(k), U(c)] = acc(K[U(bh), U(col), U(k)]) if inside else ZERO
+                Vj[U(c), U(k)] = acc(V[U(bh), U(col), U(k)]) if inside else ZERO
+                idx += THREADS
             # Wait until KjT and Vj are complete.
             cuda.syncthreads()
 
@@ -665,7 +668,8 @@ def make_forward_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
             for a in range(TM):
                 for b in range(TN):
                     s[a, b] = ZERO
-            for k in range(DP):
+            k = 0
+            while k < DP:             # a while loop, not range(): see kernels/__init__.py
                 for a in range(TM):
                     qa[a] = QiT[U(k), U(ty + TY * a)]
                 for b in range(TN):
@@ -673,6 +677,7 @@ def make_forward_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
                 for a in range(TM):
                     for b in range(TN):
                         s[a, b] += qa[a] * kb[b]
+                k += 1
             # Scale and mask; this thread's part of each row's max ('>': NaN never wins).
             for a in range(TM):
                 row = i * Br + ty + TY * a
@@ -715,7 +720,8 @@ def make_forward_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
             # Alg.1 l.10: ... + P~ij Vj, TM + DN loads per key.
             if not causal or j * Bc + Bc - 1 <= first_limit:
                 # no key of this tile is hidden from any row of the block
-                for c in range(Bc):
+                c = 0
+                while c < Bc:             # a while loop, not range(): see kernels/__init__.py
                     for a in range(TM):
                         pa[a] = Pij[U(ty + TY * a), U(c)]
                     for e in range(DN):
@@ -723,9 +729,11 @@ def make_forward_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
                     for a in range(TM):
                         for e in range(DN):
                             o[a, e] += pa[a] * ve[e]
+                    c += 1
             else:
                 # the causal diagonal: hidden (row, key) pairs never read V (NaN-safe)
-                for c in range(Bc):
+                c = 0
+                while c < Bc:             # a while loop, not range(): see kernels/__init__.py
                     col = j * Bc + c
                     for a in range(TM):
                         pa[a] = Pij[U(ty + TY * a), U(c)]
@@ -735,6 +743,7 @@ def make_forward_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
                         if col <= i * Br + ty + TY * a + causal_offset:
                             for e in range(DN):
                                 o[a, e] += pa[a] * ve[e]
+                    c += 1
 
         # Alg.1 l.12-16: each row's sum from its TX parts (red was last read before the
         # last tile's fourth barrier, so it is free), normalise once, write O and L.
@@ -881,13 +890,15 @@ def make_forward_v5(Br, Bc, TM, TN, d, causal, acc_dtype):
             # for j = 0, until QiT is complete).
             cuda.syncthreads()
             # Alg.1 l.7: load Kj (transposed) and Vj; rows past Sk and columns past d are 0.
-            for idx in range(tid, Bc * DP, THREADS):
+            idx = tid
+            while idx < Bc * DP:
                 c = idx // DP
                 k = idx % DP
                 col = j * Bc + c
                 inside = col < Sk and k < d
-                KjT[U(k * BcP + c)] = acc(K[bh, col, k]) if inside else ZERO
-                Vj[U(c * DP + k)] = acc(V[bh, col, k]) if inside else ZERO
+                KjT[U(k * BcP + c)] = acc(K[U(bh), U(col), U(k)]) if inside else ZERO
+                Vj[U(c * DP + k)] = acc(V[U(bh), U(col), U(k)]) if inside else ZERO
+                idx += THREADS
             # Wait until KjT and Vj are complete.
             cuda.syncthreads()
 
@@ -895,7 +906,8 @@ def make_forward_v5(Br, Bc, TM, TN, d, causal, acc_dtype):
             for a in range(TM):
                 for b in range(TN):
                     s[a, b] = ZERO
-            for k in range(DP):
+            k = 0
+            while k < DP:             # a while loop, not range(): see kernels/__init__.py
                 for a in range(TM):
                     qa[a] = QiT[U(k * BrP + ty + TY * a)]
                 for b in range(TN):
@@ -903,6 +915,7 @@ def make_forward_v5(Br, Bc, TM, TN, d, causal, acc_dtype):
                 for a in range(TM):
                     for b in range(TN):
                         s[a, b] += qa[a] * kb[b]
+                k += 1
             # Scale and mask; this thread's part of each row's max ('>': NaN never wins).
             for a in range(TM):
                 row = i * Br + ty + TY * a
@@ -945,7 +958,8 @@ def make_forward_v5(Br, Bc, TM, TN, d, causal, acc_dtype):
             # Alg.1 l.10: ... + P~ij Vj, TM + DN loads per key.
             if not causal or j * Bc + Bc - 1 <= first_limit:
                 # no key of this tile is hidden from any row of the block
-                for c in range(Bc):
+                c = 0
+                while c < Bc:             # a while loop, not range(): see kernels/__init__.py
                     for a in range(TM):
                         pa[a] = Pij[U((ty + TY * a) * BcP + c)]
                     for e in range(DN):
@@ -953,9 +967,11 @@ def make_forward_v5(Br, Bc, TM, TN, d, causal, acc_dtype):
                     for a in range(TM):
                         for e in range(DN):
                             o[a, e] += pa[a] * ve[e]
+                    c += 1
             else:
                 # the causal diagonal: hidden (row, key) pairs never read V (NaN-safe)
-                for c in range(Bc):
+                c = 0
+                while c < Bc:             # a while loop, not range(): see kernels/__init__.py
                     col = j * Bc + c
                     for a in range(TM):
                         pa[a] = Pij[U((ty + TY * a) * BcP + c)]
@@ -965,6 +981,7 @@ def make_forward_v5(Br, Bc, TM, TN, d, causal, acc_dtype):
                         if col <= i * Br + ty + TY * a + causal_offset:
                             for e in range(DN):
                                 o[a, e] += pa[a] * ve[e]
+                    c += 1
 
         # Alg.1 l.12-16: each row's sum from its TX parts (red was last read before the
         # last tile's fourth barrier, so it is free), normalise once, write O and L.
