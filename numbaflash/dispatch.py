@@ -394,7 +394,8 @@ def _default_forward_version(p, where):
     fastest version that is exact for every input. On the H200 (docs/gpu-results.md, runs
     20 and 21, at (2, 16, 4096, d)): d = 64, v5 8.33 ms against v4's 10.50 (both with
     unsigned tile indices) and v2's 17.99; d = 128, v5 22.88 ms against v4's 43.36 and
-    v2's 46.04. v5's tiles are larger than the 48 KB static limit allows v4. (Before its
+    v2's 46.04; with while loops in both (run 26), v5 5.86 and 15.50 ms against v4's 7.09
+    and 21.04. v5's tiles are larger than the 48 KB static limit allows v4. (Before its
     tiles were indexed with unsigned integers, v5 was the slower of the two with the same
     tiles, 17.6 against 12.1 ms at d = 64, run 17: kernels/smem.py says why.)
 
@@ -742,8 +743,8 @@ def _plan_backward_blocked(p, where, tiles, reason, preprocess, version):
         "v4": (default_backward_v4_tiles, check_backward_v4_tiles, dkdv_v4_shared_bytes,
                dq_v4_shared_bytes,
                "v3's kernels with their shared memory taken from dynamic shared memory (may "
-               "exceed 48 KB); measured on the H200: 1.2x to 1.4x faster than v3 "
-               "(runs 20-21)")}[version]
+               "exceed 48 KB); measured on the H200: as fast as v3 to 1.4x faster "
+               "(runs 20-26)")}[version]
     if tiles is None:
         Br, Bc, TM, TN = default_tiles(p.d, p.acc_dtype)
         reason += f"; tiles by the {version} rule for d={p.d} in {p.acc_dtype}"
@@ -848,7 +849,8 @@ def _default_backward_version(p):
     not, in float32 or float16 with d <= 128: deterministic like v1 and v3, and the
     fastest on the H200 (docs/gpu-results.md, run 21, at (2, 16, 4096, d)): d = 64, 30.71
     ms against v3's 37.89 (run 20; both with unsigned tile indices); d = 128, 84.28 ms
-    against v3's 119.44 (run 20). v3 (the same kernels in 48 KB of static shared memory)
+    against v3's 119.44 (run 20). With while loops in both (run 26): 24.13 against 28.68
+    ms and 65.41 against 89.33; causal at d = 64 they tie (15.63 and 15.56). v3 (the same kernels in 48 KB of static shared memory)
     in float64 and at d > 128, where v4 was not measured; v3 was 3.7x to 7.4x faster than
     v1 (run 11). v1 when the call asks for a variant (window, GQA, softcap, ALiBi, masks,
     user modifiers), which only v1 supports.

@@ -124,7 +124,10 @@ v4  v3 with dynamic shared memory (the default for plain float32 attention with 
     them, 47.93 and 146.04 ms): d = 64, v3's tiles 38.03 ms, (64, 64, 4, 4) 30.71 (causal
     17.26); d = 128, (32, 32, 2, 2) 84.28 (causal 45.87), (64, 64, 4, 4) 81.29 at one block
     per SM. v3 with unsigned indices (run 20): 37.89 and 119.44 ms. So v4 is the default
-    for plain float32 attention with d <= 128 (dispatch._default_backward_version).
+    for plain float32 attention with d <= 128 (dispatch._default_backward_version). With
+    while loops (kernels/__init__.py; run 26): v4 24.13 ms at d = 64 (29.91 before) and
+    65.41 at d = 128 (83.66), v3 28.68 and 89.33; causal at d = 64 the two tie (15.63 and
+    15.56 ms).
 
 Float32 sums: every accumulator (dKj, dVj over the Q tiles; dQi over the K/V tiles) adds
 one tile's terms into a fresh partial first and then adds the partial, as the forward does
