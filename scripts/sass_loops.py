@@ -2,16 +2,20 @@
 
     python scripts/sass_loops.py [--nvdisasm PATH] [--d 64]
 
-Compiles forward v4 and v5 and backward v3 and v4 (float32, not causal, their GPU default
-tiles for head dim d, and v3's tiles for v4 too) to PTX with Numba, links the PTX to an
-sm_90 cubin with nvJitLink (numba-cuda[cu13]), disassembles it with ``nvdisasm`` (from a
-CUDA toolkit; pass its path if it is not on PATH) and prints, for every loop with at
-least 16 FFMAs and no barrier (the multiply-add loops), its instruction count, shared
-loads (LDS), FFMAs and integer instructions (IMAD, IADD3, LEA, SHF, ISETP, SEL).
+Compiles forward v4 and v5 and backward v3 and v4 (float32, not causal; v4 and v3 with
+their GPU default tiles for head dim d, v5 and backward v4 with those and with their own
+GPU defaults) to PTX with Numba, links the PTX to an sm_90 cubin with nvJitLink
+(numba-cuda[cu13]), disassembles it with ``nvdisasm`` (from a CUDA toolkit; pass its path
+if it is not on PATH) and prints, for every loop with at least 16 FFMAs and no barrier
+(the multiply-add loops), its instruction count, shared loads (LDS), FFMAs and integer
+instructions (IMAD, IADD3, LEA, SHF, ISETP, SEL); and, on a second line, for every loop
+with global loads and shared stores (the tile-loading loops), its instruction count,
+global loads (LDG) and shared stores (STS).
 
-It is the evidence behind kernels/smem.py's ``U``: before the dynamic-shared-memory
+It is the evidence behind kernels/smem.py's ``U`` (before the dynamic-shared-memory
 kernels indexed their tiles with unsigned integers, their inner loops carried twice the
-integer instructions of the static-array kernels' (Numba's negative-index wraparound).
+integer instructions of the static-array kernels', from Numba's negative-index
+wraparound) and behind the while loops of kernels/__init__.py.
 """
 
 import argparse
@@ -48,9 +52,10 @@ def cubin(ptx):
     return bytes(buf)
 
 
-def inner_loops(sass):
+def inner_loops(sass, load_loops=False):
     """(instructions, LDS, FFMA, integer) for each backward-branch loop with >= 16 FFMAs
-    and no barrier."""
+    and no barrier; with ``load_loops``, (instructions, LDG, STS) for each loop with
+    global loads and shared stores and no FFMA (the tile-loading loops) instead."""
     lines = sass.splitlines()
     labels = {m.group(1): i for i, line in enumerate(lines)
               if (m := re.match(r"\s*(\.L_x_\d+):", line))}
@@ -61,7 +66,10 @@ def inner_loops(sass):
             continue
         body = [x for x in lines[labels[m.group(1)]:i + 1] if re.search(r"/\*[0-9a-f]{4,}\*/", x)]
         count = lambda pattern: sum(1 for x in body if re.search(pattern, x))  # noqa: E731
-        if count(r"FFMA") >= 16 and not count(r"BAR"):
+        if load_loops:
+            if count(r"\bLDG") and count(r"\bSTS") and not count(r"FFMA"):
+                loops.append((len(body), count(r"\bLDG"), count(r"\bSTS")))
+        elif count(r"FFMA") >= 16 and not count(r"BAR"):
             loops.append((len(body), count(r"\bLDS"), count(r"FFMA"),
                           count(r"IMAD|IADD3|LEA|SHF|ISETP|SEL")))
     return sorted(loops, reverse=True)
@@ -75,15 +83,19 @@ def main():
     if not args.nvdisasm:
         sys.exit("nvdisasm not found: pass --nvdisasm PATH (it comes with a CUDA toolkit)")
     d, f32 = args.d, np.float32
-    v4 = dispatch.V4_CANDIDATES[0] if d <= 72 else (32, 16, 4, 2)
-    b3 = (32, 32, 4, 2) if d <= 64 else (16, 16, 2, 1)
+    v4 = dispatch.default_v4_tiles(d, "float32")
+    v5 = dispatch.default_v5_tiles(d, "float32")
+    b3 = dispatch.default_backward_v3_tiles(d, "float32")
+    b4 = dispatch.default_backward_v4_tiles(d, "float32")
+    fsig = ptx_check.forward_signature(f32, f32)
+    bsig = ptx_check.backward_v3_signatures(f32, f32)[0]
     kernels = [
-        ("forward v4", fwd.make_forward_v4(*v4, d, False, "float32"), ptx_check.forward_signature(f32, f32)),
-        ("forward v5", fwd.make_forward_v5(*v4, d, False, "float32"), ptx_check.forward_signature(f32, f32)),
-        ("backward v3 dK/dV", bwd.make_backward_dkdv_v3(*b3, d, False, "float32"),
-         ptx_check.backward_v3_signatures(f32, f32)[0]),
-        ("backward v4 dK/dV", bwd.make_backward_dkdv_v4(*b3, d, False, "float32"),
-         ptx_check.backward_v3_signatures(f32, f32)[0]),
+        (f"forward v4 {v4}", fwd.make_forward_v4(*v4, d, False, "float32"), fsig),
+        (f"forward v5 {v4}", fwd.make_forward_v5(*v4, d, False, "float32"), fsig),
+        (f"forward v5 {v5}", fwd.make_forward_v5(*v5, d, False, "float32"), fsig),
+        (f"backward v3 dK/dV {b3}", bwd.make_backward_dkdv_v3(*b3, d, False, "float32"), bsig),
+        (f"backward v4 dK/dV {b3}", bwd.make_backward_dkdv_v4(*b3, d, False, "float32"), bsig),
+        (f"backward v4 dK/dV {b4}", bwd.make_backward_dkdv_v4(*b4, d, False, "float32"), bsig),
     ]
     with tempfile.TemporaryDirectory() as tmp:
         for name, kernel, signature in kernels:
@@ -95,7 +107,9 @@ def main():
                                   check=True).stdout
             loops = ", ".join(f"{n} insts ({lds} LDS, {ffma} FFMA, {integer} integer)"
                               for n, lds, ffma, integer in inner_loops(sass))
-            print(f"d={d} {name:18s} {loops}")
+            loads = ", ".join(f"{n} insts ({ldg} LDG, {sts} STS)"
+                              for n, ldg, sts in inner_loops(sass, load_loops=True))
+            print(f"d={d} {name:36s} {loops}\n{'':42s}tile loads: {loads}")
 
 
 if __name__ == "__main__":

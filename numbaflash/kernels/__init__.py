@@ -7,9 +7,10 @@ and v5, backward v3 and v4):
   (``k = 0`` / ``while k < DP:`` / ... / ``k += 1``), not ``for k in range(DP)``.
   Numba lowers ``range`` with a 64-bit iteration count and a select per step, and NVVM
   then neither unrolls the loop nor strength-reduces its addresses: in forward v5's SASS
-  (sm_90, d = 64, tiles (128, 64, 8, 4)) each k step took 59 instructions for 32 FFMAs
-  and 12 shared loads. As a ``while`` loop NVVM unrolls it four times: 187 instructions
-  for 128 FFMAs and 48 loads (``python scripts/sass_loops.py``). The arithmetic, and so
+  (sm_90, d = 64, tiles (128, 64, 8, 4)) each step of its two loops took 59 and 57
+  instructions for 32 FFMAs and 12 shared loads. As ``while`` loops NVVM unrolls them
+  four times: 186 and 185 instructions for 128 FFMAs and 48 loads (``python
+  scripts/sass_loops.py``; 46 instead of 58 per 32 FFMAs). The arithmetic, and so
   every result, is unchanged. Small loops with compile-time trip counts (``for a in
   range(TM)``) stay ``for`` loops: NVVM unrolls those completely.
 * Indices that cannot be negative are passed as unsigned integers (``U`` in smem.py),
