@@ -55,7 +55,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from numba import cuda
+from numba import config, cuda
 
 from .kernels import backward as bwd_kernels
 from .kernels import forward as fwd_kernels
@@ -335,7 +335,8 @@ def _plan_forward_blocked(p, where, tiles, reason, version):
 # (kernels/forward.py, make_forward_v5), so the same shared bytes (v5_shared_bytes equals
 # v4_shared_bytes) may exceed 48 KB. Tile rule: the first (Br, Bc, TM, TN) of
 # V5_CANDIDATES whose shared memory fits in V5_SHARED_MEM_TARGET (113 KB: two blocks,
-# each with the 1 KB the driver reserves, fit the 228 KB of an H200 SM) and whose O block
+# each with the 1 KB the driver reserves, fit the 228 KB of an H200 SM; on a GPU that
+# allows a block less, its own maximum, device_dynamic_shared_limit) and whose O block
 # per thread fits V4_MAX_O_REGS, as for v4. A caller's tiles may use up to
 # DYNAMIC_SHARED_MEM_LIMIT, the H100/H200's per-block maximum (kernels/smem.py checks the
 # device's own maximum again before the launch). GPU, float32: d <= 64 -> (128, 64, 8, 4),
@@ -353,6 +354,18 @@ DYNAMIC_SHARED_MEM_LIMIT = 227 * 1024
 V5_SIM_TILES = V4_SIM_TILES
 
 
+def device_dynamic_shared_limit():
+    """The dynamic shared memory one block may use on the current GPU: CUDA's
+    MAX_SHARED_MEMORY_PER_BLOCK_OPTIN (227 KB on the H100/H200, 163 KB on the A100, 99 KB
+    on RTX 30 and 40 cards, 64 KB on RTX 20 cards). The default tile rules of forward v5
+    and backward v4 stay within it, so that the defaults run on every GPU and not only on
+    the one they were measured on. Without a GPU (the simulator, or a machine that only
+    plans, as the tests do) it is DYNAMIC_SHARED_MEM_LIMIT, the H100/H200's."""
+    if config.ENABLE_CUDASIM or not cuda.is_available():
+        return DYNAMIC_SHARED_MEM_LIMIT
+    return cuda.get_current_device().MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+
+
 def v5_shared_bytes(Br, Bc, TM, TN, d, acc_dtype):
     """Dynamic shared memory of forward v5: v4's five arrays back to back
     (forward.v5_shared_layout), the same bytes as ``v4_shared_bytes``."""
@@ -365,13 +378,14 @@ def default_v5_tiles(d, acc_dtype):
     64 threads; float64: d = 64 -> (64, 32, 4, 2), d = 128 -> (32, 32, 4, 4)."""
     if simulating():
         return V5_SIM_TILES
+    target = min(V5_SHARED_MEM_TARGET, device_dynamic_shared_limit())
     for Br, Bc, TM, TN in V5_CANDIDATES:
         DN = v4_head_dim_padded(Bc, TN, d) // (Bc // TN)
         if (TM * DN <= V4_MAX_O_REGS
-                and v5_shared_bytes(Br, Bc, TM, TN, d, acc_dtype) <= V5_SHARED_MEM_TARGET):
+                and v5_shared_bytes(Br, Bc, TM, TN, d, acc_dtype) <= target):
             return Br, Bc, TM, TN
     raise ValueError(f"forward v5 cannot run this input: no v5 tile fits head dim {d} in "
-                     f"{acc_dtype} within {V5_SHARED_MEM_TARGET} bytes of shared memory")
+                     f"{acc_dtype} within {target} bytes of shared memory")
 
 
 def check_v5_tiles(tiles, d, acc_dtype):
@@ -775,7 +789,8 @@ def _plan_backward_blocked(p, where, tiles, reason, preprocess, version):
 # (kernels/backward.py, make_backward_dkdv_v4 and make_backward_dq_v4), so the same bytes
 # (dkdv_v4_shared_bytes equals dkdv_v3_shared_bytes, dq_v4 dq_v3) may exceed 48 KB. Tile
 # rule: the first (Br, Bc, TM, TN) of BWD_V4_CANDIDATES whose two kernels fit in
-# BWD_V4_SHARED_MEM_TARGET (100 KB: two blocks fit the 228 KB of an H200 SM) and whose
+# BWD_V4_SHARED_MEM_TARGET (100 KB: two blocks fit the 228 KB of an H200 SM; on a GPU
+# that allows a block less, its own maximum, device_dynamic_shared_limit) and whose
 # accumulators fit BWD_V3_MAX_ACC_REGS, as for v3 (if none does, the first that fits in
 # shared memory). A caller's tiles may use up to DYNAMIC_SHARED_MEM_LIMIT (227 KB per
 # block on the H100/H200; kernels/smem.py checks the device's own maximum again before
@@ -821,15 +836,15 @@ def default_backward_v4_tiles(d, acc_dtype):
     (16, 16, 2, 1) (v3: (16, 16, 2, 1) and (8, 8, 1, 1))."""
     if simulating():
         return BWD_V4_SIM_TILES
-    fits = [t for t in BWD_V4_CANDIDATES
-            if _bwd_v4_bytes(t, d, acc_dtype) <= BWD_V4_SHARED_MEM_TARGET]
+    target = min(BWD_V4_SHARED_MEM_TARGET, device_dynamic_shared_limit())
+    fits = [t for t in BWD_V4_CANDIDATES if _bwd_v4_bytes(t, d, acc_dtype) <= target]
     for t in fits:
         if max(backward_v3_acc_regs(*t, d)) <= BWD_V3_MAX_ACC_REGS:
             return t
     if fits:
         return fits[0]
     raise ValueError(f"backward v4 cannot run this input: no v4 tile fits head dim {d} in "
-                     f"{acc_dtype} within {BWD_V4_SHARED_MEM_TARGET} bytes of shared memory")
+                     f"{acc_dtype} within {target} bytes of shared memory")
 
 
 def check_backward_v4_tiles(tiles, d, acc_dtype):

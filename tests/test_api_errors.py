@@ -405,3 +405,33 @@ def test_bad_backward_v4_tiles(tiles, match):
     q, k, v = arrays((2, 5, 256), (2, 6, 256))
     with pytest.raises(ValueError, match=match):
         numbaflash.explain_backward(q, k, v, version="v4", tiles=tiles)
+
+
+@pytest.mark.parametrize("limit", [101376, 65536, 49152])
+def test_default_dynamic_tiles_fit_a_smaller_gpu(limit, monkeypatch):
+    """On a GPU that allows a block less dynamic shared memory than the H200 (RTX 30/40
+    cards 99 KB, RTX 20 cards 64 KB, older ones 48 KB), the default tile rules of forward
+    v5 and backward v4 pick tiles within that GPU's maximum, so the defaults run there;
+    on the H200 the rules are unchanged."""
+    monkeypatch.setattr(dispatch, "simulating", lambda: False)
+    monkeypatch.setattr(dispatch, "device_dynamic_shared_limit", lambda: limit)
+    for acc in ("float32", "float64"):
+        for d in (1, 16, 32, 64, 72, 96, 128, 160, 256):
+            t = dispatch.default_v5_tiles(d, acc)
+            assert dispatch.v5_shared_bytes(*t, d, acc) <= limit
+            t = dispatch.default_backward_v4_tiles(d, acc)
+            assert dispatch._bwd_v4_bytes(t, d, acc) <= limit
+    if limit == 101376:      # the H200's choices at d = 64 need 107520 bytes (forward)
+        assert dispatch.default_v5_tiles(64, "float32") == (64, 32, 4, 2)
+        assert dispatch.default_backward_v4_tiles(64, "float32") == (64, 64, 4, 4)
+    fake = types.SimpleNamespace(shape=(1, 1, 4096, 64), dtype=np.dtype("float32"))
+    plan = numbaflash.explain(fake, fake, fake)
+    assert plan.version == "v5" and plan.shared_bytes <= limit
+    plans = numbaflash.explain_backward(fake, fake, fake)
+    assert all(p.shared_bytes <= limit for p in plans)
+
+
+def test_the_device_limit_without_a_gpu_is_the_h200s():
+    """Without a GPU (here: the simulator, or no CUDA at all) the rules plan for the
+    H100/H200's 227 KB, so the tile tables above are what a test machine checks."""
+    assert dispatch.device_dynamic_shared_limit() == dispatch.DYNAMIC_SHARED_MEM_LIMIT == 227 * 1024
