@@ -804,8 +804,8 @@ def _plan_backward_blocked(p, where, tiles, reason, preprocess, version):
 # ms, (64, 64, 4, 4) 81.29 / 42.44 at one block per SM, the others 94-124 / 55-67. Run 18,
 # before the unsigned indices, had v4 slower than v3 with every tile. Under the simulator,
 # BWD_V4_SIM_TILES, as v3's.
-BWD_V4_CANDIDATES = ((64, 64, 4, 4), (32, 32, 4, 2), (32, 32, 2, 2), (16, 16, 2, 1), (16, 16, 1, 1),
-                     (8, 8, 1, 1), (4, 4, 1, 1))
+BWD_V4_CANDIDATES = ((64, 64, 4, 4), (32, 32, 4, 2), (32, 32, 2, 2), (16, 16, 2, 1),
+                     (16, 16, 1, 1), (8, 8, 1, 1), (4, 4, 1, 1))
 BWD_V4_SHARED_MEM_TARGET = 100 * 1024
 BWD_V4_SIM_TILES = BWD_V3_SIM_TILES
 
@@ -865,10 +865,10 @@ def _default_backward_version(p):
     fastest on the H200 (docs/gpu-results.md, run 21, at (2, 16, 4096, d)): d = 64, 30.71
     ms against v3's 37.89 (run 20; both with unsigned tile indices); d = 128, 84.28 ms
     against v3's 119.44 (run 20). With while loops in both (run 26): 24.13 against 28.68
-    ms and 65.41 against 89.33; causal at d = 64 they tie (15.63 and 15.56). v3 (the same kernels in 48 KB of static shared memory)
-    in float64 and at d > 128, where v4 was not measured; v3 was 3.7x to 7.4x faster than
-    v1 (run 11). v1 when the call asks for a variant (window, GQA, softcap, ALiBi, masks,
-    user modifiers), which only v1 supports.
+    ms and 65.41 against 89.33; causal at d = 64 they tie (15.63 and 15.56). v3 (the same
+    kernels in 48 KB of static shared memory) in float64 and at d > 128, where v4 was not
+    measured; v3 was 3.7x to 7.4x faster than v1 (run 11). v1 when the call asks for a
+    variant (window, GQA, softcap, ALiBi, masks, user modifiers), which only v1 supports.
     """
     wanted = needs_variants(p)
     if wanted is not None:
@@ -888,8 +888,8 @@ def plan_backward(p, version=None, tiles=None):
     """Choose the backward kernels for Problem ``p``; returns ``Plans`` in launch order.
 
     ``version`` None means the default (``_default_backward_version``: v4, v3 in
-    float64 and at d > 128, v1 for variants). Raises ValueError for an unknown version, bad tiles, v2 with float16
-    inputs, or v2/v3/v4 with a variant.
+    float64 and at d > 128, v1 for variants). Raises ValueError for an unknown version,
+    bad tiles, v2 with float16 inputs, or v2/v3/v4 with a variant.
     """
     where = backend()
     if version is None:
