@@ -5,16 +5,19 @@ and v5, backward v3 and v4):
 
 * Their multiply-add loops over k, over keys and over rows are ``while`` loops
   (``k = 0`` / ``while k < DP:`` / ... / ``k += 1``), not ``for k in range(DP)``.
-  Numba lowers ``range`` with a 64-bit iteration count and a select per step, and NVVM
-  then neither unrolls the loop nor strength-reduces its addresses: in forward v5's SASS
+  Numba lowers ``range`` to a loop that counts down the remaining trips with a compare
+  and two selects per step (see the PTX), so ptxas, which turns PTX into machine code,
+  cannot see the trip count and keeps one step per iteration: in forward v5's SASS
   (sm_90, d = 64, tiles (128, 64, 8, 4)) each step of its two loops took 59 and 57
-  instructions for 32 FFMAs and 12 shared loads. As ``while`` loops NVVM unrolls them
-  four times: 186 and 185 instructions for 128 FFMAs and 48 loads (``python
-  scripts/sass_loops.py``; 46 instead of 58 per 32 FFMAs). How far NVVM unrolls depends
-  on the loop: backward v4's dK/dV loops at d = 64 stay single steps, with fewer
-  instructions than before (63 and 62 instead of 70 and 69 per 32 FFMAs). The
-  arithmetic, and so every result, is unchanged. Small loops with compile-time trip counts (``for a in
-  range(TM)``) stay ``for`` loops: NVVM unrolls those completely.
+  instructions for 32 FFMAs and 12 shared loads. A ``while`` loop's counter (``k += 1``,
+  ``k != 64``) it can read, and it unrolls those loops four times: 186 and 185
+  instructions for 128 FFMAs and 48 loads (``python scripts/sass_loops.py``; 46 instead
+  of 58 per 32 FFMAs). NVVM unrolls neither (the PTX has one step per loop either way),
+  and how far ptxas unrolls depends on the loop: backward v4's dK/dV loops at d = 64
+  stay single steps, with fewer instructions than before (63 and 62 instead of 70 and
+  69 per 32 FFMAs). The arithmetic, and so every result, is unchanged. Small loops with
+  compile-time trip counts (``for a in range(TM)``) stay ``for`` loops: NVVM unrolls
+  those completely.
 * Indices that cannot be negative are passed as unsigned integers (``U`` in smem.py),
   which spares Numba's wraparound of negative indices (Python's ``a[-1]``); the loads of
   global tiles use them too.

@@ -43,31 +43,32 @@ v3  Tensor cores (GPU only). The same Algorithm 1 with the two matrix products,
     key's TF32 split into NaN; v1 and v2 never read masked keys and keep +-inf scores.
     So v3 runs only when asked for (version="v3"); the default is v2.
 
-v4  Register-blocked SIMT FlashAttention-2 (runs on the GPU and the simulator; the
-    default for plain attention from run 14 until v5 replaced it after run 21). v2 is
-    bound by shared-memory loads: each FMA of q_i . Kj[c] and p * Vj[c, k] needs one
-    shared load, and no loaded value serves a second row. v4 gives each thread a TM x TN
-    block of Sij and a TM x DN block of O_i
-    (DN = d / TX, TX = Bc / TN threads per row) in registers, like a SIMT matmul: per k
-    step of Sij it loads TM values of Qi and TN of Kj and does TM * TN FMAs, and per key of
-    P~ij Vj it loads TM values of P~ij and DN of Vj for TM * DN FMAs. Default float32 tiles
-    at d = 64: Br = 64, Bc = 32, 4 x 4 per thread, 128 threads: 0.5 loads per FMA in Sij
-    and 0.375 in P~ij Vj instead of 1 (2x to 2.7x fewer loads). Qi is staged in shared
-    memory (transposed), Kj transposed, and P~ij goes through shared memory (the threads
-    of a row hold different keys); row max and row sum are shared by the TX threads of a
-    row through a small shared array (no warp shuffles, so the simulator runs it). Costs:
-    four barriers per K/V tile instead of two, and the 48 KB static shared-memory limit
-    (Qi, Kj, Vj and P~ij all staged) keeps tiles small at d = 128 (Br = 32, Bc = 16).
-    Masked keys never reach O: on the causal diagonal the P~ij Vj loop skips the hidden
-    (row, key) pairs, so NaN or inf in a masked key has no effect, as in v2.
+v4  Register-blocked SIMT FlashAttention-2 (runs on the GPU and the simulator; the default
+    for plain attention from run 14 until v5 replaced it after run 21). v2 is bound by
+    shared-memory loads: each FMA of q_i . Kj[c] and p * Vj[c, k] needs one shared load, and
+    no loaded value serves a second row. v4 gives each thread a TM x TN block of Sij and a
+    TM x DN block of O_i (DN = d / TX, TX = Bc / TN threads per row) in registers, like a
+    SIMT matmul: per k step of Sij it loads TM values of Qi and TN of Kj and does TM * TN
+    FMAs, and per key of P~ij Vj it loads TM values of P~ij and DN of Vj for TM * DN FMAs.
+    Default float32 tiles at d = 64: Br = 64, Bc = 32, 4 x 4 per thread, 128 threads: 0.5
+    loads per FMA in Sij and 0.375 in P~ij Vj instead of 1 (2x to 2.7x fewer loads). Qi is
+    staged in shared memory (transposed), Kj transposed, and P~ij goes through shared memory
+    (the threads of a row hold different keys); row max and row sum are shared by the TX
+    threads of a row through a small shared array (no warp shuffles, so the simulator runs
+    it). Costs: four barriers per K/V tile instead of two, and the 48 KB static
+    shared-memory limit (Qi, Kj, Vj and P~ij all staged) keeps tiles small at d = 128 (Br =
+    32, Bc = 16). Masked keys never reach O: on the causal diagonal the P~ij Vj loop skips
+    the hidden (row, key) pairs, so NaN or inf in a masked key has no effect, as in v2.
     ptxas (sm_90, float32, no GPU): 128 registers at d = 64 (4 blocks = 16 warps per SM),
-    156 at d = 128 (6 blocks of 64 threads = 12 warps per SM), no spills, no stack.
-    Measured on the H200 in docs/performance.md (run 15: 0.34x SDPA EFFICIENT at
-    (2, 16, 4096, 64) against v2's 0.23x; faster than v2 in five of issue 5's six cases,
-    tied at (2, 16, 4096, 128)). Run 14 passed its GPU property tests and
-    compute-sanitizer's memcheck, racecheck and synccheck, and it became the default.
-    With unsigned tile indices (as v5, below; run 20): 10.50 ms against 11.65 before at
-    (2, 16, 4096, 64); memcheck, racecheck and synccheck 0 errors again (run 22).
+    156 at d = 128 (6 blocks of 64 threads = 12 warps per SM), no spills, no stack. Measured
+    on the H200 in docs/performance.md (run 15: 0.34x SDPA EFFICIENT at (2, 16, 4096, 64)
+    against v2's 0.23x; faster than v2 in five of issue 5's six cases, tied at (2, 16, 4096,
+    128)). Run 14 passed its GPU property tests and compute-sanitizer's memcheck, racecheck
+    and synccheck, and it became the default. With unsigned tile indices (as v5, below; run
+    20): 10.50 ms against 11.65 before at (2, 16, 4096, 64); memcheck, racecheck and
+    synccheck 0 errors again (run 22). With while loops (kernels/__init__.py; run 26): 7.09
+    ms at d = 64 and 21.04 at d = 128; ptxas then reports 98 registers at d = 64 and 129 at
+    d = 128, no spills.
 
 v5  v4 with dynamic shared memory (the default for plain attention in float32 and float16
     with d <= 128; GPU and simulator).
