@@ -431,7 +431,15 @@ def test_default_dynamic_tiles_fit_a_smaller_gpu(limit, monkeypatch):
     assert all(p.shared_bytes <= limit for p in plans)
 
 
-def test_the_device_limit_without_a_gpu_is_the_h200s():
-    """Without a GPU (here: the simulator, or no CUDA at all) the rules plan for the
-    H100/H200's 227 KB, so the tile tables above are what a test machine checks."""
-    assert dispatch.device_dynamic_shared_limit() == dispatch.DYNAMIC_SHARED_MEM_LIMIT == 227 * 1024
+def test_the_device_limit_is_the_gpus_or_the_h200s():
+    """On a GPU the rules plan for that GPU's per-block maximum (the query the default
+    tile rules make); without one (the simulator, or no CUDA at all) for the H100/H200's
+    227 KB, so the tile tables above are what a test machine checks."""
+    from numba import config, cuda
+    if config.ENABLE_CUDASIM or not cuda.is_available():
+        expected = 227 * 1024
+        assert dispatch.DYNAMIC_SHARED_MEM_LIMIT == expected
+    else:
+        expected = cuda.get_current_device().MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+        assert expected >= 48 * 1024
+    assert dispatch.device_dynamic_shared_limit() == expected
