@@ -10,7 +10,9 @@ if it is not on PATH) and prints, for every loop with at least 16 FFMAs and no b
 (the multiply-add loops), its instruction count, shared loads (LDS), FFMAs and integer
 instructions (IMAD, IADD3, LEA, SHF, ISETP, SEL); and, on a second line, for every loop
 with global loads and shared stores (the tile-loading loops), its instruction count,
-global loads (LDG) and shared stores (STS).
+global loads (LDG) and shared stores (STS). Last, forward v3 (tensor cores, d <= 128):
+its chunk loop's instructions, tensor-core instructions (HMMA), shared loads, integer and
+float instructions, and ptxas's registers and spills.
 
 It is the evidence behind kernels/smem.py's ``U`` (before the dynamic-shared-memory
 kernels indexed their tiles with unsigned integers, their inner loops carried twice the
@@ -75,6 +77,26 @@ def inner_loops(sass, load_loops=False):
     return sorted(loops, reverse=True)
 
 
+def tensor_core_loops(sass):
+    """(instructions, HMMA, LDS, integer, float) for each backward-branch loop with
+    tensor-core instructions and no barrier (forward v3's chunk loop)."""
+    lines = sass.splitlines()
+    labels = {m.group(1): i for i, line in enumerate(lines)
+              if (m := re.match(r"\s*(\.L_x_\d+):", line))}
+    loops = []
+    for i, line in enumerate(lines):
+        m = re.search(r"BRA\s+`?\(?(\.L_x_\d+)", line)
+        if not (m and labels.get(m.group(1), i) < i):
+            continue
+        body = [x for x in lines[labels[m.group(1)]:i + 1] if re.search(r"/\*[0-9a-f]{4,}\*/", x)]
+        count = lambda pattern: sum(1 for x in body if re.search(pattern, x))  # noqa: E731
+        if count(r"HMMA") and not count(r"BAR"):
+            loops.append((len(body), count(r"HMMA"), count(r"\bLDS"),
+                          count(r"IMAD|IADD3|LEA|SHF|ISETP|SEL|LOP3"),
+                          count(r"FADD|FMUL|FFMA|FSEL|FSETP|FMNMX")))
+    return sorted(loops, reverse=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nvdisasm", default=shutil.which("nvdisasm"))
@@ -110,6 +132,21 @@ def main():
             loads = ", ".join(f"{n} insts ({ldg} LDG, {sts} STS)"
                               for n, ldg, sts in inner_loops(sass, load_loops=True))
             print(f"d={d} {name:36s} {loops}\n{'':42s}tile loads: {loads}")
+        # forward v3 (tensor cores, GPU only): its chunk loop, and ptxas's registers
+        if d <= 128:
+            Br, Bc = dispatch.default_v3_tiles(d)
+            ptx, _ = cuda.compile_ptx(fwd.make_forward_v3(Bc, d, False).py_func, fsig, cc=(9, 0))
+            info = ptx_check.parse_link_log(ptx_check.link(ptx, "forward_v3"))
+            path = os.path.join(tmp, "k.cubin")
+            with open(path, "wb") as f:
+                f.write(cubin(ptx))
+            sass = subprocess.run([args.nvdisasm, path], capture_output=True, text=True,
+                                  check=True).stdout
+            loops = ", ".join(f"{n} insts ({hmma} HMMA, {lds} LDS, {integer} integer, "
+                              f"{fp} float)" for n, hmma, lds, integer, fp
+                              in tensor_core_loops(sass))
+            print(f"d={d} {'forward v3 ' + str((Br, Bc)):36s} {loops}\n{'':42s}registers "
+                  f"{info['registers']}, spill stores {info['spill_stores']} bytes")
 
 
 if __name__ == "__main__":
