@@ -54,46 +54,46 @@ def cubin(ptx):
     return bytes(buf)
 
 
-def inner_loops(sass, load_loops=False):
-    """(instructions, LDS, FFMA, integer) for each backward-branch loop with >= 16 FFMAs
-    and no barrier; with ``load_loops``, (instructions, LDG, STS) for each loop with
-    global loads and shared stores and no FFMA (the tile-loading loops) instead."""
+def loop_bodies(sass):
+    """The instructions of each loop in ``sass``: from a label to a branch back to it."""
     lines = sass.splitlines()
     labels = {m.group(1): i for i, line in enumerate(lines)
               if (m := re.match(r"\s*(\.L_x_\d+):", line))}
-    loops = []
     for i, line in enumerate(lines):
         m = re.search(r"BRA\s+`?\(?(\.L_x_\d+)", line)
-        if not (m and labels.get(m.group(1), i) < i):
-            continue
-        body = [x for x in lines[labels[m.group(1)]:i + 1] if re.search(r"/\*[0-9a-f]{4,}\*/", x)]
-        count = lambda pattern: sum(1 for x in body if re.search(pattern, x))  # noqa: E731
+        if m and labels.get(m.group(1), i) < i:
+            yield [x for x in lines[labels[m.group(1)]:i + 1]
+                   if re.search(r"/\*[0-9a-f]{4,}\*/", x)]
+
+
+def count(body, pattern):
+    return sum(1 for x in body if re.search(pattern, x))
+
+
+INTEGER = r"IMAD|IADD3|LEA|SHF|ISETP|SEL"
+
+
+def inner_loops(sass, load_loops=False):
+    """(instructions, LDS, FFMA, integer) for each loop with >= 16 FFMAs and no barrier;
+    with ``load_loops``, (instructions, LDG, STS) for each loop with global loads and
+    shared stores and no FFMA (the tile-loading loops) instead."""
+    loops = []
+    for body in loop_bodies(sass):
         if load_loops:
-            if count(r"\bLDG") and count(r"\bSTS") and not count(r"FFMA"):
-                loops.append((len(body), count(r"\bLDG"), count(r"\bSTS")))
-        elif count(r"FFMA") >= 16 and not count(r"BAR"):
-            loops.append((len(body), count(r"\bLDS"), count(r"FFMA"),
-                          count(r"IMAD|IADD3|LEA|SHF|ISETP|SEL")))
+            if count(body, r"\bLDG") and count(body, r"\bSTS") and not count(body, "FFMA"):
+                loops.append((len(body), count(body, r"\bLDG"), count(body, r"\bSTS")))
+        elif count(body, "FFMA") >= 16 and not count(body, "BAR"):
+            loops.append((len(body), count(body, r"\bLDS"), count(body, "FFMA"),
+                          count(body, INTEGER)))
     return sorted(loops, reverse=True)
 
 
 def tensor_core_loops(sass):
-    """(instructions, HMMA, LDS, integer, float) for each backward-branch loop with
-    tensor-core instructions and no barrier (forward v3's chunk loop)."""
-    lines = sass.splitlines()
-    labels = {m.group(1): i for i, line in enumerate(lines)
-              if (m := re.match(r"\s*(\.L_x_\d+):", line))}
-    loops = []
-    for i, line in enumerate(lines):
-        m = re.search(r"BRA\s+`?\(?(\.L_x_\d+)", line)
-        if not (m and labels.get(m.group(1), i) < i):
-            continue
-        body = [x for x in lines[labels[m.group(1)]:i + 1] if re.search(r"/\*[0-9a-f]{4,}\*/", x)]
-        count = lambda pattern: sum(1 for x in body if re.search(pattern, x))  # noqa: E731
-        if count(r"HMMA") and not count(r"BAR"):
-            loops.append((len(body), count(r"HMMA"), count(r"\bLDS"),
-                          count(r"IMAD|IADD3|LEA|SHF|ISETP|SEL|LOP3"),
-                          count(r"FADD|FMUL|FFMA|FSEL|FSETP|FMNMX")))
+    """(instructions, HMMA, LDS, integer, float) for each loop with tensor-core
+    instructions and no barrier (forward v3's chunk loop)."""
+    loops = [(len(body), count(body, "HMMA"), count(body, r"\bLDS"),
+              count(body, INTEGER + "|LOP3"), count(body, r"FADD|FMUL|FFMA|FSEL|FSETP|FMNMX"))
+             for body in loop_bodies(sass) if count(body, "HMMA") and not count(body, "BAR")]
     return sorted(loops, reverse=True)
 
 
