@@ -397,6 +397,78 @@ def check_v5_tiles(tiles, d, acc_dtype):
                                "227 KB dynamic shared memory per block on the H100/H200")
 
 
+# --- forward v6 (tensor cores, 3xTF32, K/V split once per tile; GPU only) --------------
+
+# v6 runs v3's warp layout (16 query rows per warp, Br / 16 warps) with Kj and Vj split
+# into TF32 parts once per tile in dynamic shared memory (kernels/forward.py,
+# make_forward_v6), and Qi's parts too when d > 64. Tile rule: the first (Br, Bc) of
+# V6_CANDIDATES whose shared memory (v6_shared_bytes) fits in V5_SHARED_MEM_TARGET (two
+# blocks per SM on the H200; the current GPU's own maximum if lower). A caller's tiles:
+# Br a multiple of 16 up to 256 (16 warps), Bc a multiple of 16 (V6_CHUNK), within the
+# dynamic limit.
+V6_CANDIDATES = ((64, 64), (64, 32), (64, 16))
+V6_MAX_HEAD_DIM = 128         # the O fragments (d / 2 a lane) stay in registers up to here
+
+
+def v6_shared_bytes(Br, Bc, d):
+    """Dynamic shared memory of forward v6 (forward.v6_shared_layout), float32."""
+    return fwd_kernels.v6_shared_layout(Br, Bc, d)[-1] * 4
+
+
+def v6_refusal(p, where):
+    """Why forward v6 cannot run Problem ``p`` here, or None if it can."""
+    if where != "gpu":
+        return ("v6 uses the tensor cores through inline PTX and warp shuffles, which the "
+                "simulator cannot run (there, v5 computes the same thing)")
+    if p.acc_dtype != "float32":
+        return "v6 computes in float32 (3xTF32); float64 inputs run on v2"
+    if p.d > V6_MAX_HEAD_DIM:
+        return (f"v6 keeps its O fragments in registers, which holds head dims up to "
+                f"{V6_MAX_HEAD_DIM}")
+    return None
+
+
+def default_v6_tiles(d):
+    """v6 tile rule (above), (Br, Bc). Float32: d <= 64 -> (64, 64), 69632 bytes at
+    d = 64; d = 128 -> (64, 32), 135168 bytes... unless that exceeds the target."""
+    target = min(V5_SHARED_MEM_TARGET, device_dynamic_shared_limit())
+    for Br, Bc in V6_CANDIDATES:
+        if v6_shared_bytes(Br, Bc, d) <= target:
+            return Br, Bc
+    raise ValueError(f"forward v6 cannot run this input: no v6 tile fits head dim {d} "
+                     f"within {target} bytes of shared memory")
+
+
+def check_v6_tiles(tiles, d):
+    """A caller's forward v6 tiles; ValueError names the limit."""
+    Br, Bc = _parse_tiles(tiles)
+    chunk = fwd_kernels.V6_CHUNK
+    if Br % 16 or Br > 256 or Bc % chunk:
+        raise ValueError(f"v6 tiles must be (Br, Bc) with Br a multiple of 16 up to 256 "
+                         f"(warps of 16 query rows) and Bc a multiple of {chunk} (keys in "
+                         f"chunks of {chunk}); got ({Br}, {Bc})")
+    need = v6_shared_bytes(Br, Bc, d)
+    if need > DYNAMIC_SHARED_MEM_LIMIT:
+        raise ValueError(f"v6 tiles ({Br}, {Bc}) need {need} bytes of shared memory at head "
+                         f"dim {d}; the limit is {DYNAMIC_SHARED_MEM_LIMIT} (227 KB dynamic "
+                         f"shared memory per block on the H100/H200)")
+    return Br, Bc
+
+
+def _plan_forward_v6(p, where, tiles, reason):
+    refusal = v6_refusal(p, where)
+    if refusal is not None:
+        raise ValueError(f"forward v6 cannot run this input: {refusal}")
+    if tiles is None:
+        Br, Bc = default_v6_tiles(p.d)
+        reason += f"; tiles by the v6 rule for d={p.d}"
+    else:
+        Br, Bc = check_v6_tiles(tiles, p.d)
+        reason += "; tiles given by the caller"
+    return Plan("forward", "v6", "forward_v6", where, Br, Bc, (math.ceil(p.Sq / Br), p.BH),
+                (2 * Br,), v6_shared_bytes(Br, Bc, p.d), p.acc_dtype, p.causal, reason)
+
+
 V4_DEFAULT_MAX_HEAD_DIM = 128   # where v4 and v5 were measured (d = 64 and 128)
 
 
@@ -479,12 +551,14 @@ def plan_forward(p, version=None, tiles=None):
                     (32 * fwd_kernels.V3_WARPS,), v3_shared_bytes(Bc, p.d), p.acc_dtype,
                     p.causal, reason)
 
-    if version in ("v4", "v5"):
+    if version in ("v4", "v5", "v6"):
         wanted = needs_variants(p)
         if wanted is not None:
             raise ValueError(f"forward {version} cannot run this input: it computes plain "
                              f"attention (with or without a causal mask) only, and this call "
                              f"asks for {wanted}; v1 and v2 (the default) support variants")
+        if version == "v6":
+            return _plan_forward_v6(p, where, tiles, reason)
         return _plan_forward_blocked(p, where, tiles, reason, version)
 
     if tiles is None:
@@ -512,6 +586,8 @@ def forward_kernel(plan, p):
     if plan.version == "v5":
         TM, TN = plan.thread_tile
         return fwd_kernels.make_forward_v5(plan.Br, plan.Bc, TM, TN, p.d, p.upper, p.acc_dtype)
+    if plan.version == "v6":
+        return fwd_kernels.make_forward_v6(plan.Br, plan.Bc, p.d, p.upper)
     return fwd_kernels.make_forward_v2(plan.Br, plan.Bc, p.d, p.upper, p.acc_dtype, p.variant)
 
 
@@ -584,9 +660,9 @@ def launch_forward(plan, p, Q, K, V, O, L, slopes=None, attn_mask=None):
 
 
 def forward_dynamic_shared_bytes(plan):
-    """The dynamic shared memory a forward launch must ask for: v5's tiles (its
+    """The dynamic shared memory a forward launch must ask for: v5's and v6's tiles (their
     ``shared_bytes``); 0 for the versions whose shared arrays are static."""
-    return plan.shared_bytes if plan.version == "v5" else 0
+    return plan.shared_bytes if plan.version in ("v5", "v6") else 0
 
 
 _COMPILED = {}      # (kernel, types_key) -> the compiled kernel for those argument types

@@ -144,6 +144,17 @@ def forward_entries():
                                      "forward", lambda t=(Br, Bc, TM, TN), d=d, c=causal, a=acc:
                                      fwd.make_forward_v5(*t, d, c, a),
                                      sig, dtype != "float64"))
+        # v6 (tensor cores, GPU only): float32 accumulation, d <= 128, its own tile rule;
+        # d = 59 pads to the mma's k, d = 128 stages Qi in shared memory. ptxas's "smem"
+        # is static only (bad, the 1 KB sm_90 reserves); the tiles are dynamic
+        if "v6" in fwd.VERSIONS and acc == "float32":
+            for d in (1, 59, 64, 128):
+                Br, Bc = dispatch.default_v6_tiles(d)
+                for causal in (False, True):
+                    tag = f"{dtype}-d{d}-{'causal' if causal else 'full'}"
+                    out.append(Entry(f"forward_v6-{tag}-tiles{Br}x{Bc}", "forward",
+                                     lambda t=(Br, Bc), d=d, c=causal:
+                                     fwd.make_forward_v6(*t, d, c), sig, True))
     assert {e.name.split("-")[0] for e in out} == {f"forward_{v}" for v in fwd.VERSIONS}, \
         "a forward version is missing from ptx_check.forward_entries"
     return out

@@ -120,14 +120,14 @@ never read into the sums, so NaN there has no effect.
 import functools
 import math
 
-from numba import cuda
+from numba import cuda, int32
 
 from . import acc_type, jit_options
 from .bands import make_kv_tile_range
 from .smem import U
 from .variants import PLAIN, make_variant_functions
 
-VERSIONS = ("v1", "v2", "v3", "v4", "v5")
+VERSIONS = ("v1", "v2", "v3", "v4", "v5", "v6")
 
 
 @functools.lru_cache(maxsize=None)
@@ -1010,3 +1010,384 @@ def make_forward_v5(Br, Bc, TM, TN, d, causal, acc_dtype):
                     L[bh, row] = NEG_INF if l_row == ZERO else m_i[a] + math.log(l_row)
 
     return forward_v5
+
+
+V6_CHUNK = 16                           # v6: keys per online-softmax step (as v3)
+V6_Q_REGISTERS_MAX_DP = 64              # v6: Q's fragments stay in registers up to this DP
+
+
+def v6_shared_layout(Br, Bc, d):
+    """Where forward v6's tiles sit in its one dynamic float32 array: the offsets, in
+    elements, of Kb, Ks, Vb, Vs (Kj and Vj split into their TF32 big and small parts,
+    (Bc, STRIDE) each) and of Qb, Qs ((Br, STRIDE) each, only when Qi does not stay in
+    registers, DP > V6_Q_REGISTERS_MAX_DP; otherwise they are empty), and the end, the
+    array's length: (KB_AT, KS_AT, VB_AT, VS_AT, QB_AT, QS_AT, END). DP is d rounded up
+    to the mma's k = 8 and STRIDE = DP + 4 (the +4 keeps the fragment reads free of bank
+    conflicts). ``dispatch.v6_shared_bytes`` is END * 4."""
+    DP = (d + 7) // 8 * 8
+    STRIDE = DP + 4
+    KB_AT = 0
+    KS_AT = KB_AT + Bc * STRIDE
+    VB_AT = KS_AT + Bc * STRIDE
+    VS_AT = VB_AT + Bc * STRIDE
+    QB_AT = VS_AT + Bc * STRIDE
+    q_tile = 0 if DP <= V6_Q_REGISTERS_MAX_DP else Br * STRIDE
+    QS_AT = QB_AT + q_tile
+    END = QS_AT + q_tile
+    return KB_AT, KS_AT, VB_AT, VS_AT, QB_AT, QS_AT, END
+
+
+@functools.lru_cache(maxsize=None)
+def make_forward_v6(Br, Bc, d, causal):
+    """v6: v3's tensor-core forward with each K/V tile split into TF32 parts once, in
+    shared memory, and exact for every input (GPU only; float32 accumulation, float16
+    and float32 inputs, d <= 128). On the simulator the dispatcher runs v5 instead.
+
+    What changes against v3:
+
+    * Split once per tile. v3 splits every K and V operand into its TF32 big and small
+      parts again for every mma, in every warp (most of its instructions: docs/
+      performance.md). v6 splits each element once, while the block stages the tile, and
+      stores both parts: Kb, Ks, Vb, Vs, (Bc, STRIDE) each, in dynamic shared memory (as
+      forward v5: one ``cuda.shared.array(0, float32)`` cut into slices; kernels/smem.py
+      allows more than 48 KB). The inner loops are then shared loads and mma only. P~ is
+      split in registers with ``tf32_round_finite`` (two integer instructions a part).
+    * Qi's parts stay in registers up to DP = 64 (as v3); above, they are staged in
+      shared memory too (Qb, Qs), which keeps d = 128 free of spills.
+    * Exact for non-finite inputs. A tensor core cannot skip a product: a NaN or inf in
+      V at a key hidden from some rows of the tile reaches them as 0 * NaN, and an inf
+      split into TF32 parts is inf + NaN. So v6 stages a non-finite element as 0 (both
+      parts) and records that the tile holds one (``bad``: [0] for Qi, [1] and [2] the
+      last K and V tile that did, as j + 1, so nothing needs clearing). For such a tile,
+      rare in practice, the warp then adds back exactly the terms that were left out, in
+      plain float32: each score gets the products q * k that have a non-finite factor
+      (read again from global memory), and each O entry gets p * v for the non-finite
+      values of the keys its row sees (p from the lane of the quad that holds it, by a
+      shuffle). A term with a non-finite factor makes its sum NaN or +-inf whatever the
+      finite rest is, so the result matches v1/v2's and the reference's NaN and inf
+      positions, and every entry no such term reaches is bitwise what it would be with
+      the value finite (the staged 0 contributes 0 * p = 0 where the finite value gave
+      0 * p = 0 too, for a hidden key).
+
+    Launch: grid (ceil(Sq / Br), BH), block (2 * Br,): Br / 16 warps of 16 query rows
+    each (v3's fragment layout; see make_forward_v3), Bc a multiple of V6_CHUNK, and
+    ``v6_shared_layout(Br, Bc, d)[-1] * 4`` bytes of dynamic shared memory.
+    """
+    from .ptx import mma_tf32, tf32_round, tf32_round_finite   # GPU-only: inline PTX
+
+    acc = acc_type("float32")
+    ZERO = acc(0)
+    NEG_INF = acc(-math.inf)
+    assert Br % 16 == 0 and Bc % V6_CHUNK == 0, (Br, Bc)
+    THREADS = 2 * Br                        # Br / 16 warps of 32 lanes
+    DP = (d + 7) // 8 * 8                   # head dim padded to the mma's k = 8
+    KS = DP // 8                            # mma steps over the head dim
+    NT = V6_CHUNK // 8                      # mma steps over the keys of a chunk
+    STRIDE = DP + 4                         # shared row stride (bank-conflict free)
+    QO_FRAGS = KS * 4                       # fragment registers of Q and of O per lane
+    S_FRAGS = NT * 4                        # fragment registers of S per lane
+    Q_REGS = DP <= V6_Q_REGISTERS_MAX_DP    # Qi's fragments in registers, else in Qb, Qs
+    Q_FRAGS = QO_FRAGS if Q_REGS else 1
+    FULL = 0xFFFFFFFF
+    KB_AT, KS_AT, VB_AT, VS_AT, QB_AT, QS_AT, END = v6_shared_layout(Br, Bc, d)
+    kv_tile_range = make_kv_tile_range(Br, Bc, causal, False)
+
+    @cuda.jit(device=True, inline=True)
+    def split(x):
+        """x = big + small with both TF32 (3xTF32)."""
+        big = tf32_round(x)
+        return big, tf32_round(x - big)
+
+    @cuda.jit(device=True, inline=True)
+    def split_finite(x):
+        """split() for a finite x, on the bits (ptx.tf32_round_finite)."""
+        big = tf32_round_finite(x)
+        return big, tf32_round_finite(x - big)
+
+    @cuda.jit(device=True, inline=True)
+    def mma3(a0b, a1b, a2b, a3b, a0s, a1s, a2s, a3s, b0b, b1b, b0s, b1s,
+             c0, c1, c2, c3, e0, e1, e2, e3):
+        """3xTF32 A B with both operands already split: big*big is added to C, the two
+        small products to E (their own accumulator, as in v3)."""
+        e0, e1, e2, e3 = mma_tf32(a0s, a1s, a2s, a3s, b0b, b1b, e0, e1, e2, e3)
+        e0, e1, e2, e3 = mma_tf32(a0b, a1b, a2b, a3b, b0s, b1s, e0, e1, e2, e3)
+        c0, c1, c2, c3 = mma_tf32(a0b, a1b, a2b, a3b, b0b, b1b, c0, c1, c2, c3)
+        return c0, c1, c2, c3, e0, e1, e2, e3
+
+    @cuda.jit(device=True, inline=True)
+    def quad_max(x):
+        """max over the 4 lanes sharing a row; '>' so that NaN does not win (as in v1/v2)."""
+        y = cuda.shfl_xor_sync(FULL, x, 1)
+        x = y if y > x else x
+        y = cuda.shfl_xor_sync(FULL, x, 2)
+        return y if y > x else x
+
+    @cuda.jit(device=True, inline=True)
+    def quad_sum(x):
+        x += cuda.shfl_xor_sync(FULL, x, 1)
+        return x + cuda.shfl_xor_sync(FULL, x, 2)
+
+    @cuda.jit(device=True, inline=True)
+    def finite(x):
+        return not (math.isinf(x) or math.isnan(x))
+
+    @cuda.jit(device=True, inline=True)
+    def load_finite(A, bh, r, k, nrows, bad, slot, mark):
+        """A[bh, r, k] as float32, 0 past the rows (r >= nrows) or the head dim; a
+        non-finite value becomes 0, and bad[slot] is raised to ``mark``."""
+        x = acc(A[U(bh), U(r), U(k)]) if r < nrows and k < d else ZERO
+        if not finite(x):
+            cuda.atomic.max(bad, slot, mark)
+            x = ZERO
+        return x
+
+    @cuda.jit(device=True, inline=True)
+    def nonfinite_terms(Q, K, bh, row, col, Sq, Sk):
+        """The sum of the products Q[row, k] * K[col, k] with a non-finite factor: what
+        the tensor cores left out of this score (those factors were staged as 0)."""
+        x = ZERO
+        if row < Sq and col < Sk:
+            k = 0
+            while k < d:
+                q = acc(Q[U(bh), U(row), U(k)])
+                kk = acc(K[U(bh), U(col), U(k)])
+                if not (finite(q) and finite(kk)):
+                    x += q * kk
+                k += 1
+        return x
+
+    @cuda.jit(**jit_options())
+    def forward_v6(Q, K, V, O, L, softmax_scale, causal_offset):
+        bh = cuda.blockIdx.y
+        i = cuda.blockIdx.x
+        tid = cuda.threadIdx.x
+        lane = tid % 32
+        g = lane // 4
+        t = lane % 4
+        r0 = (tid // 32) * 16 + g               # this lane's two rows within the tile
+        row0 = i * Br + r0
+        row1 = row0 + 8
+        Sq = Q.shape[1]
+        Sk = K.shape[1]
+
+        # The block's dynamic shared memory, cut into the tiles (v6_shared_layout).
+        smem = cuda.shared.array(0, acc)
+        Kb = smem[KB_AT:KS_AT]                  # Kj's TF32 big parts, (Bc, STRIDE)
+        Ks = smem[KS_AT:VB_AT]                  # ... and small parts
+        Vb = smem[VB_AT:VS_AT]
+        Vs = smem[VS_AT:QB_AT]
+        Qb = smem[QB_AT:QS_AT]                  # Qi's parts, (Br, STRIDE), if not Q_REGS
+        Qs = smem[QS_AT:END]
+        bad = cuda.shared.array(3, int32)       # non-finite inputs staged as 0 (docstring)
+        qb = cuda.local.array(Q_FRAGS, acc)     # Q fragments (if Q_REGS): big parts
+        qs = cuda.local.array(Q_FRAGS, acc)     # and small parts
+        o = cuda.local.array(QO_FRAGS, acc)     # O fragments
+        s = cuda.local.array(S_FRAGS, acc)      # S, then P~, fragments of a chunk
+        pb = cuda.local.array(S_FRAGS, acc)     # P~ split for the tensor cores
+        ps = cuda.local.array(S_FRAGS, acc)
+
+        if tid == 0:
+            bad[0] = 0
+            bad[1] = 0
+            bad[2] = 0
+        # Wait until bad is clear.
+        cuda.syncthreads()
+        # Alg.1 l.4: Qi, split (zero past Sq and d): this lane's A fragments in registers,
+        # or the whole tile in Qb, Qs (read after the first tile's barriers).
+        if Q_REGS:
+            for ks in range(KS):
+                for h in range(2):
+                    col = ks * 8 + t + 4 * h
+                    qb[ks * 4 + 2 * h], qs[ks * 4 + 2 * h] = split(
+                        load_finite(Q, bh, row0, col, Sq, bad, 0, int32(1)))
+                    qb[ks * 4 + 2 * h + 1], qs[ks * 4 + 2 * h + 1] = split(
+                        load_finite(Q, bh, row1, col, Sq, bad, 0, int32(1)))
+        else:
+            idx = tid
+            while idx < Br * DP:
+                r = idx // DP
+                k = idx % DP
+                big, small = split(load_finite(Q, bh, i * Br + r, k, Sq, bad, 0, int32(1)))
+                Qb[U(r * STRIDE + k)] = big
+                Qs[U(r * STRIDE + k)] = small
+                idx += THREADS
+        for x in range(QO_FRAGS):
+            o[x] = ZERO
+        m0 = NEG_INF            # running max of row0 and row1 (the same in all 4 lanes)
+        m1 = NEG_INF
+        l0 = ZERO               # this lane's part of the running sums (reduced at the end)
+        l1 = ZERO
+
+        _, Tc = kv_tile_range(i, Sk, causal_offset, 0)     # causal: skip masked tiles
+        for j in range(Tc):
+            mark = int32(j + 1)
+            # Wait until every warp has finished reading the previous Kj and Vj.
+            cuda.syncthreads()
+            # Alg.1 l.7: load Kj and Vj, split once (rows past Sk and columns past d: 0).
+            idx = tid
+            while idx < Bc * DP:
+                c = idx // DP
+                k = idx % DP
+                big, small = split(load_finite(K, bh, j * Bc + c, k, Sk, bad, 1, mark))
+                Kb[U(c * STRIDE + k)] = big
+                Ks[U(c * STRIDE + k)] = small
+                big, small = split(load_finite(V, bh, j * Bc + c, k, Sk, bad, 2, mark))
+                Vb[U(c * STRIDE + k)] = big
+                Vs[U(c * STRIDE + k)] = small
+                idx += THREADS
+            # Wait until Kj, Vj (and, for j = 0, Qb, Qs and bad[0]) are complete.
+            cuda.syncthreads()
+            fix_scores = bad[0] != 0 or bad[1] == mark     # the same in every thread
+            fix_values = bad[2] == mark
+
+            for ch in range(Bc // V6_CHUNK):
+                key0 = ch * V6_CHUNK                # first key of the chunk within the tile
+                # Alg.1 l.8: S = Qi Kj^T on the tensor cores, then scale and mask.
+                mt0 = NEG_INF
+                mt1 = NEG_INF
+                for nt in range(NT):
+                    c0 = ZERO
+                    c1 = ZERO
+                    c2 = ZERO
+                    c3 = ZERO
+                    e0 = ZERO
+                    e1 = ZERO
+                    e2 = ZERO
+                    e3 = ZERO
+                    kr = (key0 + nt * 8 + g) * STRIDE + t   # B = Kj^T: B[t, g] = Kj[g, t]
+                    for ks in range(KS):
+                        if Q_REGS:
+                            a0b, a1b, a2b, a3b = qb[ks * 4], qb[ks * 4 + 1], qb[ks * 4 + 2], qb[ks * 4 + 3]
+                            a0s, a1s, a2s, a3s = qs[ks * 4], qs[ks * 4 + 1], qs[ks * 4 + 2], qs[ks * 4 + 3]
+                        else:
+                            qr = r0 * STRIDE + ks * 8 + t
+                            a0b, a1b = Qb[U(qr)], Qb[U(qr + 8 * STRIDE)]
+                            a2b, a3b = Qb[U(qr + 4)], Qb[U(qr + 8 * STRIDE + 4)]
+                            a0s, a1s = Qs[U(qr)], Qs[U(qr + 8 * STRIDE)]
+                            a2s, a3s = Qs[U(qr + 4)], Qs[U(qr + 8 * STRIDE + 4)]
+                        kc = kr + ks * 8
+                        c0, c1, c2, c3, e0, e1, e2, e3 = mma3(
+                            a0b, a1b, a2b, a3b, a0s, a1s, a2s, a3s,
+                            Kb[U(kc)], Kb[U(kc + 4)], Ks[U(kc)], Ks[U(kc + 4)],
+                            c0, c1, c2, c3, e0, e1, e2, e3)
+                    x0 = c0 + e0
+                    x1 = c1 + e1
+                    x2 = c2 + e2
+                    x3 = c3 + e3
+                    col = j * Bc + key0 + nt * 8 + 2 * t
+                    if fix_scores:          # rare: a non-finite q or k was staged as 0
+                        x0 += nonfinite_terms(Q, K, bh, row0, col, Sq, Sk)
+                        x1 += nonfinite_terms(Q, K, bh, row0, col + 1, Sq, Sk)
+                        x2 += nonfinite_terms(Q, K, bh, row1, col, Sq, Sk)
+                        x3 += nonfinite_terms(Q, K, bh, row1, col + 1, Sq, Sk)
+                    vis00 = col < Sk and (not causal or col <= row0 + causal_offset)
+                    vis01 = col + 1 < Sk and (not causal or col + 1 <= row0 + causal_offset)
+                    vis10 = col < Sk and (not causal or col <= row1 + causal_offset)
+                    vis11 = col + 1 < Sk and (not causal or col + 1 <= row1 + causal_offset)
+                    s[nt * 4] = x0 * softmax_scale if vis00 else NEG_INF
+                    s[nt * 4 + 1] = x1 * softmax_scale if vis01 else NEG_INF
+                    s[nt * 4 + 2] = x2 * softmax_scale if vis10 else NEG_INF
+                    s[nt * 4 + 3] = x3 * softmax_scale if vis11 else NEG_INF
+                    for h in range(2):
+                        if s[nt * 4 + h] > mt0:
+                            mt0 = s[nt * 4 + h]
+                        if s[nt * 4 + 2 + h] > mt1:
+                            mt1 = s[nt * 4 + 2 + h]
+                # Alg.1 l.9: new running max (over the quad), P~ = exp(S - m_new), rescale.
+                mt0 = quad_max(mt0)
+                mt1 = quad_max(mt1)
+                mn0 = mt0 if mt0 > m0 else m0
+                mn1 = mt1 if mt1 > m1 else m1
+                ms0 = ZERO if mn0 == NEG_INF else mn0     # no key seen yet: avoid -inf - -inf
+                ms1 = ZERO if mn1 == NEG_INF else mn1
+                alpha0 = math.exp(m0 - ms0) if m0 != NEG_INF else ZERO
+                alpha1 = math.exp(m1 - ms1) if m1 != NEG_INF else ZERO
+                lt0 = ZERO
+                lt1 = ZERO
+                for nt in range(NT):
+                    for h in range(2):
+                        x = s[nt * 4 + h]
+                        s[nt * 4 + h] = math.exp(x - ms0) if x != NEG_INF else ZERO
+                        lt0 += s[nt * 4 + h]
+                        x = s[nt * 4 + 2 + h]
+                        s[nt * 4 + 2 + h] = math.exp(x - ms1) if x != NEG_INF else ZERO
+                        lt1 += s[nt * 4 + 2 + h]
+                l0 = alpha0 * l0 + lt0
+                l1 = alpha1 * l1 + lt1
+                m0 = mn0
+                m1 = mn1
+                # Alg.1 l.10: O = diag(alpha) O + P~ Vj, P~ straight from the S fragments
+                # (keys 2t and 2t+1 of each 8 play the mma's k = t and t + 4, as in v3).
+                # A NaN in P~ (from a NaN score) reaches l, so its split may be anything.
+                for x in range(S_FRAGS):
+                    pb[x], ps[x] = split_finite(s[x])
+                for nd in range(KS):
+                    c0 = ZERO
+                    c1 = ZERO
+                    c2 = ZERO
+                    c3 = ZERO
+                    e0 = ZERO
+                    e1 = ZERO
+                    e2 = ZERO
+                    e3 = ZERO
+                    for ks in range(NT):
+                        vr = (key0 + ks * 8 + 2 * t) * STRIDE + nd * 8 + g
+                        c0, c1, c2, c3, e0, e1, e2, e3 = mma3(
+                            pb[ks * 4], pb[ks * 4 + 2], pb[ks * 4 + 1], pb[ks * 4 + 3],
+                            ps[ks * 4], ps[ks * 4 + 2], ps[ks * 4 + 1], ps[ks * 4 + 3],
+                            Vb[U(vr)], Vb[U(vr + STRIDE)], Vs[U(vr)], Vs[U(vr + STRIDE)],
+                            c0, c1, c2, c3, e0, e1, e2, e3)
+                    # The chunk's P~ Vj is summed from zero, then added to the rescaled O
+                    # in ordinary float32 arithmetic (as in v3).
+                    o[nd * 4] = o[nd * 4] * alpha0 + (c0 + e0)
+                    o[nd * 4 + 1] = o[nd * 4 + 1] * alpha0 + (c1 + e1)
+                    o[nd * 4 + 2] = o[nd * 4 + 2] * alpha1 + (c2 + e2)
+                    o[nd * 4 + 3] = o[nd * 4 + 3] * alpha1 + (c3 + e3)
+                if fix_values:          # rare: a non-finite v was staged as 0
+                    kk = 0
+                    while kk < V6_CHUNK:        # the chunk's keys, in step in every lane
+                        # P~ of this key for row0 and row1 is in lane (g, kk % 8 // 2) of
+                        # the quad, in s[kk // 8 * 4 + kk % 2] and the entry 2 after it.
+                        x0 = ZERO
+                        x1 = ZERO
+                        for nt in range(NT):
+                            for h in range(2):
+                                if kk // 8 == nt and kk % 2 == h:
+                                    x0 = s[nt * 4 + h]
+                                    x1 = s[nt * 4 + 2 + h]
+                        p0 = cuda.shfl_sync(FULL, x0, g * 4 + kk % 8 // 2)
+                        p1 = cuda.shfl_sync(FULL, x1, g * 4 + kk % 8 // 2)
+                        col = j * Bc + key0 + kk
+                        if col < Sk:
+                            sees0 = not causal or col <= row0 + causal_offset
+                            sees1 = not causal or col <= row1 + causal_offset
+                            for nd in range(KS):
+                                for h in range(2):
+                                    k = nd * 8 + 2 * t + h
+                                    if k < d:
+                                        v = acc(V[U(bh), U(col), U(k)])
+                                        if not finite(v):
+                                            if sees0:
+                                                o[nd * 4 + h] += p0 * v
+                                            if sees1:
+                                                o[nd * 4 + 2 + h] += p1 * v
+                        kk += 1
+
+        # Alg.1 l.12-16: the quad's row sums, normalise once, write O and L (as v3).
+        l0 = quad_sum(l0)
+        l1 = quad_sum(l1)
+        for nd in range(KS):
+            for h in range(2):
+                col = nd * 8 + 2 * t + h
+                if col < d:
+                    if row0 < Sq:
+                        O[bh, row0, col] = ZERO if l0 == ZERO else o[nd * 4 + h] / l0
+                    if row1 < Sq:
+                        O[bh, row1, col] = ZERO if l1 == ZERO else o[nd * 4 + 2 + h] / l1
+        if t == 0:
+            if row0 < Sq:
+                L[bh, row0] = NEG_INF if l0 == ZERO else m0 + math.log(l0)
+            if row1 < Sq:
+                L[bh, row1] = NEG_INF if l1 == ZERO else m1 + math.log(l1)
+
+    return forward_v6

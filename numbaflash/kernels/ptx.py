@@ -5,6 +5,12 @@ can emit any PTX through ``llvmlite.ir.InlineAsm``. Two helpers are enough:
 
     tf32_round(x)   x rounded to TF32 (10 mantissa bits), returned as a float32 value:
                     ``cvt.rna.tf32.f32``.
+    tf32_round_finite(x)
+                    the same rounding for a finite x, done on the bits (add half of
+                    TF32's last place, clear the 13 bits TF32 drops): two integer
+                    instructions where sm_90 spends about five on the cvt. A NaN's bits
+                    may round to anything, so callers use it only on values that a NaN
+                    elsewhere already poisons (forward v6's P~, whose NaNs reach l).
     mma_tf32(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3) -> (d0, d1, d2, d3)
                     one warp-wide D = A B + C with A 16x8 (row-major), B 8x8 (column-major),
                     C and D 16x8, all accumulated in float32:
@@ -41,6 +47,20 @@ def tf32_round(typingctx, x):
     def codegen(context, builder, sig, args):
         cvt = ir.InlineAsm(ir.FunctionType(_I32, [_F32]), "cvt.rna.tf32.f32 $0, $1;", "=r,f")
         return builder.bitcast(builder.call(cvt, args), _F32)
+
+    return sig, codegen
+
+
+@intrinsic
+def tf32_round_finite(typingctx, x):
+    """x rounded to the nearest TF32 value (ties away from zero), for finite x only."""
+    sig = types.float32(types.float32)
+
+    def codegen(context, builder, sig, args):
+        bits = builder.bitcast(args[0], _I32)
+        bits = builder.add(bits, ir.Constant(_I32, 0x1000))         # half of TF32's last place
+        bits = builder.and_(bits, ir.Constant(_I32, -0x2000))       # 0xFFFFE000: keep 10 bits
+        return builder.bitcast(bits, _F32)
 
     return sig, codegen
 
