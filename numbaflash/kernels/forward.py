@@ -1014,6 +1014,8 @@ def make_forward_v5(Br, Bc, TM, TN, d, causal, acc_dtype):
 
 V6_CHUNK = 16                           # v6: keys per online-softmax step (as v3)
 V6_Q_REGISTERS_MAX_DP = 64              # v6: Q's fragments stay in registers up to this DP
+V6_LOAD_BATCH = 4                       # v6: K and V elements a thread loads at once (8: 253
+                                        # registers at d = 64 instead of 179)
 
 
 def v6_shared_layout(Br, Bc, d):
@@ -1105,14 +1107,15 @@ def make_forward_v6(Br, Bc, d, causal):
         return big, tf32_round_finite(x - big)
 
     @cuda.jit(device=True, inline=True)
-    def mma3(a0b, a1b, a2b, a3b, a0s, a1s, a2s, a3s, b0b, b1b, b0s, b1s,
-             c0, c1, c2, c3, e0, e1, e2, e3):
+    def mma3(a0b, a1b, a2b, a3b, a0s, a1s, a2s, a3s, b0b, b1b, b0s, b1s, c, e, f):
         """3xTF32 A B with both operands already split: big*big is added to C, the two
-        small products to E (their own accumulator, as in v3)."""
-        e0, e1, e2, e3 = mma_tf32(a0s, a1s, a2s, a3s, b0b, b1b, e0, e1, e2, e3)
-        e0, e1, e2, e3 = mma_tf32(a0b, a1b, a2b, a3b, b0s, b1s, e0, e1, e2, e3)
-        c0, c1, c2, c3 = mma_tf32(a0b, a1b, a2b, a3b, b0b, b1b, c0, c1, c2, c3)
-        return c0, c1, c2, c3, e0, e1, e2, e3
+        small products to E and F (the small terms in their own accumulators, as in v3;
+        two of them, so that the tensor cores work on three independent sums: one
+        accumulator would make every mma of a score wait for the one before it)."""
+        c = mma_tf32(a0b, a1b, a2b, a3b, b0b, b1b, c[0], c[1], c[2], c[3])
+        e = mma_tf32(a0s, a1s, a2s, a3s, b0b, b1b, e[0], e[1], e[2], e[3])
+        f = mma_tf32(a0b, a1b, a2b, a3b, b0s, b1s, f[0], f[1], f[2], f[3])
+        return c, e, f
 
     @cuda.jit(device=True, inline=True)
     def quad_max(x):
@@ -1132,14 +1135,19 @@ def make_forward_v6(Br, Bc, d, causal):
         return not (math.isinf(x) or math.isnan(x))
 
     @cuda.jit(device=True, inline=True)
-    def load_finite(A, bh, r, k, nrows, bad, slot, mark):
-        """A[bh, r, k] as float32, 0 past the rows (r >= nrows) or the head dim; a
-        non-finite value becomes 0, and bad[slot] is raised to ``mark``."""
-        x = acc(A[U(bh), U(r), U(k)]) if r < nrows and k < d else ZERO
+    def finite_or_zero(x, bad, slot, mark):
+        """x, or 0 if x is not finite; then bad[slot] is raised to ``mark``."""
         if not finite(x):
             cuda.atomic.max(bad, slot, mark)
             x = ZERO
         return x
+
+    @cuda.jit(device=True, inline=True)
+    def load_finite(A, bh, r, k, nrows, bad, slot, mark):
+        """A[bh, r, k] as float32, 0 past the rows (r >= nrows) or the head dim, through
+        finite_or_zero."""
+        x = acc(A[U(bh), U(r), U(k)]) if r < nrows and k < d else ZERO
+        return finite_or_zero(x, bad, slot, mark)
 
     @cuda.jit(device=True, inline=True)
     def nonfinite_terms(Q, K, bh, row, col, Sq, Sk):
@@ -1185,6 +1193,8 @@ def make_forward_v6(Br, Bc, d, causal):
         s = cuda.local.array(S_FRAGS, acc)      # S, then P~, fragments of a chunk
         pb = cuda.local.array(S_FRAGS, acc)     # P~ split for the tensor cores
         ps = cuda.local.array(S_FRAGS, acc)
+        kx = cuda.local.array(V6_LOAD_BATCH, acc)   # K and V elements in flight
+        vx = cuda.local.array(V6_LOAD_BATCH, acc)
 
         if tid == 0:
             bad[0] = 0
@@ -1224,17 +1234,24 @@ def make_forward_v6(Br, Bc, d, causal):
             # Wait until every warp has finished reading the previous Kj and Vj.
             cuda.syncthreads()
             # Alg.1 l.7: load Kj and Vj, split once (rows past Sk and columns past d: 0).
-            idx = tid
-            while idx < Bc * DP:
-                c = idx // DP
-                k = idx % DP
-                big, small = split(load_finite(K, bh, j * Bc + c, k, Sk, bad, 1, mark))
-                Kb[U(c * STRIDE + k)] = big
-                Ks[U(c * STRIDE + k)] = small
-                big, small = split(load_finite(V, bh, j * Bc + c, k, Sk, bad, 2, mark))
-                Vb[U(c * STRIDE + k)] = big
-                Vs[U(c * STRIDE + k)] = small
-                idx += THREADS
+            # V6_LOAD_BATCH elements of each are loaded before any is used, so that their
+            # loads from global memory wait for it together, not one after the other.
+            base = tid
+            while base < Bc * DP:
+                for u in range(V6_LOAD_BATCH):
+                    idx = base + u * THREADS
+                    col = j * Bc + idx // DP
+                    k = idx % DP
+                    inside = idx < Bc * DP and col < Sk and k < d
+                    kx[u] = acc(K[U(bh), U(col), U(k)]) if inside else ZERO
+                    vx[u] = acc(V[U(bh), U(col), U(k)]) if inside else ZERO
+                for u in range(V6_LOAD_BATCH):
+                    idx = base + u * THREADS
+                    if idx < Bc * DP:
+                        at = U(idx // DP * STRIDE + idx % DP)
+                        Kb[at], Ks[at] = split(finite_or_zero(kx[u], bad, 1, mark))
+                        Vb[at], Vs[at] = split(finite_or_zero(vx[u], bad, 2, mark))
+                base += V6_LOAD_BATCH * THREADS
             # Wait until Kj, Vj (and, for j = 0, Qb, Qs and bad[0]) are complete.
             cuda.syncthreads()
             fix_scores = bad[0] != 0 or bad[1] == mark     # the same in every thread
@@ -1246,14 +1263,9 @@ def make_forward_v6(Br, Bc, d, causal):
                 mt0 = NEG_INF
                 mt1 = NEG_INF
                 for nt in range(NT):
-                    c0 = ZERO
-                    c1 = ZERO
-                    c2 = ZERO
-                    c3 = ZERO
-                    e0 = ZERO
-                    e1 = ZERO
-                    e2 = ZERO
-                    e3 = ZERO
+                    c = (ZERO, ZERO, ZERO, ZERO)
+                    e = c
+                    f = c
                     kr = (key0 + nt * 8 + g) * STRIDE + t   # B = Kj^T: B[t, g] = Kj[g, t]
                     for ks in range(KS):
                         if Q_REGS:
@@ -1266,14 +1278,13 @@ def make_forward_v6(Br, Bc, d, causal):
                             a0s, a1s = Qs[U(qr)], Qs[U(qr + 8 * STRIDE)]
                             a2s, a3s = Qs[U(qr + 4)], Qs[U(qr + 8 * STRIDE + 4)]
                         kc = kr + ks * 8
-                        c0, c1, c2, c3, e0, e1, e2, e3 = mma3(
-                            a0b, a1b, a2b, a3b, a0s, a1s, a2s, a3s,
-                            Kb[U(kc)], Kb[U(kc + 4)], Ks[U(kc)], Ks[U(kc + 4)],
-                            c0, c1, c2, c3, e0, e1, e2, e3)
-                    x0 = c0 + e0
-                    x1 = c1 + e1
-                    x2 = c2 + e2
-                    x3 = c3 + e3
+                        c, e, f = mma3(a0b, a1b, a2b, a3b, a0s, a1s, a2s, a3s,
+                                       Kb[U(kc)], Kb[U(kc + 4)], Ks[U(kc)], Ks[U(kc + 4)],
+                                       c, e, f)
+                    x0 = c[0] + (e[0] + f[0])
+                    x1 = c[1] + (e[1] + f[1])
+                    x2 = c[2] + (e[2] + f[2])
+                    x3 = c[3] + (e[3] + f[3])
                     col = j * Bc + key0 + nt * 8 + 2 * t
                     if fix_scores:          # rare: a non-finite q or k was staged as 0
                         x0 += nonfinite_terms(Q, K, bh, row0, col, Sq, Sk)
@@ -1322,27 +1333,21 @@ def make_forward_v6(Br, Bc, d, causal):
                 for x in range(S_FRAGS):
                     pb[x], ps[x] = split_finite(s[x])
                 for nd in range(KS):
-                    c0 = ZERO
-                    c1 = ZERO
-                    c2 = ZERO
-                    c3 = ZERO
-                    e0 = ZERO
-                    e1 = ZERO
-                    e2 = ZERO
-                    e3 = ZERO
+                    c = (ZERO, ZERO, ZERO, ZERO)
+                    e = c
+                    f = c
                     for ks in range(NT):
                         vr = (key0 + ks * 8 + 2 * t) * STRIDE + nd * 8 + g
-                        c0, c1, c2, c3, e0, e1, e2, e3 = mma3(
-                            pb[ks * 4], pb[ks * 4 + 2], pb[ks * 4 + 1], pb[ks * 4 + 3],
-                            ps[ks * 4], ps[ks * 4 + 2], ps[ks * 4 + 1], ps[ks * 4 + 3],
-                            Vb[U(vr)], Vb[U(vr + STRIDE)], Vs[U(vr)], Vs[U(vr + STRIDE)],
-                            c0, c1, c2, c3, e0, e1, e2, e3)
+                        c, e, f = mma3(pb[ks * 4], pb[ks * 4 + 2], pb[ks * 4 + 1], pb[ks * 4 + 3],
+                                       ps[ks * 4], ps[ks * 4 + 2], ps[ks * 4 + 1], ps[ks * 4 + 3],
+                                       Vb[U(vr)], Vb[U(vr + STRIDE)], Vs[U(vr)],
+                                       Vs[U(vr + STRIDE)], c, e, f)
                     # The chunk's P~ Vj is summed from zero, then added to the rescaled O
                     # in ordinary float32 arithmetic (as in v3).
-                    o[nd * 4] = o[nd * 4] * alpha0 + (c0 + e0)
-                    o[nd * 4 + 1] = o[nd * 4 + 1] * alpha0 + (c1 + e1)
-                    o[nd * 4 + 2] = o[nd * 4 + 2] * alpha1 + (c2 + e2)
-                    o[nd * 4 + 3] = o[nd * 4 + 3] * alpha1 + (c3 + e3)
+                    o[nd * 4] = o[nd * 4] * alpha0 + (c[0] + (e[0] + f[0]))
+                    o[nd * 4 + 1] = o[nd * 4 + 1] * alpha0 + (c[1] + (e[1] + f[1]))
+                    o[nd * 4 + 2] = o[nd * 4 + 2] * alpha1 + (c[2] + (e[2] + f[2]))
+                    o[nd * 4 + 3] = o[nd * 4 + 3] * alpha1 + (c[3] + (e[3] + f[3]))
                 if fix_values:          # rare: a non-finite v was staged as 0
                     kk = 0
                     while kk < V6_CHUNK:        # the chunk's keys, in step in every lane
