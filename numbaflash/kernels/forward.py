@@ -1075,7 +1075,7 @@ def make_forward_v6(Br, Bc, d, causal):
     each (v3's fragment layout; see make_forward_v3), Bc a multiple of V6_CHUNK, and
     ``v6_shared_layout(Br, Bc, d)[-1] * 4`` bytes of dynamic shared memory.
     """
-    from .ptx import mma_tf32, tf32_round, tf32_round_finite   # GPU-only: inline PTX
+    from .ptx import flat_load, mma_tf32, tf32_round, tf32_round_finite   # GPU only
 
     acc = acc_type("float32")
     ZERO = acc(0)
@@ -1091,6 +1091,12 @@ def make_forward_v6(Br, Bc, d, causal):
     Q_REGS = DP <= V6_Q_REGISTERS_MAX_DP    # Qi's fragments in registers, else in Qb, Qs
     Q_FRAGS = QO_FRAGS if Q_REGS else 1
     FULL = 0xFFFFFFFF
+    F32_MAX = acc(3.4028234663852886e38)
+    LOG2E = acc(1.4426950408889634)
+    W = 8                                   # the staging loops' row width: DP rounded up
+    while W < DP:                           # to a power of two, which divides THREADS
+        W *= 2
+    RSTEP = THREADS // W                    # rows a pass of the block stages
     KB_AT, KS_AT, VB_AT, VS_AT, QB_AT, QS_AT, END = v6_shared_layout(Br, Bc, d)
     kv_tile_range = make_kv_tile_range(Br, Bc, causal, False)
 
@@ -1102,7 +1108,7 @@ def make_forward_v6(Br, Bc, d, causal):
 
     @cuda.jit(device=True, inline=True)
     def split_finite(x):
-        """split() for a finite x, on the bits (ptx.tf32_round_finite)."""
+        """split() for a finite x, on the bits (ptx.tf32_round_finite): the same parts."""
         big = tf32_round_finite(x)
         return big, tf32_round_finite(x - big)
 
@@ -1132,7 +1138,7 @@ def make_forward_v6(Br, Bc, d, causal):
 
     @cuda.jit(device=True, inline=True)
     def finite(x):
-        return not (math.isinf(x) or math.isnan(x))
+        return abs(x) <= F32_MAX        # one comparison; False for NaN and +-inf
 
     @cuda.jit(device=True, inline=True)
     def finite_or_zero(x, bad, slot, mark):
@@ -1173,6 +1179,10 @@ def make_forward_v6(Br, Bc, d, causal):
         g = lane // 4
         t = lane % 4
         r0 = (tid // 32) * 16 + g               # this lane's two rows within the tile
+        k_own = tid % W                         # the column and first row this thread
+        c_own = tid // W                        # stages of each K/V tile
+        k_in = k_own < d
+        k_load = min(k_own, d - 1)              # a column inside the arrays
         row0 = i * Br + r0
         row1 = row0 + 8
         Sq = Q.shape[1]
@@ -1231,37 +1241,46 @@ def make_forward_v6(Br, Bc, d, causal):
         _, Tc = kv_tile_range(i, Sk, causal_offset, 0)     # causal: skip masked tiles
         for j in range(Tc):
             mark = int32(j + 1)
+            last_row = (bh * Sk + Sk - 1) * d + k_load      # a position inside K and V
             # Wait until every warp has finished reading the previous Kj and Vj.
             cuda.syncthreads()
             # Alg.1 l.7: load Kj and Vj, split once (rows past Sk and columns past d: 0).
-            # V6_LOAD_BATCH elements of each are loaded before any is used, so that their
-            # loads from global memory wait for it together, not one after the other.
-            base = tid
-            while base < Bc * DP:
+            # This thread's column is k_own, its rows c_own, c_own + RSTEP, ...;
+            # V6_LOAD_BATCH rows of each are loaded before any is used, so that their
+            # loads from global memory wait together, not one after the other.
+            # The loads are unconditional, at flat positions in K and V (ptx.flat_load:
+            # one address computation each, where K[bh, col, k] costs seven 64-bit
+            # multiply-adds); a position outside the arrays is replaced by one inside
+            # (row Sk - 1; Sk >= 1 here) and its value by 0.
+            c = c_own
+            while c < Bc:
+                at = (bh * Sk + j * Bc + c) * d + k_load     # row j * Bc + c, column k_load
                 for u in range(V6_LOAD_BATCH):
-                    idx = base + u * THREADS
-                    col = j * Bc + idx // DP
-                    k = idx % DP
-                    inside = idx < Bc * DP and col < Sk and k < d
-                    kx[u] = acc(K[U(bh), U(col), U(k)]) if inside else ZERO
-                    vx[u] = acc(V[U(bh), U(col), U(k)]) if inside else ZERO
-                for u in range(V6_LOAD_BATCH):
-                    idx = base + u * THREADS
-                    if idx < Bc * DP:
-                        at = U(idx // DP * STRIDE + idx % DP)
-                        Kb[at], Ks[at] = split(finite_or_zero(kx[u], bad, 1, mark))
-                        Vb[at], Vs[at] = split(finite_or_zero(vx[u], bad, 2, mark))
-                base += V6_LOAD_BATCH * THREADS
+                    col = j * Bc + c + u * RSTEP
+                    inside = k_in and c + u * RSTEP < Bc and col < Sk
+                    at_u = at + u * RSTEP * d if col < Sk else last_row
+                    kx[u] = acc(flat_load(K, U(at_u)))
+                    vx[u] = acc(flat_load(V, U(at_u)))
+                    kx[u] = kx[u] if inside else ZERO
+                    vx[u] = vx[u] if inside else ZERO
+                if k_own < DP:
+                    for u in range(V6_LOAD_BATCH):
+                        if c + u * RSTEP < Bc:
+                            at = U((c + u * RSTEP) * STRIDE + k_own)
+                            Kb[at], Ks[at] = split_finite(finite_or_zero(kx[u], bad, 1, mark))
+                            Vb[at], Vs[at] = split_finite(finite_or_zero(vx[u], bad, 2, mark))
+                c += V6_LOAD_BATCH * RSTEP
             # Wait until Kj, Vj (and, for j = 0, Qb, Qs and bad[0]) are complete.
             cuda.syncthreads()
             fix_scores = bad[0] != 0 or bad[1] == mark     # the same in every thread
             fix_values = bad[2] == mark
+            # Does every row of the block see every key of the tile? Then nothing is masked.
+            whole_tile = (j * Bc + Bc <= Sk
+                          and (not causal or j * Bc + Bc - 1 <= i * Br + causal_offset))
 
             for ch in range(Bc // V6_CHUNK):
                 key0 = ch * V6_CHUNK                # first key of the chunk within the tile
                 # Alg.1 l.8: S = Qi Kj^T on the tensor cores, then scale and mask.
-                mt0 = NEG_INF
-                mt1 = NEG_INF
                 for nt in range(NT):
                     c = (ZERO, ZERO, ZERO, ZERO)
                     e = c
@@ -1281,24 +1300,29 @@ def make_forward_v6(Br, Bc, d, causal):
                         c, e, f = mma3(a0b, a1b, a2b, a3b, a0s, a1s, a2s, a3s,
                                        Kb[U(kc)], Kb[U(kc + 4)], Ks[U(kc)], Ks[U(kc + 4)],
                                        c, e, f)
-                    x0 = c[0] + (e[0] + f[0])
-                    x1 = c[1] + (e[1] + f[1])
-                    x2 = c[2] + (e[2] + f[2])
-                    x3 = c[3] + (e[3] + f[3])
-                    col = j * Bc + key0 + nt * 8 + 2 * t
-                    if fix_scores:          # rare: a non-finite q or k was staged as 0
-                        x0 += nonfinite_terms(Q, K, bh, row0, col, Sq, Sk)
-                        x1 += nonfinite_terms(Q, K, bh, row0, col + 1, Sq, Sk)
-                        x2 += nonfinite_terms(Q, K, bh, row1, col, Sq, Sk)
-                        x3 += nonfinite_terms(Q, K, bh, row1, col + 1, Sq, Sk)
-                    vis00 = col < Sk and (not causal or col <= row0 + causal_offset)
-                    vis01 = col + 1 < Sk and (not causal or col + 1 <= row0 + causal_offset)
-                    vis10 = col < Sk and (not causal or col <= row1 + causal_offset)
-                    vis11 = col + 1 < Sk and (not causal or col + 1 <= row1 + causal_offset)
-                    s[nt * 4] = x0 * softmax_scale if vis00 else NEG_INF
-                    s[nt * 4 + 1] = x1 * softmax_scale if vis01 else NEG_INF
-                    s[nt * 4 + 2] = x2 * softmax_scale if vis10 else NEG_INF
-                    s[nt * 4 + 3] = x3 * softmax_scale if vis11 else NEG_INF
+                    for x in range(4):
+                        s[nt * 4 + x] = c[x] + (e[x] + f[x])
+                # (What follows the products comes after all of them, so that ptxas may
+                # interleave the n-tiles' mma: a branch between them would keep it from it.)
+                if fix_scores:          # rare: a non-finite q or k was staged as 0
+                    for nt in range(NT):
+                        col = j * Bc + key0 + nt * 8 + 2 * t
+                        for x in range(4):      # s[nt * 4 + x]: row0 or row1, col or col + 1
+                            s[nt * 4 + x] += nonfinite_terms(Q, K, bh, row0 + 8 * (x // 2),
+                                                             col + x % 2, Sq, Sk)
+                for x in range(S_FRAGS):
+                    s[x] *= softmax_scale
+                if not whole_tile:      # the last tile, or the causal diagonal: mask
+                    for nt in range(NT):
+                        col = j * Bc + key0 + nt * 8 + 2 * t
+                        for x in range(4):
+                            key = col + x % 2
+                            if not (key < Sk and (not causal
+                                                  or key <= row0 + 8 * (x // 2) + causal_offset)):
+                                s[nt * 4 + x] = NEG_INF
+                mt0 = NEG_INF           # this lane's part of the chunk's row maxima
+                mt1 = NEG_INF
+                for nt in range(NT):
                     for h in range(2):
                         if s[nt * 4 + h] > mt0:
                             mt0 = s[nt * 4 + h]
@@ -1311,17 +1335,21 @@ def make_forward_v6(Br, Bc, d, causal):
                 mn1 = mt1 if mt1 > m1 else m1
                 ms0 = ZERO if mn0 == NEG_INF else mn0     # no key seen yet: avoid -inf - -inf
                 ms1 = ZERO if mn1 == NEG_INF else mn1
-                alpha0 = math.exp(m0 - ms0) if m0 != NEG_INF else ZERO
-                alpha1 = math.exp(m1 - ms1) if m1 != NEG_INF else ZERO
+                # exp(x - m) as exp2(x * log2(e) - m * log2(e)): one multiply-add and the
+                # hardware's exp2, where math.exp spends about 15 instructions.
+                alpha0 = math.exp2((m0 - ms0) * LOG2E) if m0 != NEG_INF else ZERO
+                alpha1 = math.exp2((m1 - ms1) * LOG2E) if m1 != NEG_INF else ZERO
+                ml0 = ms0 * LOG2E
+                ml1 = ms1 * LOG2E
                 lt0 = ZERO
                 lt1 = ZERO
                 for nt in range(NT):
                     for h in range(2):
                         x = s[nt * 4 + h]
-                        s[nt * 4 + h] = math.exp(x - ms0) if x != NEG_INF else ZERO
+                        s[nt * 4 + h] = math.exp2(x * LOG2E - ml0) if x != NEG_INF else ZERO
                         lt0 += s[nt * 4 + h]
                         x = s[nt * 4 + 2 + h]
-                        s[nt * 4 + 2 + h] = math.exp(x - ms1) if x != NEG_INF else ZERO
+                        s[nt * 4 + 2 + h] = math.exp2(x * LOG2E - ml1) if x != NEG_INF else ZERO
                         lt1 += s[nt * 4 + 2 + h]
                 l0 = alpha0 * l0 + lt0
                 l1 = alpha1 * l1 + lt1

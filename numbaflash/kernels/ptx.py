@@ -24,6 +24,14 @@ lane ``lane``, with ``g = lane // 4`` (the "group", 0..7) and ``t = lane % 4`` (
     B (8 x 8):   b0 = B[t, g]      b1 = B[t + 4, g]
     C, D (16x8): c0 = C[g, 2t]     c1 = C[g, 2t + 1]    c2 = C[g + 8, 2t]  c3 = C[g + 8, 2t + 1]
 
+One more GPU-only helper, plain LLVM IR rather than PTX:
+
+    flat_load(A, n) the element at flat position n of a C-contiguous array A of any
+                    number of dimensions (A.ravel()[n] without making a view): one
+                    address computation, where A[b, r, k] costs Numba's 64-bit
+                    arithmetic on the shape (about seven multiply-adds a load in forward
+                    v6's SASS). No bounds check; the caller keeps n inside.
+
 3xTF32: TF32 keeps only 10 of float32's 23 mantissa bits, so a product of TF32 values is
 not float32-accurate. Splitting each operand as x = big + small (big = tf32(x),
 small = tf32(x - big)) and summing big*big + big*small + small*big (the small*small term
@@ -82,5 +90,19 @@ def mma_tf32(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
         res = builder.call(mma, ab + list(args[6:]))
         vals = [builder.extract_value(res, i) for i in range(4)]
         return context.make_tuple(builder, sig.return_type, vals)
+
+    return sig, codegen
+
+
+@intrinsic
+def flat_load(typingctx, A, n):
+    """A.ravel()[n] for a C-contiguous array A (see the module docstring)."""
+    if not isinstance(A, types.Array) or A.layout != "C" or not isinstance(n, types.Integer):
+        return None
+    sig = A.dtype(A, n)
+
+    def codegen(context, builder, sig, args):
+        array = context.make_array(sig.args[0])(context, builder, args[0])
+        return builder.load(builder.gep(array.data, [args[1]]))
 
     return sig, codegen
