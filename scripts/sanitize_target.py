@@ -8,6 +8,9 @@ forward version V. ``--variants`` runs the kernels that support attention varian
 backward v1, and the tile-table kernel) with windows, GQA, ALiBi, softcap, masks and a
 mask_mod, on ragged shapes.
 
+``--forward V`` also runs forward V once on inputs with a NaN in q and k and an inf in v,
+so that the paths that handle non-finite inputs (forward v6's fix-ups) are checked too.
+
 Shapes are small (the sanitizer slows kernels down 10-100x, and every process compiles
 its kernels again) but cross tile boundaries with ragged tails, Sq != Sk in both
 directions, both causal alignments, and fully masked rows, so every guard in the kernels
@@ -66,6 +69,20 @@ def main_variants():
         print(f"backward v1 {name}: ok", flush=True)
 
 
+def nonfinite_forward(versions, rng, shape, causal):
+    """The forward versions on float32 inputs with NaN in q and k and +inf in v."""
+    B, H, Sq, Sk, d = shape
+    q, k, v = (rng.standard_normal((B, H, S, d)).astype(np.float32) for S in (Sq, Sk, Sk))
+    q[0, 0, 3, 5] = np.nan
+    k[0, 1, Sk // 2, 7] = np.nan
+    v[0, 0, Sk - 9, 1] = np.inf
+    q, k, v = (cuda.to_device(x) for x in (q, k, v))
+    for version in versions:
+        numbaflash.attention(q, k, v, causal=causal, version=version)
+        cuda.synchronize()
+        print(f"forward {version} {shape} {causal} float32 with NaN and inf: ok", flush=True)
+
+
 def main():
     if "--variants" in sys.argv[1:]:
         return main_variants()
@@ -91,6 +108,8 @@ def main():
                 cuda.synchronize()
                 print(f"forward {version} {(B, H, Sq, Sk, d)} {causal} {np.dtype(dtype).name}: ok",
                       flush=True)
+            if "--forward" in sys.argv[1:] and dtype == np.float32 and d == 64:
+                nonfinite_forward(forward_versions, rng, (B, H, Sq, Sk, d), causal)
             dout = cuda.to_device(rng.standard_normal((B, H, Sq, d)).astype(dtype))
             for version in backward_versions:
                 try:

@@ -2,6 +2,8 @@
 
     python3 scripts/v6_sweep.py              # on a GPU machine (a minute or two)
     python3 scripts/v6_sweep.py --quick      # fewer tiles
+    python3 scripts/v6_sweep.py --configs 64:64:64:16:0,64:64:64:16:168
+                                             # kernel variants d:Br:Bc:chunk:max_registers
 
 At (2, 16, 4096, d), float32, causal (bottom-right) and not. First every kernel's output
 for the first (batch, head) is compared with numbaflash.reference in float64: its max
@@ -19,8 +21,10 @@ import numpy as np
 from numba import cuda
 
 import numbaflash
-from numbaflash import reference
+from numbaflash import dispatch, reference
 from numbaflash.bench import time_ms
+from numbaflash.kernels import forward as fwd
+from numbaflash.kernels import smem
 
 TILES = {64: [(64, 64), (64, 32), (128, 64), (128, 32), (64, 128)],
          128: [(64, 16), (64, 32), (128, 16), (64, 64)]}
@@ -43,10 +47,70 @@ def sdpa_call(q, k, v, causal):
     return call
 
 
+def variant_call(q, k, v, causal, d, Br, Bc, chunk, max_registers):
+    """A function launching make_forward_v6(Br, Bc, d, causal, chunk, max_registers) on
+    (2, 16, 4096, d) device arrays directly (the knobs the dispatcher does not expose),
+    returning O, and the kernel's registers per thread."""
+    kernel = fwd.make_forward_v6(Br, Bc, d, True if causal else False, chunk,
+                                 max_registers or None)
+    B, H, N, _ = q.shape
+    Q, K, V = (x.reshape(B * H, N, d) for x in (q, k, v))
+    nbytes = dispatch.v6_shared_bytes(Br, Bc, d)
+
+    def call():
+        O = cuda.device_array((B * H, N, d), np.float32)
+        L = cuda.device_array((B * H, N), np.float32)
+        args = (Q, K, V, O, L, np.float32(1 / np.sqrt(d)), np.int64(0))
+        smem.allow_dynamic_shared_memory(kernel, args, nbytes)
+        kernel[((N + Br - 1) // Br, B * H), (2 * Br,), 0, nbytes](*args)
+        return O.reshape(B, H, N, d)
+    call()
+    return call, kernel.get_regs_per_thread()
+
+
+def configs_main(configs):
+    """--configs: each kernel variant checked against float64 (first head) and timed."""
+    rng = np.random.default_rng(0)
+    ok = True
+    by_d = {}
+    for item in configs.split(","):
+        d, Br, Bc, chunk, maxreg = (int(x) for x in item.split(":"))
+        by_d.setdefault(d, []).append((Br, Bc, chunk, maxreg))
+    print(f"{'d':>4} {'causal':>6} {'Br':>4} {'Bc':>4} {'chunk':>5} {'maxreg':>6} {'regs':>5} "
+          f"{'max err':>9} {'ms':>8} {'TFLOP/s':>8} {'vs SDPA':>8}")
+    for d, variants in by_d.items():
+        shape = (2, 16, 4096, d)
+        hq, hk, hv = (rng.standard_normal(shape).astype(np.float32) for _ in range(3))
+        q, k, v = (cuda.to_device(x) for x in (hq, hk, hv))
+        for causal in (False, True):
+            ref, _ = reference.forward(hq[0, 0], hk[0, 0], hv[0, 0], causal=causal)
+            flops = 4 * 2 * 16 * 4096 * 4096 * d * (0.5 if causal else 1.0)
+            sdpa = sdpa_call(q, k, v, causal)
+            sdpa_ms = time_ms(sdpa, repeats=10, warmup=1) if sdpa else None
+            v5_err = float(np.abs(numbaflash.attention(q, k, v, causal=causal, version="v5")
+                                  .copy_to_host()[0, 0] - ref).max())
+            for Br, Bc, chunk, maxreg in variants:
+                call, regs = variant_call(q, k, v, causal, d, Br, Bc, chunk, maxreg)
+                err = float(np.abs(call().copy_to_host()[0, 0] - ref).max())
+                head = (f"{d:4d} {causal!s:>6} {Br:4d} {Bc:4d} {chunk:5d} {maxreg:6d} "
+                        f"{regs:5d} {err:9.2e}")
+                if not err <= 2 * v5_err:
+                    ok = False
+                    print(f"{head} WRONG RESULT (v5 {v5_err:.2e}), not timed", flush=True)
+                    continue
+                ms = time_ms(call, repeats=10, warmup=1)
+                ratio = f"{sdpa_ms / ms:8.3f}" if sdpa_ms else f"{'-':>8}"
+                print(f"{head} {ms:8.2f} {flops / ms / 1e9:8.1f} {ratio}", flush=True)
+    return 0 if ok else 1
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--configs", help="d:Br:Bc:chunk:max_registers,... (0: no limit)")
     args = ap.parse_args()
+    if args.configs:
+        return configs_main(args.configs)
     tiles = QUICK if args.quick else TILES
     rng = np.random.default_rng(0)
     ok = True

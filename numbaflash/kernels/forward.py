@@ -1012,7 +1012,7 @@ def make_forward_v5(Br, Bc, TM, TN, d, causal, acc_dtype):
     return forward_v5
 
 
-V6_CHUNK = 16                           # v6: keys per online-softmax step (as v3)
+V6_CHUNK = 16                           # v6: keys per online-softmax step, by default
 V6_Q_REGISTERS_MAX_DP = 64              # v6: Q's fragments stay in registers up to this DP
 V6_LOAD_BATCH = 4                       # v6: K and V elements a thread loads at once (8: 253
                                         # registers at d = 64 instead of 179)
@@ -1040,7 +1040,7 @@ def v6_shared_layout(Br, Bc, d):
 
 
 @functools.lru_cache(maxsize=None)
-def make_forward_v6(Br, Bc, d, causal):
+def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
     """v6: v3's tensor-core forward with each K/V tile split into TF32 parts once, in
     shared memory, and exact for every input (GPU only; float32 accumulation, float16
     and float32 inputs, d <= 128). On the simulator the dispatcher runs v5 instead.
@@ -1072,7 +1072,8 @@ def make_forward_v6(Br, Bc, d, causal):
       0 * p = 0 too, for a hidden key).
 
     Launch: grid (ceil(Sq / Br), BH), block (2 * Br,): Br / 16 warps of 16 query rows
-    each (v3's fragment layout; see make_forward_v3), Bc a multiple of V6_CHUNK, and
+    each (v3's fragment layout; see make_forward_v3), Bc a multiple of ``chunk`` (the keys
+    of one online-softmax step, a multiple of 8), and
     ``v6_shared_layout(Br, Bc, d)[-1] * 4`` bytes of dynamic shared memory.
     """
     from .ptx import flat_load, mma_tf32, tf32_round, tf32_round_finite   # GPU only
@@ -1080,11 +1081,12 @@ def make_forward_v6(Br, Bc, d, causal):
     acc = acc_type("float32")
     ZERO = acc(0)
     NEG_INF = acc(-math.inf)
-    assert Br % 16 == 0 and Bc % V6_CHUNK == 0, (Br, Bc)
+    assert Br % 16 == 0 and chunk % 8 == 0 and Bc % chunk == 0, (Br, Bc, chunk)
+    CHUNK = chunk
     THREADS = 2 * Br                        # Br / 16 warps of 32 lanes
     DP = (d + 7) // 8 * 8                   # head dim padded to the mma's k = 8
     KS = DP // 8                            # mma steps over the head dim
-    NT = V6_CHUNK // 8                      # mma steps over the keys of a chunk
+    NT = CHUNK // 8                         # mma steps over the keys of a chunk
     STRIDE = DP + 4                         # shared row stride (bank-conflict free)
     QO_FRAGS = KS * 4                       # fragment registers of Q and of O per lane
     S_FRAGS = NT * 4                        # fragment registers of S per lane
@@ -1122,6 +1124,16 @@ def make_forward_v6(Br, Bc, d, causal):
         e = mma_tf32(a0s, a1s, a2s, a3s, b0b, b1b, e[0], e[1], e[2], e[3])
         f = mma_tf32(a0b, a1b, a2b, a3b, b0s, b1s, f[0], f[1], f[2], f[3])
         return c, e, f
+
+    @cuda.jit(device=True, inline=True)
+    def mma3_short(a0b, a1b, a2b, a3b, a0s, a1s, a2s, a3s, b0b, b1b, b0s, b1s, c, e):
+        """mma3 with both small products in E, as in v3: for P~ Vj, whose sums are only
+        chunk / 8 steps long and many (one per 8 columns of O), so that a third
+        accumulator would buy no parallelism and cost registers."""
+        c = mma_tf32(a0b, a1b, a2b, a3b, b0b, b1b, c[0], c[1], c[2], c[3])
+        e = mma_tf32(a0s, a1s, a2s, a3s, b0b, b1b, e[0], e[1], e[2], e[3])
+        e = mma_tf32(a0b, a1b, a2b, a3b, b0s, b1s, e[0], e[1], e[2], e[3])
+        return c, e
 
     @cuda.jit(device=True, inline=True)
     def quad_max(x):
@@ -1170,7 +1182,11 @@ def make_forward_v6(Br, Bc, d, causal):
                 k += 1
         return x
 
-    @cuda.jit(**jit_options())
+    options = jit_options()
+    if max_registers:       # ptxas's register limit (GPU-only kernel: no simulator concern)
+        options["max_registers"] = max_registers
+
+    @cuda.jit(**options)
     def forward_v6(Q, K, V, O, L, softmax_scale, causal_offset):
         bh = cuda.blockIdx.y
         i = cuda.blockIdx.x
@@ -1278,8 +1294,8 @@ def make_forward_v6(Br, Bc, d, causal):
             whole_tile = (j * Bc + Bc <= Sk
                           and (not causal or j * Bc + Bc - 1 <= i * Br + causal_offset))
 
-            for ch in range(Bc // V6_CHUNK):
-                key0 = ch * V6_CHUNK                # first key of the chunk within the tile
+            for ch in range(Bc // CHUNK):
+                key0 = ch * CHUNK                # first key of the chunk within the tile
                 # Alg.1 l.8: S = Qi Kj^T on the tensor cores, then scale and mask.
                 for nt in range(NT):
                     c = (ZERO, ZERO, ZERO, ZERO)
@@ -1363,22 +1379,21 @@ def make_forward_v6(Br, Bc, d, causal):
                 for nd in range(KS):
                     c = (ZERO, ZERO, ZERO, ZERO)
                     e = c
-                    f = c
                     for ks in range(NT):
                         vr = (key0 + ks * 8 + 2 * t) * STRIDE + nd * 8 + g
-                        c, e, f = mma3(pb[ks * 4], pb[ks * 4 + 2], pb[ks * 4 + 1], pb[ks * 4 + 3],
-                                       ps[ks * 4], ps[ks * 4 + 2], ps[ks * 4 + 1], ps[ks * 4 + 3],
-                                       Vb[U(vr)], Vb[U(vr + STRIDE)], Vs[U(vr)],
-                                       Vs[U(vr + STRIDE)], c, e, f)
+                        c, e = mma3_short(
+                            pb[ks * 4], pb[ks * 4 + 2], pb[ks * 4 + 1], pb[ks * 4 + 3],
+                            ps[ks * 4], ps[ks * 4 + 2], ps[ks * 4 + 1], ps[ks * 4 + 3],
+                            Vb[U(vr)], Vb[U(vr + STRIDE)], Vs[U(vr)], Vs[U(vr + STRIDE)], c, e)
                     # The chunk's P~ Vj is summed from zero, then added to the rescaled O
                     # in ordinary float32 arithmetic (as in v3).
-                    o[nd * 4] = o[nd * 4] * alpha0 + (c[0] + (e[0] + f[0]))
-                    o[nd * 4 + 1] = o[nd * 4 + 1] * alpha0 + (c[1] + (e[1] + f[1]))
-                    o[nd * 4 + 2] = o[nd * 4 + 2] * alpha1 + (c[2] + (e[2] + f[2]))
-                    o[nd * 4 + 3] = o[nd * 4 + 3] * alpha1 + (c[3] + (e[3] + f[3]))
+                    o[nd * 4] = o[nd * 4] * alpha0 + (c[0] + e[0])
+                    o[nd * 4 + 1] = o[nd * 4 + 1] * alpha0 + (c[1] + e[1])
+                    o[nd * 4 + 2] = o[nd * 4 + 2] * alpha1 + (c[2] + e[2])
+                    o[nd * 4 + 3] = o[nd * 4 + 3] * alpha1 + (c[3] + e[3])
                 if fix_values:          # rare: a non-finite v was staged as 0
                     kk = 0
-                    while kk < V6_CHUNK:        # the chunk's keys, in step in every lane
+                    while kk < CHUNK:        # the chunk's keys, in step in every lane
                         # P~ of this key for row0 and row1 is in lane (g, kk % 8 // 2) of
                         # the quad, in s[kk // 8 * 4 + kk % 2] and the entry 2 after it.
                         x0 = ZERO

@@ -1,0 +1,40 @@
+"""One forward version at one shape, a few times: the workload for a profiler.
+
+    python3 scripts/profile_target.py --version v6 --shape 2x16x4096x64 [--causal]
+    ncu --kernel-name regex:forward_v6 --launch-skip 1 --launch-count 1 \\
+        --section WarpStateStats --section SchedulerStats --section Occupancy \\
+        python3 scripts/profile_target.py --version v6 --shape 2x16x4096x64
+
+Random normal float32 inputs on the device; ``--tiles Br,Bc[,...]`` passes tiles. The
+first call compiles the kernel (skip it in the profiler: --launch-skip 1).
+"""
+
+import argparse
+
+import numpy as np
+from numba import cuda
+
+import numbaflash
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--version", default=None)
+    ap.add_argument("--shape", default="2x16x4096x64")
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--tiles", default=None)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    shape = tuple(int(x) for x in args.shape.split("x"))
+    tiles = tuple(int(x) for x in args.tiles.split(",")) if args.tiles else None
+    rng = np.random.default_rng(0)
+    q, k, v = (cuda.to_device(rng.standard_normal(shape).astype(np.float32)) for _ in range(3))
+    print(numbaflash.explain(q, k, v, causal=args.causal, version=args.version, tiles=tiles))
+    for _ in range(args.repeats):
+        numbaflash.attention(q, k, v, causal=args.causal, version=args.version, tiles=tiles)
+    cuda.synchronize()
+    print("done")
+
+
+if __name__ == "__main__":
+    main()
