@@ -412,7 +412,7 @@ V6_MAX_HEAD_DIM = 128         # the O fragments (d / 2 a lane) stay in registers
 
 def v6_shared_bytes(Br, Bc, d):
     """Dynamic shared memory of forward v6 (forward.v6_shared_layout), float32."""
-    return fwd_kernels.v6_shared_layout(Br, Bc, d)[-1] * 4
+    return fwd_kernels.v6_shared_layout(Br, Bc, d)[3] * 4
 
 
 def v6_refusal(p, where):

@@ -65,7 +65,8 @@ def variant_call(q, k, v, causal, d, Br, Bc, chunk, max_registers):
         kernel[((N + Br - 1) // Br, B * H), (2 * Br,), 0, nbytes](*args)
         return O.reshape(B, H, N, d)
     call()
-    return call, kernel.get_regs_per_thread()
+    regs = kernel.get_regs_per_thread()
+    return call, (next(iter(regs.values())) if isinstance(regs, dict) else regs)
 
 
 def configs_main(configs):

@@ -1019,24 +1019,23 @@ V6_LOAD_BATCH = 4                       # v6: K and V elements a thread loads at
 
 
 def v6_shared_layout(Br, Bc, d):
-    """Where forward v6's tiles sit in its one dynamic float32 array: the offsets, in
-    elements, of Kb, Ks, Vb, Vs (Kj and Vj split into their TF32 big and small parts,
-    (Bc, STRIDE) each) and of Qb, Qs ((Br, STRIDE) each, only when Qi does not stay in
-    registers, DP > V6_Q_REGISTERS_MAX_DP; otherwise they are empty), and the end, the
-    array's length: (KB_AT, KS_AT, VB_AT, VS_AT, QB_AT, QS_AT, END). DP is d rounded up
-    to the mma's k = 8 and STRIDE = DP + 4 (the +4 keeps the fragment reads free of bank
-    conflicts). ``dispatch.v6_shared_bytes`` is END * 4."""
+    """Where forward v6's tiles sit in its one dynamic float32 array, and their row
+    lengths: (KP_AT, VP_AT, QP_AT, END, K_ROW, V_ROW). Kj, Vj (Bc rows) and, when Qi does
+    not stay in registers (DP > V6_Q_REGISTERS_MAX_DP), Qi (Br rows) are stored split
+    into their TF32 parts, each element as a (big, small) pair, so that one 8-byte load
+    fetches both: element k of row c of Kj is at KP_AT + c * K_ROW + 2k (big) and the
+    float after it (small). DP is d rounded up to the mma's k = 8; the rows are padded,
+    K_ROW = 2 DP + 8 (Qi's too) and V_ROW = 2 DP + 4, so that the fragment reads of a
+    half-warp hit 16 different bank pairs (make_forward_v6). Without a Qi tile, QP_AT =
+    END. ``dispatch.v6_shared_bytes`` is END * 4."""
     DP = (d + 7) // 8 * 8
-    STRIDE = DP + 4
-    KB_AT = 0
-    KS_AT = KB_AT + Bc * STRIDE
-    VB_AT = KS_AT + Bc * STRIDE
-    VS_AT = VB_AT + Bc * STRIDE
-    QB_AT = VS_AT + Bc * STRIDE
-    q_tile = 0 if DP <= V6_Q_REGISTERS_MAX_DP else Br * STRIDE
-    QS_AT = QB_AT + q_tile
-    END = QS_AT + q_tile
-    return KB_AT, KS_AT, VB_AT, VS_AT, QB_AT, QS_AT, END
+    K_ROW = 2 * DP + 8
+    V_ROW = 2 * DP + 4
+    KP_AT = 0
+    VP_AT = KP_AT + Bc * K_ROW
+    QP_AT = VP_AT + Bc * V_ROW
+    END = QP_AT + (0 if DP <= V6_Q_REGISTERS_MAX_DP else Br * K_ROW)
+    return KP_AT, VP_AT, QP_AT, END, K_ROW, V_ROW
 
 
 @functools.lru_cache(maxsize=None)
@@ -1050,12 +1049,13 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
     * Split once per tile. v3 splits every K and V operand into its TF32 big and small
       parts again for every mma, in every warp (most of its instructions: docs/
       performance.md). v6 splits each element once, while the block stages the tile, and
-      stores both parts: Kb, Ks, Vb, Vs, (Bc, STRIDE) each, in dynamic shared memory (as
-      forward v5: one ``cuda.shared.array(0, float32)`` cut into slices; kernels/smem.py
-      allows more than 48 KB). The inner loops are then shared loads and mma only. P~ is
+      stores both parts side by side, so that one 8-byte shared load (ptx.load_pair)
+      fetches both: KP and VP in dynamic shared memory (as forward v5: one
+      ``cuda.shared.array(0, float32)`` cut into slices; kernels/smem.py allows more than
+      48 KB; v6_shared_layout). The inner loops are then shared loads and mma only. P~ is
       split in registers with ``tf32_round_finite`` (two integer instructions a part).
     * Qi's parts stay in registers up to DP = 64 (as v3); above, they are staged in
-      shared memory too (Qb, Qs), which keeps d = 128 free of spills.
+      shared memory too (QP), which keeps d = 128 free of spills.
     * Exact for non-finite inputs. A tensor core cannot skip a product: a NaN or inf in
       V at a key hidden from some rows of the tile reaches them as 0 * NaN, and an inf
       split into TF32 parts is inf + NaN. So v6 stages a non-finite element as 0 (both
@@ -1076,7 +1076,8 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
     of one online-softmax step, a multiple of 8), and
     ``v6_shared_layout(Br, Bc, d)[-1] * 4`` bytes of dynamic shared memory.
     """
-    from .ptx import flat_load, mma_tf32, tf32_round, tf32_round_finite   # GPU only
+    from .ptx import (flat_load, load_pair, mma_tf32, store_pair,     # GPU only
+                      tf32_round, tf32_round_finite)
 
     acc = acc_type("float32")
     ZERO = acc(0)
@@ -1087,10 +1088,9 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
     DP = (d + 7) // 8 * 8                   # head dim padded to the mma's k = 8
     KS = DP // 8                            # mma steps over the head dim
     NT = CHUNK // 8                         # mma steps over the keys of a chunk
-    STRIDE = DP + 4                         # shared row stride (bank-conflict free)
     QO_FRAGS = KS * 4                       # fragment registers of Q and of O per lane
     S_FRAGS = NT * 4                        # fragment registers of S per lane
-    Q_REGS = DP <= V6_Q_REGISTERS_MAX_DP    # Qi's fragments in registers, else in Qb, Qs
+    Q_REGS = DP <= V6_Q_REGISTERS_MAX_DP    # Qi's fragments in registers, else in QP
     Q_FRAGS = QO_FRAGS if Q_REGS else 1
     FULL = 0xFFFFFFFF
     F32_MAX = acc(3.4028234663852886e38)
@@ -1099,7 +1099,7 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
     while W < DP:                           # to a power of two, which divides THREADS
         W *= 2
     RSTEP = THREADS // W                    # rows a pass of the block stages
-    KB_AT, KS_AT, VB_AT, VS_AT, QB_AT, QS_AT, END = v6_shared_layout(Br, Bc, d)
+    KP_AT, VP_AT, QP_AT, END, K_ROW, V_ROW = v6_shared_layout(Br, Bc, d)
     kv_tile_range = make_kv_tile_range(Br, Bc, causal, False)
 
     @cuda.jit(device=True, inline=True)
@@ -1205,13 +1205,10 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
         Sk = K.shape[1]
 
         # The block's dynamic shared memory, cut into the tiles (v6_shared_layout).
-        smem = cuda.shared.array(0, acc)
-        Kb = smem[KB_AT:KS_AT]                  # Kj's TF32 big parts, (Bc, STRIDE)
-        Ks = smem[KS_AT:VB_AT]                  # ... and small parts
-        Vb = smem[VB_AT:VS_AT]
-        Vs = smem[VS_AT:QB_AT]
-        Qb = smem[QB_AT:QS_AT]                  # Qi's parts, (Br, STRIDE), if not Q_REGS
-        Qs = smem[QS_AT:END]
+        smem = cuda.shared.array(0, acc, alignment=16)     # 8-byte pairs need 8
+        KP = smem[KP_AT:VP_AT]                  # Kj as (big, small) pairs, rows of K_ROW
+        VP = smem[VP_AT:QP_AT]                  # Vj, rows of V_ROW
+        QP = smem[QP_AT:END]                    # Qi, rows of K_ROW (if not Q_REGS)
         bad = cuda.shared.array(3, int32)       # non-finite inputs staged as 0 (docstring)
         qb = cuda.local.array(Q_FRAGS, acc)     # Q fragments (if Q_REGS): big parts
         qs = cuda.local.array(Q_FRAGS, acc)     # and small parts
@@ -1229,7 +1226,7 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
         # Wait until bad is clear.
         cuda.syncthreads()
         # Alg.1 l.4: Qi, split (zero past Sq and d): this lane's A fragments in registers,
-        # or the whole tile in Qb, Qs (read after the first tile's barriers).
+        # or the whole tile in QP (read after the first tile's barriers).
         if Q_REGS:
             for ks in range(KS):
                 for h in range(2):
@@ -1244,8 +1241,7 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
                 r = idx // DP
                 k = idx % DP
                 big, small = split(load_finite(Q, bh, i * Br + r, k, Sq, bad, 0, int32(1)))
-                Qb[U(r * STRIDE + k)] = big
-                Qs[U(r * STRIDE + k)] = small
+                store_pair(QP, U(r * K_ROW + 2 * k), big, small)
                 idx += THREADS
         for x in range(QO_FRAGS):
             o[x] = ZERO
@@ -1281,12 +1277,14 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
                     vx[u] = vx[u] if inside else ZERO
                 if k_own < DP:
                     for u in range(V6_LOAD_BATCH):
-                        if c + u * RSTEP < Bc:
-                            at = U((c + u * RSTEP) * STRIDE + k_own)
-                            Kb[at], Ks[at] = split_finite(finite_or_zero(kx[u], bad, 1, mark))
-                            Vb[at], Vs[at] = split_finite(finite_or_zero(vx[u], bad, 2, mark))
+                        r = c + u * RSTEP
+                        if r < Bc:
+                            big, small = split_finite(finite_or_zero(kx[u], bad, 1, mark))
+                            store_pair(KP, U(r * K_ROW + 2 * k_own), big, small)
+                            big, small = split_finite(finite_or_zero(vx[u], bad, 2, mark))
+                            store_pair(VP, U(r * V_ROW + 2 * k_own), big, small)
                 c += V6_LOAD_BATCH * RSTEP
-            # Wait until Kj, Vj (and, for j = 0, Qb, Qs and bad[0]) are complete.
+            # Wait until Kj, Vj (and, for j = 0, QP and bad[0]) are complete.
             cuda.syncthreads()
             fix_scores = bad[0] != 0 or bad[1] == mark     # the same in every thread
             fix_values = bad[2] == mark
@@ -1301,21 +1299,21 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
                     c = (ZERO, ZERO, ZERO, ZERO)
                     e = c
                     f = c
-                    kr = (key0 + nt * 8 + g) * STRIDE + t   # B = Kj^T: B[t, g] = Kj[g, t]
+                    kr = (key0 + nt * 8 + g) * K_ROW + 2 * t    # B = Kj^T: B[t, g] = Kj[g, t]
                     for ks in range(KS):
                         if Q_REGS:
                             a0b, a1b, a2b, a3b = qb[ks * 4], qb[ks * 4 + 1], qb[ks * 4 + 2], qb[ks * 4 + 3]
                             a0s, a1s, a2s, a3s = qs[ks * 4], qs[ks * 4 + 1], qs[ks * 4 + 2], qs[ks * 4 + 3]
                         else:
-                            qr = r0 * STRIDE + ks * 8 + t
-                            a0b, a1b = Qb[U(qr)], Qb[U(qr + 8 * STRIDE)]
-                            a2b, a3b = Qb[U(qr + 4)], Qb[U(qr + 8 * STRIDE + 4)]
-                            a0s, a1s = Qs[U(qr)], Qs[U(qr + 8 * STRIDE)]
-                            a2s, a3s = Qs[U(qr + 4)], Qs[U(qr + 8 * STRIDE + 4)]
-                        kc = kr + ks * 8
+                            qr = r0 * K_ROW + 2 * (ks * 8 + t)
+                            a0b, a0s = load_pair(QP, U(qr))                     # Q[g, 8ks + t]
+                            a1b, a1s = load_pair(QP, U(qr + 8 * K_ROW))         # Q[g + 8, ...]
+                            a2b, a2s = load_pair(QP, U(qr + 8))                 # Q[g, ... + 4]
+                            a3b, a3s = load_pair(QP, U(qr + 8 * K_ROW + 8))
+                        b0b, b0s = load_pair(KP, U(kr + 16 * ks))               # Kj[g, 8ks + t]
+                        b1b, b1s = load_pair(KP, U(kr + 16 * ks + 8))           # Kj[g, ... + 4]
                         c, e, f = mma3(a0b, a1b, a2b, a3b, a0s, a1s, a2s, a3s,
-                                       Kb[U(kc)], Kb[U(kc + 4)], Ks[U(kc)], Ks[U(kc + 4)],
-                                       c, e, f)
+                                       b0b, b1b, b0s, b1s, c, e, f)
                     for x in range(4):
                         s[nt * 4 + x] = c[x] + (e[x] + f[x])
                 # (What follows the products comes after all of them, so that ptxas may
@@ -1380,11 +1378,13 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
                     c = (ZERO, ZERO, ZERO, ZERO)
                     e = c
                     for ks in range(NT):
-                        vr = (key0 + ks * 8 + 2 * t) * STRIDE + nd * 8 + g
+                        vr = (key0 + ks * 8 + 2 * t) * V_ROW + 2 * (nd * 8 + g)
+                        b0b, b0s = load_pair(VP, U(vr))             # Vj[2t, 8nd + g]
+                        b1b, b1s = load_pair(VP, U(vr + V_ROW))     # Vj[2t + 1, 8nd + g]
                         c, e = mma3_short(
                             pb[ks * 4], pb[ks * 4 + 2], pb[ks * 4 + 1], pb[ks * 4 + 3],
                             ps[ks * 4], ps[ks * 4 + 2], ps[ks * 4 + 1], ps[ks * 4 + 3],
-                            Vb[U(vr)], Vb[U(vr + STRIDE)], Vs[U(vr)], Vs[U(vr + STRIDE)], c, e)
+                            b0b, b1b, b0s, b1s, c, e)
                     # The chunk's P~ Vj is summed from zero, then added to the rescaled O
                     # in ordinary float32 arithmetic (as in v3).
                     o[nd * 4] = o[nd * 4] * alpha0 + (c[0] + e[0])

@@ -24,13 +24,17 @@ lane ``lane``, with ``g = lane // 4`` (the "group", 0..7) and ``t = lane % 4`` (
     B (8 x 8):   b0 = B[t, g]      b1 = B[t + 4, g]
     C, D (16x8): c0 = C[g, 2t]     c1 = C[g, 2t + 1]    c2 = C[g + 8, 2t]  c3 = C[g + 8, 2t + 1]
 
-One more GPU-only helper, plain LLVM IR rather than PTX:
+Three more GPU-only helpers, plain LLVM IR rather than PTX:
 
     flat_load(A, n) the element at flat position n of a C-contiguous array A of any
                     number of dimensions (A.ravel()[n] without making a view): one
                     address computation, where A[b, r, k] costs Numba's 64-bit
                     arithmetic on the shape (about seven multiply-adds a load in forward
                     v6's SASS). No bounds check; the caller keeps n inside.
+    load_pair(A, n) -> (A[n], A[n + 1]), and store_pair(A, n, x, y): A[n], A[n + 1] = x, y
+                    for a 1D float32 array (forward v6's shared tiles), as ONE 8-byte
+                    access (LDS.64 / STS.64 in SASS) instead of two: n must be even and
+                    A's data 8-byte aligned. No bounds check.
 
 3xTF32: TF32 keeps only 10 of float32's 23 mantissa bits, so a product of TF32 values is
 not float32-accurate. Splitting each operand as x = big + small (big = tf32(x),
@@ -104,5 +108,49 @@ def flat_load(typingctx, A, n):
     def codegen(context, builder, sig, args):
         array = context.make_array(sig.args[0])(context, builder, args[0])
         return builder.load(builder.gep(array.data, [args[1]]))
+
+    return sig, codegen
+
+
+_F32x2 = ir.VectorType(_F32, 2)
+
+
+def _pair_pointer(context, builder, array_type, array, n):
+    """A <2 x float>* to A[n] (8-byte aligned by the caller's contract)."""
+    data = context.make_array(array_type)(context, builder, array).data
+    return builder.bitcast(builder.gep(data, [n]), _F32x2.as_pointer())
+
+
+@intrinsic
+def load_pair(typingctx, A, n):
+    """(A[n], A[n + 1]) in one 8-byte load (see the module docstring)."""
+    if not (isinstance(A, types.Array) and A.dtype == types.float32 and A.ndim == 1
+            and isinstance(n, types.Integer)):
+        return None
+    sig = types.UniTuple(types.float32, 2)(A, n)
+
+    def codegen(context, builder, sig, args):
+        pair = builder.load(_pair_pointer(context, builder, sig.args[0], *args), align=8)
+        x, y = (builder.extract_element(pair, ir.Constant(_I32, i)) for i in (0, 1))
+        return context.make_tuple(builder, sig.return_type, [x, y])
+
+    return sig, codegen
+
+
+@intrinsic
+def store_pair(typingctx, A, n, x, y):
+    """A[n], A[n + 1] = x, y in one 8-byte store (see the module docstring)."""
+    if not (isinstance(A, types.Array) and A.dtype == types.float32 and A.ndim == 1
+            and isinstance(n, types.Integer) and x == types.float32 and y == types.float32):
+        return None
+    sig = types.void(A, n, x, y)
+
+    def codegen(context, builder, sig, args):
+        pair = ir.Constant(_F32x2, ir.Undefined)
+        pair = builder.insert_element(pair, args[2], ir.Constant(_I32, 0))
+        pair = builder.insert_element(pair, args[3], ir.Constant(_I32, 1))
+        builder.store(pair, _pair_pointer(context, builder, sig.args[0], args[0], args[1]),
+                      align=8)
+        return context.get_dummy_value()
 
     return sig, codegen
