@@ -18,12 +18,17 @@ Tile rule (v4 forward, register-blocked, opt-in: ``version="v4"``): see
 ``default_v4_tiles`` below; its tiles are (Br, Bc, TM, TN), TM x TN the block of scores
 each thread owns, and ``explain`` shows them with the thread grid.
 
-Tile rule (v5 forward, the default for plain float32 attention up to d = 128): v4's
-kernel with dynamic shared memory, so its tiles may exceed 48 KB: see
+Tile rule (v5 forward, the default for plain float32 attention up to d = 128 on the
+simulator): v4's kernel with dynamic shared memory, so its tiles may exceed 48 KB: see
 ``default_v5_tiles`` (up to 113 KB, so two blocks share an SM; a caller's tiles up to
 227 KB, the H100/H200's per-block maximum). Float32: d=64 -> (128, 64, 8, 4), d=128 ->
 (64, 32, 4, 2), 256 threads each. ``Plan.shared_bytes`` is then the dynamic shared memory
 the launch asks for.
+
+Tile rule (v6 forward, tensor cores, the default for plain float32 attention up to
+d = 128 on a GPU): see ``default_v6_tiles``; (Br, Bc) with Br / 16 warps of 16 query
+rows, 2 Br threads, and dynamic shared memory. Float32: d=64 -> (128, 64), d=128 ->
+(128, 32) on the H200.
 
 ``plan_backward`` returns ``Plans``, one ``Plan`` per kernel in launch order (D, then
 dK/dV, then dQ for v1). Tile rule (backward): one (Br, Bc) for the whole pass, the same
@@ -402,11 +407,15 @@ def check_v5_tiles(tiles, d, acc_dtype):
 # v6 runs v3's warp layout (16 query rows per warp, Br / 16 warps) with Kj and Vj split
 # into TF32 parts once per tile in dynamic shared memory (kernels/forward.py,
 # make_forward_v6), and Qi's parts too when d > 64. Tile rule: the first (Br, Bc) of
-# V6_CANDIDATES whose shared memory (v6_shared_bytes) fits in V5_SHARED_MEM_TARGET (two
-# blocks per SM on the H200; the current GPU's own maximum if lower). A caller's tiles:
-# Br a multiple of 16 up to 256 (16 warps), Bc a multiple of 16 (V6_CHUNK), within the
-# dynamic limit.
-V6_CANDIDATES = ((64, 64), (64, 32), (64, 16))
+# V6_CANDIDATES whose shared memory (v6_shared_bytes) fits the current GPU's per-block
+# maximum (device_dynamic_shared_limit). The order is measured (scripts/v6_sweep.py
+# --configs, run 31, (2, 16, 4096, d), float32, ms not causal / causal): d = 64,
+# (128, 64) 5.80 / 3.57, (128, 32) 6.01 / 3.86, (64, 64) 7.19 / 4.57; d = 128,
+# (128, 32) 13.28 / 7.35, (64, 32) with 32-key chunks 24.76 / 14.07, (64, 16) 16.59 / 9.07
+# (with a 168-register limit). At d = 64 (128, 64) takes 68.6 KB, at d = 128 (128, 32)
+# 202 KB (one block per SM). A caller's tiles: Br a multiple of 16 up to 256 (16 warps),
+# Bc a multiple of 16 (V6_CHUNK), within the H100/H200's 227 KB.
+V6_CANDIDATES = ((128, 64), (128, 32), (64, 32), (64, 16))
 V6_MAX_HEAD_DIM = 128         # the O fragments (d / 2 a lane) stay in registers up to here
 
 
@@ -429,14 +438,14 @@ def v6_refusal(p, where):
 
 
 def default_v6_tiles(d):
-    """v6 tile rule (above), (Br, Bc). Float32: d <= 64 -> (64, 64), 69632 bytes at
-    d = 64; d = 128 -> (64, 32), 135168 bytes... unless that exceeds the target."""
-    target = min(V5_SHARED_MEM_TARGET, device_dynamic_shared_limit())
+    """v6 tile rule (above), (Br, Bc): d <= 64 -> (128, 64); d = 128 -> (128, 32) on the
+    H200, (64, 16) on a GPU that allows a block 99 KB."""
+    limit = device_dynamic_shared_limit()
     for Br, Bc in V6_CANDIDATES:
-        if v6_shared_bytes(Br, Bc, d) <= target:
+        if v6_shared_bytes(Br, Bc, d) <= limit:
             return Br, Bc
     raise ValueError(f"forward v6 cannot run this input: no v6 tile fits head dim {d} "
-                     f"within {target} bytes of shared memory")
+                     f"within {limit} bytes of shared memory")
 
 
 def check_v6_tiles(tiles, d):
@@ -475,39 +484,43 @@ V4_DEFAULT_MAX_HEAD_DIM = 128   # where v4 and v5 were measured (d = 64 and 128)
 def _default_forward_version(p, where):
     """The default forward version for ``p`` and why.
 
-    Plain attention (with or without the causal mask) in float32 or float16 with d <= 128:
-    v5, the register-blocked SIMT kernel with its tiles in dynamic shared memory, the
-    fastest version that is exact for every input. On the H200 (docs/gpu-results.md, runs
-    20 and 21, at (2, 16, 4096, d)): d = 64, v5 8.33 ms against v4's 10.50 (both with
-    unsigned tile indices) and v2's 17.99; d = 128, v5 22.88 ms against v4's 43.36 and
-    v2's 46.04; with while loops in both (run 26), v5 5.86 and 15.50 ms against v4's 7.09
-    and 21.04. v5's tiles are larger than the 48 KB static limit allows v4. (Before its
-    tiles were indexed with unsigned integers, v5 was the slower of the two with the same
-    tiles, 17.6 against 12.1 ms at d = 64, run 17: kernels/smem.py says why.)
+    Plain attention (with or without the causal mask) in float32 or float16 with d <= 128,
+    on a GPU: v6, the tensor-core kernel (3xTF32) with K/V split once per tile, exact for
+    every input (non-finite ones included: kernels/forward.py). On the H200, (2, 16, 4096,
+    d), float32, ms not causal / causal (scripts/v6_sweep.py, runs 29 and 31, docs/
+    performance.md): d = 64, v6 5.80 / 3.57 against v5's 5.88 / 4.34; d = 128, 13.28 /
+    7.35 against 15.41 / 9.54. On the simulator, which cannot run tensor-core code: v5,
+    the register-blocked SIMT kernel with its tiles in dynamic shared memory, the fastest
+    version there is (its results agree with v6's within rounding; the tests hold both to
+    the same rule). v5 was the GPU default before v6 (runs 20-26: d = 64, 5.86 ms against
+    v4's 7.09 and v2's 17.99).
 
     Variants, float64 and d > 128: v2, which takes the variant arguments and was not
-    measured slower there. v3 (tensor cores) is faster still at some shapes but exact only
-    for finite inputs: inside its tensor-core products a NaN or inf in K or V can reach
-    rows that never see that key (0 * NaN), which v1, v2, v4 and v5 rule out. Until v3
-    handles non-finite inputs exactly, it runs only when asked for.
+    measured slower there. v3 (the first tensor-core version) stays opt-in: exact only
+    for finite inputs, and slower than v6.
     """
     wanted = needs_variants(p)
     if wanted is not None:
-        why = "v2 is the default for variants: v3, v4 and v5 compute plain attention only"
-    elif p.acc_dtype != "float32":
-        why = "v2 is the default in float64 (v4 and v5 were measured in float32 only)"
-    elif p.d > V4_DEFAULT_MAX_HEAD_DIM:
-        why = (f"v2 is the default at head dim {p.d} > {V4_DEFAULT_MAX_HEAD_DIM} (v4 and v5 "
-               f"were measured faster at d <= {V4_DEFAULT_MAX_HEAD_DIM} only)")
-    else:
+        return "v2", ("v2 is the default for variants: v3, v4, v5 and v6 compute plain "
+                      "attention only")
+    if p.acc_dtype != "float32":
+        return "v2", "v2 is the default in float64 (v4, v5 and v6 were measured in float32 only)"
+    if p.d > V4_DEFAULT_MAX_HEAD_DIM:
+        return "v2", (f"v2 is the default at head dim {p.d} > {V4_DEFAULT_MAX_HEAD_DIM} (v4, v5 "
+                      f"and v6 were measured faster at d <= {V4_DEFAULT_MAX_HEAD_DIM} only)")
+    if v6_refusal(p, where) is not None:
         return "v5", ("v5 is the default for plain attention in float32 with d <= "
-                      f"{V4_DEFAULT_MAX_HEAD_DIM}: register-blocked, its tiles in dynamic "
-                      "shared memory beyond the 48 KB static limit, exact for every input, "
-                      "the fastest such version measured on the H200")
-    if wanted is None and v3_refusal(p, where) is None:
-        why += ("; v3 (tensor cores) is faster here but assumes finite inputs: pass "
-                "version='v3' to use it")
-    return "v2", why
+                      f"{V4_DEFAULT_MAX_HEAD_DIM} on the simulator, which cannot run v6 "
+                      "(tensor cores, inline PTX): register-blocked, its tiles in dynamic "
+                      "shared memory, exact for every input; on a GPU, v6 runs instead")
+    limit = device_dynamic_shared_limit()
+    if not any(v6_shared_bytes(Br, Bc, p.d) <= limit for Br, Bc in V6_CANDIDATES):
+        return "v5", (f"v5 is the default here: no v6 tile fits head dim {p.d} in this GPU's "
+                      f"{limit} bytes of shared memory per block, and v5 (register-blocked "
+                      "SIMT, exact for every input) is the fastest version that does")
+    return "v6", ("v6 is the default for plain attention in float32 with d <= "
+                  f"{V6_MAX_HEAD_DIM} on a GPU: tensor cores (3xTF32) with K/V split once "
+                  "per tile, exact for every input, the fastest version measured on the H200")
 
 
 def plan_forward(p, version=None, tiles=None):

@@ -226,6 +226,45 @@ def test_v5_takes_tiles_above_48_kb():
     assert "dynamic shared memory" in str(plan) and "tiles given by the caller" in str(plan)
 
 
+@pytest.mark.parametrize("tiles,match", [
+    ((48, 40), r"v6 tiles must be \(Br, Bc\) with Br a multiple of 16 up to 256 .*and Bc a "
+               r"multiple of 16 .*got \(48, 40\)"),
+    ((272, 16), r"Br a multiple of 16 up to 256"),
+    ((256, 128), r"v6 tiles \(256, 128\) need \d+ bytes of shared memory at head dim 128; the "
+                 r"limit is 232448 \(227 KB dynamic shared memory per block on the H100/H200\)"),
+    ((64,), r"tiles must be a pair of positive ints"),
+])
+def test_bad_v6_tiles(tiles, match, monkeypatch):
+    """v6's tiles (checked as on a GPU: the planner is told it is not simulating)."""
+    monkeypatch.setattr(dispatch, "simulating", lambda: False)
+    q, k, v = arrays((2, 5, 128), (2, 6, 128))
+    raises(ValueError, match, q, k, v, version="v6", tiles=tiles)
+
+
+def test_v6_plans_on_a_gpu_and_refuses_elsewhere(monkeypatch):
+    """On the simulator v6 is refused with the reason (and v5 is the default); on a GPU
+    (simulating patched away) the default is v6, with the documented tiles, 2 Br threads
+    and its dynamic shared memory; float64 and d > 128 are refused with their limits."""
+    q, k, v = arrays((2, 5, 64), (2, 6, 64))
+    if dispatch.simulating():
+        raises(ValueError, r"forward v6 cannot run this input: .*simulator cannot run", q, k, v,
+               version="v6")
+        assert numbaflash.explain(q, k, v).version == "v5"
+    monkeypatch.setattr(dispatch, "simulating", lambda: False)
+    monkeypatch.setattr(dispatch, "device_dynamic_shared_limit", lambda: 232448)
+    for d, tiles in ((64, (128, 64)), (128, (128, 32))):
+        q, k, v = arrays((2, 5, d), (2, 6, d))
+        plan = numbaflash.explain(q, k, v, causal=True)
+        assert plan.version == "v6" and (plan.Br, plan.Bc) == tiles
+        assert plan.block == (2 * plan.Br,) and plan.shared_bytes == dispatch.v6_shared_bytes(
+            *tiles, d)
+        assert "tensor cores" in plan.reason and "exact for every input" in plan.reason
+    q64, k64, v64 = arrays((2, 5, 64), (2, 6, 64), dtype=np.float64)
+    raises(ValueError, r"v6 computes in float32", q64, k64, v64, version="v6")
+    q, k, v = arrays((2, 5, 136), (2, 6, 136))
+    raises(ValueError, r"head dims up to 128", q, k, v, version="v6")
+
+
 @pytest.mark.parametrize("acc_dtype", ["float32", "float64"])
 def test_default_v5_tiles_follow_the_documented_rule(acc_dtype, monkeypatch):
     """The v5 rule (GPU candidates) picks, for every head dim, tiles that pass the caller's
@@ -411,8 +450,8 @@ def test_bad_backward_v4_tiles(tiles, match):
 def test_default_dynamic_tiles_fit_a_smaller_gpu(limit, monkeypatch):
     """On a GPU that allows a block less dynamic shared memory than the H200 (RTX 30/40
     cards 99 KB, RTX 20 cards 64 KB, older ones 48 KB), the default tile rules of forward
-    v5 and backward v4 pick tiles within that GPU's maximum, so the defaults run there;
-    on the H200 the rules are unchanged."""
+    v5 and v6 and backward v4 pick tiles within that GPU's maximum, so the defaults run
+    there; on the H200 the rules are unchanged."""
     monkeypatch.setattr(dispatch, "simulating", lambda: False)
     monkeypatch.setattr(dispatch, "device_dynamic_shared_limit", lambda: limit)
     for acc in ("float32", "float64"):
@@ -424,9 +463,16 @@ def test_default_dynamic_tiles_fit_a_smaller_gpu(limit, monkeypatch):
     if limit == 101376:      # the H200's choices at d = 64 need 107520 bytes (forward)
         assert dispatch.default_v5_tiles(64, "float32") == (64, 32, 4, 2)
         assert dispatch.default_backward_v4_tiles(64, "float32") == (64, 64, 4, 4)
+    for d in (1, 16, 32, 64, 72, 96, 128):
+        fake = types.SimpleNamespace(shape=(1, 1, 4096, d), dtype=np.dtype("float32"))
+        plan = numbaflash.explain(fake, fake, fake)
+        assert plan.shared_bytes <= limit
+        # v6 where one of its tiles fits; otherwise v5, and the reason says why
+        assert plan.version == "v6" or "no v6 tile fits" in plan.reason, plan
     fake = types.SimpleNamespace(shape=(1, 1, 4096, 64), dtype=np.dtype("float32"))
     plan = numbaflash.explain(fake, fake, fake)
-    assert plan.version == "v5" and plan.shared_bytes <= limit
+    # simulating() is patched away, so the planner sees a GPU: the default is v6
+    assert plan.version == "v6" and plan.shared_bytes <= limit
     plans = numbaflash.explain_backward(fake, fake, fake)
     assert all(p.shared_bytes <= limit for p in plans)
 
