@@ -455,7 +455,8 @@ def check_v6_tiles(tiles, d):
     if Br % 16 or Br > 256 or Bc % chunk:
         raise ValueError(f"v6 tiles must be (Br, Bc) with Br a multiple of 16 up to 256 "
                          f"(warps of 16 query rows) and Bc a multiple of {chunk} (keys in "
-                         f"chunks of {chunk}); got ({Br}, {Bc})")
+                         f"chunks of {chunk}); got ({Br}, {Bc}). (v6 is the default on a "
+                         f"GPU; version='v5' takes other tiles)")
     need = v6_shared_bytes(Br, Bc, d)
     if need > DYNAMIC_SHARED_MEM_LIMIT:
         raise ValueError(f"v6 tiles ({Br}, {Bc}) need {need} bytes of shared memory at head "

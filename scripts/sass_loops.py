@@ -12,7 +12,9 @@ instructions (IMAD, IADD3, LEA, SHF, ISETP, SEL); and, on a second line, for eve
 with global loads and shared stores (the tile-loading loops), its instruction count,
 global loads (LDG) and shared stores (STS). Last, forward v3 (tensor cores, d <= 128):
 its chunk loop's instructions, tensor-core instructions (HMMA), shared loads, integer and
-float instructions, and ptxas's registers and spills.
+float instructions, and ptxas's registers and spills; then the same for forward v6 (its
+default tiles), once as compiled and once without the branches that handle non-finite
+inputs (what a chunk of finite input executes).
 
 It is the evidence behind kernels/smem.py's ``U`` (before the dynamic-shared-memory
 kernels indexed their tiles with unsigned integers, their inner loops carried twice the
@@ -21,12 +23,14 @@ wraparound) and behind the while loops of kernels/__init__.py.
 """
 
 import argparse
+import inspect
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 
 import numpy as np
 
@@ -147,6 +151,41 @@ def main():
                               in tensor_core_loops(sass))
             print(f"d={d} {'forward v3 ' + str((Br, Bc)):36s} {loops}\n{'':42s}registers "
                   f"{info['registers']}, spill stores {info['spill_stores']} bytes")
+            # forward v6 (tensor cores, K/V split once per tile), its default tiles: the
+            # chunk loop as compiled, and without the code for non-finite inputs (the
+            # branches a finite input never takes): what a chunk executes
+            Br, Bc = dispatch.default_v6_tiles(d)
+            for name, cold in (("", True), (", finite path only", False)):
+                kernel = fwd.make_forward_v6(Br, Bc, d, False)
+                py = kernel.py_func
+                if not cold:
+                    source = inspect.getsource(fwd.make_forward_v6)
+                    assert source.count("if fix_scores:") == 1 and source.count("if fix_values:") == 1
+                    kernel = _without_fixups(source, Br, Bc, d)
+                    py = kernel.py_func
+                ptx, _ = cuda.compile_ptx(py, fsig, cc=(9, 0))
+                info = ptx_check.parse_link_log(ptx_check.link(ptx, "forward_v6"))
+                with open(path, "wb") as f:
+                    f.write(cubin(ptx))
+                sass = subprocess.run([args.nvdisasm, path], capture_output=True, text=True,
+                                      check=True).stdout
+                lds64 = len(re.findall(r"LDS\.64", sass))
+                loops = ", ".join(f"{n} insts ({hmma} HMMA, {lds} LDS, {integer} integer, "
+                                  f"{fp} float)" for n, hmma, lds, integer, fp
+                                  in tensor_core_loops(sass))
+                print(f"d={d} {'forward v6 ' + str((Br, Bc)) + name:36s} {loops}\n{'':42s}"
+                      f"registers {info['registers']}, spill stores {info['spill_stores']} "
+                      f"bytes, {lds64} LDS.64 in the kernel")
+
+
+def _without_fixups(source, Br, Bc, d):
+    """make_forward_v6's kernel compiled with its two non-finite fix-up branches turned
+    off (``if False:``), for counting what a finite input executes; never used to run."""
+    namespace = dict(vars(fwd))
+    source = textwrap.dedent(source).replace("@functools.lru_cache(maxsize=None)\n", "")
+    source = source.replace("if fix_scores:", "if False:").replace("if fix_values:", "if False:")
+    exec(compile(source, fwd.__file__, "exec"), namespace)
+    return namespace["make_forward_v6"](Br, Bc, d, False)
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ v3  Tensor cores (GPU only). The same Algorithm 1 with the two matrix products,
     Contract: finite inputs. A NaN or inf in V at a key that a mask hides from some rows
     of a tile reaches those rows (0 * NaN inside the product), and an inf in K turns that
     key's TF32 split into NaN; v1 and v2 never read masked keys and keep +-inf scores.
-    So v3 runs only when asked for (version="v3"); the default is v2.
+    So v3 runs only when asked for (version="v3"); v6 fixes both.
 
 v4  Register-blocked SIMT FlashAttention-2 (runs on the GPU and the simulator; the default
     for plain attention from run 14 until v5 replaced it after run 21). v2 is bound by
@@ -71,7 +71,7 @@ v4  Register-blocked SIMT FlashAttention-2 (runs on the GPU and the simulator; t
     d = 128, no spills.
 
 v5  v4 with dynamic shared memory (the default for plain attention in float32 and float16
-    with d <= 128; GPU and simulator).
+    with d <= 128 on the simulator, and on a GPU until v6; runs on both).
     v4's static shared arrays are limited to 48 KB per block, which is what holds v4 to
     (32, 16) tiles and 64-thread blocks at d = 128 (0.128x SDPA there against 0.342x at
     d = 64). v5 runs v4's algorithm, thread layout, barriers and NaN-safety unchanged, but
@@ -102,6 +102,25 @@ v5  v4 with dynamic shared memory (the default for plain attention in float32 an
     multiply-add and tile-loading loops are while loops (kernels/__init__.py says why):
     run 26 took 5.86 ms at d = 64 (8.33 before) and 15.50 ms at d = 128 (22.87 before),
     0.659x PyTorch SDPA's float32 forward at (2, 16, 4096, 64) (docs/performance.md).
+    Since v6 (below) it is the default on the simulator only.
+
+v6  v3 made fast and exact (GPU only; the default for plain attention in float32 and
+    float16 with d <= 128 on a GPU; on the simulator the dispatcher runs v5). v3 split
+    every K and V operand into TF32 parts again for every mma, in every warp (1162
+    instructions per 16-key chunk for 96 mma: scripts/sass_loops.py). v6 splits each
+    element once, while the block stages the tile, into (big, small) pairs in dynamic
+    shared memory that one 8-byte load fetches; stages the tile one column per thread
+    with four loads in flight and flat addresses; keeps three independent sums per score
+    tile; masks only the edge and diagonal tiles; and uses exp2 with log2(e) folded in:
+    659 instructions per chunk on the path a finite input takes. It is exact for every
+    input, which v3 is not: non-finite values are staged as 0 and, in the rare tiles
+    that hold one, the terms they were left out of are added back in float32, so NaN and
+    inf land exactly where v1/v2 and the reference put them. H200, 2026-12-01 (runs
+    27-32, docs/performance.md): (2, 16, 4096, 64) 5.98 ms against v5's 6.75 in the same
+    bench, 0.672x SDPA EFFICIENT (v3: 14.7 ms); d = 128, 13.25 ms against 15.92; 0.77x at
+    (1, 16, 16384, 64). What holds it back (ncu, run 32): 172 registers and one block of
+    eight warps per SM, issue slots busy 38 %, and the K/V tile loaded while no warp of
+    the block computes.
 
 Variants (kernels/variants.py, docs/variants.md): v1 and v2 take a compile-time
 ``variant`` and seven more run-time arguments after causal_offset (window_lo, Hq, group,
@@ -109,8 +128,8 @@ softcap, slopes, attn_mask, tiles): sliding windows, GQA/MQA, softcap, ALiBi, bo
 additive masks, and the user's score_mod / mask_mod, all through two inlined device
 functions, visible() and score(). Masked entries are not computed; tiles a window leaves
 empty are not visited, and v2 skips the tiles a boolean attn_mask or a mask_mod leaves
-empty through the table of visible tiles (``tiles``, variants.make_tile_table). v3, v4 and v5 compute plain attention only (the dispatcher
-refuses variants).
+empty through the table of visible tiles (``tiles``, variants.make_tile_table). v3 to v6
+compute plain attention only (the dispatcher refuses variants).
 
 Fully masked rows (causal with Sq > Sk, or Sk = 0) end with l = 0: they write O = 0 and
 L = -inf. NaN in a visible input propagates to the rows that see it; masked keys are
@@ -796,7 +815,7 @@ def v5_shared_layout(Br, Bc, TM, TN, d):
 def make_forward_v5(Br, Bc, TM, TN, d, causal, acc_dtype):
     """v5: forward v4 with its shared memory taken from dynamic shared memory, so that a
     block's tiles may exceed the 48 KB of static shared memory (the default for plain
-    float32 attention with d <= 128; runs on the GPU and the simulator).
+    float32 attention with d <= 128 on the simulator; runs on the GPU and the simulator).
 
     The algorithm, thread layout, barriers and NaN-safety are v4's, line for line (see
     make_forward_v4); what changes is where the five shared arrays come from. v4
