@@ -194,19 +194,6 @@ def v3_shared_bytes(Bc, d):
     return 2 * Bc * ((d + 7) // 8 * 8 + 4) * 4
 
 
-def v3_refusal(p, where):
-    """Why forward v3 cannot run Problem ``p`` here, or None if it can."""
-    if where != "gpu":
-        return ("v3 uses the tensor cores through inline PTX and warp shuffles, which the "
-                "simulator cannot run")
-    if p.acc_dtype != "float32":
-        return "v3 computes in float32 (3xTF32); float64 inputs run on v2"
-    if p.d > V3_MAX_HEAD_DIM:
-        return (f"v3 keeps its Q and O fragments in registers, which holds head dims up to "
-                f"{V3_MAX_HEAD_DIM}")
-    return None
-
-
 def default_v3_tiles(d):
     """v3 tile rule: Br = 64 (four warps of 16 rows); Bc the largest of 64, 32, 16 that fits."""
     for Bc in (64, 32, 16):
@@ -424,16 +411,25 @@ def v6_shared_bytes(Br, Bc, d):
     return fwd_kernels.v6_shared_layout(Br, Bc, d)[3] * 4
 
 
-def v6_refusal(p, where):
-    """Why forward v6 cannot run Problem ``p`` here, or None if it can."""
+# The tensor-core forward versions: the largest head dim each runs, what holds it there,
+# and (v6) what the dispatcher runs on the simulator instead.
+TENSOR_CORE_LIMITS = {
+    "v3": (V3_MAX_HEAD_DIM, "its Q and O fragments", ""),
+    "v6": (V6_MAX_HEAD_DIM, "its O fragments", " (there, v5 computes the same thing)"),
+}
+
+
+def tensor_core_refusal(version, p, where):
+    """Why forward ``version`` ("v3" or "v6", the tensor-core versions) cannot run Problem
+    ``p`` here, or None if it can."""
+    max_d, kept, sibling = TENSOR_CORE_LIMITS[version]
     if where != "gpu":
-        return ("v6 uses the tensor cores through inline PTX and warp shuffles, which the "
-                "simulator cannot run (there, v5 computes the same thing)")
+        return (f"{version} uses the tensor cores through inline PTX and warp shuffles, which "
+                f"the simulator cannot run{sibling}")
     if p.acc_dtype != "float32":
-        return "v6 computes in float32 (3xTF32); float64 inputs run on v2"
-    if p.d > V6_MAX_HEAD_DIM:
-        return (f"v6 keeps its O fragments in registers, which holds head dims up to "
-                f"{V6_MAX_HEAD_DIM}")
+        return f"{version} computes in float32 (3xTF32); float64 inputs run on v2"
+    if p.d > max_d:
+        return f"{version} keeps {kept} in registers, which holds head dims up to {max_d}"
     return None
 
 
@@ -466,7 +462,7 @@ def check_v6_tiles(tiles, d):
 
 
 def _plan_forward_v6(p, where, tiles, reason):
-    refusal = v6_refusal(p, where)
+    refusal = tensor_core_refusal("v6", p, where)
     if refusal is not None:
         raise ValueError(f"forward v6 cannot run this input: {refusal}")
     if tiles is None:
@@ -509,7 +505,7 @@ def _default_forward_version(p, where):
     if p.d > V4_DEFAULT_MAX_HEAD_DIM:
         return "v2", (f"v2 is the default at head dim {p.d} > {V4_DEFAULT_MAX_HEAD_DIM} (v4, v5 "
                       f"and v6 were measured faster at d <= {V4_DEFAULT_MAX_HEAD_DIM} only)")
-    if v6_refusal(p, where) is not None:
+    if tensor_core_refusal("v6", p, where) is not None:
         return "v5", ("v5 is the default for plain attention in float32 with d <= "
                       f"{V4_DEFAULT_MAX_HEAD_DIM} on the simulator, which cannot run v6 "
                       "(tensor cores, inline PTX): register-blocked, its tiles in dynamic "
@@ -552,7 +548,7 @@ def plan_forward(p, version=None, tiles=None):
             raise ValueError(f"forward v3 cannot run this input: it computes plain attention "
                              f"(with or without a causal mask) only, and this call asks for "
                              f"{wanted}; v1 and v2 (the default) support variants")
-        refusal = v3_refusal(p, where)
+        refusal = tensor_core_refusal("v3", p, where)
         if refusal is not None:
             raise ValueError(f"forward v3 cannot run this input: {refusal}")
         if tiles is None:

@@ -342,6 +342,27 @@ def _write_row(O, L, bh, row, o_i, m_i, l_i, d, ZERO, NEG_INF):
         L[bh, row] = m_i + math.log(l_i)
 
 
+FULL_WARP = 0xFFFFFFFF                  # the lane mask of a whole warp
+
+
+@cuda.jit(device=True, inline=True)
+def quad_max(x):
+    """The max over the 4 lanes of a quad (the lanes sharing a row of an mma fragment,
+    forward v3 and v6); '>' so that NaN does not win (as in v1/v2). Warp shuffles: GPU
+    only."""
+    y = cuda.shfl_xor_sync(FULL_WARP, x, 1)
+    x = y if y > x else x
+    y = cuda.shfl_xor_sync(FULL_WARP, x, 2)
+    return y if y > x else x
+
+
+@cuda.jit(device=True, inline=True)
+def quad_sum(x):
+    """The sum over the 4 lanes of a quad (see quad_max)."""
+    x += cuda.shfl_xor_sync(FULL_WARP, x, 1)
+    return x + cuda.shfl_xor_sync(FULL_WARP, x, 2)
+
+
 V3_WARPS = 4                            # v3: warps per block, 16 query rows each
 V3_BR = 16 * V3_WARPS                   # v3: query rows per block
 V3_CHUNK = 16                           # v3: keys per online-softmax step
@@ -387,7 +408,6 @@ def make_forward_v3(Bc, d, causal):
     QO_FRAGS = KS * 4                       # fragment registers of Q and of O per lane
     S_FRAGS = NT * 4                        # fragment registers of S per lane
     THREADS = 32 * V3_WARPS
-    FULL = 0xFFFFFFFF
     kv_tile_range = make_kv_tile_range(V3_BR, Bc, causal, False)
     assert Bc % V3_CHUNK == 0
 
@@ -409,19 +429,6 @@ def make_forward_v3(Bc, d, causal):
         e0, e1, e2, e3 = mma_tf32(a0b, a1b, a2b, a3b, b0s, b1s, e0, e1, e2, e3)
         c0, c1, c2, c3 = mma_tf32(a0b, a1b, a2b, a3b, b0b, b1b, c0, c1, c2, c3)
         return c0, c1, c2, c3, e0, e1, e2, e3
-
-    @cuda.jit(device=True, inline=True)
-    def quad_max(x):
-        """max over the 4 lanes sharing a row; '>' so that NaN does not win (as in v1/v2)."""
-        y = cuda.shfl_xor_sync(FULL, x, 1)
-        x = y if y > x else x
-        y = cuda.shfl_xor_sync(FULL, x, 2)
-        return y if y > x else x
-
-    @cuda.jit(device=True, inline=True)
-    def quad_sum(x):
-        x += cuda.shfl_xor_sync(FULL, x, 1)
-        return x + cuda.shfl_xor_sync(FULL, x, 2)
 
     @cuda.jit(**jit_options())
     def forward_v3(Q, K, V, O, L, softmax_scale, causal_offset):
@@ -1090,9 +1097,12 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
       the value finite (the staged 0 contributes 0 * p = 0 where the finite value gave
       0 * p = 0 too, for a hidden key).
 
+    ``chunk`` (the keys of one online-softmax step, a multiple of 8 dividing Bc) and
+    ``max_registers`` (ptxas's limit, None for none) are there to be measured
+    (scripts/v6_sweep.py --configs); the dispatcher uses the defaults.
+
     Launch: grid (ceil(Sq / Br), BH), block (2 * Br,): Br / 16 warps of 16 query rows
-    each (v3's fragment layout; see make_forward_v3), Bc a multiple of ``chunk`` (the keys
-    of one online-softmax step, a multiple of 8), and
+    each (v3's fragment layout; see make_forward_v3), and
     ``v6_shared_layout(Br, Bc, d)[-1] * 4`` bytes of dynamic shared memory.
     """
     from .ptx import (flat_load, load_pair, mma_tf32, store_pair,     # GPU only
@@ -1111,7 +1121,6 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
     S_FRAGS = NT * 4                        # fragment registers of S per lane
     Q_REGS = DP <= V6_Q_REGISTERS_MAX_DP    # Qi's fragments in registers, else in QP
     Q_FRAGS = QO_FRAGS if Q_REGS else 1
-    FULL = 0xFFFFFFFF
     F32_MAX = acc(3.4028234663852886e38)
     LOG2E = acc(1.4426950408889634)
     W = 8                                   # the staging loops' row width: DP rounded up
@@ -1153,19 +1162,6 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
         e = mma_tf32(a0s, a1s, a2s, a3s, b0b, b1b, e[0], e[1], e[2], e[3])
         e = mma_tf32(a0b, a1b, a2b, a3b, b0s, b1s, e[0], e[1], e[2], e[3])
         return c, e
-
-    @cuda.jit(device=True, inline=True)
-    def quad_max(x):
-        """max over the 4 lanes sharing a row; '>' so that NaN does not win (as in v1/v2)."""
-        y = cuda.shfl_xor_sync(FULL, x, 1)
-        x = y if y > x else x
-        y = cuda.shfl_xor_sync(FULL, x, 2)
-        return y if y > x else x
-
-    @cuda.jit(device=True, inline=True)
-    def quad_sum(x):
-        x += cuda.shfl_xor_sync(FULL, x, 1)
-        return x + cuda.shfl_xor_sync(FULL, x, 2)
 
     @cuda.jit(device=True, inline=True)
     def finite(x):
@@ -1422,8 +1418,8 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
                                 if kk // 8 == nt and kk % 2 == h:
                                     x0 = s[nt * 4 + h]
                                     x1 = s[nt * 4 + 2 + h]
-                        p0 = cuda.shfl_sync(FULL, x0, g * 4 + kk % 8 // 2)
-                        p1 = cuda.shfl_sync(FULL, x1, g * 4 + kk % 8 // 2)
+                        p0 = cuda.shfl_sync(FULL_WARP, x0, g * 4 + kk % 8 // 2)
+                        p1 = cuda.shfl_sync(FULL_WARP, x1, g * 4 + kk % 8 // 2)
                         col = j * Bc + key0 + kk
                         if col < Sk:
                             sees0 = not causal or col <= row0 + causal_offset
