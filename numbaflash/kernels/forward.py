@@ -1078,7 +1078,7 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
       stores both parts side by side, so that one 8-byte shared load (ptx.load_pair)
       fetches both: KP and VP in dynamic shared memory (as forward v5: one
       ``cuda.shared.array(0, float32)`` cut into slices; kernels/smem.py allows more than
-      48 KB; v6_shared_layout). The inner loops are then shared loads and mma only. P~ is
+      48 KB; v6_shared_layout). The product loops are then shared loads and mma only. P~ is
       split in registers with ``tf32_round_finite`` (two integer instructions a part).
     * Qi's parts stay in registers up to DP = 64 (as v3); above, they are staged in
       shared memory too (QP), which keeps d = 128 free of spills.
@@ -1103,7 +1103,7 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
 
     Launch: grid (ceil(Sq / Br), BH), block (2 * Br,): Br / 16 warps of 16 query rows
     each (v3's fragment layout; see make_forward_v3), and
-    ``v6_shared_layout(Br, Bc, d)[-1] * 4`` bytes of dynamic shared memory.
+    ``v6_shared_layout(Br, Bc, d)[3] * 4`` bytes of dynamic shared memory (END).
     """
     from .ptx import (flat_load, load_pair, mma_tf32, store_pair,     # GPU only
                       tf32_round, tf32_round_finite)
