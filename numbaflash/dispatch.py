@@ -453,6 +453,11 @@ def check_v6_tiles(tiles, d):
                          f"(warps of 16 query rows) and Bc a multiple of {chunk} (keys in "
                          f"chunks of {chunk}); got ({Br}, {Bc}). (v6 is the default on a "
                          f"GPU; version='v5' takes other tiles)")
+    width = fwd_kernels.v6_staging_width(d)
+    if 2 * Br < width:
+        raise ValueError(f"v6 tiles ({Br}, {Bc}) at head dim {d}: v6 stages its K/V tiles one "
+                         f"column per thread, so its 2 Br threads must cover the head dim "
+                         f"rounded up to a power of two ({width}): Br >= {width // 2}")
     need = v6_shared_bytes(Br, Bc, d)
     if need > DYNAMIC_SHARED_MEM_LIMIT:
         raise ValueError(f"v6 tiles ({Br}, {Bc}) need {need} bytes of shared memory at head "

@@ -236,6 +236,7 @@ def test_v5_takes_tiles_above_48_kb():
     ((256, 128), r"v6 tiles \(256, 128\) need \d+ bytes of shared memory at head dim 128; the "
                  r"limit is 232448 \(227 KB dynamic shared memory per block on the H100/H200\)"),
     ((64,), r"tiles must be a pair of positive ints"),
+    ((32, 16), r"v6 tiles \(32, 16\) at head dim 128: .*one column per thread.*Br >= 64"),
 ])
 def test_bad_v6_tiles(tiles, match, monkeypatch):
     """v6's tiles (checked as on a GPU: the planner is told it is not simulating)."""

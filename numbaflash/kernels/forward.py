@@ -1064,6 +1064,16 @@ def v6_shared_layout(Br, Bc, d):
     return KP_AT, VP_AT, QP_AT, END, K_ROW, V_ROW
 
 
+def v6_staging_width(d):
+    """How many threads forward v6 puts on one row of a K/V tile when it stages it (one
+    column each): d rounded up to the mma's k = 8 and then to a power of two, so that it
+    divides the block's 2 Br threads (which must be at least this many)."""
+    W = 8
+    while W < d:
+        W *= 2
+    return W
+
+
 @functools.lru_cache(maxsize=None)
 def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
     """v6: v3's tensor-core forward with each K/V tile split into TF32 parts once, in
@@ -1123,9 +1133,8 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
     Q_FRAGS = QO_FRAGS if Q_REGS else 1
     F32_MAX = acc(3.4028234663852886e38)
     LOG2E = acc(1.4426950408889634)
-    W = 8                                   # the staging loops' row width: DP rounded up
-    while W < DP:                           # to a power of two, which divides THREADS
-        W *= 2
+    W = v6_staging_width(d)                 # the staging loops' row width (<= THREADS)
+    assert THREADS % W == 0, (Br, d)        # dispatch.check_v6_tiles refuses these
     RSTEP = THREADS // W                    # rows a pass of the block stages
     KP_AT, VP_AT, QP_AT, END, K_ROW, V_ROW = v6_shared_layout(Br, Bc, d)
     kv_tile_range = make_kv_tile_range(Br, Bc, causal, False)
