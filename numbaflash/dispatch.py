@@ -433,13 +433,19 @@ def tensor_core_refusal(version, p, where):
     return None
 
 
+def _v6_tiles_within(d, limit):
+    """The first of V6_CANDIDATES whose shared memory fits ``limit`` bytes, or None."""
+    return next(((Br, Bc) for Br, Bc in V6_CANDIDATES if v6_shared_bytes(Br, Bc, d) <= limit),
+                None)
+
+
 def default_v6_tiles(d):
     """v6 tile rule (above), (Br, Bc): d <= 64 -> (128, 64); d = 128 -> (128, 32) on the
     H200, (64, 16) on a GPU that allows a block 99 KB."""
     limit = device_dynamic_shared_limit()
-    for Br, Bc in V6_CANDIDATES:
-        if v6_shared_bytes(Br, Bc, d) <= limit:
-            return Br, Bc
+    tiles = _v6_tiles_within(d, limit)
+    if tiles is not None:
+        return tiles
     raise ValueError(f"forward v6 cannot run this input: no v6 tile fits head dim {d} "
                      f"within {limit} bytes of shared memory")
 
@@ -516,7 +522,7 @@ def _default_forward_version(p, where):
                       "(tensor cores, inline PTX): register-blocked, its tiles in dynamic "
                       "shared memory, exact for every input; on a GPU, v6 runs instead")
     limit = device_dynamic_shared_limit()
-    if not any(v6_shared_bytes(Br, Bc, p.d) <= limit for Br, Bc in V6_CANDIDATES):
+    if _v6_tiles_within(p.d, limit) is None:
         return "v5", (f"v5 is the default here: no v6 tile fits head dim {p.d} in this GPU's "
                       f"{limit} bytes of shared memory per block, and v5 (register-blocked "
                       "SIMT, exact for every input) is the fastest version that does")
