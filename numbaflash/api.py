@@ -4,7 +4,8 @@
 import numpy as np
 
 from . import arrays
-from .dispatch import backend, launch_backward, launch_forward, plan_backward, plan_forward
+from .dispatch import (backend, finite_inputs_plans, launch_backward, launch_forward,
+                       plan_backward, plan_forward)
 from .validate import check_attention_inputs, check_backward_inputs
 
 
@@ -188,9 +189,13 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, win
             atomic dQ, a lesson, float32/float64 only; "v3": register-blocked,
             deterministic, the default for plain attention in float64 and at d > 128;
             "v4": v3 with dynamic shared memory for larger tiles, the default for plain
-            attention in float32 and float16 with d <= 128); None picks the default; see
-            ``explain_backward`` and numbaflash/kernels/backward.py.
-        tiles: (Br, Bc) for the backward kernels (v3 and v4 also take (Br, Bc, TM, TN));
+            attention in float32 and float16 with d <= 128 on the simulator; "v5": tensor
+            cores (3xTF32), GPU only, finite inputs only: the call checks them first and
+            runs v4 if one is NaN or inf, logging why, or raises ValueError if v5 was
+            asked for); None picks the default; see ``explain_backward`` and
+            numbaflash/kernels/backward.py.
+        tiles: (Br, Bc) for the backward kernels (v3 and v4 also take (Br, Bc, TM, TN);
+            v5 takes multiples of 16);
             None uses the documented rule in dispatch.py.
 
     Returns:
@@ -202,7 +207,8 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, win
 
     Raises:
         ValueError: bad shapes (dout, out, lse included), scale, causal mode, head dim,
-            version or tiles; raised before anything is launched.
+            version or tiles; raised before anything is launched. Also version="v5" with
+            a NaN or inf among the inputs (found by a check kernel, before the backward's).
         TypeError: unsupported or mismatched dtypes (dout, out, lse included).
         RuntimeError: there is neither a GPU nor the simulator.
     """
@@ -236,6 +242,9 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, win
         dQ = arrays.device_empty((p.BH, p.Sq, p.d), p.dtype)
     dK = arrays.device_empty((p.BHkv, p.Sk, p.d), p.dtype)
     dV = arrays.device_empty((p.BHkv, p.Sk, p.d), p.dtype)
+    # v5 (tensor cores) needs finite inputs: checked here, v4 if not (or an error if the
+    # caller asked for v5).
+    plans = finite_inputs_plans(plans, p, version == "v5", Q, K, V, O, dO, L)
     launch_backward(plans, p, Q, K, V, O, dO, L, D, dQ, dK, dV, *_variant_arrays(p))
     return (arrays.finish(dQ, q_shape, host), arrays.finish(dK, k_shape, host),
             arrays.finish(dV, k_shape, host))

@@ -39,12 +39,29 @@ pytestmark = pytest.mark.usefixtures("nan_prefilled_outputs")
 
 F64 = ("float64",)
 RTOL = 1e-12
-VERSIONS = bwd.VERSIONS
+
+
+def version_params():
+    """Every backward version; one that cannot run here at all (v5, GPU only, on the
+    simulator) is a visible skip carrying the library's reason."""
+    params = []
+    q = np.zeros((1, 1, 4, 4), np.float32)
+    for version in bwd.VERSIONS:
+        try:
+            numbaflash.explain_backward(q, q, q, version=version)
+            params.append(version)
+        except ValueError as err:
+            params.append(pytest.param(version, marks=pytest.mark.skip(reason=str(err))))
+    return params
+
+
+VERSIONS = version_params()
 # dtypes each version supports (v2 adds into dQ in its own dtype: no float16)
 VERSION_DTYPES = {"v1": ("float16", "float32", "float64"), "v2": ("float32", "float64"),
                   "v3": ("float16", "float32", "float64"),
-                  "v4": ("float16", "float32", "float64")}
-DETERMINISTIC = ("v1", "v3", "v4")  # the versions without atomics
+                  "v4": ("float16", "float32", "float64"), "v5": ("float16", "float32")}
+# the versions without atomics
+DETERMINISTIC = [v for v in VERSIONS if getattr(v, "values", (v,))[0] != "v2"]
 
 
 def backward_tiles(d, acc_dtype):
@@ -64,10 +81,22 @@ def forward(case, q=None, k=None, v=None):
                                 **case.options(with_tiles=False))
 
 
+def require_dtype(version, dtype):
+    """Skip, with the library's reason, if ``version`` refuses ``dtype`` (v5: float64)."""
+    if np.dtype(dtype).name not in VERSION_DTYPES[version]:
+        q = np.zeros((1, 1, 4, 4), dtype)
+        with pytest.raises(ValueError) as err:
+            numbaflash.explain_backward(q, q, q, version=version)
+        pytest.skip(str(err.value))
+
+
 def backward(case, version="v1", tiles=None, out=None, lse=None, k=None, v=None, dout=None):
     """(out, lse, (dq, dk, dv)) as NumPy arrays: the forward (unless out and lse are
     given), then attention_backward with the case's tiles unless ``tiles`` is given (for
-    v3 and v4 with a thread tile added, backward_checks.version_tiles)."""
+    v3 and v4 with a thread tile added, backward_checks.version_tiles). A dtype the
+    version refuses is a visible skip (require_dtype)."""
+    if version != "v2":                 # v2's float16 refusal is tested as an error
+        require_dtype(version, case.dtype)
     k = case.k if k is None else k
     v = case.v if v is None else v
     if out is None:
@@ -148,6 +177,7 @@ def test_large_logits(version, dtype):
     """q and k x 8 (logits up to ~1000): finite and within the rule. In float32, lse ~ 1000
     is stored with an absolute error of ~3e-5, which P = exp(S - lse) inherits as a
     relative error; the rule's naive baseline has the same."""
+    require_dtype(version, dtype)
     case = make_case(1, 1, 9, 10, 8, dtype, "bottom_right", (4, 4), None, "uniform", 3, True)
     q, k = (case.q * 8).astype(dtype), (case.k * 8).astype(dtype)
     out, lse = numbaflash.attention(q, k, case.v, causal=case.causal, return_lse=True)
@@ -302,6 +332,13 @@ def test_nan_in_keys_nobody_sees_has_no_effect(version):
     k, v = case.k.copy(), case.v.copy()
     k[..., case.Sq:, :] = np.nan
     v[..., case.Sq:, :] = np.nan
+    if version == "v5":
+        # v5 takes finite inputs only; the check before its launch refuses NaN anywhere
+        # (test_backward_nonfinite.py: the default then runs v4)
+        with pytest.raises(ValueError, match="backward v5 cannot run this input: the "
+                                             "inputs hold NaN or inf"):
+            backward(case, version, out=out, lse=lse, k=k, v=v)
+        return
     _, _, dirty = backward(case, version, out=out, lse=lse, k=k, v=v)
     mags = backward_magnitudes(case.dout, case.q, case.k, case.v, causal=case.causal)
     for name, a, b in zip(GRADS, dirty, clean):
@@ -662,7 +699,7 @@ def test_backward_kernels_compile_and_link_for_sm90(dtype, record_property):
     """Every backward kernel (ptx_check.py's "backward" group: each kernel x causal off/on
     x d in 1, 64, 128, 256 with the default tiles) compiles for sm_90 and links; float16
     and float32 kernels have no float64 in their PTX; at d = 64 in float32 (the common
-    case) v1's dQ kernel spills no registers, and v3's and v4's two kernels spill none at
+    case) v1's dQ kernel spills no registers, and v3's, v4's and v5's two kernels spill none at
     d = 64 and d = 128 in float16 and float32. (v1's dK/dV kernels keep four rows of d
     accumulators, dKj and dVj plus one Q tile's part of each, which float32 accuracy
     needs (see backward.py); from d = 64 on they spill: reported, not failed.)"""
@@ -674,6 +711,8 @@ def test_backward_kernels_compile_and_link_for_sm90(dtype, record_property):
     # and v4's two kernels x causal at every d in float32, at d = 64 and 128 otherwise
     per_d = 1 + 2 * (2 if dtype == "float16" else 3)
     want = 4 * per_d + 2 * 4 * (4 if dtype == "float32" else 2)
+    # v5's two kernels x causal at d = 1, 64, 128 in float32, 64 and 128 in float16
+    want += {"float32": 12, "float16": 8, "float64": 0}[dtype]
     assert len(results) == want, [r["name"] for r in results]
     assert_compiled_without_f64(results, dtype)
     hot = []
@@ -681,7 +720,7 @@ def test_backward_kernels_compile_and_link_for_sm90(dtype, record_property):
         hot = [r for r in results if "-d64-" in r["name"] and "backward_dq_v1-" in r["name"]]
         assert len(hot) == 2
     if dtype in ("float16", "float32"):
-        for version in ("_v3-", "_v4-"):
+        for version in ("_v3-", "_v4-", "_v5-"):
             blocked = [r for r in results if version in r["name"]
                        and ("-d64-" in r["name"] or "-d128-" in r["name"])]
             assert len(blocked) == 8

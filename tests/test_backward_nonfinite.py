@@ -84,6 +84,11 @@ def dtype_version_params():
             q = np.zeros((1, 1, 4, 4), dtype)
             try:
                 numbaflash.explain_backward(q, q, q, version=version)
+                if version == "v5":
+                    raise ValueError("v5 takes finite inputs only: it refuses NaN with an "
+                                     "error, and the default runs v4 instead "
+                                     "(test_v5_refuses_nonfinite_inputs_and_the_default_"
+                                     "runs_v4)")
                 params.append(pytest.param(dtype, version, id=f"{dtype}-{version}"))
             except ValueError as err:
                 params.append(pytest.param(dtype, version, id=f"{dtype}-{version}",
@@ -373,3 +378,38 @@ def test_nan_positions_equal_reference_backward(dtype, version, name):
         assert np.array_equal(np.isnan(g), np.isnan(want)), (
             f"{gname}: kernel NaN rows {rows_of(np.isnan(g))}, reference.backward "
             f"{rows_of(np.isnan(want))}")
+
+
+@pytest.mark.skipif(not on_gpu(), reason="v5 runs on a GPU only (the simulator cannot run "
+                                         "its inline PTX)")
+@pytest.mark.parametrize("which", ["q", "k", "v", "dout", "lse"])
+def test_v5_refuses_nonfinite_inputs_and_the_default_runs_v4(which, caplog):
+    """Backward v5 (tensor cores) needs finite inputs: with a NaN in any input, asking
+    for v5 is a ValueError that says why, and the default (v5 on a GPU) runs v4 instead,
+    logs why, and gives v4's gradients bitwise; with finite inputs the default is v5."""
+    case = make_case(1, 2, 40, 33, 16, "float32", "bottom_right", None, None, "uniform", 4,
+                     True)
+    args = {"dout": case.dout, "q": case.q, "k": case.k, "v": case.v}
+    out, lse = numbaflash.attention(case.q, case.k, case.v, causal=case.causal,
+                                    return_lse=True)
+    args["out"], args["lse"] = out, lse
+    if numbaflash.explain_backward(case.q, case.k, case.v, causal=case.causal)[1].version \
+            != "v5":
+        pytest.skip("v5 is not the default backward here")
+    bad = dict(args)
+    bad[which] = args[which].copy()
+    bad[which][0, 1, 7] = np.nan            # a row (query or key) that the mask leaves seen
+    names = ("dout", "q", "k", "v", "out", "lse")
+    with pytest.raises(ValueError, match=r"backward v5 cannot run this input: the inputs "
+                                         r"hold NaN or inf .*; use v4"):
+        numbaflash.attention_backward(*(bad[n] for n in names), causal=case.causal,
+                                      version="v5")
+    with caplog.at_level("INFO", logger="numbaflash"):
+        got = numbaflash.attention_backward(*(bad[n] for n in names), causal=case.causal)
+    want = numbaflash.attention_backward(*(bad[n] for n in names), causal=case.causal,
+                                         version="v4")
+    for name, a, b in zip(GRADS, got, want):
+        assert_bitwise_equal(name, a, b)
+    text = caplog.text
+    assert "running v4 instead of the default v5" in text and "backward_dkdv_v4" in text
+    assert "backward_dkdv_v5" not in text
