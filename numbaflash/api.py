@@ -244,7 +244,7 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, win
     dV = arrays.device_empty((p.BHkv, p.Sk, p.d), p.dtype)
     # v5 (tensor cores) needs finite inputs: checked here, v4 if not (or an error if the
     # caller asked for v5).
-    plans = finite_inputs_plans(plans, p, version == "v5", Q, K, V, O, dO, L)
+    plans = finite_inputs_plans(plans, p, version is not None, Q, K, V, O, dO, L)
     launch_backward(plans, p, Q, K, V, O, dO, L, D, dQ, dK, dV, *_variant_arrays(p))
     return (arrays.finish(dQ, q_shape, host), arrays.finish(dK, k_shape, host),
             arrays.finish(dV, k_shape, host))

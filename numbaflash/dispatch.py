@@ -967,89 +967,95 @@ def check_backward_v4_tiles(tiles, d, acc_dtype):
 BWD_V5_CANDIDATES = ((64, 64), (64, 32), (32, 32), (32, 16), (16, 16))
 BWD_V5_SHARED_MEM_TARGET = 113 * 1024
 BWD_V5_MAX_HEAD_DIM = 128     # dKj and dVj fragments (d / 2 each a lane) in registers
+BWD_V6_CANDIDATES = BWD_V5_CANDIDATES      # v6: v5's layout; to be measured
 
 
-def dkdv_v5_shared_bytes(Br, Bc, d):
-    """Dynamic shared memory of backward_dkdv_v5 (backward.dkdv_v5_shared_layout)."""
+def dkdv_v5_shared_bytes(Br, Bc, d, version="v5"):
+    """Dynamic shared memory of backward_dkdv_v5 and _v6 (backward.dkdv_v5_shared_layout;
+    v6 uses v5's layout)."""
     return bwd_kernels.dkdv_v5_shared_layout(Br, Bc, d)[-1] * 4
 
 
-def dq_v5_shared_bytes(Br, Bc, d):
-    """Dynamic shared memory of backward_dq_v5 (backward.dq_v5_shared_layout)."""
+def dq_v5_shared_bytes(Br, Bc, d, version="v5"):
+    """Dynamic shared memory of backward_dq_v5 and _v6 (backward.dq_v5_shared_layout)."""
     return bwd_kernels.dq_v5_shared_layout(Br, Bc, d)[-1] * 4
 
 
-def _bwd_v5_bytes(Br, Bc, d):
-    return max(dkdv_v5_shared_bytes(Br, Bc, d), dq_v5_shared_bytes(Br, Bc, d))
+def _bwd_tc_bytes(Br, Bc, d, version):
+    return max(dkdv_v5_shared_bytes(Br, Bc, d, version), dq_v5_shared_bytes(Br, Bc, d, version))
 
 
-def backward_v5_refusal(p, where):
-    """Why backward v5 cannot run Problem ``p`` here, or None if it can."""
+def backward_tensor_core_refusal(version, p, where):
+    """Why backward ``version`` ("v5" or "v6", the tensor-core versions) cannot run
+    Problem ``p`` here, or None if it can."""
     if where != "gpu":
-        return ("v5 uses the tensor cores through inline PTX, which the simulator cannot "
-                "run (there, v4 computes the same thing)")
+        return (f"{version} uses the tensor cores through inline PTX, which the simulator "
+                f"cannot run (there, v4 computes the same thing)")
     if p.acc_dtype != "float32":
-        return "v5 computes in float32 (3xTF32); float64 inputs run on v3"
+        return f"{version} computes in float32 (3xTF32); float64 inputs run on v3"
     if p.d > BWD_V5_MAX_HEAD_DIM:
-        return (f"v5 keeps its dK, dV and dQ fragments in registers, which holds head dims "
-                f"up to {BWD_V5_MAX_HEAD_DIM}")
+        return (f"{version} keeps its dK, dV and dQ fragments in registers, which holds "
+                f"head dims up to {BWD_V5_MAX_HEAD_DIM}")
     return None
 
 
-def default_backward_v5_tiles(d):
-    """The backward v5 tile rule (above), (Br, Bc)."""
+def default_backward_v5_tiles(d, version="v5"):
+    """The backward v5 / v6 tile rule (above), (Br, Bc)."""
+    candidates = BWD_V5_CANDIDATES if version == "v5" else BWD_V6_CANDIDATES
     target = min(BWD_V5_SHARED_MEM_TARGET, device_dynamic_shared_limit())
-    for Br, Bc in BWD_V5_CANDIDATES:
-        if _bwd_v5_bytes(Br, Bc, d) <= target:
+    for Br, Bc in candidates:
+        if _bwd_tc_bytes(Br, Bc, d, version) <= target:
             return Br, Bc
-    raise ValueError(f"backward v5 cannot run this input: no v5 tile fits head dim {d} "
-                     f"within {target} bytes of shared memory")
+    raise ValueError(f"backward {version} cannot run this input: no {version} tile fits "
+                     f"head dim {d} within {target} bytes of shared memory")
 
 
-def check_backward_v5_tiles(tiles, d):
-    """A caller's backward v5 tiles; ValueError names the limit."""
+def check_backward_v5_tiles(tiles, d, version="v5"):
+    """A caller's backward v5 / v6 tiles; ValueError names the limit."""
     Br, Bc = _parse_tiles(tiles)
     chunk = bwd_kernels.V5_CHUNK
     if Br % 16 or Bc % 16 or Br > 256 or Bc > 256:
-        raise ValueError(f"backward v5 tiles must be (Br, Bc) with Br and Bc multiples of 16 "
-                         f"up to 256 (warps of 16 rows, chunks of {chunk}); got ({Br}, {Bc})")
-    need = _bwd_v5_bytes(Br, Bc, d)
+        raise ValueError(f"backward {version} tiles must be (Br, Bc) with Br and Bc multiples "
+                         f"of 16 up to 256 (warps of 16 rows, chunks of {chunk}); got "
+                         f"({Br}, {Bc})")
+    need = _bwd_tc_bytes(Br, Bc, d, version)
     if need > DYNAMIC_SHARED_MEM_LIMIT:
-        raise ValueError(f"backward v5 tiles ({Br}, {Bc}) need {need} bytes of shared memory "
-                         f"at head dim {d}; the limit is {DYNAMIC_SHARED_MEM_LIMIT} (227 KB "
-                         f"dynamic shared memory per block on the H100/H200)")
+        raise ValueError(f"backward {version} tiles ({Br}, {Bc}) need {need} bytes of shared "
+                         f"memory at head dim {d}; the limit is {DYNAMIC_SHARED_MEM_LIMIT} "
+                         f"(227 KB dynamic shared memory per block on the H100/H200)")
     return Br, Bc
 
 
-def _plan_backward_v5(p, where, tiles, reason, preprocess):
-    refusal = backward_v5_refusal(p, where)
+def _plan_backward_tensor_cores(p, where, tiles, reason, preprocess, version):
+    refusal = backward_tensor_core_refusal(version, p, where)
     if refusal is not None:
-        raise ValueError(f"backward v5 cannot run this input: {refusal}")
+        raise ValueError(f"backward {version} cannot run this input: {refusal}")
     if tiles is None:
-        Br, Bc = default_backward_v5_tiles(p.d)
-        reason += f"; tiles by the v5 rule for d={p.d}"
+        Br, Bc = default_backward_v5_tiles(p.d, version)
+        reason += f"; tiles by the {version} rule for d={p.d}"
     else:
-        Br, Bc = check_backward_v5_tiles(tiles, p.d)
+        Br, Bc = check_backward_v5_tiles(tiles, p.d, version)
         reason += "; tiles given by the caller"
     reason += "; finite inputs only (checked before the launch)"
     Tr, Tc = math.ceil(p.Sq / Br), math.ceil(p.Sk / Bc)
     return Plans((
         preprocess,
-        Plan("backward dK dV", "v5", "backward_dkdv_v5", where, Br, Bc, (Tc, p.BH), (2 * Bc,),
-             dkdv_v5_shared_bytes(Br, Bc, p.d), p.acc_dtype, p.causal,
+        Plan("backward dK dV", version, f"backward_dkdv_{version}", where, Br, Bc, (Tc, p.BH),
+             (2 * Bc,), dkdv_v5_shared_bytes(Br, Bc, p.d, version), p.acc_dtype, p.causal,
              reason + "; one block per K/V tile, each warp 16 keys"),
-        Plan("backward dQ", "v5", "backward_dq_v5", where, Br, Bc, (Tr, p.BH), (2 * Br,),
-             dq_v5_shared_bytes(Br, Bc, p.d), p.acc_dtype, p.causal,
+        Plan("backward dQ", version, f"backward_dq_{version}", where, Br, Bc, (Tr, p.BH),
+             (2 * Br,), dq_v5_shared_bytes(Br, Bc, p.d, version), p.acc_dtype, p.causal,
              reason + "; one block per Q tile, each warp 16 query rows"),
     ))
 
 
 def finite_inputs_plans(plans, p, asked, Q, K, V, O, dO, L):
-    """``plans``, or v4's if they are v5's and an input holds NaN or inf (v5 needs finite
-    inputs: make_backward_dkdv_v5). One check kernel over the six arrays and a 4-byte copy
-    back (a device synchronisation). ``asked``: the caller named v5, which then raises
-    ValueError instead of running v4."""
-    if plans[-1].version != "v5":
+    """``plans``, or v4's if they are v5's or v6's and an input holds NaN or inf (the
+    tensor-core backward needs finite inputs: make_backward_dkdv_v5). One check kernel
+    over the six arrays and a 4-byte copy back (a device synchronisation). ``asked``: the
+    caller named the version, which then raises ValueError instead of running v4."""
+    version = plans[-1].version
+    if version not in ("v5", "v6"):
         return plans
     flag = cuda.to_device(np.zeros(1, np.int32))
     n = max(a.size for a in (Q, K, V, O, dO, L))
@@ -1059,14 +1065,15 @@ def finite_inputs_plans(plans, p, asked, Q, K, V, O, dO, L):
            tuple(a.reshape(a.size) for a in (Q, K, V, O, dO, L)) + (flag,))
     if flag.copy_to_host()[0] == 0:
         return plans
-    why = ("the inputs hold NaN or inf (q, k, v, out, dout or lse), and backward v5's "
-           "tensor cores would carry them to keys that do not see them")
+    why = (f"the inputs hold NaN or inf (q, k, v, out, dout or lse), and backward "
+           f"{version}'s tensor cores would carry them to keys that do not see them")
     if asked:
-        raise ValueError(f"backward v5 cannot run this input: {why}; use v4 (the default "
-                         f"falls back to it)")
+        raise ValueError(f"backward {version} cannot run this input: {why}; use v4 (the "
+                         f"default falls back to it)")
     v4 = plan_backward(p, "v4")
-    log.warning("backward: %s; running v4 instead of the default v5", why)
-    return Plans(replace(plan, reason=f"{why}: v4 instead of the default v5; {plan.reason}")
+    log.warning("backward: %s; running v4 instead of the default %s", why, version)
+    return Plans(replace(plan, reason=f"{why}: v4 instead of the default {version}; "
+                                      f"{plan.reason}")
                  for plan in v4)
 
 
@@ -1114,7 +1121,7 @@ def plan_backward(p, version=None, tiles=None):
     if version == "v2" and np.dtype(p.dtype) != np.dtype(p.acc_dtype):
         raise ValueError(f"backward v2 adds into dQ with atomics in the output dtype, so it needs "
                          f"float32 or float64 inputs; got {np.dtype(p.dtype)} (use v1)")
-    if version in ("v2", "v3", "v4", "v5") and needs_variants(p) is not None:
+    if version in ("v2", "v3", "v4", "v5", "v6") and needs_variants(p) is not None:
         what = "v2 (a lesson)" if version == "v2" else version
         raise ValueError(f"backward {what} computes plain attention (with or without a "
                          f"causal mask) only, and this call asks for {needs_variants(p)}; "
@@ -1127,8 +1134,8 @@ def plan_backward(p, version=None, tiles=None):
                       f"D = rowsum(dO * O) (Alg.2 l.4), {threads} query rows per block")
     if version in ("v3", "v4"):
         return _plan_backward_blocked(p, where, tiles, reason, preprocess, version)
-    if version == "v5":
-        return _plan_backward_v5(p, where, tiles, reason, preprocess)
+    if version in ("v5", "v6"):
+        return _plan_backward_tensor_cores(p, where, tiles, reason, preprocess, version)
 
     if tiles is None:
         Br, Bc = default_backward_tiles(p.d, p.acc_dtype)
@@ -1170,9 +1177,11 @@ def backward_kernel(plan, p):
                 "backward_dq_v3": bwd_kernels.make_backward_dq_v3}[plan.kernel]
         TM, TN = plan.thread_tile
         return make(plan.Br, plan.Bc, TM, TN, p.d, p.upper, p.acc_dtype)
-    if plan.version == "v5":
+    if plan.version in ("v5", "v6"):
         make = {"backward_dkdv_v5": bwd_kernels.make_backward_dkdv_v5,
-                "backward_dq_v5": bwd_kernels.make_backward_dq_v5}[plan.kernel]
+                "backward_dq_v5": bwd_kernels.make_backward_dq_v5,
+                "backward_dkdv_v6": bwd_kernels.make_backward_dkdv_v6,
+                "backward_dq_v6": bwd_kernels.make_backward_dq_v6}[plan.kernel]
         return make(plan.Br, plan.Bc, p.d, p.upper)
     if plan.version == "v4":
         make = {"backward_dkdv_v4": bwd_kernels.make_backward_dkdv_v4,
@@ -1211,5 +1220,5 @@ def launch_backward(plans, p, Q, K, V, O, dO, L, D, dQ, dK, dV, slopes=None, att
         if plan.kernel in ("backward_dkdv_v1", "backward_dq_v1"):
             args += extra                               # the kernels that take variants
         # v4, v5: dynamic shared memory, its bytes go with the launch
-        dynamic = plan.shared_bytes if plan.kernel.endswith(("_v4", "_v5")) else 0
+        dynamic = plan.shared_bytes if plan.kernel.endswith(("_v4", "_v5", "_v6")) else 0
         launch(backward_kernel(plan, p), plan.grid, plan.block, args, None, dynamic)

@@ -1,20 +1,20 @@
-"""Backward v5 (tensor cores) on a GPU: check it against float64 references, then time it
-against v4, the SIMT default before it.
+"""Backward v5 and v6 (tensor cores) on a GPU: check them against float64 references, then
+time them against v4, the SIMT default before them.
 
-    python scripts/bwd_v5_sweep.py                  # on a GPU machine (about 2 minutes)
-    python scripts/bwd_v5_sweep.py --out bwd_v5.json --configs 64:64x64,128:64x32
+    python scripts/bwd_v5_sweep.py                  # on a GPU machine (about 3 minutes)
+    python scripts/bwd_v5_sweep.py --out bwd.json --configs 64:v5:64x64,128:v6:32x16
 
-(a) Check. v5 with its default tiles on the shapes in CHECKS (causal and not, Sq != Sk,
+(a) Check. v5 and v6 (--check-versions) with their default tiles on the shapes in CHECKS (causal and not, Sq != Sk,
     fully masked rows, d = 64 and 128, float32), each against the dense float64
     reference with the test suite's rule (tests/backward_checks.py: ``check_backward``),
     printed as error / bound per gradient. Inputs are the tests' own
     (strategies.make_case: float32-exact, uniform in [-4, 4]). Then the non-finite
-    contract: v5 asked for with a NaN input raises ValueError, the default runs v4.
+    contract: v5 or v6 asked for with a NaN input raises ValueError, the default runs v4.
 (b) Time. At SHAPES, float32, standard normal inputs, causal no and yes:
     attention_backward (the public call on device arrays: for v5 the finite check, the
     D kernel, the dK/dV kernel and the dQ kernel, output allocation included) with v4
-    (default tiles) and v5 with each tile setting of --configs (default CONFIGS; None:
-    v5's rule). Each v5 result is compared with v4's on the timed shape (max |v5 - v4| /
+    (default tiles) and each (version, tiles) of --configs (default CONFIGS; None: the
+    version's rule). Each result is compared with v4's on the timed shape (max |ours - v4| /
     max |v4| per gradient; above 1e-4 is WRONG and its time is not a result). Timing:
     CUDA events, one untimed call first (compilation), then the median of REPEATS.
 
@@ -52,7 +52,7 @@ CHECKS = [
     (1, 3, 129, 77, 59, None),                  # d not a multiple of 8
 ]
 SHAPES = [(2, 16, 4096, 64), (2, 16, 4096, 128), (1, 16, 16384, 64)]
-CONFIGS = {64: [None, (64, 32), (128, 64), (32, 32)], 128: [None, (64, 64), (32, 32)]}
+CONFIGS = {64: [("v5", None), ("v6", None)], 128: [("v5", None), ("v6", None)]}
 AGREE = 1e-4
 REPEATS = 5
 
@@ -61,8 +61,9 @@ def tiles_of(plans):
     return (plans[1].Br, plans[1].Bc), (plans[1].shared_bytes, plans[2].shared_bytes)
 
 
-def run_checks(records, budget):
-    print("(a) v5 (default tiles) against the float64 reference, the tests' rule", flush=True)
+def run_checks(records, budget, version):
+    print(f"(a) {version} (default tiles) against the float64 reference, the tests' rule",
+          flush=True)
     for B, H, Sq, Sk, d, causal in CHECKS:
         what = f"check {(B, H, Sq, Sk, d)} float32 causal={causal}"
         if not budget.allows(what):
@@ -71,9 +72,9 @@ def run_checks(records, budget):
         out, lse = numbaflash.attention(case.q, case.k, case.v, causal=causal,
                                         return_lse=True)
         plans = numbaflash.explain_backward(case.q, case.k, case.v, causal=causal,
-                                            version="v5")
+                                            version=version)
         grads = numbaflash.attention_backward(case.dout, case.q, case.k, case.v, out, lse,
-                                              causal=causal, version="v5")
+                                              causal=causal, version=version)
         try:
             detail = check_backward(case.dout, case.q, case.k, case.v, out, lse, grads,
                                     causal=causal)
@@ -82,8 +83,9 @@ def run_checks(records, budget):
                                                   for k, (e, b) in detail.items())
         except AssertionError as e:
             ok, text = False, "FAILED: " + str(e)[:500]
-        records.append({"kind": "check", "shape": [B, H, Sq, Sk, d], "causal": causal,
-                        "tiles": list(tiles_of(plans)[0]), "ok": ok, "detail": text})
+        records.append({"kind": "check", "version": version, "shape": [B, H, Sq, Sk, d],
+                        "causal": causal, "tiles": list(tiles_of(plans)[0]), "ok": ok,
+                        "detail": text})
         print(f"[{budget.elapsed():5.0f} s] {what} tiles {tiles_of(plans)[0]}: {text}",
               flush=True)
     # the non-finite contract
@@ -92,8 +94,8 @@ def run_checks(records, budget):
     k = case.k.copy()
     k[0, 0, 5, 3] = np.nan
     try:
-        numbaflash.attention_backward(case.dout, case.q, k, case.v, out, lse, version="v5")
-        ok, text = False, "FAILED: v5 ran on a NaN input"
+        numbaflash.attention_backward(case.dout, case.q, k, case.v, out, lse, version=version)
+        ok, text = False, f"FAILED: {version} ran on a NaN input"
     except ValueError as e:
         ok, text = True, f"ok, ValueError: {str(e)[:160]}"
     got = numbaflash.attention_backward(case.dout, case.q, k, case.v, out, lse)
@@ -101,8 +103,8 @@ def run_checks(records, budget):
     same = all(np.array_equal(a, b, equal_nan=True) for a, b in zip(got, want))
     ok = ok and same
     text += f"; default equals v4 bitwise: {same}"
-    records.append({"kind": "check", "shape": [1, 1, 64, 64, 64], "causal": None,
-                    "tiles": None, "ok": ok, "detail": "NaN input: " + text})
+    records.append({"kind": "check", "version": version, "shape": [1, 1, 64, 64, 64],
+                    "causal": None, "tiles": None, "ok": ok, "detail": "NaN input: " + text})
     print(f"[{budget.elapsed():5.0f} s] NaN input: {text}", flush=True)
 
 
@@ -119,7 +121,7 @@ def run_timing(shapes, configs, records, budget):
             out, lse = numbaflash.attention(q, k, v, causal=causal, return_lse=True)
             work = bench.flops(B, H, N, N, d, causal, "backward")
             ref = None
-            for version, tiles in [("v4", None)] + [("v5", t) for t in configs.get(d, [None])]:
+            for version, tiles in [("v4", None)] + configs.get(d, [("v5", None)]):
                 what = f"{shape} causal={causal} {version} tiles={tiles or 'default'}"
                 if not budget.allows(what):
                     continue
@@ -155,7 +157,7 @@ def run_timing(shapes, configs, records, budget):
                       f"{nbytes[1]} B: "
                       + (f"{rec['ms']:9.2f} ms {rec['tflops']:6.2f} TFLOP/s" if rec["ms"]
                          else "WRONG")
-                      + (f", max|v5 - v4|/max|v4| {rec['max_rel_diff_vs_v4']:.1e}"
+                      + (f", max|ours - v4|/max|v4| {rec['max_rel_diff_vs_v4']:.1e}"
                          if "max_rel_diff_vs_v4" in rec else ""), flush=True)
 
 
@@ -178,12 +180,13 @@ def table(records):
 
 
 def parse_configs(text):
-    """'64:64x64,64:None,128:64x32' -> {64: [(64, 64), None], 128: [(64, 32)]}."""
+    """'64:v5:64x64,64:v6:None,128:v6:32x16' -> {64: [("v5", (64, 64)), ("v6", None)],
+    128: [("v6", (32, 16))]}."""
     out = {}
     for item in text.split(","):
-        d, tiles = item.split(":")
+        d, version, tiles = item.split(":")
         out.setdefault(int(d), []).append(
-            None if tiles == "None" else tuple(int(x) for x in tiles.split("x")))
+            (version, None if tiles == "None" else tuple(int(x) for x in tiles.split("x"))))
     return out
 
 
@@ -191,8 +194,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", help="write the records as JSON to this path")
     ap.add_argument("--budget-s", type=float, default=200.0)
-    ap.add_argument("--skip-checks", action="store_true", help="skip (a)")
-    ap.add_argument("--configs", help="v5 tiles per head dim, e.g. 64:64x64,128:None")
+    ap.add_argument("--check-versions", default="v5,v6",
+                    help="versions (a) checks, comma-separated ('' skips (a))")
+    ap.add_argument("--configs", help="versions and tiles per head dim, e.g. "
+                                      "64:v5:64x64,64:v6:None,128:v6:32x16")
     ap.add_argument("--shapes", help="B:H:N:d,... (default: SHAPES)")
     args = ap.parse_args(argv)
     if numbaflash.backend() != "gpu":
@@ -202,8 +207,9 @@ def main(argv=None):
               if args.shapes else SHAPES)
     budget = Budget(args.budget_s)
     records = []
-    if not args.skip_checks:
-        run_checks(records, budget)
+    for version in args.check_versions.split(","):
+        if version:
+            run_checks(records, budget, version)
     run_timing(shapes, configs, records, budget)
     print()
     print(table(records))
@@ -215,8 +221,8 @@ def main(argv=None):
         meta = bench.environment()
         meta.update({"script": "scripts/bwd_v5_sweep.py", "elapsed_s": budget.elapsed(),
                      "skipped": budget.skipped,
-                     "default_v5_tiles": {d: dispatch.default_backward_v5_tiles(d)
-                                          for d in configs}})
+                     "default_tiles": {f"{v}-d{d}": dispatch.default_backward_v5_tiles(d, v)
+                                       for d in configs for v in ("v5", "v6")}})
         bench.save_json(records, args.out, meta)
         print(f"wrote {args.out}")
     return 1 if bad else 0

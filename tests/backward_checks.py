@@ -286,7 +286,7 @@ def check_backward(dout, q, k, v, out, lse, grads, *, causal=None, scale=None, *
 def version_tiles(version, tiles, d, dtype, seed=0):
     """The tiles to give backward ``version`` for a drawn (Br, Bc) (test helper).
 
-    v1 and v2 take (Br, Bc) as it is; v5 too if both are multiples of 16 (else None: its
+    v1 and v2 take (Br, Bc) as it is; v5 and v6 too if both are multiples of 16 (else None: its
     own rule). v3 and v4 also take a thread tile (TM, TN), picked
     here from the divisors of Br and Bc by ``seed`` (the case's seed: a case's repr still
     rebuilds it), so that the draws cover thread grids from 1 x 1 up. Under the simulator
@@ -297,9 +297,9 @@ def version_tiles(version, tiles, d, dtype, seed=0):
     """
     from numbaflash import dispatch
     from numbaflash.kernels import simulating
-    if version == "v5" and tiles is not None and len(tiles) == 2:
-        try:                                  # v5: multiples of 16, else its own rule
-            return dispatch.check_backward_v5_tiles(tiles, d)
+    if version in ("v5", "v6") and tiles is not None and len(tiles) == 2:
+        try:                                  # v5, v6: multiples of 16, else their rule
+            return dispatch.check_backward_v5_tiles(tiles, d, version)
         except ValueError:
             return None
     if version not in ("v3", "v4") or tiles is None or len(tiles) == 4:

@@ -250,18 +250,19 @@ def backward_entries():
                                      bwd.make_backward_dq_v4(*t, d, c, a), dq3, no_f64))
             # v5 (tensor cores, GPU only): float32 accumulation (float16 and float32
             # inputs), d <= 128, its own tile rule (dispatch.default_backward_v5_tiles)
-            if "v5" in bwd.VERSIONS and acc == "float32" and d <= dispatch.BWD_V5_MAX_HEAD_DIM:
-                Br, Bc = dispatch.default_backward_v5_tiles(d)
+            for ver in ("v5", "v6"):
+                if ver not in bwd.VERSIONS or acc != "float32" or d > dispatch.BWD_V5_MAX_HEAD_DIM:
+                    continue
+                Br, Bc = dispatch.default_backward_v5_tiles(d, ver)
                 for causal in (False, True):
                     tag = f"{dtype}-d{d}-{'causal' if causal else 'full'}-tiles{Br}x{Bc}"
-                    out.append(Entry(f"backward_dkdv_v5-{tag}", "backward",
-                                     lambda t=(Br, Bc), d=d, c=causal:
-                                     bwd.make_backward_dkdv_v5(*t, d, c), dkdv3, True))
-                    out.append(Entry(f"backward_dq_v5-{tag}", "backward",
-                                     lambda t=(Br, Bc), d=d, c=causal:
-                                     bwd.make_backward_dq_v5(*t, d, c), dq3, True))
+                    for kind in ("dkdv", "dq"):
+                        make = getattr(bwd, f"make_backward_{kind}_{ver}")
+                        out.append(Entry(f"backward_{kind}_{ver}-{tag}", "backward",
+                                         lambda m=make, t=(Br, Bc), d=d, c=causal: m(*t, d, c),
+                                         dkdv3 if kind == "dkdv" else dq3, True))
     assert {e.name.split("-")[0] for e in out} >= {f"backward_{k}_{v}" for k in ("dkdv", "dq")
-                                                   for v in ("v3", "v4", "v5")}
+                                                   for v in ("v3", "v4", "v5", "v6")}
     return out
 
 

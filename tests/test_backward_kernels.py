@@ -59,7 +59,8 @@ VERSIONS = version_params()
 # dtypes each version supports (v2 adds into dQ in its own dtype: no float16)
 VERSION_DTYPES = {"v1": ("float16", "float32", "float64"), "v2": ("float32", "float64"),
                   "v3": ("float16", "float32", "float64"),
-                  "v4": ("float16", "float32", "float64"), "v5": ("float16", "float32")}
+                  "v4": ("float16", "float32", "float64"), "v5": ("float16", "float32"),
+                  "v6": ("float16", "float32")}
 # the versions without atomics
 DETERMINISTIC = [v for v in VERSIONS if getattr(v, "values", (v,))[0] != "v2"]
 
@@ -332,11 +333,11 @@ def test_nan_in_keys_nobody_sees_has_no_effect(version):
     k, v = case.k.copy(), case.v.copy()
     k[..., case.Sq:, :] = np.nan
     v[..., case.Sq:, :] = np.nan
-    if version == "v5":
-        # v5 takes finite inputs only; the check before its launch refuses NaN anywhere
-        # (test_backward_nonfinite.py: the default then runs v4)
-        with pytest.raises(ValueError, match="backward v5 cannot run this input: the "
-                                             "inputs hold NaN or inf"):
+    if version in ("v5", "v6"):
+        # v5 and v6 take finite inputs only; the check before their launch refuses NaN
+        # anywhere (test_backward_nonfinite.py: the default then runs v4)
+        with pytest.raises(ValueError, match=f"backward {version} cannot run this input: "
+                                             "the inputs hold NaN or inf"):
             backward(case, version, out=out, lse=lse, k=k, v=v)
         return
     _, _, dirty = backward(case, version, out=out, lse=lse, k=k, v=v)
@@ -699,7 +700,7 @@ def test_backward_kernels_compile_and_link_for_sm90(dtype, record_property):
     """Every backward kernel (ptx_check.py's "backward" group: each kernel x causal off/on
     x d in 1, 64, 128, 256 with the default tiles) compiles for sm_90 and links; float16
     and float32 kernels have no float64 in their PTX; at d = 64 in float32 (the common
-    case) v1's dQ kernel spills no registers, and v3's, v4's and v5's two kernels spill none at
+    case) v1's dQ kernel spills no registers, and v3's to v6's two kernels spill none at
     d = 64 and d = 128 in float16 and float32. (v1's dK/dV kernels keep four rows of d
     accumulators, dKj and dVj plus one Q tile's part of each, which float32 accuracy
     needs (see backward.py); from d = 64 on they spill: reported, not failed.)"""
@@ -711,8 +712,9 @@ def test_backward_kernels_compile_and_link_for_sm90(dtype, record_property):
     # and v4's two kernels x causal at every d in float32, at d = 64 and 128 otherwise
     per_d = 1 + 2 * (2 if dtype == "float16" else 3)
     want = 4 * per_d + 2 * 4 * (4 if dtype == "float32" else 2)
-    # v5's two kernels x causal at d = 1, 64, 128 in float32, 64 and 128 in float16
-    want += {"float32": 12, "float16": 8, "float64": 0}[dtype]
+    # v5's and v6's two kernels x causal at d = 1, 64, 128 in float32, 64 and 128 in
+    # float16
+    want += 2 * {"float32": 12, "float16": 8, "float64": 0}[dtype]
     assert len(results) == want, [r["name"] for r in results]
     assert_compiled_without_f64(results, dtype)
     hot = []
@@ -720,7 +722,7 @@ def test_backward_kernels_compile_and_link_for_sm90(dtype, record_property):
         hot = [r for r in results if "-d64-" in r["name"] and "backward_dq_v1-" in r["name"]]
         assert len(hot) == 2
     if dtype in ("float16", "float32"):
-        for version in ("_v3-", "_v4-", "_v5-"):
+        for version in ("_v3-", "_v4-", "_v5-", "_v6-"):
             blocked = [r for r in results if version in r["name"]
                        and ("-d64-" in r["name"] or "-d128-" in r["name"])]
             assert len(blocked) == 8

@@ -162,7 +162,7 @@ from .bands import make_kv_tile_range, make_q_tile_range
 from .smem import U
 from .variants import PLAIN, make_variant_functions
 
-VERSIONS = ("v1", "v2", "v3", "v4", "v5")
+VERSIONS = ("v1", "v2", "v3", "v4", "v5", "v6")
 
 
 @functools.lru_cache(maxsize=None)
@@ -1854,3 +1854,374 @@ def nonfinite_check(Q, K, V, O, dO, L, flag):
         n += step
     if bad:
         flag[0] = 1                 # every writer writes the same value
+
+
+# ---------------------------------------------------------------------------------------
+# v6: v5 with cheaper splits and staging, each A fragment used for a whole chunk (GPU only)
+
+
+def _make_v6_helpers(d):
+    """Device functions shared by backward v6's two kernels: staging a tile, loading a
+    split A fragment or B element, and the 3xTF32 product of split operands."""
+    from .ptx import flat_load, mma_tf32, tf32_round_finite   # GPU only
+
+    acc = acc_type("float32")
+    ZERO = acc(0)
+    DP, STRIDE = v5_head_dim(d)
+
+    @cuda.jit(device=True, inline=True)
+    def split_finite(x):
+        """x = big + small, both TF32, for a finite x (the inputs were checked)."""
+        big = tf32_round_finite(x)
+        return big, tf32_round_finite(x - big)
+
+    @cuda.jit(device=True, inline=True)
+    def stage(T, A, bh, first, nrows, rows, tid, threads):
+        """T[r] = A[bh, first + r] as float32 rows of STRIDE, for r < rows; zeros past
+        nrows (the sequence) and past d. One flat address per element (ptx.flat_load)."""
+        base = (bh * nrows + first) * d
+        for idx in range(tid, rows * DP, threads):
+            r = idx // DP
+            k = idx % DP
+            inside = first + r < nrows and k < d
+            T[U(r * STRIDE + k)] = acc(flat_load(A, U(base + r * d + k))) if inside else ZERO
+
+    @cuda.jit(device=True, inline=True)
+    def load_split(T, n):
+        """T[n] split into its TF32 parts."""
+        return split_finite(T[U(n)])
+
+    @cuda.jit(device=True, inline=True)
+    def a_fragment(T, row, ks, t):
+        """The A fragment (ptx.py) of rows row, row + 8 and columns 8ks + t, + 4 of a
+        tile, as (big parts, small parts)."""
+        at = row * STRIDE + ks * 8 + t
+        a0b, a0s = load_split(T, at)
+        a1b, a1s = load_split(T, at + 8 * STRIDE)
+        a2b, a2s = load_split(T, at + 4)
+        a3b, a3s = load_split(T, at + 8 * STRIDE + 4)
+        return a0b, a1b, a2b, a3b, a0s, a1s, a2s, a3s
+
+    @cuda.jit(device=True, inline=True)
+    def mma3(a, b0b, b1b, b0s, b1s, c0, c1, c2, c3, e0, e1, e2, e3):
+        """3xTF32 with A (the 8 values of a_fragment) and B split: big*big into C, the
+        two small products into E."""
+        e0, e1, e2, e3 = mma_tf32(a[4], a[5], a[6], a[7], b0b, b1b, e0, e1, e2, e3)
+        e0, e1, e2, e3 = mma_tf32(a[0], a[1], a[2], a[3], b0s, b1s, e0, e1, e2, e3)
+        c0, c1, c2, c3 = mma_tf32(a[0], a[1], a[2], a[3], b0b, b1b, c0, c1, c2, c3)
+        return c0, c1, c2, c3, e0, e1, e2, e3
+
+    return split_finite, stage, a_fragment, mma3, load_split
+
+
+@functools.lru_cache(maxsize=None)
+def make_backward_dkdv_v6(Br, Bc, d, causal):
+    """v6 dK/dV kernel: v5's, made cheaper where v5 spends its instructions (GPU only;
+    finite inputs, float32 accumulation, d <= 128; the same shared memory as v5).
+
+    * Splits on the bits. Every operand is still split into its TF32 parts where it is
+      read, but with ``tf32_round_finite`` (two integer instructions where the cvt takes
+      about five): the dispatcher has checked that the inputs are finite, and P^T and
+      dS^T are then finite too.
+    * Each A fragment serves the whole chunk. S^T and dP^T run over the head dim on the
+      outside and the chunk's V5_CHUNK / 8 n-tiles inside, so a fragment of Kj and Vj is
+      loaded and split once per chunk instead of once per n-tile, and the n-tiles' sums
+      are independent (the tensor cores need not wait for one before the next).
+    * Staging without the index arithmetic: one flat address per element
+      (ptx.flat_load), and no L test per element (with finite inputs, the q and dO of a
+      row that sees no key only ever meet P = 0).
+
+    What was tried and dropped (run 36, docs/gpu-results.md): storing every tile as
+    (big, small) pairs, split once as it is staged (forward v6's way). It doubles the
+    shared memory, so fewer warps fit an SM, and it ran at 0.66x v5's speed.
+
+    Launch as v5: grid (ceil(Sk / Bc), BH), block (2 * Bc,), END * 4 bytes of dynamic
+    shared memory (``dkdv_v5_shared_layout``).
+    """
+    split_finite, stage, a_fragment, mma3, load_split = _make_v6_helpers(d)
+    acc = acc_type("float32")
+    ZERO = acc(0)
+    NEG_INF = acc(-math.inf)
+    assert Bc % 16 == 0 and Br % V5_CHUNK == 0, (Br, Bc)
+    THREADS = 2 * Bc
+    DP = (d + 7) // 8 * 8
+    KS = DP // 8
+    NT = V5_CHUNK // 8
+    ACC = KS * 4
+    S_FRAGS = NT * 4
+    _, STRIDE = v5_head_dim(d)
+    K_AT, V_AT, Q_AT, dO_AT, L_AT, D_AT, END = dkdv_v5_shared_layout(Br, Bc, d)
+    q_tile_range = make_q_tile_range(Br, Bc, causal, False)
+
+    @cuda.jit(**jit_options())
+    def backward_dkdv_v6(Q, K, V, dO, L, D, dK, dV, softmax_scale, causal_offset):
+        bh = cuda.blockIdx.y
+        j = cuda.blockIdx.x
+        tid = cuda.threadIdx.x
+        lane = tid % 32
+        g = lane // 4
+        t = lane % 4
+        w0 = (tid // 32) * 16
+        key0 = j * Bc + w0 + g
+        Sq = Q.shape[1]
+        Sk = K.shape[1]
+
+        smem = cuda.shared.array(0, acc)
+        Kj = smem[K_AT:V_AT]
+        Vj = smem[V_AT:Q_AT]
+        Qi = smem[Q_AT:dO_AT]
+        dOi = smem[dO_AT:L_AT]
+        L_i = smem[L_AT:D_AT]
+        D_i = smem[D_AT:END]
+        dk = cuda.local.array(ACC, acc)
+        dv = cuda.local.array(ACC, acc)
+        s = cuda.local.array(S_FRAGS, acc)      # S^T (big*big part, then the sum), then P^T
+        se = cuda.local.array(S_FRAGS, acc)     # S^T's small products
+        dp = cuda.local.array(S_FRAGS, acc)     # dP^T, then dS^T
+        dpe = cuda.local.array(S_FRAGS, acc)
+        pb = cuda.local.array(S_FRAGS, acc)
+        ps = cuda.local.array(S_FRAGS, acc)
+        gb = cuda.local.array(S_FRAGS, acc)
+        gs = cuda.local.array(S_FRAGS, acc)
+
+        stage(Kj, K, bh, j * Bc, Sk, Bc, tid, THREADS)
+        stage(Vj, V, bh, j * Bc, Sk, Bc, tid, THREADS)
+        for x in range(ACC):
+            dk[x] = ZERO
+            dv[x] = ZERO
+
+        i_start, i_end = q_tile_range(j, Sq, causal_offset, 0)
+        for i in range(i_start, i_end):
+            cuda.syncthreads()
+            stage(Qi, Q, bh, i * Br, Sq, Br, tid, THREADS)
+            stage(dOi, dO, bh, i * Br, Sq, Br, tid, THREADS)
+            for r in range(tid, Br, THREADS):
+                row = i * Br + r
+                L_i[r] = L[U(bh), U(row)] if row < Sq else ZERO
+                D_i[r] = D[U(bh), U(row)] if row < Sq else ZERO
+            cuda.syncthreads()
+
+            for ch in range(Br // V5_CHUNK):
+                r0 = ch * V5_CHUNK
+                for x in range(S_FRAGS):
+                    s[x] = ZERO
+                    se[x] = ZERO
+                    dp[x] = ZERO
+                    dpe[x] = ZERO
+                # S^T = Kj Qi^T, dP^T = Vj dOi^T: head dim outside, the chunk's n-tiles in
+                for ks in range(KS):
+                    ka = a_fragment(Kj, w0 + g, ks, t)
+                    va = a_fragment(Vj, w0 + g, ks, t)
+                    for nt in range(NT):
+                        bt = (r0 + nt * 8 + g) * STRIDE + ks * 8 + t
+                        b0b, b0s = load_split(Qi, bt)
+                        b1b, b1s = load_split(Qi, bt + 4)
+                        (s[nt * 4], s[nt * 4 + 1], s[nt * 4 + 2], s[nt * 4 + 3],
+                         se[nt * 4], se[nt * 4 + 1], se[nt * 4 + 2], se[nt * 4 + 3]) = mma3(
+                            ka, b0b, b1b, b0s, b1s,
+                            s[nt * 4], s[nt * 4 + 1], s[nt * 4 + 2], s[nt * 4 + 3],
+                            se[nt * 4], se[nt * 4 + 1], se[nt * 4 + 2], se[nt * 4 + 3])
+                        b0b, b0s = load_split(dOi, bt)
+                        b1b, b1s = load_split(dOi, bt + 4)
+                        (dp[nt * 4], dp[nt * 4 + 1], dp[nt * 4 + 2], dp[nt * 4 + 3],
+                         dpe[nt * 4], dpe[nt * 4 + 1], dpe[nt * 4 + 2], dpe[nt * 4 + 3]) = mma3(
+                            va, b0b, b1b, b0s, b1s,
+                            dp[nt * 4], dp[nt * 4 + 1], dp[nt * 4 + 2], dp[nt * 4 + 3],
+                            dpe[nt * 4], dpe[nt * 4 + 1], dpe[nt * 4 + 2], dpe[nt * 4 + 3])
+                # P^T and dS^T on the visible pairs, split for the tensor cores
+                for nt in range(NT):
+                    for x in range(4):
+                        r = r0 + nt * 8 + 2 * t + x % 2
+                        row = i * Br + r
+                        col = key0 + 8 * (x // 2)
+                        seen = row < Sq and col < Sk and (not causal
+                                                         or col <= row + causal_offset)
+                        y = nt * 4 + x
+                        p = math.exp((s[y] + se[y]) * softmax_scale - L_i[r]) if seen else ZERO
+                        ds = p * ((dp[y] + dpe[y]) - D_i[r]) if seen else ZERO
+                        pb[y], ps[y] = split_finite(p)
+                        gb[y], gs[y] = split_finite(ds)
+                # dVj += P^T dOi, dKj += dS^T Qi
+                for nd in range(KS):
+                    c0 = ZERO
+                    c1 = ZERO
+                    c2 = ZERO
+                    c3 = ZERO
+                    e0 = ZERO
+                    e1 = ZERO
+                    e2 = ZERO
+                    e3 = ZERO
+                    f0 = ZERO
+                    f1 = ZERO
+                    f2 = ZERO
+                    f3 = ZERO
+                    h0 = ZERO
+                    h1 = ZERO
+                    h2 = ZERO
+                    h3 = ZERO
+                    for ks in range(NT):
+                        pa = (pb[ks * 4], pb[ks * 4 + 2], pb[ks * 4 + 1], pb[ks * 4 + 3],
+                              ps[ks * 4], ps[ks * 4 + 2], ps[ks * 4 + 1], ps[ks * 4 + 3])
+                        ga = (gb[ks * 4], gb[ks * 4 + 2], gb[ks * 4 + 1], gb[ks * 4 + 3],
+                              gs[ks * 4], gs[ks * 4 + 2], gs[ks * 4 + 1], gs[ks * 4 + 3])
+                        bt = (r0 + ks * 8 + 2 * t) * STRIDE + nd * 8 + g
+                        b0b, b0s = load_split(dOi, bt)
+                        b1b, b1s = load_split(dOi, bt + STRIDE)
+                        c0, c1, c2, c3, e0, e1, e2, e3 = mma3(
+                            pa, b0b, b1b, b0s, b1s, c0, c1, c2, c3, e0, e1, e2, e3)
+                        b0b, b0s = load_split(Qi, bt)
+                        b1b, b1s = load_split(Qi, bt + STRIDE)
+                        f0, f1, f2, f3, h0, h1, h2, h3 = mma3(
+                            ga, b0b, b1b, b0s, b1s, f0, f1, f2, f3, h0, h1, h2, h3)
+                    dv[nd * 4] += c0 + e0
+                    dv[nd * 4 + 1] += c1 + e1
+                    dv[nd * 4 + 2] += c2 + e2
+                    dv[nd * 4 + 3] += c3 + e3
+                    dk[nd * 4] += f0 + h0
+                    dk[nd * 4 + 1] += f1 + h1
+                    dk[nd * 4 + 2] += f2 + h2
+                    dk[nd * 4 + 3] += f3 + h3
+
+        for nd in range(KS):
+            for x in range(4):
+                col = key0 + 8 * (x // 2)
+                k = nd * 8 + 2 * t + x % 2
+                if col < Sk and k < d:
+                    dK[U(bh), U(col), U(k)] = dk[nd * 4 + x] * softmax_scale
+                    dV[U(bh), U(col), U(k)] = dv[nd * 4 + x]
+
+    return backward_dkdv_v6
+
+
+@functools.lru_cache(maxsize=None)
+def make_backward_dq_v6(Br, Bc, d, causal):
+    """v6 dQ kernel: v5's with v6's changes (see make_backward_dkdv_v6; GPU only,
+    finite inputs). Launch as v5: grid (ceil(Sq / Br), BH), block (2 * Br,), END * 4
+    bytes (``dq_v5_shared_layout``)."""
+    split_finite, stage, a_fragment, mma3, load_split = _make_v6_helpers(d)
+    acc = acc_type("float32")
+    ZERO = acc(0)
+    assert Br % 16 == 0 and Bc % V5_CHUNK == 0, (Br, Bc)
+    THREADS = 2 * Br
+    DP = (d + 7) // 8 * 8
+    KS = DP // 8
+    NT = V5_CHUNK // 8
+    ACC = KS * 4
+    S_FRAGS = NT * 4
+    _, STRIDE = v5_head_dim(d)
+    Q_AT, dO_AT, K_AT, V_AT, END = dq_v5_shared_layout(Br, Bc, d)
+    kv_tile_range = make_kv_tile_range(Br, Bc, causal, False)
+
+    @cuda.jit(**jit_options())
+    def backward_dq_v6(Q, K, V, dO, L, D, dQ, softmax_scale, causal_offset):
+        bh = cuda.blockIdx.y
+        i = cuda.blockIdx.x
+        tid = cuda.threadIdx.x
+        lane = tid % 32
+        g = lane // 4
+        t = lane % 4
+        w0 = (tid // 32) * 16
+        row0 = i * Br + w0 + g
+        Sq = Q.shape[1]
+        Sk = K.shape[1]
+
+        smem = cuda.shared.array(0, acc)
+        Qi = smem[Q_AT:dO_AT]
+        dOi = smem[dO_AT:K_AT]
+        Kj = smem[K_AT:V_AT]
+        Vj = smem[V_AT:END]
+        dq = cuda.local.array(ACC, acc)
+        s = cuda.local.array(S_FRAGS, acc)
+        se = cuda.local.array(S_FRAGS, acc)
+        dp = cuda.local.array(S_FRAGS, acc)
+        dpe = cuda.local.array(S_FRAGS, acc)
+        gb = cuda.local.array(S_FRAGS, acc)
+        gs = cuda.local.array(S_FRAGS, acc)
+        Lr = cuda.local.array(2, acc)
+        Dr = cuda.local.array(2, acc)
+
+        # Rows past Sq are staged as zeros; rows that see no key have every P = 0 (the
+        # inputs are finite, so their q and dO cannot reach other rows through 0 * NaN).
+        stage(Qi, Q, bh, i * Br, Sq, Br, tid, THREADS)
+        stage(dOi, dO, bh, i * Br, Sq, Br, tid, THREADS)
+        for h in range(2):
+            row = row0 + 8 * h
+            Lr[h] = L[U(bh), U(row)] if row < Sq else ZERO
+            Dr[h] = D[U(bh), U(row)] if row < Sq else ZERO
+        for x in range(ACC):
+            dq[x] = ZERO
+
+        j_start, j_end = kv_tile_range(i, Sk, causal_offset, 0)
+        for j in range(j_start, j_end):
+            cuda.syncthreads()
+            stage(Kj, K, bh, j * Bc, Sk, Bc, tid, THREADS)
+            stage(Vj, V, bh, j * Bc, Sk, Bc, tid, THREADS)
+            cuda.syncthreads()
+
+            for ch in range(Bc // V5_CHUNK):
+                c_0 = ch * V5_CHUNK
+                for x in range(S_FRAGS):
+                    s[x] = ZERO
+                    se[x] = ZERO
+                    dp[x] = ZERO
+                    dpe[x] = ZERO
+                for ks in range(KS):
+                    qa = a_fragment(Qi, w0 + g, ks, t)
+                    oa = a_fragment(dOi, w0 + g, ks, t)
+                    for nt in range(NT):
+                        bt = (c_0 + nt * 8 + g) * STRIDE + ks * 8 + t
+                        b0b, b0s = load_split(Kj, bt)
+                        b1b, b1s = load_split(Kj, bt + 4)
+                        (s[nt * 4], s[nt * 4 + 1], s[nt * 4 + 2], s[nt * 4 + 3],
+                         se[nt * 4], se[nt * 4 + 1], se[nt * 4 + 2], se[nt * 4 + 3]) = mma3(
+                            qa, b0b, b1b, b0s, b1s,
+                            s[nt * 4], s[nt * 4 + 1], s[nt * 4 + 2], s[nt * 4 + 3],
+                            se[nt * 4], se[nt * 4 + 1], se[nt * 4 + 2], se[nt * 4 + 3])
+                        b0b, b0s = load_split(Vj, bt)
+                        b1b, b1s = load_split(Vj, bt + 4)
+                        (dp[nt * 4], dp[nt * 4 + 1], dp[nt * 4 + 2], dp[nt * 4 + 3],
+                         dpe[nt * 4], dpe[nt * 4 + 1], dpe[nt * 4 + 2], dpe[nt * 4 + 3]) = mma3(
+                            oa, b0b, b1b, b0s, b1s,
+                            dp[nt * 4], dp[nt * 4 + 1], dp[nt * 4 + 2], dp[nt * 4 + 3],
+                            dpe[nt * 4], dpe[nt * 4 + 1], dpe[nt * 4 + 2], dpe[nt * 4 + 3])
+                for nt in range(NT):
+                    for x in range(4):
+                        h = x // 2
+                        row = row0 + 8 * h
+                        col = j * Bc + c_0 + nt * 8 + 2 * t + x % 2
+                        seen = row < Sq and col < Sk and (not causal
+                                                         or col <= row + causal_offset)
+                        y = nt * 4 + x
+                        p = math.exp((s[y] + se[y]) * softmax_scale - Lr[h]) if seen else ZERO
+                        ds = p * ((dp[y] + dpe[y]) - Dr[h]) if seen else ZERO
+                        gb[y], gs[y] = split_finite(ds)
+                for nd in range(KS):
+                    c0 = ZERO
+                    c1 = ZERO
+                    c2 = ZERO
+                    c3 = ZERO
+                    e0 = ZERO
+                    e1 = ZERO
+                    e2 = ZERO
+                    e3 = ZERO
+                    for ks in range(NT):
+                        ga = (gb[ks * 4], gb[ks * 4 + 2], gb[ks * 4 + 1], gb[ks * 4 + 3],
+                              gs[ks * 4], gs[ks * 4 + 2], gs[ks * 4 + 1], gs[ks * 4 + 3])
+                        bt = (c_0 + ks * 8 + 2 * t) * STRIDE + nd * 8 + g
+                        b0b, b0s = load_split(Kj, bt)
+                        b1b, b1s = load_split(Kj, bt + STRIDE)
+                        c0, c1, c2, c3, e0, e1, e2, e3 = mma3(
+                            ga, b0b, b1b, b0s, b1s, c0, c1, c2, c3, e0, e1, e2, e3)
+                    dq[nd * 4] += c0 + e0
+                    dq[nd * 4 + 1] += c1 + e1
+                    dq[nd * 4 + 2] += c2 + e2
+                    dq[nd * 4 + 3] += c3 + e3
+
+        for nd in range(KS):
+            for x in range(4):
+                row = row0 + 8 * (x // 2)
+                k = nd * 8 + 2 * t + x % 2
+                if row < Sq and k < d:
+                    dQ[U(bh), U(row), U(k)] = dq[nd * 4 + x] * softmax_scale
+
+    return backward_dq_v6
