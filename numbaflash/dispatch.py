@@ -1182,6 +1182,9 @@ def backward_kernel(plan, p):
                 "backward_dq_v5": bwd_kernels.make_backward_dq_v5,
                 "backward_dkdv_v6": bwd_kernels.make_backward_dkdv_v6,
                 "backward_dq_v6": bwd_kernels.make_backward_dq_v6}[plan.kernel]
+        if plan.version == "v6":
+            kind = "dkdv" if plan.kernel == "backward_dkdv_v6" else "dq"
+            return make(plan.Br, plan.Bc, p.d, p.upper, bwd_kernels.V6_CHUNKS[kind])
         return make(plan.Br, plan.Bc, p.d, p.upper)
     if plan.version == "v4":
         make = {"backward_dkdv_v4": bwd_kernels.make_backward_dkdv_v4,

@@ -36,6 +36,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
 import numbaflash  # noqa: E402
 from numbaflash import bench, dispatch  # noqa: E402
+from numbaflash.kernels import backward as bwd  # noqa: E402
 from backward_checks import check_backward  # noqa: E402  (tests/)
 from bwd_v4_sweep import Budget, time_ms  # noqa: E402  (scripts/)
 from strategies import make_case  # noqa: E402  (tests/)
@@ -121,10 +122,16 @@ def run_timing(shapes, configs, records, budget):
             out, lse = numbaflash.attention(q, k, v, causal=causal, return_lse=True)
             work = bench.flops(B, H, N, N, d, causal, "backward")
             ref = None
-            for version, tiles in [("v4", None)] + configs.get(d, [("v5", None)]):
-                what = f"{shape} causal={causal} {version} tiles={tiles or 'default'}"
+            for name, tiles in [("v4", None)] + configs.get(d, [("v5", None)]):
+                what = f"{shape} causal={causal} {name} tiles={tiles or 'default'}"
                 if not budget.allows(what):
                     continue
+                # "v6c16x32": v6 with 16-row chunks in its dK/dV kernel, 32 in its dQ kernel
+                version = name[:2]
+                chunks = (bwd.V6_CHUNK, bwd.V6_CHUNK)
+                if name.startswith("v6c"):
+                    chunks = tuple(int(x) for x in name[3:].split("x"))
+                bwd.V6_CHUNKS.update(dkdv=chunks[0], dq=chunks[1])
                 try:
                     plans = numbaflash.explain_backward(q, k, v, causal=causal,
                                                         version=version, tiles=tiles)
@@ -140,7 +147,7 @@ def run_timing(shapes, configs, records, budget):
 
                 grads = [g.copy_to_host().astype(np.float64) for g in fn()]
                 rec = {"kind": "time", "shape": list(shape), "causal": causal,
-                       "version": version, "tiles_asked": tiles, "tiles": list(t),
+                       "version": name, "tiles_asked": tiles, "tiles": list(t),
                        "shared_bytes": list(nbytes), "ok": True, "ms": None}
                 if ref is None:
                     ref = grads
@@ -162,7 +169,7 @@ def run_timing(shapes, configs, records, budget):
 
 
 def table(records):
-    rows = [f"{'shape':<16} {'causal':<6} {'ver':<4} {'tiles':<10} {'smem dKdV/dQ':>13} "
+    rows = [f"{'shape':<16} {'causal':<6} {'ver':<9} {'tiles':<10} {'smem dKdV/dQ':>13} "
             f"{'ms':>9} {'TFLOP/s':>8} {'x v4':>6} {'vs v4':>8}"]
     timed = [r for r in records if r["kind"] == "time"]
     v4 = {(tuple(r["shape"]), r["causal"]): r["ms"] for r in timed if r["version"] == "v4"}
@@ -171,7 +178,7 @@ def table(records):
         speed = f"{base / r['ms']:6.2f}" if r["ms"] and base else f"{'':>6}"
         diff = r.get("max_rel_diff_vs_v4")
         rows.append(f"{'x'.join(map(str, r['shape'])):<16} {str(r['causal']):<6} "
-                    f"{r['version']:<4} {str(tuple(r['tiles'])):<10} "
+                    f"{r['version']:<9} {str(tuple(r['tiles'])):<10} "
                     f"{'/'.join(map(str, r['shared_bytes'])):>13} "
                     + (f"{r['ms']:9.2f} {r['tflops']:8.2f} " if r["ms"]
                        else f"{'WRONG':>9} {'':>8} ")
@@ -180,8 +187,9 @@ def table(records):
 
 
 def parse_configs(text):
-    """'64:v5:64x64,64:v6:None,128:v6:32x16' -> {64: [("v5", (64, 64)), ("v6", None)],
-    128: [("v6", (32, 16))]}."""
+    """'64:v5:64x64,64:v6:None,128:v6c16x32:32x16' -> {64: [("v5", (64, 64)), ("v6", None)],
+    128: [("v6c16x32", (32, 16))]} ("v6cAxB": v6 with chunks of A rows in its dK/dV
+    kernel and B in its dQ kernel)."""
     out = {}
     for item in text.split(","):
         d, version, tiles = item.split(":")

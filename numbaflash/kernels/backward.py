@@ -1860,6 +1860,11 @@ def nonfinite_check(Q, K, V, O, dO, L, flag):
 # v6: v5 with cheaper splits and staging, each A fragment used for a whole chunk (GPU only)
 
 
+V6_CHUNK = 16           # backward v6: streamed rows per step, by default
+# the chunk the dispatcher gives each v6 kernel (scripts/bwd_v5_sweep.py measures others)
+V6_CHUNKS = {"dkdv": V6_CHUNK, "dq": V6_CHUNK}
+
+
 def _make_v6_helpers(d):
     """Device functions shared by backward v6's two kernels: staging a tile, loading a
     split A fragment or B element, and the 3xTF32 product of split operands."""
@@ -1915,7 +1920,7 @@ def _make_v6_helpers(d):
 
 
 @functools.lru_cache(maxsize=None)
-def make_backward_dkdv_v6(Br, Bc, d, causal):
+def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None):
     """v6 dK/dV kernel: v5's, made cheaper where v5 spends its instructions (GPU only;
     finite inputs, float32 accumulation, d <= 128; the same shared memory as v5).
 
@@ -1942,11 +1947,13 @@ def make_backward_dkdv_v6(Br, Bc, d, causal):
     acc = acc_type("float32")
     ZERO = acc(0)
     NEG_INF = acc(-math.inf)
-    assert Bc % 16 == 0 and Br % V5_CHUNK == 0, (Br, Bc)
+    CHUNK = V6_CHUNK if chunk is None else chunk
+    assert Bc % 16 == 0 and Br % CHUNK == 0 and CHUNK % 8 == 0, (Br, Bc, CHUNK)
+    LOG2E_ACC = acc(LOG2E)
     THREADS = 2 * Bc
     DP = (d + 7) // 8 * 8
     KS = DP // 8
-    NT = V5_CHUNK // 8
+    NT = CHUNK // 8
     ACC = KS * 4
     S_FRAGS = NT * 4
     _, STRIDE = v5_head_dim(d)
@@ -1965,6 +1972,7 @@ def make_backward_dkdv_v6(Br, Bc, d, causal):
         key0 = j * Bc + w0 + g
         Sq = Q.shape[1]
         Sk = K.shape[1]
+        scale_log2 = softmax_scale * LOG2E_ACC     # exp(x) = exp2(x log2(e))
 
         smem = cuda.shared.array(0, acc)
         Kj = smem[K_AT:V_AT]
@@ -1997,12 +2005,12 @@ def make_backward_dkdv_v6(Br, Bc, d, causal):
             stage(dOi, dO, bh, i * Br, Sq, Br, tid, THREADS)
             for r in range(tid, Br, THREADS):
                 row = i * Br + r
-                L_i[r] = L[U(bh), U(row)] if row < Sq else ZERO
+                L_i[r] = L[U(bh), U(row)] * LOG2E_ACC if row < Sq else ZERO
                 D_i[r] = D[U(bh), U(row)] if row < Sq else ZERO
             cuda.syncthreads()
 
-            for ch in range(Br // V5_CHUNK):
-                r0 = ch * V5_CHUNK
+            for ch in range(Br // CHUNK):
+                r0 = ch * CHUNK
                 for x in range(S_FRAGS):
                     s[x] = ZERO
                     se[x] = ZERO
@@ -2037,7 +2045,7 @@ def make_backward_dkdv_v6(Br, Bc, d, causal):
                         seen = row < Sq and col < Sk and (not causal
                                                          or col <= row + causal_offset)
                         y = nt * 4 + x
-                        p = math.exp((s[y] + se[y]) * softmax_scale - L_i[r]) if seen else ZERO
+                        p = math.exp2((s[y] + se[y]) * scale_log2 - L_i[r]) if seen else ZERO
                         ds = p * ((dp[y] + dpe[y]) - D_i[r]) if seen else ZERO
                         pb[y], ps[y] = split_finite(p)
                         gb[y], gs[y] = split_finite(ds)
@@ -2094,18 +2102,20 @@ def make_backward_dkdv_v6(Br, Bc, d, causal):
 
 
 @functools.lru_cache(maxsize=None)
-def make_backward_dq_v6(Br, Bc, d, causal):
+def make_backward_dq_v6(Br, Bc, d, causal, chunk=None):
     """v6 dQ kernel: v5's with v6's changes (see make_backward_dkdv_v6; GPU only,
     finite inputs). Launch as v5: grid (ceil(Sq / Br), BH), block (2 * Br,), END * 4
     bytes (``dq_v5_shared_layout``)."""
     split_finite, stage, a_fragment, mma3, load_split = _make_v6_helpers(d)
     acc = acc_type("float32")
     ZERO = acc(0)
-    assert Br % 16 == 0 and Bc % V5_CHUNK == 0, (Br, Bc)
+    CHUNK = V6_CHUNK if chunk is None else chunk
+    assert Br % 16 == 0 and Bc % CHUNK == 0 and CHUNK % 8 == 0, (Br, Bc, CHUNK)
+    LOG2E_ACC = acc(LOG2E)
     THREADS = 2 * Br
     DP = (d + 7) // 8 * 8
     KS = DP // 8
-    NT = V5_CHUNK // 8
+    NT = CHUNK // 8
     ACC = KS * 4
     S_FRAGS = NT * 4
     _, STRIDE = v5_head_dim(d)
@@ -2124,6 +2134,7 @@ def make_backward_dq_v6(Br, Bc, d, causal):
         row0 = i * Br + w0 + g
         Sq = Q.shape[1]
         Sk = K.shape[1]
+        scale_log2 = softmax_scale * LOG2E_ACC     # exp(x) = exp2(x log2(e))
 
         smem = cuda.shared.array(0, acc)
         Qi = smem[Q_AT:dO_AT]
@@ -2146,7 +2157,7 @@ def make_backward_dq_v6(Br, Bc, d, causal):
         stage(dOi, dO, bh, i * Br, Sq, Br, tid, THREADS)
         for h in range(2):
             row = row0 + 8 * h
-            Lr[h] = L[U(bh), U(row)] if row < Sq else ZERO
+            Lr[h] = L[U(bh), U(row)] * LOG2E_ACC if row < Sq else ZERO
             Dr[h] = D[U(bh), U(row)] if row < Sq else ZERO
         for x in range(ACC):
             dq[x] = ZERO
@@ -2158,8 +2169,8 @@ def make_backward_dq_v6(Br, Bc, d, causal):
             stage(Vj, V, bh, j * Bc, Sk, Bc, tid, THREADS)
             cuda.syncthreads()
 
-            for ch in range(Bc // V5_CHUNK):
-                c_0 = ch * V5_CHUNK
+            for ch in range(Bc // CHUNK):
+                c_0 = ch * CHUNK
                 for x in range(S_FRAGS):
                     s[x] = ZERO
                     se[x] = ZERO
@@ -2192,7 +2203,7 @@ def make_backward_dq_v6(Br, Bc, d, causal):
                         seen = row < Sq and col < Sk and (not causal
                                                          or col <= row + causal_offset)
                         y = nt * 4 + x
-                        p = math.exp((s[y] + se[y]) * softmax_scale - Lr[h]) if seen else ZERO
+                        p = math.exp2((s[y] + se[y]) * scale_log2 - Lr[h]) if seen else ZERO
                         ds = p * ((dp[y] + dpe[y]) - Dr[h]) if seen else ZERO
                         gb[y], gs[y] = split_finite(ds)
                 for nd in range(KS):
