@@ -967,7 +967,10 @@ def check_backward_v4_tiles(tiles, d, acc_dtype):
 BWD_V5_CANDIDATES = ((64, 64), (64, 32), (32, 32), (32, 16), (16, 16))
 BWD_V5_SHARED_MEM_TARGET = 113 * 1024
 BWD_V5_MAX_HEAD_DIM = 128     # dKj and dVj fragments (d / 2 each a lane) in registers
-BWD_V6_CANDIDATES = BWD_V5_CANDIDATES      # v6: v5's layout; to be measured
+# v6: v5's layout, its own rule: the first of BWD_V6_CANDIDATES within the device's own
+# maximum (227 KB on the H200): (64, 64) at d <= 128 there (70 KB at d = 64, 135 KB, one
+# block per SM, at d = 128: faster than (64, 32) at two blocks per SM, run 37-38).
+BWD_V6_CANDIDATES = ((64, 64), (64, 32), (32, 32), (32, 16), (16, 16))
 
 
 def dkdv_v5_shared_bytes(Br, Bc, d, version="v5"):
@@ -1002,12 +1005,29 @@ def backward_tensor_core_refusal(version, p, where):
 def default_backward_v5_tiles(d, version="v5"):
     """The backward v5 / v6 tile rule (above), (Br, Bc)."""
     candidates = BWD_V5_CANDIDATES if version == "v5" else BWD_V6_CANDIDATES
-    target = min(BWD_V5_SHARED_MEM_TARGET, device_dynamic_shared_limit())
+    target = device_dynamic_shared_limit()
+    if version == "v5":
+        target = min(BWD_V5_SHARED_MEM_TARGET, target)
     for Br, Bc in candidates:
         if _bwd_tc_bytes(Br, Bc, d, version) <= target:
             return Br, Bc
     raise ValueError(f"backward {version} cannot run this input: no {version} tile fits "
                      f"head dim {d} within {target} bytes of shared memory")
+
+
+def backward_v6_chunk(kind, Br, Bc):
+    """The rows a step of backward v6's ``kind`` kernel ("dkdv" or "dq") takes of its
+    streamed tile (Qi of Br rows, Kj of Bc): backward.V6_CHUNKS, or 16 if the tile is
+    not a multiple of that."""
+    chunk = bwd_kernels.V6_CHUNKS[kind]
+    streamed = Br if kind == "dkdv" else Bc
+    return chunk if streamed % chunk == 0 else bwd_kernels.V6_CHUNK
+
+
+def _bwd_v6_fits(d):
+    """Whether some v6 tile fits this device's shared memory at head dim d."""
+    limit = device_dynamic_shared_limit()
+    return any(_bwd_tc_bytes(Br, Bc, d, "v6") <= limit for Br, Bc in BWD_V6_CANDIDATES)
 
 
 def check_backward_v5_tiles(tiles, d, version="v5"):
@@ -1077,10 +1097,18 @@ def finite_inputs_plans(plans, p, asked, Q, K, V, O, dO, L):
                  for plan in v4)
 
 
-def _default_backward_version(p):
+def _default_backward_version(p, where):
     """The default backward version for ``p`` and why.
 
-    v4 (register-blocked, tiles in dynamic shared memory) for plain attention, causal or
+    On a GPU, v6 (tensor cores, 3xTF32) for plain attention, causal or not, in float32 or
+    float16 with d <= 128, when the inputs are finite (the call checks them and runs v4
+    otherwise, saying why: finite_inputs_plans). Measured on the H200 (scripts/
+    bwd_v5_sweep.py, runs 37-38, (2, 16, 4096, d), float32, ms not causal / causal):
+    d = 64, v6 19.0-19.3 / 11.7-12.2 against v4's 24.1-25.0 / 15.5-15.8; d = 128 with
+    (64, 64) tiles and 32-key chunks in its dQ kernel, 60.5 / 33.7 against 64.9 / 35.1.
+    Deterministic like v4 (no atomics).
+
+    Elsewhere (the simulator, which cannot run v6), v4 (register-blocked, tiles in dynamic shared memory) for plain attention, causal or
     not, in float32 or float16 with d <= 128: deterministic like v1 and v3, and the
     fastest on the H200 (docs/gpu-results.md, run 21, at (2, 16, 4096, d)): d = 64, 30.71
     ms against v3's 37.89 (run 20; both with unsigned tile indices); d = 128, 84.28 ms
@@ -1094,11 +1122,22 @@ def _default_backward_version(p):
     if wanted is not None:
         return "v1", (f"v1 is the default for variants ({wanted}): v3 and v4 compute plain "
                       f"attention only")
+    if (where == "gpu" and p.acc_dtype == "float32" and p.d <= BWD_V5_MAX_HEAD_DIM
+            and _bwd_v6_fits(p.d)):
+        return "v6", ("v6 is the default for plain attention in float32 and float16 with "
+                      f"d <= {BWD_V5_MAX_HEAD_DIM} on a GPU: tensor cores (3xTF32), "
+                      "deterministic (no atomics), the fastest version measured on the "
+                      "H200 (1.25x-1.39x v4 at d = 64, 1.04x-1.07x at d = 128)")
     if p.acc_dtype == "float32" and p.d <= V4_DEFAULT_MAX_HEAD_DIM:
+        if where != "gpu":
+            why = "; v6, the GPU default, uses the tensor cores, which the simulator cannot run"
+        else:
+            why = (f"; no v6 tile fits this GPU's {device_dynamic_shared_limit()} bytes of "
+                   "shared memory")
         return "v4", ("v4 is the default for plain attention in float32 with d <= "
-                      f"{V4_DEFAULT_MAX_HEAD_DIM}: register-blocked, its tiles in dynamic "
-                      "shared memory, deterministic (no atomics, so repeated runs are "
-                      "bitwise identical), the fastest version measured on the H200")
+                      f"{V4_DEFAULT_MAX_HEAD_DIM} here: register-blocked, its tiles in "
+                      "dynamic shared memory, deterministic (no atomics, so repeated runs are "
+                      "bitwise identical)" + why)
     return "v3", (f"v3 is the default for plain attention in {p.acc_dtype} at d = {p.d}: "
                   "register-blocked, deterministic (no atomics, so repeated runs are bitwise "
                   f"identical); v4 was measured in float32 at d <= {V4_DEFAULT_MAX_HEAD_DIM} only")
@@ -1113,7 +1152,7 @@ def plan_backward(p, version=None, tiles=None):
     """
     where = backend()
     if version is None:
-        version, reason = _default_backward_version(p)
+        version, reason = _default_backward_version(p, where)
     elif version in bwd_kernels.VERSIONS:
         reason = f"{version} was asked for by the caller"
     else:
@@ -1184,7 +1223,7 @@ def backward_kernel(plan, p):
                 "backward_dq_v6": bwd_kernels.make_backward_dq_v6}[plan.kernel]
         if plan.version == "v6":
             kind = "dkdv" if plan.kernel == "backward_dkdv_v6" else "dq"
-            return make(plan.Br, plan.Bc, p.d, p.upper, bwd_kernels.V6_CHUNKS[kind])
+            return make(plan.Br, plan.Bc, p.d, p.upper, backward_v6_chunk(kind, plan.Br, plan.Bc))
         return make(plan.Br, plan.Bc, p.d, p.upper)
     if plan.version == "v4":
         make = {"backward_dkdv_v4": bwd_kernels.make_backward_dkdv_v4,

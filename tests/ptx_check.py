@@ -258,8 +258,11 @@ def backward_entries():
                     tag = f"{dtype}-d{d}-{'causal' if causal else 'full'}-tiles{Br}x{Bc}"
                     for kind in ("dkdv", "dq"):
                         make = getattr(bwd, f"make_backward_{kind}_{ver}")
+                        # v6: the chunk the dispatcher gives it
+                        extra = ((dispatch.backward_v6_chunk(kind, Br, Bc),) if ver == "v6"
+                                 else ())
                         out.append(Entry(f"backward_{kind}_{ver}-{tag}", "backward",
-                                         lambda m=make, t=(Br, Bc), d=d, c=causal: m(*t, d, c),
+                                         lambda m=make, t=(Br, Bc, d, causal) + extra: m(*t),
                                          dkdv3 if kind == "dkdv" else dq3, True))
     assert {e.name.split("-")[0] for e in out} >= {f"backward_{k}_{v}" for k in ("dkdv", "dq")
                                                    for v in ("v3", "v4", "v5", "v6")}

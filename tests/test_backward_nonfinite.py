@@ -381,30 +381,30 @@ def test_nan_positions_equal_reference_backward(dtype, version, name):
             f"{rows_of(np.isnan(want))}")
 
 
-@pytest.mark.skipif(not on_gpu(), reason="v5 runs on a GPU only (the simulator cannot run "
-                                         "its inline PTX)")
+@pytest.mark.skipif(not on_gpu(), reason="v5 and v6 run on a GPU only (the simulator "
+                                         "cannot run their inline PTX)")
 @pytest.mark.parametrize("which", ["q", "k", "v", "dout", "lse"])
-def test_v5_refuses_nonfinite_inputs_and_the_default_runs_v4(which, caplog):
-    """Backward v5 (tensor cores) needs finite inputs: with a NaN in any input, asking
-    for v5 is a ValueError that says why, and the default (v5 on a GPU) runs v4 instead,
-    logs why, and gives v4's gradients bitwise; with finite inputs the default is v5."""
+def test_tensor_core_versions_refuse_nonfinite_inputs_and_the_default_runs_v4(which, caplog):
+    """Backward v5 and v6 (tensor cores) need finite inputs: with a NaN in any input,
+    asking for either is a ValueError that says why, and the default (v6 on a GPU) runs
+    v4 instead, logs why, and gives v4's gradients bitwise. With finite inputs the
+    default is v6."""
     case = make_case(1, 2, 40, 33, 16, "float32", "bottom_right", None, None, "uniform", 4,
                      True)
-    args = {"dout": case.dout, "q": case.q, "k": case.k, "v": case.v}
     out, lse = numbaflash.attention(case.q, case.k, case.v, causal=case.causal,
                                     return_lse=True)
-    args["out"], args["lse"] = out, lse
-    if numbaflash.explain_backward(case.q, case.k, case.v, causal=case.causal)[1].version \
-            != "v5":
-        pytest.skip("v5 is not the default backward here")
+    args = {"dout": case.dout, "q": case.q, "k": case.k, "v": case.v, "out": out, "lse": lse}
+    assert numbaflash.explain_backward(case.q, case.k, case.v,
+                                       causal=case.causal)[1].version == "v6"
     bad = dict(args)
     bad[which] = args[which].copy()
     bad[which][0, 1, 7] = np.nan            # a row (query or key) that the mask leaves seen
     names = ("dout", "q", "k", "v", "out", "lse")
-    with pytest.raises(ValueError, match=r"backward v5 cannot run this input: the inputs "
-                                         r"hold NaN or inf .*; use v4"):
-        numbaflash.attention_backward(*(bad[n] for n in names), causal=case.causal,
-                                      version="v5")
+    for version in ("v5", "v6"):
+        with pytest.raises(ValueError, match=rf"backward {version} cannot run this input: "
+                                             r"the inputs hold NaN or inf .*; use v4"):
+            numbaflash.attention_backward(*(bad[n] for n in names), causal=case.causal,
+                                          version=version)
     with caplog.at_level("INFO", logger="numbaflash"):
         got = numbaflash.attention_backward(*(bad[n] for n in names), causal=case.causal)
     want = numbaflash.attention_backward(*(bad[n] for n in names), causal=case.causal,
@@ -412,5 +412,5 @@ def test_v5_refuses_nonfinite_inputs_and_the_default_runs_v4(which, caplog):
     for name, a, b in zip(GRADS, got, want):
         assert_bitwise_equal(name, a, b)
     text = caplog.text
-    assert "running v4 instead of the default v5" in text and "backward_dkdv_v4" in text
-    assert "backward_dkdv_v5" not in text
+    assert "running v4 instead of the default v6" in text and "backward_dkdv_v4" in text
+    assert "backward_dkdv_v6" not in text
