@@ -189,13 +189,14 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, win
             atomic dQ, a lesson, float32/float64 only; "v3": register-blocked,
             deterministic, the default for plain attention in float64 and at d > 128;
             "v4": v3 with dynamic shared memory for larger tiles, the default for plain
-            attention in float32 and float16 with d <= 128 on the simulator; "v5": tensor
-            cores (3xTF32), GPU only, finite inputs only: the call checks them first and
-            runs v4 if one is NaN or inf, logging why, or raises ValueError if v5 was
-            asked for); None picks the default; see ``explain_backward`` and
-            numbaflash/kernels/backward.py.
+            attention in float32 and float16 with d <= 128 on the simulator; "v5":
+            tensor cores (3xTF32), GPU only; "v6": v5 made cheaper, the default for that
+            attention on a GPU. v5 and v6 take finite inputs only: the call checks them
+            first and, if one is NaN or inf, runs v4 and logs why for the default, or
+            raises ValueError if v5 or v6 was asked for); None picks the default; see
+            ``explain_backward`` and numbaflash/kernels/backward.py.
         tiles: (Br, Bc) for the backward kernels (v3 and v4 also take (Br, Bc, TM, TN);
-            v5 takes multiples of 16);
+            v5 and v6 take multiples of 16);
             None uses the documented rule in dispatch.py.
 
     Returns:
@@ -207,8 +208,8 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, win
 
     Raises:
         ValueError: bad shapes (dout, out, lse included), scale, causal mode, head dim,
-            version or tiles; raised before anything is launched. Also version="v5" with
-            a NaN or inf among the inputs (found by a check kernel, before the backward's).
+            version or tiles; raised before anything is launched. Also version="v5" or "v6"
+            with a NaN or inf among the inputs (found by a check kernel, before the backward's).
         TypeError: unsupported or mismatched dtypes (dout, out, lse included).
         RuntimeError: there is neither a GPU nor the simulator.
     """

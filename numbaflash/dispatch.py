@@ -52,6 +52,11 @@ kernels with dynamic shared memory, so its tiles may exceed 48 KB: see
 ``default_backward_v4_tiles`` (up to 100 KB per kernel; a caller's tiles up to 227 KB).
 Float32: d=64 -> (64, 64, 4, 4), d=128 -> (32, 32, 2, 2), 256 threads each.
 ``Plan.shared_bytes`` is each kernel's dynamic shared memory.
+
+Tile rule (backward v6, tensor cores, the default for plain float32 attention up to
+d = 128 on a GPU, finite inputs): see ``default_backward_v5_tiles``; (Br, Bc) with
+multiples of 16, 2 Bc threads in the dK/dV kernel and 2 Br in the dQ kernel. Float32 on
+the H200: (64, 64) at d <= 128. Non-finite inputs: ``finite_inputs_plans`` (v4 instead).
 """
 
 import functools

@@ -129,6 +129,35 @@ v4  v3 with dynamic shared memory (the default for plain float32 attention with 
     65.41 at d = 128 (83.66), v3 28.68 and 89.33; causal at d = 64 the two tie (15.63 and
     15.56 ms).
 
+v5  Tensor cores, plain (GPU only; opt-in). The same two kernels and order of work as v4,
+    with the tile products on the tensor cores as 3xTF32 ``mma.sync`` (forward v3's
+    split; ptx.py): in the dK/dV kernel warp w owns 16 keys and computes S^T = Kj Qi^T
+    and dP^T = Vj dOi^T as mma fragments whose rows are its keys, then dVj += P^T dOi and
+    dKj += dS^T Qi with the S fragments as the A operand (forward v3's relabelling of k);
+    the dQ kernel is its mirror image (warp w owns 16 query rows). All four tiles in
+    dynamic shared memory, rows of DP + 4 floats (both read patterns conflict-free).
+    Every operand is split into its TF32 parts where it is read, as in forward v3.
+    Finite inputs only: a tensor core cannot skip a product, so a NaN in the q or dO of a
+    query would reach the keys it does not see as 0 * NaN. The dispatcher checks the six
+    inputs with one small kernel (``nonfinite_check``) before the launch: version="v5"
+    with a NaN or inf is a ValueError, and the default runs v4 instead, logging why.
+    Measured (scripts/bwd_v5_sweep.py, run 35, (2, 16, 4096, d), float32, ms not causal /
+    causal): d = 64 26.63 / 14.43 (v4 24.53 / 15.43), d = 128 74.36 / 39.33 with (64, 64)
+    tiles (v4 64.96 / 34.05): as fast as v4, no faster; every check within the rule.
+v6  v5, cheaper (GPU only; the default for plain float32/float16 attention with d <= 128
+    on a GPU, finite inputs). Three changes, each where v5 spends instructions rather
+    than tensor-core time: splits on the bits (ptx.tf32_round_finite, two integer
+    instructions, where the cvt takes about five: the inputs were checked finite); the
+    head dim on the outside of S^T and dP^T, so each A fragment is loaded and split once
+    per chunk and serves its n-tiles; staging with one flat address per element
+    (ptx.flat_load) and no L test per element. exp2 with log2(e) folded in. The dQ
+    kernel takes 32 keys a step where its tile allows (V6_CHUNKS). Measured (runs 37-38):
+    d = 64 18.99-19.33 / 11.72-12.15 ms (1.25x-1.39x v4), d = 128 with (64, 64) tiles
+    60.52 / 33.69 (1.04x-1.07x v4). Tried and dropped (run 36): storing every tile as
+    TF32 pairs split once as staged (forward v6's way): twice the shared memory, fewer
+    warps per SM, 0.66x v5. compute-sanitizer memcheck, racecheck, synccheck and
+    initcheck: 0 errors (run 40). What limits it: docs/performance.md.
+
 Float32 sums: every accumulator (dKj, dVj over the Q tiles; dQi over the K/V tiles) adds
 one tile's terms into a fresh partial first and then adds the partial, as the forward does
 with l. Adding Sq terms one by one made dK's error 3x a float32 matmul's on the H200 at
@@ -143,7 +172,7 @@ With GQA the dK/dV kernel runs one block per K/V head and tile, and walks the Q 
 every query head of its group in a fixed order: dK, dV summed without atomics. Tiles
 that a boolean attn_mask or a mask_mod leaves empty are skipped through the table of
 visible tiles (``tiles``, variants.make_tile_table). v2, v3 and v4 compute plain
-attention only (the dispatcher refuses variants).
+attention only (the dispatcher refuses variants); so do v5 and v6.
 
 Timed on the H200 in docs/performance.md (v1: 0.054x SDPA EFFICIENT at (2, 16,
 4096, 64)). Fully masked rows (causal with Sq > Sk, where L = -inf) have P = 0:
@@ -1929,12 +1958,16 @@ def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None):
       about five): the dispatcher has checked that the inputs are finite, and P^T and
       dS^T are then finite too.
     * Each A fragment serves the whole chunk. S^T and dP^T run over the head dim on the
-      outside and the chunk's V5_CHUNK / 8 n-tiles inside, so a fragment of Kj and Vj is
+      outside and the chunk's n-tiles (chunk / 8) inside, so a fragment of Kj and Vj is
       loaded and split once per chunk instead of once per n-tile, and the n-tiles' sums
       are independent (the tensor cores need not wait for one before the next).
     * Staging without the index arithmetic: one flat address per element
       (ptx.flat_load), and no L test per element (with finite inputs, the q and dO of a
       row that sees no key only ever meet P = 0).
+    * exp2 with log2(e) folded into the scale and into L_i (as backward v4).
+
+    ``chunk``: the query rows of Qi a step takes (a multiple of 8 dividing Br; None:
+    V6_CHUNK); the dispatcher gives backward.V6_CHUNKS (dispatch.backward_v6_chunk).
 
     What was tried and dropped (run 36, docs/gpu-results.md): storing every tile as
     (big, small) pairs, split once as it is staged (forward v6's way). It doubles the
@@ -1946,7 +1979,6 @@ def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None):
     split_finite, stage, a_fragment, mma3, load_split = _make_v6_helpers(d)
     acc = acc_type("float32")
     ZERO = acc(0)
-    NEG_INF = acc(-math.inf)
     CHUNK = V6_CHUNK if chunk is None else chunk
     assert Bc % 16 == 0 and Br % CHUNK == 0 and CHUNK % 8 == 0, (Br, Bc, CHUNK)
     LOG2E_ACC = acc(LOG2E)
@@ -2104,7 +2136,7 @@ def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None):
 @functools.lru_cache(maxsize=None)
 def make_backward_dq_v6(Br, Bc, d, causal, chunk=None):
     """v6 dQ kernel: v5's with v6's changes (see make_backward_dkdv_v6; GPU only,
-    finite inputs). Launch as v5: grid (ceil(Sq / Br), BH), block (2 * Br,), END * 4
+    finite inputs); ``chunk``: the keys of Kj a step takes. Launch as v5: grid (ceil(Sq / Br), BH), block (2 * Br,), END * 4
     bytes (``dq_v5_shared_layout``)."""
     split_finite, stage, a_fragment, mma3, load_split = _make_v6_helpers(d)
     acc = acc_type("float32")
