@@ -88,8 +88,8 @@ def dtype_version_params():
                     raise ValueError(f"{version} takes finite inputs only: it refuses NaN "
                                      "with an "
                                      "error, and the default runs v4 instead "
-                                     "(test_v5_refuses_nonfinite_inputs_and_the_default_"
-                                     "runs_v4)")
+                                     "(test_tensor_core_versions_refuse_nonfinite_inputs_"
+                                     "and_the_default_runs_v4)")
                 params.append(pytest.param(dtype, version, id=f"{dtype}-{version}"))
             except ValueError as err:
                 params.append(pytest.param(dtype, version, id=f"{dtype}-{version}",
