@@ -243,8 +243,8 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, win
         dQ = arrays.device_empty((p.BH, p.Sq, p.d), p.dtype)
     dK = arrays.device_empty((p.BHkv, p.Sk, p.d), p.dtype)
     dV = arrays.device_empty((p.BHkv, p.Sk, p.d), p.dtype)
-    # v5 (tensor cores) needs finite inputs: checked here, v4 if not (or an error if the
-    # caller asked for v5).
+    # v5 and v6 (tensor cores) need finite inputs: checked here; v4 if not, or an error
+    # if the caller asked for v5 or v6.
     plans = finite_inputs_plans(plans, p, version is not None, Q, K, V, O, dO, L)
     launch_backward(plans, p, Q, K, V, O, dO, L, D, dQ, dK, dV, *_variant_arrays(p))
     return (arrays.finish(dQ, q_shape, host), arrays.finish(dK, k_shape, host),

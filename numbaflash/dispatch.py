@@ -978,19 +978,20 @@ BWD_V5_MAX_HEAD_DIM = 128     # dKj and dVj fragments (d / 2 each a lane) in reg
 BWD_V6_CANDIDATES = ((64, 64), (64, 32), (32, 32), (32, 16), (16, 16))
 
 
-def dkdv_v5_shared_bytes(Br, Bc, d, version="v5"):
+def dkdv_v5_shared_bytes(Br, Bc, d):
     """Dynamic shared memory of backward_dkdv_v5 and _v6 (backward.dkdv_v5_shared_layout;
     v6 uses v5's layout)."""
     return bwd_kernels.dkdv_v5_shared_layout(Br, Bc, d)[-1] * 4
 
 
-def dq_v5_shared_bytes(Br, Bc, d, version="v5"):
+def dq_v5_shared_bytes(Br, Bc, d):
     """Dynamic shared memory of backward_dq_v5 and _v6 (backward.dq_v5_shared_layout)."""
     return bwd_kernels.dq_v5_shared_layout(Br, Bc, d)[-1] * 4
 
 
-def _bwd_tc_bytes(Br, Bc, d, version):
-    return max(dkdv_v5_shared_bytes(Br, Bc, d, version), dq_v5_shared_bytes(Br, Bc, d, version))
+def _bwd_v5_bytes(Br, Bc, d):
+    """The larger of backward v5's (and v6's) two kernels' dynamic shared memory."""
+    return max(dkdv_v5_shared_bytes(Br, Bc, d), dq_v5_shared_bytes(Br, Bc, d))
 
 
 def backward_tensor_core_refusal(version, p, where):
@@ -1014,7 +1015,7 @@ def default_backward_v5_tiles(d, version="v5"):
     if version == "v5":
         target = min(BWD_V5_SHARED_MEM_TARGET, target)
     for Br, Bc in candidates:
-        if _bwd_tc_bytes(Br, Bc, d, version) <= target:
+        if _bwd_v5_bytes(Br, Bc, d) <= target:
             return Br, Bc
     raise ValueError(f"backward {version} cannot run this input: no {version} tile fits "
                      f"head dim {d} within {target} bytes of shared memory")
@@ -1032,7 +1033,7 @@ def backward_v6_chunk(kind, Br, Bc):
 def _bwd_v6_fits(d):
     """Whether some v6 tile fits this device's shared memory at head dim d."""
     limit = device_dynamic_shared_limit()
-    return any(_bwd_tc_bytes(Br, Bc, d, "v6") <= limit for Br, Bc in BWD_V6_CANDIDATES)
+    return any(_bwd_v5_bytes(Br, Bc, d) <= limit for Br, Bc in BWD_V6_CANDIDATES)
 
 
 def check_backward_v5_tiles(tiles, d, version="v5"):
@@ -1043,7 +1044,7 @@ def check_backward_v5_tiles(tiles, d, version="v5"):
         raise ValueError(f"backward {version} tiles must be (Br, Bc) with Br and Bc multiples "
                          f"of 16 up to 256 (warps of 16 rows, chunks of {chunk}); got "
                          f"({Br}, {Bc})")
-    need = _bwd_tc_bytes(Br, Bc, d, version)
+    need = _bwd_v5_bytes(Br, Bc, d)
     if need > DYNAMIC_SHARED_MEM_LIMIT:
         raise ValueError(f"backward {version} tiles ({Br}, {Bc}) need {need} bytes of shared "
                          f"memory at head dim {d}; the limit is {DYNAMIC_SHARED_MEM_LIMIT} "
@@ -1066,10 +1067,10 @@ def _plan_backward_tensor_cores(p, where, tiles, reason, preprocess, version):
     return Plans((
         preprocess,
         Plan("backward dK dV", version, f"backward_dkdv_{version}", where, Br, Bc, (Tc, p.BH),
-             (2 * Bc,), dkdv_v5_shared_bytes(Br, Bc, p.d, version), p.acc_dtype, p.causal,
+             (2 * Bc,), dkdv_v5_shared_bytes(Br, Bc, p.d), p.acc_dtype, p.causal,
              reason + "; one block per K/V tile, each warp 16 keys"),
         Plan("backward dQ", version, f"backward_dq_{version}", where, Br, Bc, (Tr, p.BH),
-             (2 * Br,), dq_v5_shared_bytes(Br, Bc, p.d, version), p.acc_dtype, p.causal,
+             (2 * Br,), dq_v5_shared_bytes(Br, Bc, p.d), p.acc_dtype, p.causal,
              reason + "; one block per Q tile, each warp 16 query rows"),
     ))
 
@@ -1113,9 +1114,11 @@ def _default_backward_version(p, where):
     (64, 64) tiles and 32-key chunks in its dQ kernel, 60.5 / 33.7 against 64.9 / 35.1.
     Deterministic like v4 (no atomics).
 
-    Elsewhere (the simulator, which cannot run v6), v4 (register-blocked, tiles in dynamic shared memory) for plain attention, causal or
+    Elsewhere (the simulator, which cannot run v6, or a GPU where no v6 tile fits), v4
+    (register-blocked, tiles in dynamic shared memory) for plain attention, causal or
     not, in float32 or float16 with d <= 128: deterministic like v1 and v3, and the
-    fastest on the H200 (docs/gpu-results.md, run 21, at (2, 16, 4096, d)): d = 64, 30.71
+    fastest SIMT version on the H200 (docs/gpu-results.md, run 21, at (2, 16, 4096, d)):
+    d = 64, 30.71
     ms against v3's 37.89 (run 20; both with unsigned tile indices); d = 128, 84.28 ms
     against v3's 119.44 (run 20). With while loops in both (run 26): 24.13 against 28.68
     ms and 65.41 against 89.33; causal at d = 64 they tie (15.63 and 15.56). v3 (the same
@@ -1228,7 +1231,8 @@ def backward_kernel(plan, p):
                 "backward_dq_v6": bwd_kernels.make_backward_dq_v6}[plan.kernel]
         if plan.version == "v6":
             kind = "dkdv" if plan.kernel == "backward_dkdv_v6" else "dq"
-            return make(plan.Br, plan.Bc, p.d, p.upper, backward_v6_chunk(kind, plan.Br, plan.Bc))
+            chunk = backward_v6_chunk(kind, plan.Br, plan.Bc)
+            return make(plan.Br, plan.Bc, p.d, p.upper, chunk)
         return make(plan.Br, plan.Bc, p.d, p.upper)
     if plan.version == "v4":
         make = {"backward_dkdv_v4": bwd_kernels.make_backward_dkdv_v4,
@@ -1266,6 +1270,6 @@ def launch_backward(plans, p, Q, K, V, O, dO, L, D, dQ, dK, dV, slopes=None, att
             args = (Q, K, V, dO, L, D, dQ, scale, offset)
         if plan.kernel in ("backward_dkdv_v1", "backward_dq_v1"):
             args += extra                               # the kernels that take variants
-        # v4, v5: dynamic shared memory, its bytes go with the launch
+        # v4 to v6: dynamic shared memory, its bytes go with the launch
         dynamic = plan.shared_bytes if plan.kernel.endswith(("_v4", "_v5", "_v6")) else 0
         launch(backward_kernel(plan, p), plan.grid, plan.block, args, None, dynamic)

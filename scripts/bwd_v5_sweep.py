@@ -4,23 +4,25 @@ time them against v4, the SIMT default before them.
     python scripts/bwd_v5_sweep.py                  # on a GPU machine (about 3 minutes)
     python scripts/bwd_v5_sweep.py --out bwd.json --configs 64:v5:64x64,128:v6:32x16
 
-(a) Check. v5 and v6 (--check-versions) with their default tiles on the shapes in CHECKS (causal and not, Sq != Sk,
-    fully masked rows, d = 64 and 128, float32), each against the dense float64
-    reference with the test suite's rule (tests/backward_checks.py: ``check_backward``),
-    printed as error / bound per gradient. Inputs are the tests' own
-    (strategies.make_case: float32-exact, uniform in [-4, 4]). Then the non-finite
-    contract: v5 or v6 asked for with a NaN input raises ValueError, the default runs v4.
-(b) Time. At SHAPES, float32, standard normal inputs, causal no and yes:
-    attention_backward (the public call on device arrays: for v5 the finite check, the
-    D kernel, the dK/dV kernel and the dQ kernel, output allocation included) with v4
-    (default tiles) and each (version, tiles) of --configs (default CONFIGS; None: the
-    version's rule). Each result is compared with v4's on the timed shape (max |ours - v4| /
-    max |v4| per gradient; above 1e-4 is WRONG and its time is not a result). Timing:
-    CUDA events, one untimed call first (compilation), then the median of REPEATS.
+(a) Check. v5 and v6 (--check-versions) with their default tiles on the shapes in CHECKS
+    (causal and not, Sq != Sk, fully masked rows, d = 59, 64 and 128, float32), each
+    against the dense float64 reference with the test suite's rule
+    (tests/backward_checks.py: ``check_backward``), printed as error / bound per
+    gradient. Inputs are the tests' own (strategies.make_case: float32-exact, uniform in
+    [-4, 4]). Then the non-finite contract: v5 or v6 asked for with a NaN input raises
+    ValueError, and the default runs v4 (its gradients bitwise v4's).
+(b) Time. At SHAPES (or --shapes), float32, standard normal inputs, causal no and yes:
+    attention_backward (the public call on device arrays: for v5 and v6 the finite
+    check, the D kernel, the dK/dV kernel and the dQ kernel, output allocation included)
+    with v4 (default tiles) and each (version, tiles) of --configs (default CONFIGS;
+    None: the version's rule; "v6cAxB": v6 with chunks of A and B rows). Each result is
+    compared with v4's on the timed shape (max |ours - v4| / max |v4| per gradient;
+    above 1e-4 is WRONG and its time is not a result). Timing: CUDA events, one untimed
+    call first (compilation), then the median of REPEATS.
 
 Prints one table; with --out, also writes the records as JSON (numbaflash.bench.save_json).
 Stops starting new work after --budget-s seconds (default 200). Exit status 1 if any check
-failed or any result was WRONG. GPU only (v5 cannot run on the simulator).
+failed or any result was WRONG. GPU only (v5 and v6 cannot run on the simulator).
 """
 
 import argparse

@@ -2136,8 +2136,8 @@ def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None):
 @functools.lru_cache(maxsize=None)
 def make_backward_dq_v6(Br, Bc, d, causal, chunk=None):
     """v6 dQ kernel: v5's with v6's changes (see make_backward_dkdv_v6; GPU only,
-    finite inputs); ``chunk``: the keys of Kj a step takes. Launch as v5: grid (ceil(Sq / Br), BH), block (2 * Br,), END * 4
-    bytes (``dq_v5_shared_layout``)."""
+    finite inputs); ``chunk``: the keys of Kj a step takes. Launch as v5: grid
+    (ceil(Sq / Br), BH), block (2 * Br,), END * 4 bytes (``dq_v5_shared_layout``)."""
     split_finite, stage, a_fragment, mma3, load_split = _make_v6_helpers(d)
     acc = acc_type("float32")
     ZERO = acc(0)
