@@ -2015,13 +2015,13 @@ def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None):
         D_i = smem[D_AT:END]
         dk = cuda.local.array(ACC, acc)
         dv = cuda.local.array(ACC, acc)
-        s = cuda.local.array(S_FRAGS, acc)      # S^T (big*big part, then the sum), then P^T
-        se = cuda.local.array(S_FRAGS, acc)     # S^T's small products
-        dp = cuda.local.array(S_FRAGS, acc)     # dP^T, then dS^T
+        s = cuda.local.array(S_FRAGS, acc)      # S^T of a chunk: the big*big products
+        se = cuda.local.array(S_FRAGS, acc)     # and the small ones (summed when used)
+        dp = cuda.local.array(S_FRAGS, acc)     # dP^T, the same way
         dpe = cuda.local.array(S_FRAGS, acc)
-        pb = cuda.local.array(S_FRAGS, acc)
+        pb = cuda.local.array(S_FRAGS, acc)     # P^T, split for the tensor cores
         ps = cuda.local.array(S_FRAGS, acc)
-        gb = cuda.local.array(S_FRAGS, acc)
+        gb = cuda.local.array(S_FRAGS, acc)     # dS^T, split
         gs = cuda.local.array(S_FRAGS, acc)
 
         stage(Kj, K, bh, j * Bc, Sk, Bc, tid, THREADS)
