@@ -50,6 +50,11 @@ def as_kernel_array(x, shape3, name):
     return _view(x, shape3)
 
 
+def flat_view(x):
+    """The C-contiguous device array ``x`` as one dimension, the same data (``_view``)."""
+    return _view(x, (x.size,))
+
+
 def _view(x, shape):
     """The C-contiguous device array ``x`` with another shape, the same data: what
     ``x.reshape(shape)`` gives, built directly. Numba's reshape first works out whether

@@ -67,6 +67,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from numba import config, cuda
 
+from . import arrays
 from .kernels import backward as bwd_kernels
 from .kernels import forward as fwd_kernels
 from .kernels import variants as variant_kernels
@@ -972,10 +973,9 @@ def check_backward_v4_tiles(tiles, d, acc_dtype):
 BWD_V5_CANDIDATES = ((64, 64), (64, 32), (32, 32), (32, 16), (16, 16))
 BWD_V5_SHARED_MEM_TARGET = 113 * 1024
 BWD_V5_MAX_HEAD_DIM = 128     # dKj and dVj fragments (d / 2 each a lane) in registers
-# v6: v5's layout, its own rule: the first of BWD_V6_CANDIDATES within the device's own
-# maximum (227 KB on the H200): (64, 64) at d <= 128 there (70 KB at d = 64, 135 KB, one
-# block per SM, at d = 128: faster than (64, 32) at two blocks per SM, run 37-38).
-BWD_V6_CANDIDATES = ((64, 64), (64, 32), (32, 32), (32, 16), (16, 16))
+# v6: v5's layout and candidates, within the device's own maximum instead (227 KB on the
+# H200): (64, 64) at d <= 128 there (70 KB at d = 64; 135 KB, one block per SM, at
+# d = 128: faster than (64, 32) at two blocks per SM, runs 37-38).
 
 
 def dkdv_v5_shared_bytes(Br, Bc, d):
@@ -1008,15 +1008,24 @@ def backward_tensor_core_refusal(version, p, where):
     return None
 
 
+def _bwd_v5_target(version):
+    """The shared memory backward ``version``'s tile rule fills (above)."""
+    limit = device_dynamic_shared_limit()
+    return min(BWD_V5_SHARED_MEM_TARGET, limit) if version == "v5" else limit
+
+
+def _bwd_v5_tiles_within(d, limit):
+    """The first of BWD_V5_CANDIDATES whose two kernels fit ``limit`` bytes, or None."""
+    return next(((Br, Bc) for Br, Bc in BWD_V5_CANDIDATES
+                 if _bwd_v5_bytes(Br, Bc, d) <= limit), None)
+
+
 def default_backward_v5_tiles(d, version="v5"):
     """The backward v5 / v6 tile rule (above), (Br, Bc)."""
-    candidates = BWD_V5_CANDIDATES if version == "v5" else BWD_V6_CANDIDATES
-    target = device_dynamic_shared_limit()
-    if version == "v5":
-        target = min(BWD_V5_SHARED_MEM_TARGET, target)
-    for Br, Bc in candidates:
-        if _bwd_v5_bytes(Br, Bc, d) <= target:
-            return Br, Bc
+    target = _bwd_v5_target(version)
+    tiles = _bwd_v5_tiles_within(d, target)
+    if tiles is not None:
+        return tiles
     raise ValueError(f"backward {version} cannot run this input: no {version} tile fits "
                      f"head dim {d} within {target} bytes of shared memory")
 
@@ -1028,12 +1037,6 @@ def backward_v6_chunk(kind, Br, Bc):
     chunk = bwd_kernels.V6_CHUNKS[kind]
     streamed = Br if kind == "dkdv" else Bc
     return chunk if streamed % chunk == 0 else bwd_kernels.V6_CHUNK
-
-
-def _bwd_v6_fits(d):
-    """Whether some v6 tile fits this device's shared memory at head dim d."""
-    limit = device_dynamic_shared_limit()
-    return any(_bwd_v5_bytes(Br, Bc, d) <= limit for Br, Bc in BWD_V6_CANDIDATES)
 
 
 def check_backward_v5_tiles(tiles, d, version="v5"):
@@ -1088,7 +1091,7 @@ def finite_inputs_plans(plans, p, asked, Q, K, V, O, dO, L):
     threads = 256
     blocks = min(math.ceil(n / threads), 4096)
     launch(bwd_kernels.nonfinite_check, (blocks,), (threads,),
-           tuple(a.reshape(a.size) for a in (Q, K, V, O, dO, L)) + (flag,))
+           tuple(arrays.flat_view(a) for a in (Q, K, V, O, dO, L)) + (flag,))
     if flag.copy_to_host()[0] == 0:
         return plans
     why = (f"the inputs hold NaN or inf (q, k, v, out, dout or lse), and backward "
@@ -1131,7 +1134,7 @@ def _default_backward_version(p, where):
         return "v1", (f"v1 is the default for variants ({wanted}): v3 and v4 compute plain "
                       f"attention only")
     if (where == "gpu" and p.acc_dtype == "float32" and p.d <= BWD_V5_MAX_HEAD_DIM
-            and _bwd_v6_fits(p.d)):
+            and _bwd_v5_tiles_within(p.d, _bwd_v5_target("v6")) is not None):
         return "v6", ("v6 is the default for plain attention in float32 and float16 with "
                       f"d <= {BWD_V5_MAX_HEAD_DIM} on a GPU: tensor cores (3xTF32), "
                       "deterministic (no atomics), the fastest version measured on the "

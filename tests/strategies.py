@@ -79,6 +79,30 @@ def on_gpu():
     return current_backend() == "gpu"
 
 
+def refusal(explain, version, dtype="float32"):
+    """Why ``explain`` (numbaflash.explain or numbaflash.explain_backward) refuses
+    ``version`` for a tiny plain input of ``dtype`` here, or None if it plans it (e.g. a
+    GPU-only version on the simulator: the library's reason)."""
+    q = np.zeros((1, 1, 4, 16), dtype)
+    try:
+        explain(q, q, q, version=version)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+def version_params(versions, explain, dtype="float32"):
+    """``versions`` as pytest params; one the library says cannot run here at all for
+    ``dtype`` becomes a visible skip carrying its reason, never a silent omission."""
+    import pytest
+    params = []
+    for version in versions:
+        why = refusal(explain, version, dtype)
+        params.append(version if why is None else
+                      pytest.param(version, marks=pytest.mark.skip(reason=why)))
+    return params
+
+
 @dataclass(frozen=True)
 class Sizes:
     """How big drawn problems may be on one backend."""

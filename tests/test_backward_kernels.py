@@ -32,7 +32,8 @@ from numbaflash.kernels import backward as bwd
 from numbaflash.masks import visible
 from backward_checks import (GRADS, backward_magnitudes, check_backward, exact_masks,
                              version_tiles)
-from strategies import attention_cases, examples, make_case, on_gpu, sizes_for_backend
+from strategies import (attention_cases, examples, make_case, on_gpu, sizes_for_backend,
+                        version_params)
 from tolerance import assert_bitwise_equal, assert_close_f64, to_host
 
 pytestmark = pytest.mark.usefixtures("nan_prefilled_outputs")
@@ -41,21 +42,7 @@ F64 = ("float64",)
 RTOL = 1e-12
 
 
-def version_params():
-    """Every backward version; one that cannot run here at all (v5, GPU only, on the
-    simulator) is a visible skip carrying the library's reason."""
-    params = []
-    q = np.zeros((1, 1, 4, 4), np.float32)
-    for version in bwd.VERSIONS:
-        try:
-            numbaflash.explain_backward(q, q, q, version=version)
-            params.append(version)
-        except ValueError as err:
-            params.append(pytest.param(version, marks=pytest.mark.skip(reason=str(err))))
-    return params
-
-
-VERSIONS = version_params()
+VERSIONS = version_params(bwd.VERSIONS, numbaflash.explain_backward)
 # dtypes each version supports (v2 adds into dQ in its own dtype: no float16)
 VERSION_DTYPES = {"v1": ("float16", "float32", "float64"), "v2": ("float32", "float64"),
                   "v3": ("float16", "float32", "float64"),

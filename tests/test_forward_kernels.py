@@ -31,7 +31,7 @@ from numbaflash import reference
 from numbaflash.kernels.forward import VERSIONS
 from numbaflash.masks import visible
 from strategies import (attention_cases, examples, forward_tile_candidates, make_case, on_gpu,
-                        split_points)
+                        split_points, version_params)
 from tolerance import (assert_bitwise_equal, assert_close_f64, check_forward,
                        forward_magnitudes, fully_masked_rows, merge_partials, to_host)
 
@@ -47,23 +47,8 @@ GPU = on_gpu()
 CASE_TILES_VERSIONS = ("v2",)
 
 
-def version_params(dtype):
-    """Every version in VERSIONS as a pytest param. A version that the library says cannot
-    run here at all for ``dtype`` (e.g. a GPU-only version on the simulator) becomes a
-    visible skip carrying the library's reason, never a silent omission."""
-    params = []
-    for version in VERSIONS:
-        q = np.zeros((1, 1, 4, 16), dtype)
-        try:
-            numbaflash.explain(q, q, q, version=version)
-            params.append(version)
-        except ValueError as err:
-            params.append(pytest.param(version, marks=pytest.mark.skip(reason=str(err))))
-    return params
-
-
-ALL_VERSIONS = version_params("float32")
-F64_VERSIONS = version_params("float64")
+ALL_VERSIONS = version_params(VERSIONS, numbaflash.explain, "float32")
+F64_VERSIONS = version_params(VERSIONS, numbaflash.explain, "float64")
 
 
 def finite_inputs_only(version):

@@ -1431,31 +1431,6 @@ def dq_v5_shared_layout(Br, Bc, d):
     return Q_AT, dO_AT, K_AT, V_AT, END
 
 
-def _make_mma3():
-    """(split, mma3) for backward v5: forward v3's 3xTF32 product of one m16n8k8 tile
-    (see make_forward_v3 and ptx.py), with A given split and B split here."""
-    from .ptx import mma_tf32, tf32_round   # GPU-only imports: inline PTX
-
-    @cuda.jit(device=True, inline=True)
-    def split(x):
-        """x = big + small with both TF32 (3xTF32)."""
-        big = tf32_round(x)
-        return big, tf32_round(x - big)
-
-    @cuda.jit(device=True, inline=True)
-    def mma3(a0b, a1b, a2b, a3b, a0s, a1s, a2s, a3s, b0, b1, c0, c1, c2, c3, e0, e1, e2, e3):
-        """big*big added to C, small*big + big*small to E (their own accumulator, as in
-        forward v3)."""
-        b0b, b0s = split(b0)
-        b1b, b1s = split(b1)
-        e0, e1, e2, e3 = mma_tf32(a0s, a1s, a2s, a3s, b0b, b1b, e0, e1, e2, e3)
-        e0, e1, e2, e3 = mma_tf32(a0b, a1b, a2b, a3b, b0s, b1s, e0, e1, e2, e3)
-        c0, c1, c2, c3 = mma_tf32(a0b, a1b, a2b, a3b, b0b, b1b, c0, c1, c2, c3)
-        return c0, c1, c2, c3, e0, e1, e2, e3
-
-    return split, mma3
-
-
 @functools.lru_cache(maxsize=None)
 def make_backward_dkdv_v5(Br, Bc, d, causal):
     """v5 dK/dV kernel: tensor cores (3xTF32 ``mma.sync``, as forward v3), GPU only;
@@ -1496,7 +1471,7 @@ def make_backward_dkdv_v5(Br, Bc, d, causal):
 
         kernel[grid, block, 0, nbytes](Q, K, V, dO, L, D, dK, dV, softmax_scale, causal_offset)
     """
-    split, mma3 = _make_mma3()
+    from .ptx import mma3_split_b as mma3, split_tf32 as split   # GPU only: inline PTX
     acc = acc_type("float32")
     ZERO = acc(0)
     NEG_INF = acc(-math.inf)
@@ -1701,7 +1676,7 @@ def make_backward_dq_v5(Br, Bc, d, causal):
 
         kernel[grid, block, 0, nbytes](Q, K, V, dO, L, D, dQ, softmax_scale, causal_offset)
     """
-    split, mma3 = _make_mma3()
+    from .ptx import mma3_split_b as mma3, split_tf32 as split   # GPU only: inline PTX
     acc = acc_type("float32")
     ZERO = acc(0)
     NEG_INF = acc(-math.inf)
@@ -1897,17 +1872,11 @@ V6_CHUNKS = {"dkdv": V6_CHUNK, "dq": 32}    # dQ: 32 keys, 7% faster at d = 128 
 def _make_v6_helpers(d):
     """Device functions shared by backward v6's two kernels: staging a tile, loading a
     split A fragment or B element, and the 3xTF32 product of split operands."""
-    from .ptx import flat_load, mma_tf32, tf32_round_finite   # GPU only
+    from .ptx import flat_load, mma_tf32, split_tf32_finite as split_finite   # GPU only
 
     acc = acc_type("float32")
     ZERO = acc(0)
     DP, STRIDE = v5_head_dim(d)
-
-    @cuda.jit(device=True, inline=True)
-    def split_finite(x):
-        """x = big + small, both TF32, for a finite x (the inputs were checked)."""
-        big = tf32_round_finite(x)
-        return big, tf32_round_finite(x - big)
 
     @cuda.jit(device=True, inline=True)
     def stage(T, A, bh, first, nrows, rows, tid, threads):

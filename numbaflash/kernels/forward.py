@@ -396,7 +396,7 @@ def make_forward_v3(Bc, d, causal):
     completely by NVVM, which keeps every fragment array in registers (over a whole
     64-key tile NVVM left S and O in local memory, and v3 ran at 9 TFLOP/s instead).
     """
-    from .ptx import mma_tf32, tf32_round   # GPU-only imports: inline PTX
+    from .ptx import mma3_split_b as mma3, split_tf32 as split   # GPU only: inline PTX
 
     acc = acc_type("float32")
     ZERO = acc(0)
@@ -410,25 +410,6 @@ def make_forward_v3(Bc, d, causal):
     THREADS = 32 * V3_WARPS
     kv_tile_range = make_kv_tile_range(V3_BR, Bc, causal, False)
     assert Bc % V3_CHUNK == 0
-
-    @cuda.jit(device=True, inline=True)
-    def split(x):
-        """x = big + small with both TF32 (3xTF32)."""
-        big = tf32_round(x)
-        return big, tf32_round(x - big)
-
-    @cuda.jit(device=True, inline=True)
-    def mma3(a0b, a1b, a2b, a3b, a0s, a1s, a2s, a3s, b0, b1, c0, c1, c2, c3, e0, e1, e2, e3):
-        """3xTF32 A B, with A given split (big, small) and B split here. big*big is added
-        to C, small*big + big*small to E. The small terms need their own accumulator: the
-        tensor cores round their float32 sums more coarsely than an FMA does, and added
-        into C they were lost (v3 had 2.3x the error of a float32 matmul without this)."""
-        b0b, b0s = split(b0)
-        b1b, b1s = split(b1)
-        e0, e1, e2, e3 = mma_tf32(a0s, a1s, a2s, a3s, b0b, b1b, e0, e1, e2, e3)
-        e0, e1, e2, e3 = mma_tf32(a0b, a1b, a2b, a3b, b0s, b1s, e0, e1, e2, e3)
-        c0, c1, c2, c3 = mma_tf32(a0b, a1b, a2b, a3b, b0b, b1b, c0, c1, c2, c3)
-        return c0, c1, c2, c3, e0, e1, e2, e3
 
     @cuda.jit(**jit_options())
     def forward_v3(Q, K, V, O, L, softmax_scale, causal_offset):
@@ -1115,8 +1096,8 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
     each (v3's fragment layout; see make_forward_v3), and
     ``v6_shared_layout(Br, Bc, d)[3] * 4`` bytes of dynamic shared memory (END).
     """
-    from .ptx import (flat_load, load_pair, mma_tf32, store_pair,     # GPU only
-                      tf32_round, tf32_round_finite)
+    from .ptx import flat_load, load_pair, mma_tf32, store_pair     # GPU only
+    from .ptx import split_tf32 as split, split_tf32_finite as split_finite
 
     acc = acc_type("float32")
     ZERO = acc(0)
@@ -1138,18 +1119,6 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
     RSTEP = THREADS // W                    # rows a pass of the block stages
     KP_AT, VP_AT, QP_AT, END, K_ROW, V_ROW = v6_shared_layout(Br, Bc, d)
     kv_tile_range = make_kv_tile_range(Br, Bc, causal, False)
-
-    @cuda.jit(device=True, inline=True)
-    def split(x):
-        """x = big + small with both TF32 (3xTF32)."""
-        big = tf32_round(x)
-        return big, tf32_round(x - big)
-
-    @cuda.jit(device=True, inline=True)
-    def split_finite(x):
-        """split() for a finite x, on the bits (ptx.tf32_round_finite): the same parts."""
-        big = tf32_round_finite(x)
-        return big, tf32_round_finite(x - big)
 
     @cuda.jit(device=True, inline=True)
     def mma3(a0b, a1b, a2b, a3b, a0s, a1s, a2s, a3s, b0b, b1b, b0s, b1s, c, e, f):

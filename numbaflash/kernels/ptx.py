@@ -36,6 +36,10 @@ Three more GPU-only helpers, plain LLVM IR rather than PTX:
                     access (LDS.64 / STS.64 in SASS) instead of two: n must be even and
                     A's data 8-byte aligned. No bounds check.
 
+Three device functions on top of them: ``split_tf32(x)`` -> (big, small), its finite-only
+twin ``split_tf32_finite``, and ``mma3_split_b``, forward v3's and backward v5's 3xTF32
+product of an A given split and a B split on the way in.
+
 3xTF32: TF32 keeps only 10 of float32's 23 mantissa bits, so a product of TF32 values is
 not float32-accurate. Splitting each operand as x = big + small (big = tf32(x),
 small = tf32(x - big)) and summing big*big + big*small + small*big (the small*small term
@@ -44,7 +48,7 @@ one; this is what PyTorch's float32 "efficient" attention does on sm80+.
 """
 
 from llvmlite import ir
-from numba import types
+from numba import cuda, types
 from numba.cuda.extending import intrinsic
 
 _F32 = ir.FloatType()
@@ -154,3 +158,38 @@ def store_pair(typingctx, A, n, x, y):
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+# The 3xTF32 splits (every tensor-core kernel) and the product of forward v3 and backward
+# v5, which split every operand where they read it (forward v6 and backward v6 have their
+# own products, of operands split beforehand).
+
+
+@cuda.jit(device=True, inline=True)
+def split_tf32(x):
+    """x = big + small with both TF32 (3xTF32)."""
+    big = tf32_round(x)
+    return big, tf32_round(x - big)
+
+
+@cuda.jit(device=True, inline=True)
+def split_tf32_finite(x):
+    """split_tf32 for a finite x, on the bits (tf32_round_finite): the same parts."""
+    big = tf32_round_finite(x)
+    return big, tf32_round_finite(x - big)
+
+
+@cuda.jit(device=True, inline=True)
+def mma3_split_b(a0b, a1b, a2b, a3b, a0s, a1s, a2s, a3s, b0, b1, c0, c1, c2, c3,
+                 e0, e1, e2, e3):
+    """3xTF32 A B for one m16n8k8 tile, with A given split (big, small) and B split
+    here: big*big is added to C, small*big + big*small to E. The small terms need their
+    own accumulator: the tensor cores round their float32 sums more coarsely than an FMA
+    does, and added into C they were lost (forward v3 had 2.3x the error of a float32
+    matmul without this)."""
+    b0b, b0s = split_tf32(b0)
+    b1b, b1s = split_tf32(b1)
+    e0, e1, e2, e3 = mma_tf32(a0s, a1s, a2s, a3s, b0b, b1b, e0, e1, e2, e3)
+    e0, e1, e2, e3 = mma_tf32(a0b, a1b, a2b, a3b, b0s, b1s, e0, e1, e2, e3)
+    c0, c1, c2, c3 = mma_tf32(a0b, a1b, a2b, a3b, b0b, b1b, c0, c1, c2, c3)
+    return c0, c1, c2, c3, e0, e1, e2, e3
