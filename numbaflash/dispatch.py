@@ -72,7 +72,7 @@ from .kernels import backward as bwd_kernels
 from .kernels import forward as fwd_kernels
 from .kernels import variants as variant_kernels
 from .kernels import simulating
-from .kernels import smem
+from .launcher import launch
 
 log = logging.getLogger("numbaflash")
 
@@ -692,44 +692,6 @@ def forward_dynamic_shared_bytes(plan):
     return plan.shared_bytes if plan.version in ("v5", "v6") else 0
 
 
-_COMPILED = {}      # (kernel, types_key) -> the compiled kernel for those argument types
-
-
-def launch(kernel, grid, block, args, types_key=None, dynamic_shared_bytes=0):
-    """``kernel[grid, block, 0, dynamic_shared_bytes](*args)``, with less Python around it
-    on the GPU.
-
-    A Numba kernel called as ``kernel[grid, block](*args)`` goes through its dispatcher,
-    which works out the Numba type of every argument on every call, and for a device array
-    it has not seen before (every output, every reshaped input) that means building the
-    type from the array's dtype, shape and strides (a large part of the Python around a
-    small kernel in run 11's profile, scripts/overhead.py --profile; with arrays it had
-    typed before, a launch through the dispatcher took 39.5 us and the compiled kernel's
-    own launch 34.4 us, run 15's --breakdown). ``types_key``, when given, stands for the argument types (the caller promises
-    that equal keys mean equal types: the same dtypes and numbers of dimensions, all
-    arrays C-contiguous): the first call with a key goes through the dispatcher, which
-    compiles the kernel and checks the types; later calls launch that compiled kernel
-    directly. Under the simulator, or without a key, the dispatcher is always used.
-
-    More than 48 KB of dynamic shared memory must first be allowed to the compiled kernel
-    (kernels/smem.py): before every launch without a key, once per key with one.
-    """
-    config = kernel[grid, block, 0, dynamic_shared_bytes]    # Numba caches these
-    if types_key is None or simulating():
-        smem.allow_dynamic_shared_memory(kernel, args, dynamic_shared_bytes)
-        config(*args)
-        return
-    compiled = _COMPILED.get((kernel, types_key))
-    if compiled is None:
-        smem.allow_dynamic_shared_memory(kernel, args, dynamic_shared_bytes)
-        config(*args)
-        compiled = kernel.compile(tuple(kernel.typeof_pyval(a) for a in args))
-        _COMPILED[(kernel, types_key)] = compiled
-        return
-    # What the dispatcher itself does once it has found the compiled kernel.
-    compiled.launch(args, config.griddim, config.blockdim, config.stream, config.sharedmem)
-
-
 # ---------------------------------------------------------------------------------------
 # Backward
 
@@ -1091,7 +1053,8 @@ def finite_inputs_plans(plans, p, asked, Q, K, V, O, dO, L):
     threads = 256
     blocks = min(math.ceil(n / threads), 4096)
     launch(bwd_kernels.nonfinite_check, (blocks,), (threads,),
-           tuple(arrays.flat_view(a) for a in (Q, K, V, O, dO, L)) + (flag,))
+           tuple(arrays.flat_view(a) for a in (Q, K, V, O, dO, L)) + (flag,),
+           (p.dtype, p.acc_dtype))
     if flag.copy_to_host()[0] == 0:
         return plans
     why = (f"the inputs hold NaN or inf (q, k, v, out, dout or lse), and backward "
@@ -1261,6 +1224,9 @@ def launch_backward(plans, p, Q, K, V, O, dO, L, D, dQ, dK, dV, slopes=None, att
     tiled = [plan for plan in plans if plan.kernel in ("backward_dkdv_v1", "backward_dq_v1")]
     tiles = tile_table(p, tiled[0].Br, tiled[0].Bc, attn_mask) if tiled else None
     extra = variant_arguments(p, slopes, attn_mask, tiles)
+    # As in launch_forward: the argument types follow from the dtypes unless the caller
+    # passed arrays of their own (slopes, attn_mask).
+    types_key = (p.dtype, p.acc_dtype) if slopes is None and attn_mask is None else None
     for plan in plans:
         log.info("%s", plan)
         if plan.kernel == "backward_preprocess":
@@ -1275,4 +1241,4 @@ def launch_backward(plans, p, Q, K, V, O, dO, L, D, dQ, dK, dV, slopes=None, att
             args += extra                               # the kernels that take variants
         # v4 to v6: dynamic shared memory, its bytes go with the launch
         dynamic = plan.shared_bytes if plan.kernel.endswith(("_v4", "_v5", "_v6")) else 0
-        launch(backward_kernel(plan, p), plan.grid, plan.block, args, None, dynamic)
+        launch(backward_kernel(plan, p), plan.grid, plan.block, args, types_key, dynamic)

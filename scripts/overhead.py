@@ -15,7 +15,9 @@ synchronize after every call (so each includes the kernel's own run time):
     api     numbaflash.attention(q, k, v) on device arrays (allocates out; no lse returned)
     api+lse numbaflash.attention(..., return_lse=True)
 
-and the same for causal=True. Prints the ratios api / raw.
+and the same for causal=True. Prints the ratios api / raw, and api once more with
+numbaflash's direct launch turned off (``launcher.DIRECT_LAUNCH = False``: every launch
+through Numba's dispatcher), to show what the direct launch buys.
 """
 
 import argparse
@@ -27,7 +29,7 @@ import numpy as np
 from numba import cuda
 
 import numbaflash
-from numbaflash import dispatch
+from numbaflash import dispatch, launcher
 from numbaflash.kernels import smem
 from numbaflash.validate import check_attention_inputs
 
@@ -57,6 +59,15 @@ def piece_us(fn, calls):
     return statistics.median(times) * 1e6
 
 
+def without_direct_launch(fn):
+    """fn() with every launch through Numba's dispatcher (launcher.DIRECT_LAUNCH off)."""
+    launcher.DIRECT_LAUNCH = False
+    try:
+        return fn()
+    finally:
+        launcher.DIRECT_LAUNCH = True
+
+
 def breakdown(q, k, v, calls):
     """The pieces of ``numbaflash.attention(q, k, v)`` timed alone (each without the
     kernel's run time): where the Python around the kernel goes."""
@@ -73,6 +84,7 @@ def breakdown(q, k, v, calls):
     smem.allow_dynamic_shared_memory(kernel, args, dynamic)     # above 48 KB (v5)
     config = kernel[plan.grid, plan.block, 0, dynamic]
     compiled = kernel.compile(tuple(kernel.typeof_pyval(a) for a in args))
+    direct = launcher._DirectLaunch(kernel, args, plan.grid, plan.block, dynamic)
     pieces = [
         ("validate + plan (remembered per call key)",
          lambda: api._forward_problem_and_plan(q, k, v, False, None, variants, None, None)),
@@ -83,11 +95,17 @@ def breakdown(q, k, v, calls):
         ("allocate O and L, arrays.device_empty (cache)", lambda: (
             arrays.device_empty(shape3, np.float32), arrays.device_empty((p.BH, p.Sq), np.float32))),
         ("forward_kernel (factory cache)", lambda: dispatch.forward_kernel(plan, p)),
+        ("cuda.current_context()", cuda.current_context),
+        ("launch configuration: kernel[grid, block, 0, n]",
+         lambda: kernel[plan.grid, plan.block, 0, dynamic]),
         ("launch: dispatcher, arrays typed before", lambda: config(*args)),
         ("launch: compiled kernel", lambda: compiled.launch(args, config.griddim,
                                                             config.blockdim, config.stream,
                                                             config.sharedmem)),
+        ("launch: launcher._DirectLaunch (numbaflash's)", lambda: direct(args)),
         ("numbaflash.attention, whole call", lambda: numbaflash.attention(q, k, v)),
+        ("  the same, DIRECT_LAUNCH = False", lambda: without_direct_launch(
+            lambda: numbaflash.attention(q, k, v))),
     ]
     print(f"\nPieces of a call, median of {calls}, no synchronize (launches queue up):")
     for name, fn in pieces:
@@ -133,11 +151,14 @@ def main():
         t_api = per_call_us(lambda: numbaflash.attention(q, k, v, causal=causal), args.calls)
         t_lse = per_call_us(lambda: numbaflash.attention(q, k, v, causal=causal,
                                                          return_lse=True), args.calls)
+        t_numba = per_call_us(lambda: without_direct_launch(
+            lambda: numbaflash.attention(q, k, v, causal=causal)), args.calls)
         ratio = t_api / t_raw
         ok &= ratio <= 2.0
         print(f"causal={causal!s:5s} kernel {plan.kernel}: raw {t_raw:7.1f} us   "
               f"api {t_api:7.1f} us ({ratio:.2f}x raw)   api+lse {t_lse:7.1f} us "
-              f"({t_lse / t_raw:.2f}x raw)")
+              f"({t_lse / t_raw:.2f}x raw)   api, DIRECT_LAUNCH off {t_numba:7.1f} us "
+              f"({t_numba / t_raw:.2f}x raw)")
     if args.breakdown:
         breakdown(q, k, v, args.calls)
     if args.profile:

@@ -1,0 +1,128 @@
+"""Launching a compiled kernel with as little Python around it as a small call can afford.
+
+``kernel[grid, block, 0, nbytes](*args)`` is how Numba launches a kernel, and every
+numbaflash kernel can be launched that way (``DIRECT_LAUNCH = False`` makes every launch
+do so). At (1, 1, 128, 64) on the H200 the kernel runs for a few microseconds, and the
+Python around it is most of a call (issue 5 asks that a small call cost at most 2x the
+raw launch). Per call, Numba's launch:
+
+1. builds a new launch configuration (``kernel[...]``: it checks the dimensions, wraps
+   the stream, and warns about small grids);
+2. works out the Numba type of every argument (the dispatcher);
+3. looks up the kernel loaded on the current device;
+4. turns every argument into the words the kernel's parameters are made of. For an array
+   these are: meminfo and parent (0 and 0 for a device array), the number of elements,
+   the item size, the data pointer, then the shape and the strides in bytes; a scalar is
+   one ctypes value;
+5. hands those words to ``cuda.core.launch``.
+
+``launch`` below does step 2 once per (kernel, argument types) and steps 1 and 3 once per
+launch configuration and device; per call it does steps 4 and 5 only, in
+``_DirectLaunch.__call__``. The words are exactly those of
+numba-cuda 0.30's ``_Kernel._prepare_args`` for C-contiguous device arrays and
+float32/float64/int32/int64 scalars. A kernel with other argument types (there is none in
+numbaflash today) is launched by Numba's compiled kernel instead, as is every launch
+without a ``types_key`` and every launch on the simulator.
+"""
+
+import ctypes
+
+from numba import cuda
+
+from .kernels import simulating
+from .kernels import smem
+
+DIRECT_LAUNCH = True    # False: every launch goes through Numba's dispatcher (as in Numba)
+
+_DIRECT = {}            # (kernel, types_key, grid, block, nbytes) -> _DirectLaunch
+_DIRECT_MAX = 1024      # entries kept at most (a grid per shape: many shapes, many entries)
+
+
+def launch(kernel, grid, block, args, types_key=None, dynamic_shared_bytes=0):
+    """``kernel[grid, block, 0, dynamic_shared_bytes](*args)``, with less Python around it
+    on the GPU.
+
+    ``types_key``, when given, stands for the argument types: the caller promises that
+    equal keys mean equal types (the same dtypes and numbers of dimensions, every array a
+    C-contiguous device array). The first launch with a key goes through Numba's
+    dispatcher, which compiles the kernel and checks the types; later ones launch the
+    compiled kernel directly (module docstring). Without a key, on the simulator, or with
+    ``DIRECT_LAUNCH = False``, every launch goes through the dispatcher.
+
+    More than 48 KB of dynamic shared memory must first be allowed to the compiled kernel
+    (kernels/smem.py): before every launch through the dispatcher, once per key otherwise.
+    """
+    direct_ok = types_key is not None and DIRECT_LAUNCH and not simulating()
+    if direct_ok:
+        key = (kernel, types_key, grid, block, dynamic_shared_bytes)
+        direct = _DIRECT.get(key)
+        if direct is not None:
+            direct(args)
+            return
+    smem.allow_dynamic_shared_memory(kernel, args, dynamic_shared_bytes)
+    kernel[grid, block, 0, dynamic_shared_bytes](*args)
+    if direct_ok:
+        if len(_DIRECT) >= _DIRECT_MAX:
+            _DIRECT.clear()
+        _DIRECT[key] = _DirectLaunch(kernel, args, grid, block, dynamic_shared_bytes)
+
+
+def _array_words(a):
+    """The parameter words of a C-contiguous device array (module docstring, step 4)."""
+    return (0, 0, a.size, a.dtype.itemsize, int(a.gpu_data.device_pointer),
+            *a.shape, *a.strides)
+
+
+_SCALARS = {"float32": ctypes.c_float, "float64": ctypes.c_double,
+            "int32": ctypes.c_int32, "int64": ctypes.c_int64}
+
+
+def _word_maker(numba_type):
+    """How one argument of this Numba type becomes its parameter words; None if this
+    module does not know (then Numba's own launch is used)."""
+    if getattr(numba_type, "ndim", None) is not None:          # an array type
+        return _array_words if numba_type.layout == "C" else None
+    scalar = _SCALARS.get(str(numba_type))
+    return None if scalar is None else (lambda x: (scalar(x),))
+
+
+def device_id():
+    """The current CUDA device's number."""
+    return cuda.current_context().device.id
+
+
+class _DirectLaunch:
+    """One compiled kernel with one launch configuration, launched by ``cuda.core``:
+    Numba's launch steps 1 to 3 (module docstring) done once, at construction, right
+    after a launch through the dispatcher; steps 4 and 5 per call. ``functions`` holds the
+    kernel as loaded on each device it has run on (a kernel is loaded per device, and
+    more than 48 KB of shared memory is allowed per device)."""
+
+    def __init__(self, kernel, args, grid, block, dynamic_shared_bytes):
+        from cuda.core import LaunchConfig, launch as core_launch
+        self.compiled = kernel.compile(tuple(kernel.typeof_pyval(a) for a in args))
+        self.numba_config = kernel[grid, block, 0, dynamic_shared_bytes]
+        c = self.numba_config
+        self.makers = [_word_maker(t) for t in self.compiled.argument_types]
+        if None in self.makers or self.compiled.extensions or self.compiled.debug:
+            self.makers = None                  # launched by Numba's compiled kernel
+        self.kernel = kernel
+        self.core_launch = core_launch
+        self.core_config = LaunchConfig(grid=c.griddim, block=c.blockdim,
+                                        shmem_size=c.sharedmem)
+        self.functions = {device_id(): self.compiled.library.get_cufunc().kernel}
+
+    def __call__(self, args):
+        c = self.numba_config
+        if self.makers is None:
+            self.compiled.launch(args, c.griddim, c.blockdim, c.stream, c.sharedmem)
+            return
+        device = device_id()
+        function = self.functions.get(device)
+        if function is None:                    # the first launch on this device
+            smem.allow_dynamic_shared_memory(self.kernel, args, c.sharedmem)
+            function = self.functions[device] = self.compiled.library.get_cufunc().kernel
+        words = []
+        for make, a in zip(self.makers, args):
+            words.extend(make(a))
+        self.core_launch(c.stream, self.core_config, function, *words)

@@ -1,0 +1,111 @@
+"""numbaflash/launcher.py: the direct launch passes the kernel what Numba's launch passes.
+
+On a GPU:
+- the parameter words the direct launch builds for a kernel's arguments equal, word for
+  word, those numba-cuda's own ``_Kernel._prepare_args`` builds for the same arguments
+  (arrays, views of other shapes, the float and integer scalars);
+- every default forward kernel launched directly gives bitwise the output and lse of the
+  same kernel launched through Numba's dispatcher (``DIRECT_LAUNCH = False``), float32 and
+  float16, causal or not, on shapes that are not tile multiples; the first call of a key
+  goes through the dispatcher, so each is called twice before it is compared.
+On the simulator every launch goes through the dispatcher, which the test below checks.
+"""
+
+import ctypes
+
+import numpy as np
+import pytest
+from numba import cuda
+
+import numbaflash
+from numbaflash import arrays, dispatch, launcher
+from strategies import make_case, on_gpu
+from tolerance import to_host
+
+GPU = on_gpu()
+
+
+def test_the_simulator_never_launches_directly(monkeypatch):
+    if GPU:
+        pytest.skip("on a GPU the direct launch is used; the tests below check it there")
+    monkeypatch.setattr(launcher, "_DIRECT", {})
+    case = make_case(B=1, H=1, Sq=5, Sk=7, d=4, causal=None, seed=1)
+    for _ in range(2):
+        numbaflash.attention(cuda.to_device(case.q), cuda.to_device(case.k),
+                             cuda.to_device(case.v))
+    assert launcher._DIRECT == {}
+
+
+def _value(word):
+    """A parameter word as a number: Python ints as they are, ctypes values unwrapped."""
+    return word.value if isinstance(word, ctypes._SimpleCData) else word
+
+
+@pytest.mark.skipif(not GPU, reason="the direct launch exists only on a GPU")
+def test_the_direct_launchs_words_are_numbas():
+    case = make_case(B=2, H=3, Sq=37, Sk=29, d=16, causal=None, seed=2)
+    q, k, v = (cuda.to_device(x) for x in (case.q, case.k, case.v))
+    p = numbaflash.api._forward_problem_and_plan(q, k, v, False, None,
+                                                 numbaflash.api._variants(*[None] * 7),
+                                                 None, None)[0]
+    plan = dispatch.plan_forward(p)
+    kernel = dispatch.forward_kernel(plan, p)
+    Q = arrays.as_kernel_array(q, (p.BH, p.Sq, p.d), "q")      # views of another shape
+    K = arrays.as_kernel_array(k, (p.BHkv, p.Sk, p.d), "k")
+    V = arrays.as_kernel_array(v, (p.BHkv, p.Sk, p.d), "v")
+    O = arrays.device_empty((p.BH, p.Sq, p.d), np.float32)     # from the output cache
+    L = cuda.device_array((p.BH, p.Sq), np.float32)            # from Numba
+    args = (Q, K, V, O, L, np.float32(p.softmax_scale), np.int64(-3))
+    nbytes = dispatch.forward_dynamic_shared_bytes(plan)
+    launcher.launch(kernel, plan.grid, plan.block, args, ("test",), nbytes)
+    direct = launcher._DIRECT[(kernel, ("test",), plan.grid, plan.block, nbytes)]
+    assert direct.makers is not None, "the default forward kernel must launch directly"
+    ours = [w for make, a in zip(direct.makers, args) for w in make(a)]
+    numbas = []
+    for t, a in zip(direct.compiled.argument_types, args):
+        direct.compiled._prepare_args(t, a, 0, [], numbas)
+    assert [type(w) for w in ours] == [type(w) for w in numbas]
+    assert [_value(w) for w in ours] == [_value(w) for w in numbas]
+
+
+@pytest.mark.skipif(not GPU, reason="the direct launch exists only on a GPU")
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("causal", [None, "bottom_right"])
+@pytest.mark.parametrize("shape", [(1, 1, 128, 64), (2, 3, 97, 59), (1, 2, 300, 128)])
+def test_a_direct_launch_gives_bitwise_the_dispatchers_result(dtype, causal, shape,
+                                                              monkeypatch):
+    B, H, S, d = shape
+    case = make_case(B=B, H=H, Sq=S, Sk=S + 11, d=d, causal=causal, seed=3)
+    q, k, v = (cuda.to_device(x.astype(dtype)) for x in (case.q, case.k, case.v))
+    results = {}
+    for direct in (False, True):
+        monkeypatch.setattr(launcher, "DIRECT_LAUNCH", direct)
+        for _ in range(2):          # the first call of a key goes through the dispatcher
+            out, lse = numbaflash.attention(q, k, v, causal=causal, return_lse=True)
+        results[direct] = (to_host(out), to_host(lse))
+    assert any(key[1] is not None for key in launcher._DIRECT), "nothing launched directly"
+    for a, b in zip(results[False], results[True]):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.skipif(not GPU, reason="the direct launch exists only on a GPU")
+@pytest.mark.parametrize("version", [None, "v4"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("causal", [None, "bottom_right"])
+def test_a_direct_backward_launch_gives_bitwise_the_dispatchers_gradients(version, dtype,
+                                                                          causal,
+                                                                          monkeypatch):
+    """The backward's kernels (the finite check, D, dK/dV, dQ), launched both ways."""
+    case = make_case(B=2, H=2, Sq=97, Sk=130, d=64, causal=causal, seed=4, with_dout=True)
+    q, k, v, dout = (cuda.to_device(x.astype(dtype)) for x in (case.q, case.k, case.v,
+                                                                case.dout))
+    out, lse = numbaflash.attention(q, k, v, causal=causal, return_lse=True)
+    results = {}
+    for direct in (False, True):
+        monkeypatch.setattr(launcher, "DIRECT_LAUNCH", direct)
+        for _ in range(2):          # the first call of a key goes through the dispatcher
+            grads = numbaflash.attention_backward(dout, q, k, v, out, lse, causal=causal,
+                                                  version=version)
+        results[direct] = [to_host(g) for g in grads]
+    for a, b in zip(results[False], results[True]):
+        np.testing.assert_array_equal(a, b)
