@@ -53,6 +53,11 @@ kernels with dynamic shared memory, so its tiles may exceed 48 KB: see
 Float32: d=64 -> (64, 64, 4, 4), d=128 -> (32, 32, 2, 2), 256 threads each.
 ``Plan.shared_bytes`` is each kernel's dynamic shared memory.
 
+Tile rule (v7 forward, float16 tensor cores, the default for plain float16 attention up
+to d = 128 on a GPU): see ``_v7_tiles_within`` and ``v7_chunk``; (Br, Bc) with Br / 16
+warps, 2 Br threads, dynamic shared memory. On the H200: d <= 64 -> (128, 128), 32-key
+chunks; d = 128 -> (128, 64), 16-key chunks.
+
 Tile rule (backward v6, tensor cores, the default for plain float32 attention up to
 d = 128 on a GPU, finite inputs): see ``default_backward_v5_tiles``; (Br, Bc) with
 multiples of 16, 2 Bc threads in the dK/dV kernel and 2 Br in the dQ kernel. Float32 on
@@ -456,26 +461,32 @@ def default_v6_tiles(d):
                      f"within {limit} bytes of shared memory")
 
 
-def check_v6_tiles(tiles, d):
-    """A caller's forward v6 tiles; ValueError names the limit."""
+def _check_warp_tiles(version, tiles, d, chunk, shared_bytes, hint=""):
+    """A caller's tiles for forward v6 or v7 (warps of 16 query rows, 2 Br threads that
+    stage one column each, ``chunk`` keys a step); ValueError names the limit."""
     Br, Bc = _parse_tiles(tiles)
-    chunk = fwd_kernels.V6_CHUNK
     if Br % 16 or Br > 256 or Bc % chunk:
-        raise ValueError(f"v6 tiles must be (Br, Bc) with Br a multiple of 16 up to 256 "
+        raise ValueError(f"{version} tiles must be (Br, Bc) with Br a multiple of 16 up to 256 "
                          f"(warps of 16 query rows) and Bc a multiple of {chunk} (keys in "
-                         f"chunks of {chunk}); got ({Br}, {Bc}). (v6 is the default on a "
-                         f"GPU; version='v5' takes other tiles)")
+                         f"chunks of {chunk}); got ({Br}, {Bc}){hint}")
     width = fwd_kernels.v6_staging_width(d)
     if 2 * Br < width:
-        raise ValueError(f"v6 tiles ({Br}, {Bc}) at head dim {d}: v6 stages its K/V tiles one "
-                         f"column per thread, so its 2 Br threads must cover the head dim "
-                         f"rounded up to a power of two ({width}): Br >= {width // 2}")
-    need = v6_shared_bytes(Br, Bc, d)
+        raise ValueError(f"{version} tiles ({Br}, {Bc}) at head dim {d}: {version} stages its "
+                         f"K/V tiles one column per thread, so its 2 Br threads must cover "
+                         f"the head dim rounded up to a power of two ({width}): "
+                         f"Br >= {width // 2}")
+    need = shared_bytes(Br, Bc, d)
     if need > DYNAMIC_SHARED_MEM_LIMIT:
-        raise ValueError(f"v6 tiles ({Br}, {Bc}) need {need} bytes of shared memory at head "
-                         f"dim {d}; the limit is {DYNAMIC_SHARED_MEM_LIMIT} (227 KB dynamic "
+        raise ValueError(f"{version} tiles ({Br}, {Bc}) need {need} bytes of shared memory at "
+                         f"head dim {d}; the limit is {DYNAMIC_SHARED_MEM_LIMIT} (227 KB dynamic "
                          f"shared memory per block on the H100/H200)")
     return Br, Bc
+
+
+def check_v6_tiles(tiles, d):
+    """A caller's forward v6 tiles; ValueError names the limit."""
+    return _check_warp_tiles("v6", tiles, d, fwd_kernels.V6_CHUNK, v6_shared_bytes,
+                             ". (v6 is the default on a GPU; version='v5' takes other tiles)")
 
 
 def _plan_forward_v6(p, where, tiles, reason):
@@ -490,6 +501,82 @@ def _plan_forward_v6(p, where, tiles, reason):
         reason += "; tiles given by the caller"
     return Plan("forward", "v6", "forward_v6", where, Br, Bc, (math.ceil(p.Sq / Br), p.BH),
                 (2 * Br,), v6_shared_bytes(Br, Bc, p.d), p.acc_dtype, p.causal, reason)
+
+
+# --- forward v7 (float16 inputs on the float16 tensor cores, m16n8k16; GPU only) ---------
+
+# v7 is v6 with float16 tiles and one m16n8k16 product where v6 has three m16n8k8 TF32
+# ones (kernels/forward.py, make_forward_v7). Tile rule: the first (Br, Bc) of
+# V7_CANDIDATES that fits the current GPU's per-block maximum, with V7_CHUNK keys a
+# softmax step; d > 64 starts at (128, 64) with 16-key chunks. Measured (scripts/
+# v7_sweep.py, run 43, (2, 16, 4096, d), float16, ms not causal / causal): d = 64,
+# (128, 128) 2.47 / 1.69, (128, 64) 2.58 / 1.83, (64, 64) 3.04 / 2.03, 16-key chunks at
+# (128, 64) 3.58 / 2.27; d = 128, (128, 64) with 16-key chunks 5.34 / 3.12, with 32-key
+# chunks 5.60 / 3.25, (64, 64) 6.26 / 3.55 ((128, 128) not measured there). Forward v6
+# on the same inputs: 6.04 / 3.77 and 12.86 / 7.16. (128, 128) takes 35 KB at d = 64,
+# (128, 64) 35 KB at d = 128. A caller's tiles: Br a multiple of 16 up to 256, Bc a
+# multiple of 32.
+V7_CANDIDATES = ((128, 128), (128, 64), (64, 64), (64, 32))
+V7_WIDE_MAX_HEAD_DIM = 64     # (128, 128) and 32-key chunks up to here (measured best)
+V7_MAX_HEAD_DIM = 128         # the O fragments (d / 2 a lane) stay in registers up to here
+
+
+def v7_shared_bytes(Br, Bc, d):
+    """Dynamic shared memory of forward v7 (forward.v7_shared_layout), float16."""
+    return fwd_kernels.v7_shared_layout(Bc, d)[1] * 2
+
+
+def v7_refusal(p, where):
+    """Why forward v7 cannot run Problem ``p`` here, or None if it can."""
+    if where != "gpu":
+        return ("v7 uses the tensor cores through inline PTX and warp shuffles, which the "
+                "simulator cannot run (there, v5 computes the same thing)")
+    if p.dtype != "float16":
+        return (f"v7 multiplies float16 inputs on the float16 tensor cores; {p.dtype} inputs "
+                f"run on v6 (float32) or v2 (float64)")
+    if p.d > V7_MAX_HEAD_DIM:
+        return (f"v7 keeps its O fragments in registers, which holds head dims up to "
+                f"{V7_MAX_HEAD_DIM}")
+    return None
+
+
+def _v7_tiles_within(d, limit):
+    """The first of V7_CANDIDATES (from (128, 64) when d > V7_WIDE_MAX_HEAD_DIM) whose
+    shared memory fits ``limit`` bytes and whose threads cover the staging width, or None."""
+    candidates = V7_CANDIDATES if d <= V7_WIDE_MAX_HEAD_DIM else V7_CANDIDATES[1:]
+    width = fwd_kernels.v6_staging_width(d)
+    return next(((Br, Bc) for Br, Bc in candidates
+                 if v7_shared_bytes(Br, Bc, d) <= limit and 2 * Br >= width), None)
+
+
+def v7_chunk(d, Bc):
+    """Keys per online-softmax step of forward v7: 32 up to V7_WIDE_MAX_HEAD_DIM, 16 above
+    (run 43: 5.34 against 5.60 ms at d = 128), and never more than Bc."""
+    return min(fwd_kernels.V7_CHUNK if d <= V7_WIDE_MAX_HEAD_DIM else 16, Bc)
+
+
+def check_v7_tiles(tiles, d):
+    """A caller's forward v7 tiles; ValueError names the limit."""
+    return _check_warp_tiles("v7", tiles, d, fwd_kernels.V7_CHUNK, v7_shared_bytes)
+
+
+def _plan_forward_v7(p, where, tiles, reason):
+    refusal = v7_refusal(p, where)
+    if refusal is not None:
+        raise ValueError(f"forward v7 cannot run this input: {refusal}")
+    if tiles is None:
+        limit = device_dynamic_shared_limit()
+        found = _v7_tiles_within(p.d, limit)
+        if found is None:
+            raise ValueError(f"forward v7 cannot run this input: no v7 tile fits head dim "
+                             f"{p.d} within {limit} bytes of shared memory")
+        Br, Bc = found
+        reason += f"; tiles by the v7 rule for d={p.d}"
+    else:
+        Br, Bc = check_v7_tiles(tiles, p.d)
+        reason += "; tiles given by the caller"
+    return Plan("forward", "v7", "forward_v7", where, Br, Bc, (math.ceil(p.Sq / Br), p.BH),
+                (2 * Br,), v7_shared_bytes(Br, Bc, p.d), p.acc_dtype, p.causal, reason)
 
 
 V4_DEFAULT_MAX_HEAD_DIM = 128   # where v4 and v5 were measured (d = 64 and 128)
@@ -508,6 +595,12 @@ def _default_forward_version(p, where):
     version there is (its results agree with v6's within rounding; the tests hold both to
     the same rule). v5 was the GPU default before v6 (runs 20-26: d = 64, 5.86 ms against
     v4's 7.09 and v2's 17.99).
+
+    Float16 inputs on a GPU, the same plain attention: v7, v6's algorithm on the float16
+    tensor cores (one m16n8k16 product where v6 has three TF32 ones), P~ rounded to
+    float16 for its product with V (scripts/v7_sweep.py, run 43, (2, 16, 4096, d), ms not
+    causal / causal: d = 64, 2.47 / 1.69 against v6's 6.04 / 3.77; d = 128, 5.34 / 3.12
+    against 12.86 / 7.16).
 
     Variants, float64 and d > 128: v2, which takes the variant arguments and was not
     measured slower there. v3 (the first tensor-core version) stays opt-in: exact only
@@ -528,6 +621,11 @@ def _default_forward_version(p, where):
                       "(tensor cores, inline PTX): register-blocked, its tiles in dynamic "
                       "shared memory, exact for every input; on a GPU, v6 runs instead")
     limit = device_dynamic_shared_limit()
+    if p.dtype == np.float16 and _v7_tiles_within(p.d, limit) is not None:
+        return "v7", ("v7 is the default for plain attention in float16 with d <= "
+                      f"{V7_MAX_HEAD_DIM} on a GPU: float16 products on the tensor cores "
+                      "(m16n8k16, float32 sums; P~ rounded to float16 for P~ V), NaN and inf "
+                      "placed exactly as by v6, 2.2x-2.4x v6's speed on the H200 (run 43)")
     if _v6_tiles_within(p.d, limit) is None:
         return "v5", (f"v5 is the default here: no v6 tile fits head dim {p.d} in this GPU's "
                       f"{limit} bytes of shared memory per block, and v5 (register-blocked "
@@ -578,7 +676,7 @@ def plan_forward(p, version=None, tiles=None):
                     (32 * fwd_kernels.V3_WARPS,), v3_shared_bytes(Bc, p.d), p.acc_dtype,
                     p.causal, reason)
 
-    if version in ("v4", "v5", "v6"):
+    if version in ("v4", "v5", "v6", "v7"):
         wanted = needs_variants(p)
         if wanted is not None:
             raise ValueError(f"forward {version} cannot run this input: it computes plain "
@@ -586,6 +684,8 @@ def plan_forward(p, version=None, tiles=None):
                              f"asks for {wanted}; v1 and v2 (the default) support variants")
         if version == "v6":
             return _plan_forward_v6(p, where, tiles, reason)
+        if version == "v7":
+            return _plan_forward_v7(p, where, tiles, reason)
         return _plan_forward_blocked(p, where, tiles, reason, version)
 
     if tiles is None:
@@ -615,6 +715,9 @@ def forward_kernel(plan, p):
         return fwd_kernels.make_forward_v5(plan.Br, plan.Bc, TM, TN, p.d, p.upper, p.acc_dtype)
     if plan.version == "v6":
         return fwd_kernels.make_forward_v6(plan.Br, plan.Bc, p.d, p.upper)
+    if plan.version == "v7":
+        return fwd_kernels.make_forward_v7(plan.Br, plan.Bc, p.d, p.upper,
+                                           v7_chunk(p.d, plan.Bc))
     return fwd_kernels.make_forward_v2(plan.Br, plan.Bc, p.d, p.upper, p.acc_dtype, p.variant)
 
 
@@ -687,9 +790,9 @@ def launch_forward(plan, p, Q, K, V, O, L, slopes=None, attn_mask=None):
 
 
 def forward_dynamic_shared_bytes(plan):
-    """The dynamic shared memory a forward launch must ask for: v5's and v6's tiles (their
-    ``shared_bytes``); 0 for the versions whose shared arrays are static."""
-    return plan.shared_bytes if plan.version in ("v5", "v6") else 0
+    """The dynamic shared memory a forward launch must ask for: v5's, v6's and v7's tiles
+    (their ``shared_bytes``); 0 for the versions whose shared arrays are static."""
+    return plan.shared_bytes if plan.version in ("v5", "v6", "v7") else 0
 
 
 # ---------------------------------------------------------------------------------------

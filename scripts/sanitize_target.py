@@ -10,6 +10,8 @@ mask_mod, on ragged shapes.
 
 ``--forward V`` also runs forward V once on inputs with a NaN in q and k and an inf in v,
 so that the paths that handle non-finite inputs (forward v6's fix-ups) are checked too.
+``--dtype T`` runs every case in dtype T only (e.g. ``--forward v7 --dtype float16``:
+v7 takes float16 inputs only).
 
 Shapes are small (the sanitizer slows kernels down 10-100x, and every process compiles
 its kernels again) but cross tile boundaries with ragged tails, Sq != Sk in both
@@ -69,10 +71,10 @@ def main_variants():
         print(f"backward v1 {name}: ok", flush=True)
 
 
-def nonfinite_forward(versions, rng, shape, causal):
-    """The forward versions on float32 inputs with NaN in q and k and +inf in v."""
+def nonfinite_forward(versions, rng, shape, causal, dtype=np.float32):
+    """The forward versions on inputs with NaN in q and k and +inf in v."""
     B, H, Sq, Sk, d = shape
-    q, k, v = (rng.standard_normal((B, H, S, d)).astype(np.float32) for S in (Sq, Sk, Sk))
+    q, k, v = (rng.standard_normal((B, H, S, d)).astype(dtype) for S in (Sq, Sk, Sk))
     q[0, 0, 3, 5] = np.nan
     k[0, 1, Sk // 2, 7] = np.nan
     v[0, 0, Sk - 9, 1] = np.inf
@@ -80,7 +82,8 @@ def nonfinite_forward(versions, rng, shape, causal):
     for version in versions:
         numbaflash.attention(q, k, v, causal=causal, version=version)
         cuda.synchronize()
-        print(f"forward {version} {shape} {causal} float32 with NaN and inf: ok", flush=True)
+        print(f"forward {version} {shape} {causal} {np.dtype(dtype).name} with NaN and inf: ok",
+              flush=True)
 
 
 def main():
@@ -93,9 +96,10 @@ def main():
     if "--forward" in sys.argv[1:]:         # --forward V: only forward V, no backward
         forward_versions = (sys.argv[sys.argv.index("--forward") + 1],)
         backward_versions = ()
+    only = sys.argv[sys.argv.index("--dtype") + 1] if "--dtype" in sys.argv[1:] else None
     rng = np.random.default_rng(0)
     for B, H, Sq, Sk, d, causal, dtypes in CASES:
-        for dtype in (np.dtype(t).type for t in dtypes):
+        for dtype in (np.dtype(t).type for t in ((only,) if only else dtypes)):
             q, k, v = (cuda.to_device(rng.standard_normal((B, H, S, d)).astype(dtype))
                        for S in (Sq, Sk, Sk))
             for version in forward_versions:
@@ -108,8 +112,8 @@ def main():
                 cuda.synchronize()
                 print(f"forward {version} {(B, H, Sq, Sk, d)} {causal} {np.dtype(dtype).name}: ok",
                       flush=True)
-            if "--forward" in sys.argv[1:] and dtype == np.float32 and d == 64:
-                nonfinite_forward(forward_versions, rng, (B, H, Sq, Sk, d), causal)
+            if "--forward" in sys.argv[1:] and dtype != np.float64 and d == 64:
+                nonfinite_forward(forward_versions, rng, (B, H, Sq, Sk, d), causal, dtype)
             dout = cuda.to_device(rng.standard_normal((B, H, Sq, d)).astype(dtype))
             for version in backward_versions:
                 try:

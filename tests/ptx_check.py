@@ -155,6 +155,15 @@ def forward_entries():
                     out.append(Entry(f"forward_v6-{tag}-tiles{Br}x{Bc}", "forward",
                                      lambda t=(Br, Bc), d=d, c=causal:
                                      fwd.make_forward_v6(*t, d, c), sig, True))
+        # v7 (float16 tensor cores, GPU only): float16 inputs only, d <= 128, its own rule
+        if "v7" in fwd.VERSIONS and dtype == "float16":
+            for d in (1, 59, 64, 128):
+                Br, Bc = dispatch._v7_tiles_within(d, dispatch.DYNAMIC_SHARED_MEM_LIMIT)
+                for causal in (False, True):
+                    tag = f"{dtype}-d{d}-{'causal' if causal else 'full'}"
+                    out.append(Entry(f"forward_v7-{tag}-tiles{Br}x{Bc}", "forward",
+                                     lambda t=(Br, Bc), d=d, c=causal:
+                                     fwd.make_forward_v7(*t, d, c), sig, True))
     assert {e.name.split("-")[0] for e in out} == {f"forward_{v}" for v in fwd.VERSIONS}, \
         "a forward version is missing from ptx_check.forward_entries"
     return out

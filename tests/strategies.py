@@ -93,11 +93,14 @@ def refusal(explain, version, dtype="float32"):
 
 def version_params(versions, explain, dtype="float32"):
     """``versions`` as pytest params; one the library says cannot run here at all for
-    ``dtype`` becomes a visible skip carrying its reason, never a silent omission."""
+    ``dtype`` (a name, or a tuple of names: refused for every one of them) becomes a
+    visible skip carrying its (first) reason, never a silent omission."""
     import pytest
     params = []
     for version in versions:
-        why = refusal(explain, version, dtype)
+        whys = [refusal(explain, version, t) for t in
+                ((dtype,) if isinstance(dtype, str) else dtype)]
+        why = None if None in whys else whys[0]
         params.append(version if why is None else
                       pytest.param(version, marks=pytest.mark.skip(reason=why)))
     return params

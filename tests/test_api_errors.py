@@ -269,6 +269,37 @@ def test_v6_plans_on_a_gpu_and_refuses_elsewhere(monkeypatch):
     raises(ValueError, r"head dims up to 128", q, k, v, version="v6")
 
 
+def test_v7_plans_float16_on_a_gpu_and_refuses_the_rest(monkeypatch):
+    """v7 (float16 tensor cores): refused on the simulator with the reason; on a GPU
+    (simulating patched away) it is the default for float16 (v6 stays float32's), with
+    the documented tiles and chunks, 2 Br threads and its dynamic shared memory, and it
+    refuses float32, d > 128 and bad tiles, each with its limit."""
+    q, k, v = arrays((2, 5, 64), (2, 6, 64), dtype=np.float16)
+    if dispatch.simulating():
+        raises(ValueError, r"forward v7 cannot run this input: .*simulator cannot run", q, k, v,
+               version="v7")
+    monkeypatch.setattr(dispatch, "simulating", lambda: False)
+    monkeypatch.setattr(dispatch, "device_dynamic_shared_limit", lambda: 232448)
+    for d, tiles, chunk in ((64, (128, 128), 32), (128, (128, 64), 16)):
+        q, k, v = arrays((2, 5, d), (2, 6, d), dtype=np.float16)
+        plan = numbaflash.explain(q, k, v, causal=True, version="v7")
+        assert plan.kernel == "forward_v7" and (plan.Br, plan.Bc) == tiles
+        assert plan.block == (256,) and plan.shared_bytes == dispatch.v7_shared_bytes(*tiles, d)
+        assert dispatch.v7_chunk(d, plan.Bc) == chunk
+        default = numbaflash.explain(q, k, v)           # the default for float16 is v7
+        assert default.version == "v7" and "float16" in default.reason
+        q32, k32, v32 = arrays((2, 5, d), (2, 6, d))    # and for float32 still v6
+        assert numbaflash.explain(q32, k32, v32).version == "v6"
+    q, k, v = arrays((2, 5, 64), (2, 6, 64))
+    raises(ValueError, r"v7 multiplies float16 inputs .*float32 inputs run on v6", q, k, v,
+           version="v7")
+    q, k, v = arrays((2, 5, 136), (2, 6, 136), dtype=np.float16)
+    raises(ValueError, r"head dims up to 128", q, k, v, version="v7")
+    q, k, v = arrays((2, 5, 64), (2, 6, 64), dtype=np.float16)
+    raises(ValueError, r"Bc a multiple of 32", q, k, v, version="v7", tiles=(64, 48))
+    raises(ValueError, r"Br >= 32", q, k, v, version="v7", tiles=(16, 32))
+
+
 @pytest.mark.parametrize("acc_dtype", ["float32", "float64"])
 def test_default_v5_tiles_follow_the_documented_rule(acc_dtype, monkeypatch):
     """The v5 rule (GPU candidates) picks, for every head dim, tiles that pass the caller's

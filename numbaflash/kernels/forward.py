@@ -104,8 +104,8 @@ v5  v4 with dynamic shared memory (the default for plain attention in float32 an
     0.659x PyTorch SDPA's float32 forward at (2, 16, 4096, 64) (docs/performance.md).
     Since v6 (below) it is the default on the simulator only.
 
-v6  v3 made fast and exact (GPU only; the default for plain attention in float32 and
-    float16 with d <= 128 on a GPU; on the simulator the dispatcher runs v5). v3 split
+v6  v3 made fast and exact (GPU only; the default for plain attention in float32 with
+    d <= 128 on a GPU, and in float16 before v7; on the simulator the dispatcher runs v5). v3 split
     every K and V operand into TF32 parts again for every mma, in every warp (1162
     instructions per 16-key chunk for 96 mma: scripts/sass_loops.py). v6 splits each
     element once, while the block stages the tile, into (big, small) pairs in dynamic
@@ -122,13 +122,25 @@ v6  v3 made fast and exact (GPU only; the default for plain attention in float32
     eight warps per SM, issue slots busy 38 %, and the K/V tile loaded while no warp of
     the block computes.
 
+v7  v6 for float16 inputs on the float16 tensor cores (GPU only; the default for plain
+    float16 attention with d <= 128 on a GPU; on the simulator, v5). A float16 value has
+    11 significant bits, so the tensor cores' float16 mma (m16n8k16) multiplies two of
+    them exactly and sums in float32: one product where v6 needs three TF32 ones, over
+    16 of the head dim instead of 8. Kj and Vj (transposed) stay float16 in shared
+    memory, two neighbours per 32-bit word; the S accumulators are, as they stand, the
+    A fragments of P~ Vj, with P~ rounded to float16 there (as flash-attention's float16
+    kernels do; l sums the float32 P~). NaN and inf are handled as in v6. H200,
+    2026-12-01 (run 43, scripts/v7_sweep.py, float16 inputs): (2, 16, 4096, 64) 2.47 ms
+    against v6's 6.04 on the same inputs, 53-56 TFLOP/s; d = 128, 5.34 ms against 12.86;
+    PyTorch SDPA's float16 EFFICIENT kernel took 1.23 and 1.75 ms.
+
 Variants (kernels/variants.py, docs/variants.md): v1 and v2 take a compile-time
 ``variant`` and seven more run-time arguments after causal_offset (window_lo, Hq, group,
 softcap, slopes, attn_mask, tiles): sliding windows, GQA/MQA, softcap, ALiBi, boolean and
 additive masks, and the user's score_mod / mask_mod, all through two inlined device
 functions, visible() and score(). Masked entries are not computed; tiles a window leaves
 empty are not visited, and v2 skips the tiles a boolean attn_mask or a mask_mod leaves
-empty through the table of visible tiles (``tiles``, variants.make_tile_table). v3 to v6
+empty through the table of visible tiles (``tiles``, variants.make_tile_table). v3 to v7
 compute plain attention only (the dispatcher refuses variants).
 
 Fully masked rows (causal with Sq > Sk, or Sk = 0) end with l = 0: they write O = 0 and
@@ -146,7 +158,7 @@ from .bands import make_kv_tile_range
 from .smem import U
 from .variants import PLAIN, make_variant_functions
 
-VERSIONS = ("v1", "v2", "v3", "v4", "v5", "v6")
+VERSIONS = ("v1", "v2", "v3", "v4", "v5", "v6", "v7")
 
 
 @functools.lru_cache(maxsize=None)
@@ -1019,6 +1031,164 @@ def make_forward_v5(Br, Bc, TM, TN, d, causal, acc_dtype):
     return forward_v5
 
 
+
+@functools.lru_cache(maxsize=None)
+def make_mma_row_steps(d, causal, chunk, o_tiles):
+    """The steps forward v6 and v7 share, as inlined device functions: everything in their
+    chunk loop and after it except the two matrix products and the staging. Both keep a
+    warp's 16 query rows in the m16n8 accumulator layout (lane (g, t) holds rows g and
+    g + 8, keys or columns 2t and 2t + 1 of each n-tile of 8), so the same code serves
+    v6's TF32 products and v7's float16 ones. ``chunk``: keys per online-softmax step
+    (NT = chunk / 8 n-tiles of S); ``o_tiles``: n-tiles of 8 columns of O (d padded to
+    the mma's k, over 8). Float32 accumulation.
+
+    Returns (finite, add_nonfinite_scores, softmax_step, add_nonfinite_values,
+    write_rows); each says what it does. The non-finite fix-ups are described in
+    make_forward_v6. (Moving these out of v6 changed its PTX only in the order of a few
+    independent instructions: the same instructions, and the same registers after ptxas
+    at d = 59, 64 and 128; run 47 timed and tested it on the H200.)"""
+    acc = acc_type("float32")
+    ZERO = acc(0)
+    NEG_INF = acc(-math.inf)
+    F32_MAX = acc(3.4028234663852886e38)
+    LOG2E = acc(1.4426950408889634)
+    NT = chunk // 8
+    S_FRAGS = NT * 4
+
+    @cuda.jit(device=True, inline=True)
+    def finite(x):
+        return abs(x) <= F32_MAX        # one comparison; False for NaN and +-inf
+
+    @cuda.jit(device=True, inline=True)
+    def nonfinite_terms(Q, K, bh, row, col, Sq, Sk):
+        """The sum of the products Q[row, k] * K[col, k] with a non-finite factor: what
+        the tensor cores left out of this score (those factors were staged as 0)."""
+        x = ZERO
+        if row < Sq and col < Sk:
+            k = 0
+            while k < d:
+                q = acc(Q[U(bh), U(row), U(k)])
+                kk = acc(K[U(bh), U(col), U(k)])
+                if not (finite(q) and finite(kk)):
+                    x += q * kk
+                k += 1
+        return x
+
+    @cuda.jit(device=True, inline=True)
+    def add_nonfinite_scores(s, Q, K, bh, col0, row0, t, Sq, Sk):
+        """Rare: a non-finite q or k was staged as 0; add its terms to the chunk's scores
+        s (keys from col0)."""
+        for nt in range(NT):
+            col = col0 + nt * 8 + 2 * t
+            for x in range(4):      # s[nt * 4 + x]: row0 or row1, col or col + 1
+                s[nt * 4 + x] += nonfinite_terms(Q, K, bh, row0 + 8 * (x // 2),
+                                                 col + x % 2, Sq, Sk)
+
+    @cuda.jit(device=True, inline=True)
+    def softmax_step(s, softmax_scale, whole_tile, col0, row0, t, Sk, causal_offset,
+                     m0, m1, l0, l1):
+        """Alg.1 l.8-9 after the product: scale the chunk's scores s (keys from col0),
+        mask them unless ``whole_tile`` (the last tile, or the causal diagonal), take the
+        new running max over the quad, and turn s into P~ = exp(S - m_new) in place.
+        Returns (alpha0, alpha1, m0, m1, l0, l1): the rescale factors of rows row0 and
+        row0 + 8 and their new running max and (this lane's part of the) sums."""
+        for x in range(S_FRAGS):
+            s[x] *= softmax_scale
+        if not whole_tile:
+            for nt in range(NT):
+                col = col0 + nt * 8 + 2 * t
+                for x in range(4):
+                    key = col + x % 2
+                    if not (key < Sk and (not causal
+                                          or key <= row0 + 8 * (x // 2) + causal_offset)):
+                        s[nt * 4 + x] = NEG_INF
+        mt0 = NEG_INF           # this lane's part of the chunk's row maxima
+        mt1 = NEG_INF
+        for nt in range(NT):
+            for h in range(2):
+                if s[nt * 4 + h] > mt0:
+                    mt0 = s[nt * 4 + h]
+                if s[nt * 4 + 2 + h] > mt1:
+                    mt1 = s[nt * 4 + 2 + h]
+        mt0 = quad_max(mt0)
+        mt1 = quad_max(mt1)
+        mn0 = mt0 if mt0 > m0 else m0
+        mn1 = mt1 if mt1 > m1 else m1
+        ms0 = ZERO if mn0 == NEG_INF else mn0     # no key seen yet: avoid -inf - -inf
+        ms1 = ZERO if mn1 == NEG_INF else mn1
+        # exp(x - m) as exp2(x * log2(e) - m * log2(e)): one multiply-add and the
+        # hardware's exp2, where math.exp spends about 15 instructions.
+        alpha0 = math.exp2((m0 - ms0) * LOG2E) if m0 != NEG_INF else ZERO
+        alpha1 = math.exp2((m1 - ms1) * LOG2E) if m1 != NEG_INF else ZERO
+        ml0 = ms0 * LOG2E
+        ml1 = ms1 * LOG2E
+        lt0 = ZERO
+        lt1 = ZERO
+        for nt in range(NT):
+            for h in range(2):
+                x = s[nt * 4 + h]
+                s[nt * 4 + h] = math.exp2(x * LOG2E - ml0) if x != NEG_INF else ZERO
+                lt0 += s[nt * 4 + h]
+                x = s[nt * 4 + 2 + h]
+                s[nt * 4 + 2 + h] = math.exp2(x * LOG2E - ml1) if x != NEG_INF else ZERO
+                lt1 += s[nt * 4 + 2 + h]
+        return alpha0, alpha1, mn0, mn1, alpha0 * l0 + lt0, alpha1 * l1 + lt1
+
+    @cuda.jit(device=True, inline=True)
+    def add_nonfinite_values(o, s, V, bh, col0, row0, row1, g, t, Sk, causal_offset):
+        """Rare: a non-finite v of the chunk (keys from col0) was staged as 0; add
+        p * v for those values to the O fragments o of the rows that see the key."""
+        kk = 0
+        while kk < chunk:        # the chunk's keys, in step in every lane
+            # P~ of this key for row0 and row1 is in lane (g, kk % 8 // 2) of the
+            # quad, in s[kk // 8 * 4 + kk % 2] and the entry 2 after it.
+            x0 = ZERO
+            x1 = ZERO
+            for nt in range(NT):
+                for h in range(2):
+                    if kk // 8 == nt and kk % 2 == h:
+                        x0 = s[nt * 4 + h]
+                        x1 = s[nt * 4 + 2 + h]
+            p0 = cuda.shfl_sync(FULL_WARP, x0, g * 4 + kk % 8 // 2)
+            p1 = cuda.shfl_sync(FULL_WARP, x1, g * 4 + kk % 8 // 2)
+            col = col0 + kk
+            if col < Sk:
+                sees0 = not causal or col <= row0 + causal_offset
+                sees1 = not causal or col <= row1 + causal_offset
+                for nd in range(o_tiles):
+                    for h in range(2):
+                        k = nd * 8 + 2 * t + h
+                        if k < d:
+                            v = acc(V[U(bh), U(col), U(k)])
+                            if not finite(v):
+                                if sees0:
+                                    o[nd * 4 + h] += p0 * v
+                                if sees1:
+                                    o[nd * 4 + 2 + h] += p1 * v
+            kk += 1
+
+    @cuda.jit(device=True, inline=True)
+    def write_rows(O, L, o, bh, row0, row1, t, m0, m1, l0, l1, Sq):
+        """Alg.1 l.12-16: the quad's row sums, normalise once, write O and L (as v3)."""
+        l0 = quad_sum(l0)
+        l1 = quad_sum(l1)
+        for nd in range(o_tiles):
+            for h in range(2):
+                col = nd * 8 + 2 * t + h
+                if col < d:
+                    if row0 < Sq:
+                        O[bh, row0, col] = ZERO if l0 == ZERO else o[nd * 4 + h] / l0
+                    if row1 < Sq:
+                        O[bh, row1, col] = ZERO if l1 == ZERO else o[nd * 4 + 2 + h] / l1
+        if t == 0:
+            if row0 < Sq:
+                L[bh, row0] = NEG_INF if l0 == ZERO else m0 + math.log(l0)
+            if row1 < Sq:
+                L[bh, row1] = NEG_INF if l1 == ZERO else m1 + math.log(l1)
+
+    return finite, add_nonfinite_scores, softmax_step, add_nonfinite_values, write_rows
+
+
 V6_CHUNK = 16                           # v6: keys per online-softmax step, by default
 V6_Q_REGISTERS_MAX_DP = 64              # v6: Q's fragments stay in registers up to this DP
 V6_LOAD_BATCH = 4                       # v6: K and V elements a thread loads at once (8: 253
@@ -1088,6 +1258,9 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
       the value finite (the staged 0 contributes 0 * p = 0 where the finite value gave
       0 * p = 0 too, for a hidden key).
 
+    The steps after the two products (scale, mask, online softmax, the fix-ups, the final
+    write) are ``make_mma_row_steps``'s, shared with v7.
+
     ``chunk`` (the keys of one online-softmax step, a multiple of 8 dividing Bc) and
     ``max_registers`` (ptxas's limit, None for none) are there to be measured
     (scripts/v6_sweep.py --configs); the dispatcher uses the defaults.
@@ -1112,13 +1285,13 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
     S_FRAGS = NT * 4                        # fragment registers of S per lane
     Q_REGS = DP <= V6_Q_REGISTERS_MAX_DP    # Qi's fragments in registers, else in QP
     Q_FRAGS = QO_FRAGS if Q_REGS else 1
-    F32_MAX = acc(3.4028234663852886e38)
-    LOG2E = acc(1.4426950408889634)
     W = v6_staging_width(d)                 # the staging loops' row width (<= THREADS)
     assert THREADS % W == 0, (Br, d)        # dispatch.check_v6_tiles refuses these
     RSTEP = THREADS // W                    # rows a pass of the block stages
     KP_AT, VP_AT, QP_AT, END, K_ROW, V_ROW = v6_shared_layout(Br, Bc, d)
     kv_tile_range = make_kv_tile_range(Br, Bc, causal, False)
+    (finite, add_nonfinite_scores, softmax_step, add_nonfinite_values,
+     write_rows) = make_mma_row_steps(d, causal, CHUNK, KS)
 
     @cuda.jit(device=True, inline=True)
     def mma3(a0b, a1b, a2b, a3b, a0s, a1s, a2s, a3s, b0b, b1b, b0s, b1s, c, e, f):
@@ -1142,10 +1315,6 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
         return c, e
 
     @cuda.jit(device=True, inline=True)
-    def finite(x):
-        return abs(x) <= F32_MAX        # one comparison; False for NaN and +-inf
-
-    @cuda.jit(device=True, inline=True)
     def finite_or_zero(x, bad, slot, mark):
         """x, or 0 if x is not finite; then bad[slot] is raised to ``mark``."""
         if not finite(x):
@@ -1159,21 +1328,6 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
         finite_or_zero."""
         x = acc(A[U(bh), U(r), U(k)]) if r < nrows and k < d else ZERO
         return finite_or_zero(x, bad, slot, mark)
-
-    @cuda.jit(device=True, inline=True)
-    def nonfinite_terms(Q, K, bh, row, col, Sq, Sk):
-        """The sum of the products Q[row, k] * K[col, k] with a non-finite factor: what
-        the tensor cores left out of this score (those factors were staged as 0)."""
-        x = ZERO
-        if row < Sq and col < Sk:
-            k = 0
-            while k < d:
-                q = acc(Q[U(bh), U(row), U(k)])
-                kk = acc(K[U(bh), U(col), U(k)])
-                if not (finite(q) and finite(kk)):
-                    x += q * kk
-                k += 1
-        return x
 
     options = jit_options()
     if max_registers:       # ptxas's register limit (GPU-only kernel: no simulator concern)
@@ -1312,56 +1466,12 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
                 # (What follows the products comes after all of them, so that ptxas may
                 # interleave the n-tiles' mma: a branch between them would keep it from it.)
                 if fix_scores:          # rare: a non-finite q or k was staged as 0
-                    for nt in range(NT):
-                        col = j * Bc + key0 + nt * 8 + 2 * t
-                        for x in range(4):      # s[nt * 4 + x]: row0 or row1, col or col + 1
-                            s[nt * 4 + x] += nonfinite_terms(Q, K, bh, row0 + 8 * (x // 2),
-                                                             col + x % 2, Sq, Sk)
-                for x in range(S_FRAGS):
-                    s[x] *= softmax_scale
-                if not whole_tile:      # the last tile, or the causal diagonal: mask
-                    for nt in range(NT):
-                        col = j * Bc + key0 + nt * 8 + 2 * t
-                        for x in range(4):
-                            key = col + x % 2
-                            if not (key < Sk and (not causal
-                                                  or key <= row0 + 8 * (x // 2) + causal_offset)):
-                                s[nt * 4 + x] = NEG_INF
-                mt0 = NEG_INF           # this lane's part of the chunk's row maxima
-                mt1 = NEG_INF
-                for nt in range(NT):
-                    for h in range(2):
-                        if s[nt * 4 + h] > mt0:
-                            mt0 = s[nt * 4 + h]
-                        if s[nt * 4 + 2 + h] > mt1:
-                            mt1 = s[nt * 4 + 2 + h]
-                # Alg.1 l.9: new running max (over the quad), P~ = exp(S - m_new), rescale.
-                mt0 = quad_max(mt0)
-                mt1 = quad_max(mt1)
-                mn0 = mt0 if mt0 > m0 else m0
-                mn1 = mt1 if mt1 > m1 else m1
-                ms0 = ZERO if mn0 == NEG_INF else mn0     # no key seen yet: avoid -inf - -inf
-                ms1 = ZERO if mn1 == NEG_INF else mn1
-                # exp(x - m) as exp2(x * log2(e) - m * log2(e)): one multiply-add and the
-                # hardware's exp2, where math.exp spends about 15 instructions.
-                alpha0 = math.exp2((m0 - ms0) * LOG2E) if m0 != NEG_INF else ZERO
-                alpha1 = math.exp2((m1 - ms1) * LOG2E) if m1 != NEG_INF else ZERO
-                ml0 = ms0 * LOG2E
-                ml1 = ms1 * LOG2E
-                lt0 = ZERO
-                lt1 = ZERO
-                for nt in range(NT):
-                    for h in range(2):
-                        x = s[nt * 4 + h]
-                        s[nt * 4 + h] = math.exp2(x * LOG2E - ml0) if x != NEG_INF else ZERO
-                        lt0 += s[nt * 4 + h]
-                        x = s[nt * 4 + 2 + h]
-                        s[nt * 4 + 2 + h] = math.exp2(x * LOG2E - ml1) if x != NEG_INF else ZERO
-                        lt1 += s[nt * 4 + 2 + h]
-                l0 = alpha0 * l0 + lt0
-                l1 = alpha1 * l1 + lt1
-                m0 = mn0
-                m1 = mn1
+                    add_nonfinite_scores(s, Q, K, bh, j * Bc + key0, row0, t, Sq, Sk)
+                # Alg.1 l.9: scale and mask, new running max (over the quad),
+                # P~ = exp(S - m_new) in s, and the rescale factors alpha.
+                alpha0, alpha1, m0, m1, l0, l1 = softmax_step(
+                    s, softmax_scale, whole_tile, j * Bc + key0, row0, t, Sk, causal_offset,
+                    m0, m1, l0, l1)
                 # Alg.1 l.10: O = diag(alpha) O + P~ Vj, P~ straight from the S fragments
                 # (keys 2t and 2t+1 of each 8 play the mma's k = t and t + 4, as in v3).
                 # A NaN in P~ (from a NaN score) reaches l, so its split may be anything.
@@ -1385,50 +1495,249 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
                     o[nd * 4 + 2] = o[nd * 4 + 2] * alpha1 + (c[2] + e[2])
                     o[nd * 4 + 3] = o[nd * 4 + 3] * alpha1 + (c[3] + e[3])
                 if fix_values:          # rare: a non-finite v was staged as 0
-                    kk = 0
-                    while kk < CHUNK:        # the chunk's keys, in step in every lane
-                        # P~ of this key for row0 and row1 is in lane (g, kk % 8 // 2) of
-                        # the quad, in s[kk // 8 * 4 + kk % 2] and the entry 2 after it.
-                        x0 = ZERO
-                        x1 = ZERO
-                        for nt in range(NT):
-                            for h in range(2):
-                                if kk // 8 == nt and kk % 2 == h:
-                                    x0 = s[nt * 4 + h]
-                                    x1 = s[nt * 4 + 2 + h]
-                        p0 = cuda.shfl_sync(FULL_WARP, x0, g * 4 + kk % 8 // 2)
-                        p1 = cuda.shfl_sync(FULL_WARP, x1, g * 4 + kk % 8 // 2)
-                        col = j * Bc + key0 + kk
-                        if col < Sk:
-                            sees0 = not causal or col <= row0 + causal_offset
-                            sees1 = not causal or col <= row1 + causal_offset
-                            for nd in range(KS):
-                                for h in range(2):
-                                    k = nd * 8 + 2 * t + h
-                                    if k < d:
-                                        v = acc(V[U(bh), U(col), U(k)])
-                                        if not finite(v):
-                                            if sees0:
-                                                o[nd * 4 + h] += p0 * v
-                                            if sees1:
-                                                o[nd * 4 + 2 + h] += p1 * v
-                        kk += 1
+                    add_nonfinite_values(o, s, V, bh, j * Bc + key0, row0, row1, g, t, Sk,
+                                         causal_offset)
 
         # Alg.1 l.12-16: the quad's row sums, normalise once, write O and L (as v3).
-        l0 = quad_sum(l0)
-        l1 = quad_sum(l1)
-        for nd in range(KS):
-            for h in range(2):
-                col = nd * 8 + 2 * t + h
-                if col < d:
-                    if row0 < Sq:
-                        O[bh, row0, col] = ZERO if l0 == ZERO else o[nd * 4 + h] / l0
-                    if row1 < Sq:
-                        O[bh, row1, col] = ZERO if l1 == ZERO else o[nd * 4 + 2 + h] / l1
-        if t == 0:
-            if row0 < Sq:
-                L[bh, row0] = NEG_INF if l0 == ZERO else m0 + math.log(l0)
-            if row1 < Sq:
-                L[bh, row1] = NEG_INF if l1 == ZERO else m1 + math.log(l1)
+        write_rows(O, L, o, bh, row0, row1, t, m0, m1, l0, l1, Sq)
 
     return forward_v6
+
+
+V7_CHUNK = 32                           # v7: keys per online-softmax step, by default
+V7_LOAD_BATCH = 4                       # v7: K and V elements a thread loads at once
+
+
+def v7_shared_layout(Bc, d):
+    """Where forward v7's float16 tiles sit in its one dynamic float16 array, and their row
+    lengths: (VT_AT, END, K_ROW, V_ROW). Kj is stored as it is, row c of keys at
+    c * K_ROW; Vj transposed, row k (a column of V) at VT_AT + k * V_ROW, so that both
+    operands of the mma read two neighbouring float16 values as one 32-bit word. DP is d
+    rounded up to the mma's k = 16. The rows are padded to an odd multiple of four words
+    (K_ROW = DP + 8, V_ROW = Bc + 8 halves), so that the eight groups of a warp's fragment
+    read hit different banks (make_forward_v7). ``dispatch.v7_shared_bytes`` is END * 2."""
+    DP = (d + 15) // 16 * 16
+    K_ROW = DP + 8
+    V_ROW = Bc + 8
+    VT_AT = Bc * K_ROW
+    END = VT_AT + DP * V_ROW
+    return VT_AT, END, K_ROW, V_ROW
+
+
+@functools.lru_cache(maxsize=None)
+def make_forward_v7(Br, Bc, d, causal, chunk=V7_CHUNK):
+    """v7: float16 inputs on the float16 tensor cores (GPU only; float32 sums, d <= 128).
+    On the simulator the dispatcher runs v5 instead.
+
+    v6 multiplies float32 values to float32 accuracy with three TF32 products (3xTF32).
+    A float16 value needs none of that: it has 11 significant bits, and the tensor cores'
+    float16 ``mma`` (m16n8k16: 16 x 16 times 16 x 8, ptx.mma_f16) multiplies two of them
+    exactly and adds the products in float32. So v7 is v6's algorithm, warp layout and
+    online softmax with one product where v6 has three, and k = 16 instead of 8:
+
+    * Sij = Qi Kj^T is one mma per 16 x 8 x 16 block: exact products of the float16
+      inputs, summed in float32 (as v6's are, to float32 accuracy).
+    * P~ij Vj needs P~ as float16: each probability (in [0, 1]) is rounded to float16
+      (ptx.pack_f16x2), a relative error of at most 2^-11 per term, as flash-attention's
+      float16 kernels do. The row sum l adds the unrounded float32 P~. The tests hold v7
+      to the float16 rule of tests/tolerance.py: its baseline is attention computed in
+      float16.
+    * The S fragments are the A operand of P~ Vj as they are: the accumulator of an
+      m16n8k16 n-tile holds (row g, keys 2t and 2t + 1), and two n-tiles side by side are
+      the A fragment of 16 keys (a0 and a1 from the first, a2 and a3 from the second),
+      so no shuffle or relabelling is needed.
+    * The tiles stay float16 in shared memory (v7_shared_layout): Kj as it is and Vj
+      transposed, so that each B word is two neighbours (ptx.load_b32). Half of v6's
+      float32 bytes before its pairs; a quarter of them with the pairs.
+    * Qi's fragments stay in registers (d / 8 words a lane at d <= 128).
+
+    Non-finite inputs are handled as in v6: such an element is staged as 0, and the terms
+    it was part of are added back in float32 (exact NaN and inf positions). Everything
+    after the two products is v6's code (``make_mma_row_steps``): the layout of the
+    accumulators is the same.
+
+    ``chunk`` (keys per online-softmax step, a multiple of 16 dividing Bc) is there to be
+    measured; the dispatcher uses the default.
+
+    Launch: grid (ceil(Sq / Br), BH), block (2 * Br,): Br / 16 warps of 16 query rows, and
+    ``v7_shared_layout(Bc, d)[1] * 2`` bytes of dynamic shared memory.
+    """
+    from numba.types import float16, uint32
+    from .ptx import flat_load, load_b32, mma_f16, pack_f16x2      # GPU only
+
+    acc = acc_type("float32")
+    ZERO = acc(0)
+    NEG_INF = acc(-math.inf)
+    assert Br % 16 == 0 and chunk % 16 == 0 and Bc % chunk == 0, (Br, Bc, chunk)
+    CHUNK = chunk
+    THREADS = 2 * Br                        # Br / 16 warps of 32 lanes
+    DP = (d + 15) // 16 * 16                # head dim padded to the mma's k = 16
+    KS = DP // 16                           # mma steps over the head dim (S = Q K^T)
+    ND = DP // 8                            # n-tiles of 8 columns of O
+    NT = CHUNK // 8                         # n-tiles of 8 keys of S in a chunk
+    PK = CHUNK // 16                        # mma steps over the keys of a chunk (P~ V)
+    Q_WORDS = KS * 4                        # Q's A fragments per lane (two halves a word)
+    P_WORDS = PK * 4                        # P~'s A fragments of a chunk per lane
+    O_FRAGS = ND * 4                        # O's fragments per lane
+    S_FRAGS = NT * 4                        # S, then P~, fragments of a chunk per lane
+    W = v6_staging_width(d)                 # the staging loops' row width (<= THREADS)
+    assert THREADS % W == 0, (Br, d)        # dispatch.check_v7_tiles refuses these
+    RSTEP = THREADS // W                    # rows a pass of the block stages
+    VT_AT, END, K_ROW, V_ROW = v7_shared_layout(Bc, d)
+    kv_tile_range = make_kv_tile_range(Br, Bc, causal, False)
+    (finite, add_nonfinite_scores, softmax_step, add_nonfinite_values,
+     write_rows) = make_mma_row_steps(d, causal, CHUNK, ND)
+
+    @cuda.jit(device=True, inline=True)
+    def q_value(Q, bh, r, k, Sq, bad):
+        """Q[bh, r, k] as float32, 0 past the rows or the head dim, and 0 if not finite
+        (then bad[0] is set)."""
+        x = acc(Q[U(bh), U(r), U(k)]) if r < Sq and k < d else ZERO
+        if not finite(x):
+            bad[0] = 1
+            x = ZERO
+        return x
+
+    @cuda.jit(**jit_options())
+    def forward_v7(Q, K, V, O, L, softmax_scale, causal_offset):
+        bh = cuda.blockIdx.y
+        i = cuda.blockIdx.x
+        tid = cuda.threadIdx.x
+        lane = tid % 32
+        g = lane // 4
+        t = lane % 4
+        r0 = (tid // 32) * 16 + g               # this lane's two rows within the tile
+        k_own = tid % W                         # the column and first row this thread
+        c_own = tid // W                        # stages of each K/V tile
+        k_in = k_own < d
+        k_load = min(k_own, d - 1)              # a column inside the arrays
+        row0 = i * Br + r0
+        row1 = row0 + 8
+        Sq = Q.shape[1]
+        Sk = K.shape[1]
+        HZERO = float16(ZERO)       # (a float16 constant from outside is invalid NVVM IR)
+
+        # The block's dynamic shared memory, cut into the tiles (v7_shared_layout).
+        smem = cuda.shared.array(0, float16, alignment=16)
+        KH = smem[0:VT_AT]                      # Kj, rows of K_ROW halves
+        VT = smem[VT_AT:END]                    # Vj transposed, rows of V_ROW halves
+        bad = cuda.shared.array(3, int32)       # non-finite inputs staged as 0 (as v6)
+        q = cuda.local.array(Q_WORDS, uint32)   # Q's A fragments, two float16 a word
+        o = cuda.local.array(O_FRAGS, acc)      # O fragments
+        s = cuda.local.array(S_FRAGS, acc)      # S, then P~, fragments of a chunk
+        p = cuda.local.array(P_WORDS, uint32)    # P~ as the A fragments of P~ Vj
+        kx = cuda.local.array(V7_LOAD_BATCH, float16)   # K and V elements in flight
+        vx = cuda.local.array(V7_LOAD_BATCH, float16)
+
+        if tid == 0:
+            bad[0] = 0
+            bad[1] = 0
+            bad[2] = 0
+        # Wait until bad is clear.
+        cuda.syncthreads()
+        # Alg.1 l.4: Qi's A fragments (zero past Sq and d): word ks * 4 + w holds row
+        # row0 (w even) or row1 (w odd), columns 16 ks + 2t (+ 8 for w >= 2) and the next.
+        for ks in range(KS):
+            for w in range(4):
+                row = row0 + 8 * (w % 2)
+                col = ks * 16 + 2 * t + 8 * (w // 2)
+                q[ks * 4 + w] = pack_f16x2(q_value(Q, bh, row, col, Sq, bad),
+                                           q_value(Q, bh, row, col + 1, Sq, bad))
+        for x in range(O_FRAGS):
+            o[x] = ZERO
+        m0 = NEG_INF            # running max of row0 and row1 (the same in all 4 lanes)
+        m1 = NEG_INF
+        l0 = ZERO               # this lane's part of the running sums (reduced at the end)
+        l1 = ZERO
+
+        _, Tc = kv_tile_range(i, Sk, causal_offset, 0)     # causal: skip masked tiles
+        for j in range(Tc):
+            mark = int32(j + 1)
+            last_row = (bh * Sk + Sk - 1) * d + k_load      # a position inside K and V
+            # Wait until every warp has finished reading the previous Kj and Vj.
+            cuda.syncthreads()
+            # Alg.1 l.7: load Kj and Vj as float16 (rows past Sk, columns past d and
+            # non-finite values: 0), as v6 stages them: this thread's column is k_own,
+            # its rows c_own, c_own + RSTEP, ..., V7_LOAD_BATCH of them in flight.
+            c = c_own
+            while c < Bc:
+                at = (bh * Sk + j * Bc + c) * d + k_load     # row j * Bc + c, column k_load
+                for u in range(V7_LOAD_BATCH):
+                    col = j * Bc + c + u * RSTEP
+                    inside = k_in and c + u * RSTEP < Bc and col < Sk
+                    at_u = at + u * RSTEP * d if col < Sk else last_row
+                    kx[u] = flat_load(K, U(at_u))
+                    vx[u] = flat_load(V, U(at_u))
+                    kx[u] = kx[u] if inside else HZERO
+                    vx[u] = vx[u] if inside else HZERO
+                if k_own < DP:
+                    for u in range(V7_LOAD_BATCH):
+                        r = c + u * RSTEP
+                        if r < Bc:
+                            kv = kx[u]
+                            if not finite(acc(kv)):
+                                cuda.atomic.max(bad, 1, mark)
+                                kv = HZERO
+                            KH[U(r * K_ROW + k_own)] = kv
+                            vv = vx[u]
+                            if not finite(acc(vv)):
+                                cuda.atomic.max(bad, 2, mark)
+                                vv = HZERO
+                            VT[U(k_own * V_ROW + r)] = vv
+                c += V7_LOAD_BATCH * RSTEP
+            # Wait until Kj, Vj (and, for j = 0, bad[0]) are complete.
+            cuda.syncthreads()
+            fix_scores = bad[0] != 0 or bad[1] == mark     # the same in every thread
+            fix_values = bad[2] == mark
+            # Does every row of the block see every key of the tile? Then nothing is masked.
+            whole_tile = (j * Bc + Bc <= Sk
+                          and (not causal or j * Bc + Bc - 1 <= i * Br + causal_offset))
+
+            for ch in range(Bc // CHUNK):
+                key0 = ch * CHUNK                # first key of the chunk within the tile
+                # Alg.1 l.8: S = Qi Kj^T, one float16 mma per 16 x 8 x 16 block.
+                for nt in range(NT):
+                    acc4 = (ZERO, ZERO, ZERO, ZERO)
+                    kr = (key0 + nt * 8 + g) * K_ROW + 2 * t    # B[k, n] = Kj[n, k]
+                    for ks in range(KS):
+                        acc4 = mma_f16(q[ks * 4], q[ks * 4 + 1], q[ks * 4 + 2], q[ks * 4 + 3],
+                                       load_b32(KH, U(kr + 16 * ks)),         # Kj[g, 16ks + 2t:]
+                                       load_b32(KH, U(kr + 16 * ks + 8)),     # Kj[g, ... + 8:]
+                                       acc4[0], acc4[1], acc4[2], acc4[3])
+                    for x in range(4):
+                        s[nt * 4 + x] = acc4[x]
+                if fix_scores:          # rare: a non-finite q or k was staged as 0
+                    add_nonfinite_scores(s, Q, K, bh, j * Bc + key0, row0, t, Sq, Sk)
+                # Alg.1 l.9 (as v6): scale and mask, new running max, P~ in s, alpha.
+                alpha0, alpha1, m0, m1, l0, l1 = softmax_step(
+                    s, softmax_scale, whole_tile, j * Bc + key0, row0, t, Sk, causal_offset,
+                    m0, m1, l0, l1)
+                # Alg.1 l.10: O = diag(alpha) O + P~ Vj. P~ rounded to float16, two S
+                # n-tiles (16 keys) to one A fragment: a0, a1 rows g and g + 8 of the
+                # first, a2, a3 of the second.
+                for pk in range(PK):
+                    for w in range(4):
+                        x = (2 * pk + w // 2) * 4 + 2 * (w % 2)
+                        p[pk * 4 + w] = pack_f16x2(s[x], s[x + 1])
+                for nd in range(ND):
+                    acc4 = (ZERO, ZERO, ZERO, ZERO)
+                    vr = (nd * 8 + g) * V_ROW + key0 + 2 * t     # B[k, n] = Vj[k, n] = VT[n, k]
+                    for pk in range(PK):
+                        acc4 = mma_f16(p[pk * 4], p[pk * 4 + 1], p[pk * 4 + 2], p[pk * 4 + 3],
+                                       load_b32(VT, U(vr + 16 * pk)),         # keys 16pk + 2t:
+                                       load_b32(VT, U(vr + 16 * pk + 8)),     # keys ... + 8:
+                                       acc4[0], acc4[1], acc4[2], acc4[3])
+                    # The chunk's P~ Vj is summed from zero, then added to the rescaled O
+                    # in ordinary float32 arithmetic (as in v3 and v6).
+                    o[nd * 4] = o[nd * 4] * alpha0 + acc4[0]
+                    o[nd * 4 + 1] = o[nd * 4 + 1] * alpha0 + acc4[1]
+                    o[nd * 4 + 2] = o[nd * 4 + 2] * alpha1 + acc4[2]
+                    o[nd * 4 + 3] = o[nd * 4 + 3] * alpha1 + acc4[3]
+                if fix_values:          # rare: a non-finite v was staged as 0 (as v6)
+                    add_nonfinite_values(o, s, V, bh, j * Bc + key0, row0, row1, g, t, Sk,
+                                         causal_offset)
+
+        # Alg.1 l.12-16: the quad's row sums, normalise once, write O and L (as v6).
+        write_rows(O, L, o, bh, row0, row1, t, m0, m1, l0, l1, Sq)
+
+    return forward_v7

@@ -24,6 +24,30 @@ lane ``lane``, with ``g = lane // 4`` (the "group", 0..7) and ``t = lane % 4`` (
     B (8 x 8):   b0 = B[t, g]      b1 = B[t + 4, g]
     C, D (16x8): c0 = C[g, 2t]     c1 = C[g, 2t + 1]    c2 = C[g + 8, 2t]  c3 = C[g + 8, 2t + 1]
 
+For float16 inputs (forward v7) the tensor cores multiply float16 values exactly and add
+in float32, 16 products deep:
+
+    mma_f16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3) -> (d0, d1, d2, d3)
+                    D = A B + C with A 16x16 (row-major), B 16x8 (column-major), C and D
+                    16x8 in float32: ``mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32``.
+                    a0..a3 and b0, b1 are 32-bit words, each holding two float16 values
+                    (the lower column or row in the low 16 bits).
+    pack_f16x2(lo, hi) -> word
+                    two float32 values rounded to float16 (to nearest even) and packed
+                    into one 32-bit word, ``lo`` in the low half: ``cvt.rn.f16x2.f32``.
+    load_b32(A, n)  the 32-bit word holding A[n] and A[n + 1] of a 1D float16 array (a
+                    shared tile), in one 4-byte load; n must be even and A's data 4-byte
+                    aligned. No bounds check.
+
+Fragment layout of m16n8k16 with float16 A and B (PTX ISA, "Matrix Fragments for
+mma.m16n8k16", .f16), g and t as above, each word two neighbours of a row of A or of a
+column of B:
+
+    A (16 x 16): a0 = A[g, 2t:2t+2]     a1 = A[g + 8, 2t:2t+2]
+                 a2 = A[g, 2t+8:2t+10]  a3 = A[g + 8, 2t+8:2t+10]
+    B (16 x 8):  b0 = B[2t:2t+2, g]     b1 = B[2t+8:2t+10, g]
+    C, D (16x8): as for m16n8k8 above.
+
 Three more GPU-only helpers, plain LLVM IR rather than PTX:
 
     flat_load(A, n) the element at flat position n of a C-contiguous array A of any
@@ -98,6 +122,56 @@ def mma_tf32(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
         res = builder.call(mma, ab + list(args[6:]))
         vals = [builder.extract_value(res, i) for i in range(4)]
         return context.make_tuple(builder, sig.return_type, vals)
+
+    return sig, codegen
+
+
+@intrinsic
+def mma_f16(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    """(d0, d1, d2, d3) = A B + C for one m16n8k16 float16 tile; see the module docstring."""
+    f32, u32 = types.float32, types.uint32
+    sig = types.UniTuple(f32, 4)(u32, u32, u32, u32, u32, u32, f32, f32, f32, f32)
+
+    def codegen(context, builder, sig, args):
+        fnty = ir.FunctionType(ir.LiteralStructType([_F32] * 4), [_I32] * 6 + [_F32] * 4)
+        mma = ir.InlineAsm(
+            fnty,
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+            "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
+            "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f")
+        res = builder.call(mma, list(args))
+        vals = [builder.extract_value(res, i) for i in range(4)]
+        return context.make_tuple(builder, sig.return_type, vals)
+
+    return sig, codegen
+
+
+@intrinsic
+def pack_f16x2(typingctx, lo, hi):
+    """lo and hi rounded to float16 and packed into one word, lo in the low half."""
+    sig = types.uint32(types.float32, types.float32)
+
+    def codegen(context, builder, sig, args):
+        # PTX puts its first source operand in the upper half.
+        cvt = ir.InlineAsm(ir.FunctionType(_I32, [_F32, _F32]),
+                           "cvt.rn.f16x2.f32 $0, $1, $2;", "=r,f,f")
+        return builder.call(cvt, [args[1], args[0]])
+
+    return sig, codegen
+
+
+@intrinsic
+def load_b32(typingctx, A, n):
+    """The word holding A[n] and A[n + 1] of a 1D float16 array (module docstring)."""
+    if not (isinstance(A, types.Array) and A.dtype == types.float16 and A.ndim == 1
+            and isinstance(n, types.Integer)):
+        return None
+    sig = types.uint32(A, n)
+
+    def codegen(context, builder, sig, args):
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        word = builder.bitcast(builder.gep(data, [args[1]]), _I32.as_pointer())
+        return builder.load(word, align=4)
 
     return sig, codegen
 
