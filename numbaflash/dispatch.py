@@ -461,15 +461,16 @@ def default_v6_tiles(d):
                      f"within {limit} bytes of shared memory")
 
 
-def _check_warp_tiles(version, tiles, d, chunk, shared_bytes, hint=""):
+def _check_warp_tiles(version, tiles, d, chunk, shared_bytes, staging_width, hint=""):
     """A caller's tiles for forward v6 or v7 (warps of 16 query rows, 2 Br threads that
-    stage one column each, ``chunk`` keys a step); ValueError names the limit."""
+    stage one column each, ``staging_width(d)`` of them a row, ``chunk`` keys a step);
+    ValueError names the limit."""
     Br, Bc = _parse_tiles(tiles)
     if Br % 16 or Br > 256 or Bc % chunk:
         raise ValueError(f"{version} tiles must be (Br, Bc) with Br a multiple of 16 up to 256 "
                          f"(warps of 16 query rows) and Bc a multiple of {chunk} (keys in "
                          f"chunks of {chunk}); got ({Br}, {Bc}){hint}")
-    width = fwd_kernels.v6_staging_width(d)
+    width = staging_width(d)
     if 2 * Br < width:
         raise ValueError(f"{version} tiles ({Br}, {Bc}) at head dim {d}: {version} stages its "
                          f"K/V tiles one column per thread, so its 2 Br threads must cover "
@@ -486,6 +487,7 @@ def _check_warp_tiles(version, tiles, d, chunk, shared_bytes, hint=""):
 def check_v6_tiles(tiles, d):
     """A caller's forward v6 tiles; ValueError names the limit."""
     return _check_warp_tiles("v6", tiles, d, fwd_kernels.V6_CHUNK, v6_shared_bytes,
+                             fwd_kernels.v6_staging_width,
                              ". (v6 is the default on a GPU; version='v5' takes other tiles)")
 
 
@@ -544,7 +546,7 @@ def _v7_tiles_within(d, limit):
     """The first of V7_CANDIDATES (from (128, 64) when d > V7_WIDE_MAX_HEAD_DIM) whose
     shared memory fits ``limit`` bytes and whose threads cover the staging width, or None."""
     candidates = V7_CANDIDATES if d <= V7_WIDE_MAX_HEAD_DIM else V7_CANDIDATES[1:]
-    width = fwd_kernels.v6_staging_width(d)
+    width = fwd_kernels.v7_staging_width(d)
     return next(((Br, Bc) for Br, Bc in candidates
                  if v7_shared_bytes(Br, Bc, d) <= limit and 2 * Br >= width), None)
 
@@ -557,7 +559,8 @@ def v7_chunk(d, Bc):
 
 def check_v7_tiles(tiles, d):
     """A caller's forward v7 tiles; ValueError names the limit."""
-    return _check_warp_tiles("v7", tiles, d, fwd_kernels.V7_CHUNK, v7_shared_bytes)
+    return _check_warp_tiles("v7", tiles, d, fwd_kernels.V7_CHUNK, v7_shared_bytes,
+                             fwd_kernels.v7_staging_width)
 
 
 def _plan_forward_v7(p, where, tiles, reason):

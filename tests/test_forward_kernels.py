@@ -614,6 +614,25 @@ def test_v5_needs_every_byte_it_plans():
         launch(plan.shared_bytes - 4)
 
 
+# --- forward v7's staging covers its padded tiles ----------------------------------------
+
+def test_v7_stages_every_column_of_its_padded_tiles():
+    """v7 pads the head dim to the mma's k = 16, and one thread writes each column of the
+    padded tile (0 past d), so its staging width must cover the padding: a column no
+    thread writes is stale shared memory, and a stale NaN times the other operand's 0 is
+    NaN in the mma. The first v7 used v6's width, 8 at d <= 8 (found by reading the
+    kernel; on the H200 a test that first filled shared memory with NaN did not show it,
+    run 49, so this checks the rule itself). Every default and smallest tile's 2 Br threads
+    must hold whole rows of that width."""
+    from numbaflash import dispatch
+    from numbaflash.kernels import forward as fwd
+    for d in range(1, dispatch.V7_MAX_HEAD_DIM + 1):
+        W = fwd.v7_staging_width(d)
+        assert W >= (d + 15) // 16 * 16 and W & (W - 1) == 0, (d, W)
+        Br, Bc = dispatch._v7_tiles_within(d, dispatch.DYNAMIC_SHARED_MEM_LIMIT)
+        assert (2 * Br) % W == 0, (d, Br, W)
+
+
 # --- the simulator itself -------------------------------------------------------------------
 
 @pytest.mark.skipif(GPU, reason="checks a simulator workaround (conftest.py); no simulator here")

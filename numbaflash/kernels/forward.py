@@ -1524,6 +1524,16 @@ def v7_shared_layout(Bc, d):
     return VT_AT, END, K_ROW, V_ROW
 
 
+def v7_staging_width(d):
+    """How many threads forward v7 puts on one row of a K/V tile when it stages it (one
+    column each): v6's width, but at least the head dim padded to the mma's k = 16. Every
+    column of the padded tile needs a thread to write it (0 past d): a column no thread
+    writes holds stale shared memory, and a stale NaN times the 0 of the other operand is
+    NaN in the mma. (v6's width alone is 8 at d <= 8, where v7 pads to 16: found by
+    reading the kernel in session 8; tests/test_forward_kernels.py checks the rule.)"""
+    return max(v6_staging_width(d), (d + 15) // 16 * 16)
+
+
 @functools.lru_cache(maxsize=None)
 def make_forward_v7(Br, Bc, d, causal, chunk=V7_CHUNK):
     """v7: float16 inputs on the float16 tensor cores (GPU only; float32 sums, d <= 128).
@@ -1580,7 +1590,7 @@ def make_forward_v7(Br, Bc, d, causal, chunk=V7_CHUNK):
     P_WORDS = PK * 4                        # P~'s A fragments of a chunk per lane
     O_FRAGS = ND * 4                        # O's fragments per lane
     S_FRAGS = NT * 4                        # S, then P~, fragments of a chunk per lane
-    W = v6_staging_width(d)                 # the staging loops' row width (<= THREADS)
+    W = v7_staging_width(d)                 # the staging loops' row width (<= THREADS)
     assert THREADS % W == 0, (Br, d)        # dispatch.check_v7_tiles refuses these
     RSTEP = THREADS // W                    # rows a pass of the block stages
     VT_AT, END, K_ROW, V_ROW = v7_shared_layout(Bc, d)
