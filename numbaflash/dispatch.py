@@ -514,7 +514,8 @@ def _plan_forward_v6(p, where, tiles, reason):
 # v7_sweep.py, run 43, (2, 16, 4096, d), float16, ms not causal / causal): d = 64,
 # (128, 128) 2.47 / 1.69, (128, 64) 2.58 / 1.83, (64, 64) 3.04 / 2.03, 16-key chunks at
 # (128, 64) 3.58 / 2.27; d = 128, (128, 64) with 16-key chunks 5.34 / 3.12, with 32-key
-# chunks 5.60 / 3.25, (64, 64) 6.26 / 3.55 ((128, 128) not measured there). Forward v6
+# chunks 5.60 / 3.25, (64, 64) 6.26 / 3.55 ((128, 128) with 16-key chunks read 4.97 /
+# 3.01 in run 44, another run: not taken into the rule without a side-by-side). Forward v6
 # on the same inputs: 6.04 / 3.77 and 12.86 / 7.16. (128, 128) takes 35 KB at d = 64,
 # (128, 64) 35 KB at d = 128. A caller's tiles: Br a multiple of 16 up to 256, Bc a
 # multiple of 32.
