@@ -622,8 +622,8 @@ def test_v7_stages_every_column_of_its_padded_tiles():
     thread writes is stale shared memory, and a stale NaN times the other operand's 0 is
     NaN in the mma. The first v7 used v6's width, 8 at d <= 8 (found by reading the
     kernel; on the H200 a test that first filled shared memory with NaN did not show it,
-    run 49, so this checks the rule itself). Every default and smallest tile's 2 Br threads
-    must hold whole rows of that width."""
+    run 49, so this checks the rule itself). The default tile's 2 Br threads must hold
+    whole rows of that width."""
     from numbaflash import dispatch
     from numbaflash.kernels import forward as fwd
     for d in range(1, dispatch.V7_MAX_HEAD_DIM + 1):
