@@ -625,7 +625,7 @@ def _default_forward_version(p, where):
                       "(tensor cores, inline PTX): register-blocked, its tiles in dynamic "
                       "shared memory, exact for every input; on a GPU, v6 runs instead")
     limit = device_dynamic_shared_limit()
-    if p.dtype == np.float16 and _v7_tiles_within(p.d, limit) is not None:
+    if v7_refusal(p, where) is None and _v7_tiles_within(p.d, limit) is not None:
         return "v7", ("v7 is the default for plain attention in float16 with d <= "
                       f"{V7_MAX_HEAD_DIM} on a GPU: float16 products on the tensor cores "
                       "(m16n8k16, float32 sums; P~ rounded to float16 for P~ V), NaN and inf "
