@@ -110,12 +110,13 @@ def attention(q, k, v, *, causal=False, scale=None, window_size=None, alibi_slop
         version: forward kernel version ("v1", "v2", "v3" GPU-only tensor cores, "v4"
             register-blocked; "v5" v4 with dynamic shared memory for larger tiles, the
             default for plain attention in float32 and float16 with d <= 128 on the
-            simulator; "v6" GPU-only tensor cores with the splits done once, that default
-            on a GPU for float32; "v7" GPU-only float16 tensor cores for float16 inputs,
-            that default on a GPU for float16; docs/kernels.md); None picks the default
-            (see explain).
+            simulator; "v6" GPU-only tensor cores with the splits done once; "v7"
+            GPU-only float16 tensor cores for float16 inputs, the default on a GPU for
+            float16; "v8" v6 with the next chunk's scores computed during this chunk's
+            softmax, bitwise v6's results, the default on a GPU for float32;
+            docs/kernels.md); None picks the default (see explain).
         tiles: (Br, Bc) for the tiled kernels (v4 and v5 also take (Br, Bc, TM, TN);
-            v6 wants multiples of 16, v7 Br a multiple of 16 and Bc of 32); None uses the
+            v6 and v8 want multiples of 16, v7 Br a multiple of 16 and Bc of 32); None uses the
             documented rule in dispatch.py.
         window_size, alibi_slopes, softcap, attn_mask, score_mod, score_mod_grad, mask_mod:
             attention variants (see "Variants" above; v1 and v2 run them).

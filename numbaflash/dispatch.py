@@ -25,8 +25,8 @@ simulator): v4's kernel with dynamic shared memory, so its tiles may exceed 48 K
 (64, 32, 4, 2), 256 threads each. ``Plan.shared_bytes`` is then the dynamic shared memory
 the launch asks for.
 
-Tile rule (v6 forward, tensor cores, the default for plain float32 attention up to
-d = 128 on a GPU): see ``default_v6_tiles``; (Br, Bc) with Br / 16 warps of 16 query
+Tile rule (forward v6 and v8, tensor cores; v8 is the default for plain float32
+attention up to d = 128 on a GPU): see ``default_v6_tiles``; (Br, Bc) with Br / 16 warps of 16 query
 rows, 2 Br threads, and dynamic shared memory. Float32: d=64 -> (128, 64), d=128 ->
 (128, 32) on the H200.
 
@@ -427,11 +427,12 @@ def v6_shared_bytes(Br, Bc, d):
 TENSOR_CORE_LIMITS = {
     "v3": (V3_MAX_HEAD_DIM, "its Q and O fragments", ""),
     "v6": (V6_MAX_HEAD_DIM, "its O fragments", " (there, v5 computes the same thing)"),
+    "v8": (V6_MAX_HEAD_DIM, "its O fragments", " (there, v5 computes the same thing)"),
 }
 
 
 def tensor_core_refusal(version, p, where):
-    """Why forward ``version`` ("v3" or "v6", the tensor-core versions) cannot run Problem
+    """Why forward ``version`` ("v3", "v6" or "v8", the 3xTF32 versions) cannot run Problem
     ``p`` here, or None if it can."""
     max_d, kept, sibling = TENSOR_CORE_LIMITS[version]
     if where != "gpu":
@@ -484,25 +485,29 @@ def _check_warp_tiles(version, tiles, d, chunk, shared_bytes, staging_width, hin
     return Br, Bc
 
 
-def check_v6_tiles(tiles, d):
-    """A caller's forward v6 tiles; ValueError names the limit."""
-    return _check_warp_tiles("v6", tiles, d, fwd_kernels.V6_CHUNK, v6_shared_bytes,
+def check_v6_tiles(tiles, d, version="v6"):
+    """A caller's forward v6 (or v8: the same kernel reordered) tiles; ValueError names the
+    limit."""
+    return _check_warp_tiles(version, tiles, d, fwd_kernels.V6_CHUNK, v6_shared_bytes,
                              fwd_kernels.v6_staging_width,
-                             ". (v6 is the default on a GPU; version='v5' takes other tiles)")
+                             f". ({version} runs on a GPU only; version='v5' takes other tiles)")
 
 
-def _plan_forward_v6(p, where, tiles, reason):
-    refusal = tensor_core_refusal("v6", p, where)
+def _plan_forward_v6(p, where, tiles, reason, version="v6"):
+    """Forward v6 or v8 (v6's kernel with the next chunk's scores before this chunk's
+    softmax): the same tiles, launch and shared memory."""
+    refusal = tensor_core_refusal(version, p, where)
     if refusal is not None:
-        raise ValueError(f"forward v6 cannot run this input: {refusal}")
+        raise ValueError(f"forward {version} cannot run this input: {refusal}")
     if tiles is None:
         Br, Bc = default_v6_tiles(p.d)
         reason += f"; tiles by the v6 rule for d={p.d}"
     else:
-        Br, Bc = check_v6_tiles(tiles, p.d)
+        Br, Bc = check_v6_tiles(tiles, p.d, version)
         reason += "; tiles given by the caller"
-    return Plan("forward", "v6", "forward_v6", where, Br, Bc, (math.ceil(p.Sq / Br), p.BH),
-                (2 * Br,), v6_shared_bytes(Br, Bc, p.d), p.acc_dtype, p.causal, reason)
+    return Plan("forward", version, f"forward_{version}", where, Br, Bc,
+                (math.ceil(p.Sq / Br), p.BH), (2 * Br,), v6_shared_bytes(Br, Bc, p.d),
+                p.acc_dtype, p.causal, reason)
 
 
 # --- forward v7 (float16 inputs on the float16 tensor cores, m16n8k16; GPU only) ---------
@@ -536,7 +541,7 @@ def v7_refusal(p, where):
                 "simulator cannot run (there, v5 computes the same thing)")
     if p.dtype != "float16":
         return (f"v7 multiplies float16 inputs on the float16 tensor cores; {p.dtype} inputs "
-                f"run on v6 (float32) or v2 (float64)")
+                f"run on v8 (float32) or v2 (float64)")
     if p.d > V7_MAX_HEAD_DIM:
         return (f"v7 keeps its O fragments in registers, which holds head dims up to "
                 f"{V7_MAX_HEAD_DIM}")
@@ -589,14 +594,18 @@ V4_DEFAULT_MAX_HEAD_DIM = 128   # where v4 and v5 were measured (d = 64 and 128)
 def _default_forward_version(p, where):
     """The default forward version for ``p`` and why.
 
-    Plain attention (with or without the causal mask) in float32 or float16 with d <= 128,
-    on a GPU: v6, the tensor-core kernel (3xTF32) with K/V split once per tile, exact for
-    every input (non-finite ones included: kernels/forward.py). On the H200, (2, 16, 4096,
-    d), float32, ms not causal / causal (scripts/v6_sweep.py, runs 29 and 31, docs/
-    performance.md): d = 64, v6 5.80 / 3.57 against v5's 5.88 / 4.34; d = 128, 13.28 /
-    7.35 against 15.41 / 9.54. On the simulator, which cannot run tensor-core code: v5,
+    Plain attention (with or without the causal mask) in float32 with d <= 128, on a GPU:
+    v8, which is v6 (the tensor-core kernel, 3xTF32, with K/V split once per tile, exact
+    for every input, non-finite ones included: kernels/forward.py) with the next chunk's
+    scores issued before this chunk's softmax; its results are bitwise v6's. On the H200,
+    (2, 16, 4096, d), float32, ms not causal / causal (scripts/v6_sweep.py --configs, run
+    50, default tiles): d = 64, v8 5.50 / 3.28 against v6's 6.04 / 3.65; d = 128, 13.75 /
+    7.63 against 13.53 / 8.08 (within a few per cent either way: the reordering pays where
+    Qi stays in registers, d <= 64). v6 was the default before v8 (runs 29 and 31: d = 64,
+    v6 5.80 / 3.57 against v5's 5.88 / 4.34; d = 128, 13.28 / 7.35 against 15.41 / 9.54).
+    On the simulator, which cannot run tensor-core code: v5,
     the register-blocked SIMT kernel with its tiles in dynamic shared memory, the fastest
-    version there is (its results agree with v6's within rounding; the tests hold both to
+    version there is (its results agree with v8's within rounding; the tests hold both to
     the same rule). v5 was the GPU default before v6 (runs 20-26: d = 64, 5.86 ms against
     v4's 7.09 and v2's 17.99).
 
@@ -612,18 +621,18 @@ def _default_forward_version(p, where):
     """
     wanted = needs_variants(p)
     if wanted is not None:
-        return "v2", ("v2 is the default for variants: v3, v4, v5 and v6 compute plain "
+        return "v2", ("v2 is the default for variants: v3 to v8 compute plain "
                       "attention only")
     if p.acc_dtype != "float32":
-        return "v2", "v2 is the default in float64 (v4, v5 and v6 were measured in float32 only)"
+        return "v2", "v2 is the default in float64 (v4 to v8 were measured in float32 only)"
     if p.d > V4_DEFAULT_MAX_HEAD_DIM:
-        return "v2", (f"v2 is the default at head dim {p.d} > {V4_DEFAULT_MAX_HEAD_DIM} (v4, v5 "
-                      f"and v6 were measured faster at d <= {V4_DEFAULT_MAX_HEAD_DIM} only)")
-    if tensor_core_refusal("v6", p, where) is not None:
+        return "v2", (f"v2 is the default at head dim {p.d} > {V4_DEFAULT_MAX_HEAD_DIM} (v4 to v8 "
+                      f"were measured faster at d <= {V4_DEFAULT_MAX_HEAD_DIM} only)")
+    if tensor_core_refusal("v8", p, where) is not None:
         return "v5", ("v5 is the default for plain attention in float32 with d <= "
-                      f"{V4_DEFAULT_MAX_HEAD_DIM} on the simulator, which cannot run v6 "
+                      f"{V4_DEFAULT_MAX_HEAD_DIM} on the simulator, which cannot run v8 "
                       "(tensor cores, inline PTX): register-blocked, its tiles in dynamic "
-                      "shared memory, exact for every input; on a GPU, v6 runs instead")
+                      "shared memory, exact for every input; on a GPU, v8 runs instead")
     limit = device_dynamic_shared_limit()
     if v7_refusal(p, where) is None and _v7_tiles_within(p.d, limit) is not None:
         return "v7", ("v7 is the default for plain attention in float16 with d <= "
@@ -634,9 +643,11 @@ def _default_forward_version(p, where):
         return "v5", (f"v5 is the default here: no v6 tile fits head dim {p.d} in this GPU's "
                       f"{limit} bytes of shared memory per block, and v5 (register-blocked "
                       "SIMT, exact for every input) is the fastest version that does")
-    return "v6", ("v6 is the default for plain attention in float32 with d <= "
-                  f"{V6_MAX_HEAD_DIM} on a GPU: tensor cores (3xTF32) with K/V split once "
-                  "per tile, exact for every input, the fastest version measured on the H200")
+    return "v8", ("v8 is the default for plain attention in float32 with d <= "
+                  f"{V6_MAX_HEAD_DIM} on a GPU: v6's tensor-core kernel (3xTF32, K/V split "
+                  "once per tile, exact for every input) with the next chunk's scores "
+                  "computed during this chunk's softmax, bitwise v6's results, the fastest "
+                  "version measured on the H200")
 
 
 def plan_forward(p, version=None, tiles=None):
@@ -680,14 +691,14 @@ def plan_forward(p, version=None, tiles=None):
                     (32 * fwd_kernels.V3_WARPS,), v3_shared_bytes(Bc, p.d), p.acc_dtype,
                     p.causal, reason)
 
-    if version in ("v4", "v5", "v6", "v7"):
+    if version in ("v4", "v5", "v6", "v7", "v8"):
         wanted = needs_variants(p)
         if wanted is not None:
             raise ValueError(f"forward {version} cannot run this input: it computes plain "
                              f"attention (with or without a causal mask) only, and this call "
                              f"asks for {wanted}; v1 and v2 (the default) support variants")
-        if version == "v6":
-            return _plan_forward_v6(p, where, tiles, reason)
+        if version in ("v6", "v8"):
+            return _plan_forward_v6(p, where, tiles, reason, version)
         if version == "v7":
             return _plan_forward_v7(p, where, tiles, reason)
         return _plan_forward_blocked(p, where, tiles, reason, version)
@@ -719,6 +730,8 @@ def forward_kernel(plan, p):
         return fwd_kernels.make_forward_v5(plan.Br, plan.Bc, TM, TN, p.d, p.upper, p.acc_dtype)
     if plan.version == "v6":
         return fwd_kernels.make_forward_v6(plan.Br, plan.Bc, p.d, p.upper)
+    if plan.version == "v8":
+        return fwd_kernels.make_forward_v8(plan.Br, plan.Bc, p.d, p.upper)
     if plan.version == "v7":
         return fwd_kernels.make_forward_v7(plan.Br, plan.Bc, p.d, p.upper,
                                            v7_chunk(p.d, plan.Bc))
@@ -794,9 +807,9 @@ def launch_forward(plan, p, Q, K, V, O, L, slopes=None, attn_mask=None):
 
 
 def forward_dynamic_shared_bytes(plan):
-    """The dynamic shared memory a forward launch must ask for: v5's, v6's and v7's tiles
-    (their ``shared_bytes``); 0 for the versions whose shared arrays are static."""
-    return plan.shared_bytes if plan.version in ("v5", "v6", "v7") else 0
+    """The dynamic shared memory a forward launch must ask for: v5's to v8's tiles (their
+    ``shared_bytes``); 0 for the versions whose shared arrays are static."""
+    return plan.shared_bytes if plan.version in ("v5", "v6", "v7", "v8") else 0
 
 
 # ---------------------------------------------------------------------------------------

@@ -4,6 +4,9 @@
     python3 scripts/v6_sweep.py --quick      # fewer tiles
     python3 scripts/v6_sweep.py --configs 64:64:64:16:0,64:64:64:16:168
                                              # kernel variants d:Br:Bc:chunk:max_registers
+    python3 scripts/v6_sweep.py --configs 64:128:64:16:0:v8
+                                             # the same for forward v8 (v6's kernel with
+                                             # the next chunk's S before the softmax)
 
 At (2, 16, 4096, d), float32, causal (bottom-right) and not. First every kernel's output
 for the first (batch, head) is compared with numbaflash.reference in float64: its max
@@ -12,6 +15,9 @@ test suite), and a v6 error above 2x v5's is marked WRONG and not timed. Then me
 10 CUDA-event timings after one untimed call (numbaflash.bench.time_ms), for v5 (default
 tiles), v3 (default tiles), v6 with each tile in TILES, and PyTorch SDPA's EFFICIENT
 backend when torch is importable (the ratio column is SDPA's time / this time).
+With --configs, a v8 variant is also compared with v6's kernel of the same knobs on the
+same inputs: v8 only reorders v6's work, so its O must be bitwise v6's ("== v6" column;
+a difference is marked WRONG and not timed).
 """
 
 import argparse
@@ -47,12 +53,12 @@ def sdpa_call(q, k, v, causal):
     return call
 
 
-def variant_call(q, k, v, causal, d, Br, Bc, chunk, max_registers):
-    """A function launching make_forward_v6(Br, Bc, d, causal, chunk, max_registers) on
-    (2, 16, 4096, d) device arrays directly (the knobs the dispatcher does not expose),
-    returning O, and the kernel's registers per thread."""
-    kernel = fwd.make_forward_v6(Br, Bc, d, True if causal else False, chunk,
-                                 max_registers or None)
+def variant_call(q, k, v, causal, d, Br, Bc, chunk, max_registers, version="v6"):
+    """A function launching make_forward_v6 (or v8)(Br, Bc, d, causal, chunk,
+    max_registers) on (2, 16, 4096, d) device arrays directly (the knobs the dispatcher
+    does not expose), returning O, and the kernel's registers per thread."""
+    factory = {"v6": fwd.make_forward_v6, "v8": fwd.make_forward_v8}[version]
+    kernel = factory(Br, Bc, d, True if causal else False, chunk, max_registers or None)
     B, H, N, _ = q.shape
     Q, K, V = (x.reshape(B * H, N, d) for x in (q, k, v))
     nbytes = dispatch.v6_shared_bytes(Br, Bc, d)
@@ -75,10 +81,12 @@ def configs_main(configs):
     ok = True
     by_d = {}
     for item in configs.split(","):
-        d, Br, Bc, chunk, maxreg = (int(x) for x in item.split(":"))
-        by_d.setdefault(d, []).append((Br, Bc, chunk, maxreg))
-    print(f"{'d':>4} {'causal':>6} {'Br':>4} {'Bc':>4} {'chunk':>5} {'maxreg':>6} {'regs':>5} "
-          f"{'max err':>9} {'ms':>8} {'TFLOP/s':>8} {'vs SDPA':>8}")
+        fields = item.split(":")
+        version = fields.pop() if len(fields) == 6 else "v6"
+        d, Br, Bc, chunk, maxreg = (int(x) for x in fields)
+        by_d.setdefault(d, []).append((Br, Bc, chunk, maxreg, version))
+    print(f"{'d':>4} {'causal':>6} {'ver':>3} {'Br':>4} {'Bc':>4} {'chunk':>5} {'maxreg':>6} "
+          f"{'regs':>5} {'max err':>9} {'== v6':>5} {'ms':>8} {'TFLOP/s':>8} {'vs SDPA':>8}")
     for d, variants in by_d.items():
         shape = (2, 16, 4096, d)
         hq, hk, hv = (rng.standard_normal(shape).astype(np.float32) for _ in range(3))
@@ -90,12 +98,17 @@ def configs_main(configs):
             sdpa_ms = time_ms(sdpa, repeats=10, warmup=1) if sdpa else None
             v5_err = float(np.abs(numbaflash.attention(q, k, v, causal=causal, version="v5")
                                   .copy_to_host()[0, 0] - ref).max())
-            for Br, Bc, chunk, maxreg in variants:
-                call, regs = variant_call(q, k, v, causal, d, Br, Bc, chunk, maxreg)
-                err = float(np.abs(call().copy_to_host()[0, 0] - ref).max())
-                head = (f"{d:4d} {causal!s:>6} {Br:4d} {Bc:4d} {chunk:5d} {maxreg:6d} "
-                        f"{regs:5d} {err:9.2e}")
-                if not err <= 2 * v5_err:
+            for Br, Bc, chunk, maxreg, version in variants:
+                call, regs = variant_call(q, k, v, causal, d, Br, Bc, chunk, maxreg, version)
+                out = call().copy_to_host()
+                err = float(np.abs(out[0, 0] - ref).max())
+                same = "-"
+                if version != "v6":
+                    v6_out = variant_call(q, k, v, causal, d, Br, Bc, chunk, maxreg)[0]()
+                    same = "yes" if np.array_equal(out, v6_out.copy_to_host()) else "NO"
+                head = (f"{d:4d} {causal!s:>6} {version:>3} {Br:4d} {Bc:4d} {chunk:5d} "
+                        f"{maxreg:6d} {regs:5d} {err:9.2e} {same:>5}")
+                if not err <= 2 * v5_err or same == "NO":
                     ok = False
                     print(f"{head} WRONG RESULT (v5 {v5_err:.2e}), not timed", flush=True)
                     continue
@@ -108,7 +121,7 @@ def configs_main(configs):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--configs", help="d:Br:Bc:chunk:max_registers,... (0: no limit)")
+    ap.add_argument("--configs", help="d:Br:Bc:chunk:max_registers[:v8],... (0: no limit)")
     args = ap.parse_args()
     if args.configs:
         return configs_main(args.configs)

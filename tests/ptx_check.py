@@ -147,14 +147,17 @@ def forward_entries():
         # v6 (tensor cores, GPU only): float32 accumulation, d <= 128, its own tile rule;
         # d = 59 pads to the mma's k, d = 128 stages Qi in shared memory. ptxas's "smem"
         # is static only (bad, the 1 KB sm_90 reserves); the tiles are dynamic
-        if "v6" in fwd.VERSIONS and acc == "float32":
+        # v8 (v6 reordered) the same
+        for ver, factory in (("v6", fwd.make_forward_v6), ("v8", fwd.make_forward_v8)):
+            if ver not in fwd.VERSIONS or acc != "float32":
+                continue
             for d in (1, 59, 64, 128):
                 Br, Bc = dispatch.default_v6_tiles(d)
                 for causal in (False, True):
                     tag = f"{dtype}-d{d}-{'causal' if causal else 'full'}"
-                    out.append(Entry(f"forward_v6-{tag}-tiles{Br}x{Bc}", "forward",
-                                     lambda t=(Br, Bc), d=d, c=causal:
-                                     fwd.make_forward_v6(*t, d, c), sig, True))
+                    out.append(Entry(f"forward_{ver}-{tag}-tiles{Br}x{Bc}", "forward",
+                                     lambda t=(Br, Bc), d=d, c=causal, f=factory:
+                                     f(*t, d, c), sig, True))
         # v7 (float16 tensor cores, GPU only): float16 inputs only, d <= 128, its own rule
         if "v7" in fwd.VERSIONS and dtype == "float16":
             for d in (1, 59, 64, 128):

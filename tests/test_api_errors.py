@@ -238,40 +238,46 @@ def test_v5_takes_tiles_above_48_kb():
     ((64,), r"tiles must be a pair of positive ints"),
     ((32, 16), r"v6 tiles \(32, 16\) at head dim 128: .*one column per thread.*Br >= 64"),
 ])
-def test_bad_v6_tiles(tiles, match, monkeypatch):
-    """v6's tiles (checked as on a GPU: the planner is told it is not simulating)."""
+@pytest.mark.parametrize("version", ["v6", "v8"])
+def test_bad_v6_tiles(version, tiles, match, monkeypatch):
+    """v6's tiles, which v8 shares (checked as on a GPU: the planner is told it is not
+    simulating)."""
     monkeypatch.setattr(dispatch, "simulating", lambda: False)
     q, k, v = arrays((2, 5, 128), (2, 6, 128))
-    raises(ValueError, match, q, k, v, version="v6", tiles=tiles)
+    raises(ValueError, match.replace("v6", version), q, k, v, version=version, tiles=tiles)
 
 
-def test_v6_plans_on_a_gpu_and_refuses_elsewhere(monkeypatch):
-    """On the simulator v6 is refused with the reason (and v5 is the default); on a GPU
-    (simulating patched away) the default is v6, with the documented tiles, 2 Br threads
-    and its dynamic shared memory; float64 and d > 128 are refused with their limits."""
+@pytest.mark.parametrize("version", ["v6", "v8"])
+def test_v6_and_v8_plan_on_a_gpu_and_refuse_elsewhere(version, monkeypatch):
+    """On the simulator v6 and v8 are refused with the reason (and v5 is the default); on
+    a GPU (simulating patched away) v8 is the default, and both plan the documented
+    tiles, 2 Br threads and v6's dynamic shared memory; float64 and d > 128 are refused
+    with their limits."""
     q, k, v = arrays((2, 5, 64), (2, 6, 64))
     if dispatch.simulating():
-        raises(ValueError, r"forward v6 cannot run this input: .*simulator cannot run", q, k, v,
-               version="v6")
+        raises(ValueError, rf"forward {version} cannot run this input: .*simulator cannot run",
+               q, k, v, version=version)
         assert numbaflash.explain(q, k, v).version == "v5"
     monkeypatch.setattr(dispatch, "simulating", lambda: False)
     monkeypatch.setattr(dispatch, "device_dynamic_shared_limit", lambda: 232448)
     for d, tiles in ((64, (128, 64)), (128, (128, 32))):
         q, k, v = arrays((2, 5, d), (2, 6, d))
-        plan = numbaflash.explain(q, k, v, causal=True)
-        assert plan.version == "v6" and (plan.Br, plan.Bc) == tiles
+        default = numbaflash.explain(q, k, v, causal=True)
+        assert default.version == "v8" and "bitwise v6's results" in default.reason
+        plan = numbaflash.explain(q, k, v, causal=True, version=version)
+        assert plan.kernel == f"forward_{version}" and (plan.Br, plan.Bc) == tiles
         assert plan.block == (2 * plan.Br,) and plan.shared_bytes == dispatch.v6_shared_bytes(
             *tiles, d)
-        assert "tensor cores" in plan.reason and "exact for every input" in plan.reason
+        assert "tensor-core" in default.reason and "exact for every input" in default.reason
     q64, k64, v64 = arrays((2, 5, 64), (2, 6, 64), dtype=np.float64)
-    raises(ValueError, r"v6 computes in float32", q64, k64, v64, version="v6")
+    raises(ValueError, rf"{version} computes in float32", q64, k64, v64, version=version)
     q, k, v = arrays((2, 5, 136), (2, 6, 136))
-    raises(ValueError, r"head dims up to 128", q, k, v, version="v6")
+    raises(ValueError, r"head dims up to 128", q, k, v, version=version)
 
 
 def test_v7_plans_float16_on_a_gpu_and_refuses_the_rest(monkeypatch):
     """v7 (float16 tensor cores): refused on the simulator with the reason; on a GPU
-    (simulating patched away) it is the default for float16 (v6 stays float32's), with
+    (simulating patched away) it is the default for float16 (v8 stays float32's), with
     the documented tiles and chunks, 2 Br threads and its dynamic shared memory, and it
     refuses float32, d > 128 and bad tiles, each with its limit."""
     q, k, v = arrays((2, 5, 64), (2, 6, 64), dtype=np.float16)
@@ -288,10 +294,10 @@ def test_v7_plans_float16_on_a_gpu_and_refuses_the_rest(monkeypatch):
         assert dispatch.v7_chunk(d, plan.Bc) == chunk
         default = numbaflash.explain(q, k, v)           # the default for float16 is v7
         assert default.version == "v7" and "float16" in default.reason
-        q32, k32, v32 = arrays((2, 5, d), (2, 6, d))    # and for float32 still v6
-        assert numbaflash.explain(q32, k32, v32).version == "v6"
+        q32, k32, v32 = arrays((2, 5, d), (2, 6, d))    # and for float32 still v8
+        assert numbaflash.explain(q32, k32, v32).version == "v8"
     q, k, v = arrays((2, 5, 64), (2, 6, 64))
-    raises(ValueError, r"v7 multiplies float16 inputs .*float32 inputs run on v6", q, k, v,
+    raises(ValueError, r"v7 multiplies float16 inputs .*float32 inputs run on v8", q, k, v,
            version="v7")
     q, k, v = arrays((2, 5, 136), (2, 6, 136), dtype=np.float16)
     raises(ValueError, r"head dims up to 128", q, k, v, version="v7")
@@ -509,12 +515,12 @@ def test_default_dynamic_tiles_fit_a_smaller_gpu(limit, monkeypatch):
         fake = types.SimpleNamespace(shape=(1, 1, 4096, d), dtype=np.dtype("float32"))
         plan = numbaflash.explain(fake, fake, fake)
         assert plan.shared_bytes <= limit
-        # v6 where one of its tiles fits; otherwise v5, and the reason says why
-        assert plan.version == "v6" or "no v6 tile fits" in plan.reason, plan
+        # v8 where one of v6's tiles fits; otherwise v5, and the reason says why
+        assert plan.version == "v8" or "no v6 tile fits" in plan.reason, plan
     fake = types.SimpleNamespace(shape=(1, 1, 4096, 64), dtype=np.dtype("float32"))
     plan = numbaflash.explain(fake, fake, fake)
-    # simulating() is patched away, so the planner sees a GPU: the default is v6
-    assert plan.version == "v6" and plan.shared_bytes <= limit
+    # simulating() is patched away, so the planner sees a GPU: the default is v8
+    assert plan.version == "v8" and plan.shared_bytes <= limit
     plans = numbaflash.explain_backward(fake, fake, fake)
     assert all(p.shared_bytes <= limit for p in plans)
 

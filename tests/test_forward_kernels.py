@@ -377,9 +377,10 @@ def test_seqlen_one(version, causal, Sq, Sk):
     case = fixed_case(Sq, Sk, causal=causal, seed=Sq + 10 * Sk)
     out, lse = run(case, version)
     check(case, version, out, lse)
-    if Sk == 1 and not fully_masked_rows(Sq, Sk, causal).any() and version not in ("v3", "v6"):
+    if Sk == 1 and not fully_masked_rows(Sq, Sk, causal).any() and version not in (
+            "v3", "v6", "v8"):
         # one key: softmax is exactly 1, so every row of O is exactly V[0]. Not for the
-        # tensor-core versions (v3, v6): 3xTF32 splits V into two TF32 parts that carry 22
+        # 3xTF32 versions (v3, v6, v8): 3xTF32 splits V into two TF32 parts that carry 22
         # of float32's 24 significant bits, so their O is V within the rule checked above,
         # not bitwise (H200, 2026-11-30, v3: an ulp or two off in 2 of 3 elements).
         assert np.array_equal(out, np.broadcast_to(case.v, out.shape))
@@ -631,6 +632,32 @@ def test_v7_stages_every_column_of_its_padded_tiles():
         assert W >= (d + 15) // 16 * 16 and W & (W - 1) == 0, (d, W)
         Br, Bc = dispatch._v7_tiles_within(d, dispatch.DYNAMIC_SHARED_MEM_LIMIT)
         assert (2 * Br) % W == 0, (d, Br, W)
+
+
+# --- forward v8 is v6 reordered -------------------------------------------------------------
+
+@pytest.mark.skipif(not GPU, reason="v6 and v8 use the tensor cores through inline PTX, "
+                                    "which the simulator cannot run")
+@pytest.mark.parametrize("d", [1, 59, 64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_v8_is_bitwise_v6(d, causal, dtype):
+    """v8 only moves the next chunk's S = Qi Kj^T before this chunk's softmax: the same
+    operations on the same values, so its O and L must be v6's bit for bit, for ragged
+    lengths (Sq != Sk, neither a tile multiple), both causal alignments, and inputs with
+    NaN and inf, which take v6's fix-up paths (the property tests hold both to the
+    float64 rule besides)."""
+    rng = np.random.default_rng(d + 2 * causal)
+    for Sq, Sk, poison in ((200, 333, False), (333, 200, True), (128, 128, True)):
+        q, k, v = (rng.standard_normal((2, 3, S, d)).astype(dtype) for S in (Sq, Sk, Sk))
+        if poison:
+            k[0, 1, 7, 0] = np.nan
+            v[1, 2, Sk - 3, d - 1] = np.inf
+            q[1, 0, 5, d // 2] = -np.inf
+        outs = [numbaflash.attention(q, k, v, causal=causal, return_lse=True, version=ver)
+                for ver in ("v6", "v8")]
+        for name, x6, x8 in zip(("out", "lse"), *outs):
+            assert_bitwise_equal(f"{name} at {(Sq, Sk)}", x8, x6)
 
 
 # --- the simulator itself -------------------------------------------------------------------

@@ -105,7 +105,8 @@ v5  v4 with dynamic shared memory (the default for plain attention in float32 an
     Since v6 (below) it is the default on the simulator only.
 
 v6  v3 made fast and exact (GPU only; the default for plain attention in float32 with
-    d <= 128 on a GPU, and in float16 before v7; on the simulator the dispatcher runs v5). v3 split
+    d <= 128 on a GPU before v8, and in float16 before v7; on the simulator the
+    dispatcher runs v5). v3 split
     every K and V operand into TF32 parts again for every mma, in every warp (1162
     instructions per 16-key chunk for 96 mma: scripts/sass_loops.py). v6 splits each
     element once, while the block stages the tile, into (big, small) pairs in dynamic
@@ -134,13 +135,23 @@ v7  v6 for float16 inputs on the float16 tensor cores (GPU only; the default for
     against v6's 6.04 on the same inputs, 53-56 TFLOP/s; d = 128, 5.34 ms against 12.86;
     PyTorch SDPA's float16 EFFICIENT kernel took 1.23 and 1.75 ms.
 
+v8  v6 with its chunk loop reordered (GPU only; the default for plain float32 attention
+    with d <= 128 on a GPU; on the simulator, v5). Each chunk's online softmax is a
+    chain of dependent steps, and with two warps per scheduler the tensor cores idled
+    while it ran. v8 starts the next chunk's S = Qi Kj^T before this chunk's softmax, so
+    that the scheduler has independent mma to issue between the softmax's steps. The
+    same operations on the same values: its results are bitwise v6's (run 50 compared
+    them). H200, 2026-12-01 (run 50, scripts/v6_sweep.py --configs, (2, 16, 4096, d),
+    float32, ms not causal / causal): d = 64, 5.50 / 3.28 against v6's 6.04 / 3.65;
+    d = 128, where Qi is read from shared memory, 13.75 / 7.63 against 13.53 / 8.08.
+
 Variants (kernels/variants.py, docs/variants.md): v1 and v2 take a compile-time
 ``variant`` and seven more run-time arguments after causal_offset (window_lo, Hq, group,
 softcap, slopes, attn_mask, tiles): sliding windows, GQA/MQA, softcap, ALiBi, boolean and
 additive masks, and the user's score_mod / mask_mod, all through two inlined device
 functions, visible() and score(). Masked entries are not computed; tiles a window leaves
 empty are not visited, and v2 skips the tiles a boolean attn_mask or a mask_mod leaves
-empty through the table of visible tiles (``tiles``, variants.make_tile_table). v3 to v7
+empty through the table of visible tiles (``tiles``, variants.make_tile_table). v3 to v8
 compute plain attention only (the dispatcher refuses variants).
 
 Fully masked rows (causal with Sq > Sk, or Sk = 0) end with l = 0: they write O = 0 and
@@ -158,7 +169,7 @@ from .bands import make_kv_tile_range
 from .smem import U
 from .variants import PLAIN, make_variant_functions
 
-VERSIONS = ("v1", "v2", "v3", "v4", "v5", "v6", "v7")
+VERSIONS = ("v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8")
 
 
 @functools.lru_cache(maxsize=None)
@@ -1226,72 +1237,29 @@ def v6_staging_width(d):
 
 
 @functools.lru_cache(maxsize=None)
-def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
-    """v6: v3's tensor-core forward with each K/V tile split into TF32 parts once, in
-    shared memory, and exact for every input (GPU only; float32 accumulation, float16
-    and float32 inputs, d <= 128). On the simulator the dispatcher runs v5 instead.
+def make_v6_tile_steps(Br, Bc, d, chunk):
+    """The steps of forward v6 that v8 reuses, as inlined device functions: Qi into
+    registers (or QP), a K/V tile staged as split pairs, and the two products of one
+    chunk. Float32 accumulation; the arguments are make_forward_v6's.
 
-    What changes against v3:
-
-    * Split once per tile. v3 splits every K and V operand into its TF32 big and small
-      parts again for every mma, in every warp (most of its instructions: docs/
-      performance.md). v6 splits each element once, while the block stages the tile, and
-      stores both parts side by side, so that one 8-byte shared load (ptx.load_pair)
-      fetches both: KP and VP in dynamic shared memory (as forward v5: one
-      ``cuda.shared.array(0, float32)`` cut into slices; kernels/smem.py allows more than
-      48 KB; v6_shared_layout). The product loops are then shared loads and mma only. P~ is
-      split in registers with ``tf32_round_finite`` (two integer instructions a part).
-    * Qi's parts stay in registers up to DP = 64 (as v3); above, they are staged in
-      shared memory too (QP), which keeps d = 128 free of spills.
-    * Exact for non-finite inputs. A tensor core cannot skip a product: a NaN or inf in
-      V at a key hidden from some rows of the tile reaches them as 0 * NaN, and an inf
-      split into TF32 parts is inf + NaN. So v6 stages a non-finite element as 0 (both
-      parts) and records that the tile holds one (``bad``: [0] for Qi, [1] and [2] the
-      last K and V tile that did, as j + 1, so nothing needs clearing). For such a tile,
-      rare in practice, the warp then adds back exactly the terms that were left out, in
-      plain float32: each score gets the products q * k that have a non-finite factor
-      (read again from global memory), and each O entry gets p * v for the non-finite
-      values of the keys its row sees (p from the lane of the quad that holds it, by a
-      shuffle). A term with a non-finite factor makes its sum NaN or +-inf whatever the
-      finite rest is, so the result matches v1/v2's and the reference's NaN and inf
-      positions, and every entry no such term reaches is bitwise what it would be with
-      the value finite (the staged 0 contributes 0 * p = 0 where the finite value gave
-      0 * p = 0 too, for a hidden key).
-
-    The steps after the two products (scale, mask, online softmax, the fix-ups, the final
-    write) are ``make_mma_row_steps``'s, shared with v7.
-
-    ``chunk`` (the keys of one online-softmax step, a multiple of 8 dividing Bc) and
-    ``max_registers`` (ptxas's limit, None for none) are there to be measured
-    (scripts/v6_sweep.py --configs); the dispatcher uses the defaults.
-
-    Launch: grid (ceil(Sq / Br), BH), block (2 * Br,): Br / 16 warps of 16 query rows
-    each (v3's fragment layout; see make_forward_v3), and
-    ``v6_shared_layout(Br, Bc, d)[3] * 4`` bytes of dynamic shared memory (END).
-    """
+    Returns (load_q, stage_kv, scores, values); make_forward_v6's docstring explains
+    what they do, and each says which line of Algorithm 1 it is."""
     from .ptx import flat_load, load_pair, mma_tf32, store_pair     # GPU only
     from .ptx import split_tf32 as split, split_tf32_finite as split_finite
 
     acc = acc_type("float32")
     ZERO = acc(0)
-    NEG_INF = acc(-math.inf)
-    assert Br % 16 == 0 and chunk % 8 == 0 and Bc % chunk == 0, (Br, Bc, chunk)
     CHUNK = chunk
     THREADS = 2 * Br                        # Br / 16 warps of 32 lanes
     DP = (d + 7) // 8 * 8                   # head dim padded to the mma's k = 8
     KS = DP // 8                            # mma steps over the head dim
     NT = CHUNK // 8                         # mma steps over the keys of a chunk
-    QO_FRAGS = KS * 4                       # fragment registers of Q and of O per lane
     S_FRAGS = NT * 4                        # fragment registers of S per lane
     Q_REGS = DP <= V6_Q_REGISTERS_MAX_DP    # Qi's fragments in registers, else in QP
-    Q_FRAGS = QO_FRAGS if Q_REGS else 1
     W = v6_staging_width(d)                 # the staging loops' row width (<= THREADS)
-    assert THREADS % W == 0, (Br, d)        # dispatch.check_v6_tiles refuses these
     RSTEP = THREADS // W                    # rows a pass of the block stages
-    KP_AT, VP_AT, QP_AT, END, K_ROW, V_ROW = v6_shared_layout(Br, Bc, d)
-    kv_tile_range = make_kv_tile_range(Br, Bc, causal, False)
-    (finite, add_nonfinite_scores, softmax_step, add_nonfinite_values,
-     write_rows) = make_mma_row_steps(d, causal, CHUNK, KS)
+    _, _, _, _, K_ROW, V_ROW = v6_shared_layout(Br, Bc, d)
+    finite = make_mma_row_steps(d, False, CHUNK, KS)[0]
 
     @cuda.jit(device=True, inline=True)
     def mma3(a0b, a1b, a2b, a3b, a0s, a1s, a2s, a3s, b0b, b1b, b0s, b1s, c, e, f):
@@ -1329,51 +1297,11 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
         x = acc(A[U(bh), U(r), U(k)]) if r < nrows and k < d else ZERO
         return finite_or_zero(x, bad, slot, mark)
 
-    options = jit_options()
-    if max_registers:       # ptxas's register limit (GPU-only kernel: no simulator concern)
-        options["max_registers"] = max_registers
-
-    @cuda.jit(**options)
-    def forward_v6(Q, K, V, O, L, softmax_scale, causal_offset):
-        bh = cuda.blockIdx.y
-        i = cuda.blockIdx.x
-        tid = cuda.threadIdx.x
-        lane = tid % 32
-        g = lane // 4
-        t = lane % 4
-        r0 = (tid // 32) * 16 + g               # this lane's two rows within the tile
-        k_own = tid % W                         # the column and first row this thread
-        c_own = tid // W                        # stages of each K/V tile
-        k_in = k_own < d
-        k_load = min(k_own, d - 1)              # a column inside the arrays
-        row0 = i * Br + r0
-        row1 = row0 + 8
-        Sq = Q.shape[1]
-        Sk = K.shape[1]
-
-        # The block's dynamic shared memory, cut into the tiles (v6_shared_layout).
-        smem = cuda.shared.array(0, acc, alignment=16)     # 8-byte pairs need 8
-        KP = smem[KP_AT:VP_AT]                  # Kj as (big, small) pairs, rows of K_ROW
-        VP = smem[VP_AT:QP_AT]                  # Vj, rows of V_ROW
-        QP = smem[QP_AT:END]                    # Qi, rows of K_ROW (if not Q_REGS)
-        bad = cuda.shared.array(3, int32)       # non-finite inputs staged as 0 (docstring)
-        qb = cuda.local.array(Q_FRAGS, acc)     # Q fragments (if Q_REGS): big parts
-        qs = cuda.local.array(Q_FRAGS, acc)     # and small parts
-        o = cuda.local.array(QO_FRAGS, acc)     # O fragments
-        s = cuda.local.array(S_FRAGS, acc)      # S, then P~, fragments of a chunk
-        pb = cuda.local.array(S_FRAGS, acc)     # P~ split for the tensor cores
-        ps = cuda.local.array(S_FRAGS, acc)
-        kx = cuda.local.array(V6_LOAD_BATCH, acc)   # K and V elements in flight
-        vx = cuda.local.array(V6_LOAD_BATCH, acc)
-
-        if tid == 0:
-            bad[0] = 0
-            bad[1] = 0
-            bad[2] = 0
-        # Wait until bad is clear.
-        cuda.syncthreads()
-        # Alg.1 l.4: Qi, split (zero past Sq and d): this lane's A fragments in registers,
-        # or the whole tile in QP (read after the first tile's barriers).
+    @cuda.jit(device=True, inline=True)
+    def load_q(Q, QP, qb, qs, bad, bh, i, row0, row1, t, tid, Sq):
+        """Alg.1 l.4: Qi, split (zero past Sq and d): this lane's A fragments in
+        registers (qb, qs), or the whole tile in QP (read after the first tile's
+        barriers)."""
         if Q_REGS:
             for ks in range(KS):
                 for h in range(2):
@@ -1390,6 +1318,204 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
                 big, small = split(load_finite(Q, bh, i * Br + r, k, Sq, bad, 0, int32(1)))
                 store_pair(QP, U(r * K_ROW + 2 * k), big, small)
                 idx += THREADS
+
+    @cuda.jit(device=True, inline=True)
+    def stage_kv(K, V, KP, VP, kx, vx, bad, bh, j, tid, Sk):
+        """Alg.1 l.7: load Kj and Vj, split once (rows past Sk and columns past d: 0),
+        into KP and VP. A non-finite element is staged as 0 and raises bad[1] (K) or
+        bad[2] (V) to j + 1.
+
+        This thread's column is k_own, its rows c_own, c_own + RSTEP, ...; V6_LOAD_BATCH
+        rows of each are loaded (into kx, vx) before any is used, so that their loads
+        from global memory wait together, not one after the other. The loads are
+        unconditional, at flat positions in K and V (ptx.flat_load: one address
+        computation each, where K[bh, col, k] costs seven 64-bit multiply-adds); a
+        position outside the arrays is replaced by one inside (row Sk - 1; Sk >= 1
+        here) and its value by 0."""
+        mark = int32(j + 1)
+        k_own = tid % W                         # the column and first row this thread
+        c_own = tid // W                        # stages of each K/V tile
+        k_in = k_own < d
+        k_load = min(k_own, d - 1)              # a column inside the arrays
+        last_row = (bh * Sk + Sk - 1) * d + k_load      # a position inside K and V
+        c = c_own
+        while c < Bc:
+            at = (bh * Sk + j * Bc + c) * d + k_load     # row j * Bc + c, column k_load
+            for u in range(V6_LOAD_BATCH):
+                col = j * Bc + c + u * RSTEP
+                inside = k_in and c + u * RSTEP < Bc and col < Sk
+                at_u = at + u * RSTEP * d if col < Sk else last_row
+                kx[u] = acc(flat_load(K, U(at_u)))
+                vx[u] = acc(flat_load(V, U(at_u)))
+                kx[u] = kx[u] if inside else ZERO
+                vx[u] = vx[u] if inside else ZERO
+            if k_own < DP:
+                for u in range(V6_LOAD_BATCH):
+                    r = c + u * RSTEP
+                    if r < Bc:
+                        big, small = split_finite(finite_or_zero(kx[u], bad, 1, mark))
+                        store_pair(KP, U(r * K_ROW + 2 * k_own), big, small)
+                        big, small = split_finite(finite_or_zero(vx[u], bad, 2, mark))
+                        store_pair(VP, U(r * V_ROW + 2 * k_own), big, small)
+            c += V6_LOAD_BATCH * RSTEP
+
+    @cuda.jit(device=True, inline=True)
+    def scores(s, qb, qs, QP, KP, key0, r0, g, t):
+        """Alg.1 l.8: the chunk's S = Qi Kj^T (keys key0 ... key0 + chunk - 1 of the
+        tile) on the tensor cores, into the fragments s, unscaled."""
+        for nt in range(NT):
+            c = (ZERO, ZERO, ZERO, ZERO)
+            e = c
+            f = c
+            kr = (key0 + nt * 8 + g) * K_ROW + 2 * t    # B = Kj^T: B[t, g] = Kj[g, t]
+            for ks in range(KS):
+                if Q_REGS:
+                    a0b, a1b, a2b, a3b = qb[ks * 4], qb[ks * 4 + 1], qb[ks * 4 + 2], qb[ks * 4 + 3]
+                    a0s, a1s, a2s, a3s = qs[ks * 4], qs[ks * 4 + 1], qs[ks * 4 + 2], qs[ks * 4 + 3]
+                else:
+                    qr = r0 * K_ROW + 2 * (ks * 8 + t)
+                    a0b, a0s = load_pair(QP, U(qr))                     # Q[g, 8ks + t]
+                    a1b, a1s = load_pair(QP, U(qr + 8 * K_ROW))         # Q[g + 8, ...]
+                    a2b, a2s = load_pair(QP, U(qr + 8))                 # Q[g, ... + 4]
+                    a3b, a3s = load_pair(QP, U(qr + 8 * K_ROW + 8))
+                b0b, b0s = load_pair(KP, U(kr + 16 * ks))               # Kj[g, 8ks + t]
+                b1b, b1s = load_pair(KP, U(kr + 16 * ks + 8))           # Kj[g, ... + 4]
+                c, e, f = mma3(a0b, a1b, a2b, a3b, a0s, a1s, a2s, a3s,
+                               b0b, b1b, b0s, b1s, c, e, f)
+            for x in range(4):
+                s[nt * 4 + x] = c[x] + (e[x] + f[x])
+
+    @cuda.jit(device=True, inline=True)
+    def values(o, s, pb, ps, VP, key0, g, t, alpha0, alpha1):
+        """Alg.1 l.10: O = diag(alpha) O + P~ Vj for the chunk, P~ straight from the S
+        fragments s (keys 2t and 2t+1 of each 8 play the mma's k = t and t + 4, as in
+        v3), split into pb, ps first. A NaN in P~ (from a NaN score) reaches l, so its
+        split may be anything."""
+        for x in range(S_FRAGS):
+            pb[x], ps[x] = split_finite(s[x])
+        for nd in range(KS):
+            c = (ZERO, ZERO, ZERO, ZERO)
+            e = c
+            for ks in range(NT):
+                vr = (key0 + ks * 8 + 2 * t) * V_ROW + 2 * (nd * 8 + g)
+                b0b, b0s = load_pair(VP, U(vr))             # Vj[2t, 8nd + g]
+                b1b, b1s = load_pair(VP, U(vr + V_ROW))     # Vj[2t + 1, 8nd + g]
+                c, e = mma3_short(
+                    pb[ks * 4], pb[ks * 4 + 2], pb[ks * 4 + 1], pb[ks * 4 + 3],
+                    ps[ks * 4], ps[ks * 4 + 2], ps[ks * 4 + 1], ps[ks * 4 + 3],
+                    b0b, b1b, b0s, b1s, c, e)
+            # The chunk's P~ Vj is summed from zero, then added to the rescaled O in
+            # ordinary float32 arithmetic (as in v3).
+            o[nd * 4] = o[nd * 4] * alpha0 + (c[0] + e[0])
+            o[nd * 4 + 1] = o[nd * 4 + 1] * alpha0 + (c[1] + e[1])
+            o[nd * 4 + 2] = o[nd * 4 + 2] * alpha1 + (c[2] + e[2])
+            o[nd * 4 + 3] = o[nd * 4 + 3] * alpha1 + (c[3] + e[3])
+
+    return load_q, stage_kv, scores, values
+
+
+@functools.lru_cache(maxsize=None)
+def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
+    """v6: v3's tensor-core forward with each K/V tile split into TF32 parts once, in
+    shared memory, and exact for every input (GPU only; float32 accumulation, float16
+    and float32 inputs, d <= 128). On the simulator the dispatcher runs v5 instead.
+
+    What changes against v3:
+
+    * Split once per tile. v3 splits every K and V operand into its TF32 big and small
+      parts again for every mma, in every warp (most of its instructions: docs/
+      performance.md). v6 splits each element once, while the block stages the tile, and
+      stores both parts side by side, so that one 8-byte shared load (ptx.load_pair)
+      fetches both: KP and VP in dynamic shared memory (as forward v5: one
+      ``cuda.shared.array(0, float32)`` cut into slices; kernels/smem.py allows more than
+      48 KB; v6_shared_layout). The product loops are then shared loads and mma only. P~ is
+      split in registers with ``tf32_round_finite`` (two integer instructions a part).
+    * Qi's parts stay in registers up to DP = 64 (as v3); above, they are staged in
+      shared memory too (QP), which keeps d = 128 free of spills.
+    * Exact for non-finite inputs. A tensor core cannot skip a product: a NaN or inf in
+      V at a key hidden from some rows of the tile reaches them as 0 * NaN, and an inf
+      split into TF32 parts is inf + NaN. So v6 stages a non-finite element as 0 (both
+      parts) and records that the tile holds one (``bad``: [0] for Qi, [1] and [2] the
+      last K and V tile that did, as j + 1, so nothing needs clearing). For such a tile,
+      rare in practice, the warp then adds back exactly the terms that were left out, in
+      plain float32: each score gets the products q * k that have a non-finite factor
+      (read again from global memory), and each O entry gets p * v for the non-finite
+      values of the keys its row sees (p from the lane of the quad that holds it, by a
+      shuffle). A term with a non-finite factor makes its sum NaN or +-inf whatever the
+      finite rest is, so the result matches v1/v2's and the reference's NaN and inf
+      positions, and every entry no such term reaches is bitwise what it would be with
+      the value finite (the staged 0 contributes 0 * p = 0 where the finite value gave
+      0 * p = 0 too, for a hidden key).
+
+    The staging and the two products are ``make_v6_tile_steps``'s (shared with v8); the
+    steps after the products (scale, mask, online softmax, the fix-ups, the final write)
+    are ``make_mma_row_steps``'s (shared with v7 and v8).
+
+    ``chunk`` (the keys of one online-softmax step, a multiple of 8 dividing Bc) and
+    ``max_registers`` (ptxas's limit, None for none) are there to be measured
+    (scripts/v6_sweep.py --configs); the dispatcher uses the defaults.
+
+    Launch: grid (ceil(Sq / Br), BH), block (2 * Br,): Br / 16 warps of 16 query rows
+    each (v3's fragment layout; see make_forward_v3), and
+    ``v6_shared_layout(Br, Bc, d)[3] * 4`` bytes of dynamic shared memory (END).
+    """
+    acc = acc_type("float32")
+    ZERO = acc(0)
+    NEG_INF = acc(-math.inf)
+    assert Br % 16 == 0 and chunk % 8 == 0 and Bc % chunk == 0, (Br, Bc, chunk)
+    CHUNK = chunk
+    DP = (d + 7) // 8 * 8                   # head dim padded to the mma's k = 8
+    KS = DP // 8                            # mma steps over the head dim
+    QO_FRAGS = KS * 4                       # fragment registers of Q and of O per lane
+    S_FRAGS = CHUNK // 8 * 4                # fragment registers of S per lane
+    Q_FRAGS = QO_FRAGS if DP <= V6_Q_REGISTERS_MAX_DP else 1
+    assert 2 * Br % v6_staging_width(d) == 0, (Br, d)   # dispatch.check_v6_tiles refuses these
+    KP_AT, VP_AT, QP_AT, END, _, _ = v6_shared_layout(Br, Bc, d)
+    kv_tile_range = make_kv_tile_range(Br, Bc, causal, False)
+    (_, add_nonfinite_scores, softmax_step, add_nonfinite_values,
+     write_rows) = make_mma_row_steps(d, causal, CHUNK, KS)
+    load_q, stage_kv, scores, values = make_v6_tile_steps(Br, Bc, d, CHUNK)
+
+    options = jit_options()
+    if max_registers:       # ptxas's register limit (GPU-only kernel: no simulator concern)
+        options["max_registers"] = max_registers
+
+    @cuda.jit(**options)
+    def forward_v6(Q, K, V, O, L, softmax_scale, causal_offset):
+        bh = cuda.blockIdx.y
+        i = cuda.blockIdx.x
+        tid = cuda.threadIdx.x
+        lane = tid % 32
+        g = lane // 4
+        t = lane % 4
+        r0 = (tid // 32) * 16 + g               # this lane's two rows within the tile
+        row0 = i * Br + r0
+        row1 = row0 + 8
+        Sq = Q.shape[1]
+        Sk = K.shape[1]
+
+        # The block's dynamic shared memory, cut into the tiles (v6_shared_layout).
+        smem = cuda.shared.array(0, acc, alignment=16)     # 8-byte pairs need 8
+        KP = smem[KP_AT:VP_AT]                  # Kj as (big, small) pairs, rows of K_ROW
+        VP = smem[VP_AT:QP_AT]                  # Vj, rows of V_ROW
+        QP = smem[QP_AT:END]                    # Qi, rows of K_ROW (if not in registers)
+        bad = cuda.shared.array(3, int32)       # non-finite inputs staged as 0 (docstring)
+        qb = cuda.local.array(Q_FRAGS, acc)     # Q fragments (if in registers): big parts
+        qs = cuda.local.array(Q_FRAGS, acc)     # and small parts
+        o = cuda.local.array(QO_FRAGS, acc)     # O fragments
+        s = cuda.local.array(S_FRAGS, acc)      # S, then P~, fragments of a chunk
+        pb = cuda.local.array(S_FRAGS, acc)     # P~ split for the tensor cores
+        ps = cuda.local.array(S_FRAGS, acc)
+        kx = cuda.local.array(V6_LOAD_BATCH, acc)   # K and V elements in flight
+        vx = cuda.local.array(V6_LOAD_BATCH, acc)
+
+        if tid == 0:
+            bad[0] = 0
+            bad[1] = 0
+            bad[2] = 0
+        # Wait until bad is clear.
+        cuda.syncthreads()
+        load_q(Q, QP, qb, qs, bad, bh, i, row0, row1, t, tid, Sq)          # Alg.1 l.4
         for x in range(QO_FRAGS):
             o[x] = ZERO
         m0 = NEG_INF            # running max of row0 and row1 (the same in all 4 lanes)
@@ -1400,37 +1526,9 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
         _, Tc = kv_tile_range(i, Sk, causal_offset, 0)     # causal: skip masked tiles
         for j in range(Tc):
             mark = int32(j + 1)
-            last_row = (bh * Sk + Sk - 1) * d + k_load      # a position inside K and V
             # Wait until every warp has finished reading the previous Kj and Vj.
             cuda.syncthreads()
-            # Alg.1 l.7: load Kj and Vj, split once (rows past Sk and columns past d: 0).
-            # This thread's column is k_own, its rows c_own, c_own + RSTEP, ...;
-            # V6_LOAD_BATCH rows of each are loaded before any is used, so that their
-            # loads from global memory wait together, not one after the other.
-            # The loads are unconditional, at flat positions in K and V (ptx.flat_load:
-            # one address computation each, where K[bh, col, k] costs seven 64-bit
-            # multiply-adds); a position outside the arrays is replaced by one inside
-            # (row Sk - 1; Sk >= 1 here) and its value by 0.
-            c = c_own
-            while c < Bc:
-                at = (bh * Sk + j * Bc + c) * d + k_load     # row j * Bc + c, column k_load
-                for u in range(V6_LOAD_BATCH):
-                    col = j * Bc + c + u * RSTEP
-                    inside = k_in and c + u * RSTEP < Bc and col < Sk
-                    at_u = at + u * RSTEP * d if col < Sk else last_row
-                    kx[u] = acc(flat_load(K, U(at_u)))
-                    vx[u] = acc(flat_load(V, U(at_u)))
-                    kx[u] = kx[u] if inside else ZERO
-                    vx[u] = vx[u] if inside else ZERO
-                if k_own < DP:
-                    for u in range(V6_LOAD_BATCH):
-                        r = c + u * RSTEP
-                        if r < Bc:
-                            big, small = split_finite(finite_or_zero(kx[u], bad, 1, mark))
-                            store_pair(KP, U(r * K_ROW + 2 * k_own), big, small)
-                            big, small = split_finite(finite_or_zero(vx[u], bad, 2, mark))
-                            store_pair(VP, U(r * V_ROW + 2 * k_own), big, small)
-                c += V6_LOAD_BATCH * RSTEP
+            stage_kv(K, V, KP, VP, kx, vx, bad, bh, j, tid, Sk)              # Alg.1 l.7
             # Wait until Kj, Vj (and, for j = 0, QP and bad[0]) are complete.
             cuda.syncthreads()
             fix_scores = bad[0] != 0 or bad[1] == mark     # the same in every thread
@@ -1441,28 +1539,7 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
 
             for ch in range(Bc // CHUNK):
                 key0 = ch * CHUNK                # first key of the chunk within the tile
-                # Alg.1 l.8: S = Qi Kj^T on the tensor cores, then scale and mask.
-                for nt in range(NT):
-                    c = (ZERO, ZERO, ZERO, ZERO)
-                    e = c
-                    f = c
-                    kr = (key0 + nt * 8 + g) * K_ROW + 2 * t    # B = Kj^T: B[t, g] = Kj[g, t]
-                    for ks in range(KS):
-                        if Q_REGS:
-                            a0b, a1b, a2b, a3b = qb[ks * 4], qb[ks * 4 + 1], qb[ks * 4 + 2], qb[ks * 4 + 3]
-                            a0s, a1s, a2s, a3s = qs[ks * 4], qs[ks * 4 + 1], qs[ks * 4 + 2], qs[ks * 4 + 3]
-                        else:
-                            qr = r0 * K_ROW + 2 * (ks * 8 + t)
-                            a0b, a0s = load_pair(QP, U(qr))                     # Q[g, 8ks + t]
-                            a1b, a1s = load_pair(QP, U(qr + 8 * K_ROW))         # Q[g + 8, ...]
-                            a2b, a2s = load_pair(QP, U(qr + 8))                 # Q[g, ... + 4]
-                            a3b, a3s = load_pair(QP, U(qr + 8 * K_ROW + 8))
-                        b0b, b0s = load_pair(KP, U(kr + 16 * ks))               # Kj[g, 8ks + t]
-                        b1b, b1s = load_pair(KP, U(kr + 16 * ks + 8))           # Kj[g, ... + 4]
-                        c, e, f = mma3(a0b, a1b, a2b, a3b, a0s, a1s, a2s, a3s,
-                                       b0b, b1b, b0s, b1s, c, e, f)
-                    for x in range(4):
-                        s[nt * 4 + x] = c[x] + (e[x] + f[x])
+                scores(s, qb, qs, QP, KP, key0, r0, g, t)                    # Alg.1 l.8
                 # (What follows the products comes after all of them, so that ptxas may
                 # interleave the n-tiles' mma: a branch between them would keep it from it.)
                 if fix_scores:          # rare: a non-finite q or k was staged as 0
@@ -1472,28 +1549,7 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
                 alpha0, alpha1, m0, m1, l0, l1 = softmax_step(
                     s, softmax_scale, whole_tile, j * Bc + key0, row0, t, Sk, causal_offset,
                     m0, m1, l0, l1)
-                # Alg.1 l.10: O = diag(alpha) O + P~ Vj, P~ straight from the S fragments
-                # (keys 2t and 2t+1 of each 8 play the mma's k = t and t + 4, as in v3).
-                # A NaN in P~ (from a NaN score) reaches l, so its split may be anything.
-                for x in range(S_FRAGS):
-                    pb[x], ps[x] = split_finite(s[x])
-                for nd in range(KS):
-                    c = (ZERO, ZERO, ZERO, ZERO)
-                    e = c
-                    for ks in range(NT):
-                        vr = (key0 + ks * 8 + 2 * t) * V_ROW + 2 * (nd * 8 + g)
-                        b0b, b0s = load_pair(VP, U(vr))             # Vj[2t, 8nd + g]
-                        b1b, b1s = load_pair(VP, U(vr + V_ROW))     # Vj[2t + 1, 8nd + g]
-                        c, e = mma3_short(
-                            pb[ks * 4], pb[ks * 4 + 2], pb[ks * 4 + 1], pb[ks * 4 + 3],
-                            ps[ks * 4], ps[ks * 4 + 2], ps[ks * 4 + 1], ps[ks * 4 + 3],
-                            b0b, b1b, b0s, b1s, c, e)
-                    # The chunk's P~ Vj is summed from zero, then added to the rescaled O
-                    # in ordinary float32 arithmetic (as in v3).
-                    o[nd * 4] = o[nd * 4] * alpha0 + (c[0] + e[0])
-                    o[nd * 4 + 1] = o[nd * 4 + 1] * alpha0 + (c[1] + e[1])
-                    o[nd * 4 + 2] = o[nd * 4 + 2] * alpha1 + (c[2] + e[2])
-                    o[nd * 4 + 3] = o[nd * 4 + 3] * alpha1 + (c[3] + e[3])
+                values(o, s, pb, ps, VP, key0, g, t, alpha0, alpha1)         # Alg.1 l.10
                 if fix_values:          # rare: a non-finite v was staged as 0
                     add_nonfinite_values(o, s, V, bh, j * Bc + key0, row0, row1, g, t, Sk,
                                          causal_offset)
@@ -1502,6 +1558,122 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
         write_rows(O, L, o, bh, row0, row1, t, m0, m1, l0, l1, Sq)
 
     return forward_v6
+
+
+@functools.lru_cache(maxsize=None)
+def make_forward_v8(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
+    """v8: v6 with the scores of the next chunk computed while this chunk's softmax runs
+    (GPU only; float32 accumulation, float16 and float32 inputs, d <= 128; the same
+    arguments, launch, shared memory and results as v6, bit for bit).
+
+    What changes against v6: the order of the work in the chunk loop, nothing else. v6
+    does each chunk's steps one after the other, S = Qi Kj^T on the tensor cores, then
+    the online softmax, then P~ Vj; the softmax is a chain of dependent steps (scale,
+    the quad's max by shuffles, exp2, the sums), and with only two warps per scheduler
+    (docs/performance.md: 172 registers a thread, one block of eight warps per SM) the
+    tensor cores wait while it runs. v8 starts the next chunk's S before this chunk's
+    softmax: its mma depend on nothing the softmax computes, so the scheduler can issue
+    them between the softmax's steps. It costs the registers of a second S (chunk / 2
+    a lane, and its accumulators while it is summed); at one block per SM, registers up
+    to 255 a thread cost no occupancy. Each tile's first chunk is computed before the
+    loop; the last has no next.
+    """
+    acc = acc_type("float32")
+    ZERO = acc(0)
+    NEG_INF = acc(-math.inf)
+    assert Br % 16 == 0 and chunk % 8 == 0 and Bc % chunk == 0, (Br, Bc, chunk)
+    CHUNK = chunk
+    NCH = Bc // CHUNK                       # chunks of a tile
+    DP = (d + 7) // 8 * 8
+    KS = DP // 8
+    QO_FRAGS = KS * 4
+    S_FRAGS = CHUNK // 8 * 4
+    Q_FRAGS = QO_FRAGS if DP <= V6_Q_REGISTERS_MAX_DP else 1
+    assert 2 * Br % v6_staging_width(d) == 0, (Br, d)
+    KP_AT, VP_AT, QP_AT, END, _, _ = v6_shared_layout(Br, Bc, d)
+    kv_tile_range = make_kv_tile_range(Br, Bc, causal, False)
+    (_, add_nonfinite_scores, softmax_step, add_nonfinite_values,
+     write_rows) = make_mma_row_steps(d, causal, CHUNK, KS)
+    load_q, stage_kv, scores, values = make_v6_tile_steps(Br, Bc, d, CHUNK)
+
+    options = jit_options()
+    if max_registers:
+        options["max_registers"] = max_registers
+
+    @cuda.jit(**options)
+    def forward_v8(Q, K, V, O, L, softmax_scale, causal_offset):
+        bh = cuda.blockIdx.y
+        i = cuda.blockIdx.x
+        tid = cuda.threadIdx.x
+        lane = tid % 32
+        g = lane // 4
+        t = lane % 4
+        r0 = (tid // 32) * 16 + g
+        row0 = i * Br + r0
+        row1 = row0 + 8
+        Sq = Q.shape[1]
+        Sk = K.shape[1]
+
+        smem = cuda.shared.array(0, acc, alignment=16)     # as v6
+        KP = smem[KP_AT:VP_AT]
+        VP = smem[VP_AT:QP_AT]
+        QP = smem[QP_AT:END]
+        bad = cuda.shared.array(3, int32)
+        qb = cuda.local.array(Q_FRAGS, acc)
+        qs = cuda.local.array(Q_FRAGS, acc)
+        o = cuda.local.array(QO_FRAGS, acc)
+        s = cuda.local.array(S_FRAGS, acc)      # this chunk's S, then P~
+        sn = cuda.local.array(S_FRAGS, acc)     # the next chunk's S (v8's one change)
+        pb = cuda.local.array(S_FRAGS, acc)
+        ps = cuda.local.array(S_FRAGS, acc)
+        kx = cuda.local.array(V6_LOAD_BATCH, acc)
+        vx = cuda.local.array(V6_LOAD_BATCH, acc)
+
+        if tid == 0:
+            bad[0] = 0
+            bad[1] = 0
+            bad[2] = 0
+        cuda.syncthreads()
+        load_q(Q, QP, qb, qs, bad, bh, i, row0, row1, t, tid, Sq)          # Alg.1 l.4
+        for x in range(QO_FRAGS):
+            o[x] = ZERO
+        m0 = NEG_INF
+        m1 = NEG_INF
+        l0 = ZERO
+        l1 = ZERO
+
+        _, Tc = kv_tile_range(i, Sk, causal_offset, 0)
+        for j in range(Tc):
+            mark = int32(j + 1)
+            cuda.syncthreads()
+            stage_kv(K, V, KP, VP, kx, vx, bad, bh, j, tid, Sk)              # Alg.1 l.7
+            cuda.syncthreads()
+            fix_scores = bad[0] != 0 or bad[1] == mark
+            fix_values = bad[2] == mark
+            whole_tile = (j * Bc + Bc <= Sk
+                          and (not causal or j * Bc + Bc - 1 <= i * Br + causal_offset))
+
+            scores(sn, qb, qs, QP, KP, 0, r0, g, t)         # Alg.1 l.8 for the first chunk
+            for ch in range(NCH):
+                key0 = ch * CHUNK
+                for x in range(S_FRAGS):
+                    s[x] = sn[x]
+                if fix_scores:
+                    add_nonfinite_scores(s, Q, K, bh, j * Bc + key0, row0, t, Sq, Sk)
+                # Alg.1 l.8 for the next chunk, before this chunk's softmax (v8's change).
+                if ch + 1 < NCH:
+                    scores(sn, qb, qs, QP, KP, key0 + CHUNK, r0, g, t)
+                alpha0, alpha1, m0, m1, l0, l1 = softmax_step(              # Alg.1 l.9
+                    s, softmax_scale, whole_tile, j * Bc + key0, row0, t, Sk, causal_offset,
+                    m0, m1, l0, l1)
+                values(o, s, pb, ps, VP, key0, g, t, alpha0, alpha1)         # Alg.1 l.10
+                if fix_values:
+                    add_nonfinite_values(o, s, V, bh, j * Bc + key0, row0, row1, g, t, Sk,
+                                         causal_offset)
+
+        write_rows(O, L, o, bh, row0, row1, t, m0, m1, l0, l1, Sq)
+
+    return forward_v8
 
 
 V7_CHUNK = 32                           # v7: keys per online-softmax step, by default
