@@ -493,6 +493,18 @@ def check_v6_tiles(tiles, d, version="v6"):
                              f". ({version} runs on a GPU only; version='v5' takes other tiles)")
 
 
+def v8_chunk(d, Bc):
+    """Keys per online-softmax step of forward v8: 32 where Qi is staged in shared memory
+    (d > 64, forward.V6_Q_REGISTERS_MAX_DP) and Bc is a multiple of 32, else v6's 16.
+    Measured (scripts/v6_sweep.py --configs, run 52, (2, 16, 4096, 128), (128, 32) tiles,
+    ms not causal / causal): v8 with 32-key chunks 11.24 / 6.61, with 16-key chunks
+    12.56 / 7.21; v6 13.08 / 7.25 and 13.51 / 7.63. With Qi in registers (d <= 64) a
+    32-key chunk of v8 spills (CUDA 13.5's ptxas: 255 registers and 36 bytes stored at
+    (128, 64)), so it stays at 16."""
+    wide = d > fwd_kernels.V6_Q_REGISTERS_MAX_DP and Bc % 32 == 0
+    return 32 if wide else fwd_kernels.V6_CHUNK
+
+
 def _plan_forward_v6(p, where, tiles, reason, version="v6"):
     """Forward v6 or v8 (v6's kernel with the next chunk's scores before this chunk's
     softmax): the same tiles, launch and shared memory."""
@@ -597,11 +609,12 @@ def _default_forward_version(p, where):
     Plain attention (with or without the causal mask) in float32 with d <= 128, on a GPU:
     v8, which is v6 (the tensor-core kernel, 3xTF32, with K/V split once per tile, exact
     for every input, non-finite ones included: kernels/forward.py) with the next chunk's
-    scores issued before this chunk's softmax; its results are bitwise v6's. On the H200,
-    (2, 16, 4096, d), float32, ms not causal / causal (scripts/v6_sweep.py --configs, run
-    50, default tiles): d = 64, v8 5.50 / 3.28 against v6's 6.04 / 3.65; d = 128, 13.75 /
-    7.63 against 13.53 / 8.08 (within a few per cent either way: the reordering pays where
-    Qi stays in registers, d <= 64). v6 was the default before v8 (runs 29 and 31: d = 64,
+    scores issued before this chunk's softmax, and at d > 64 each Qi fragment read once
+    per chunk and 32-key chunks (v8_chunk); with the same chunk its results are bitwise
+    v6's. On the H200, (2, 16, 4096, d), float32, ms not causal / causal, default tiles
+    (scripts/v6_sweep.py --configs): d = 64, v8 5.50 / 3.28 against v6's 6.04 / 3.65 in
+    run 50 and 5.90 / 3.27 against 5.88 / 3.85 in run 52; d = 128, 11.24 / 6.61 against
+    13.51 / 7.63 (run 52). v6 was the default before v8 (runs 29 and 31: d = 64,
     v6 5.80 / 3.57 against v5's 5.88 / 4.34; d = 128, 13.28 / 7.35 against 15.41 / 9.54).
     On the simulator, which cannot run tensor-core code: v5,
     the register-blocked SIMT kernel with its tiles in dynamic shared memory, the fastest
@@ -646,8 +659,8 @@ def _default_forward_version(p, where):
     return "v8", ("v8 is the default for plain attention in float32 with d <= "
                   f"{V6_MAX_HEAD_DIM} on a GPU: v6's tensor-core kernel (3xTF32, K/V split "
                   "once per tile, exact for every input) with the next chunk's scores "
-                  "computed during this chunk's softmax, bitwise v6's results, the fastest "
-                  "version measured on the H200")
+                  "computed during this chunk's softmax (bitwise v6's results for the same "
+                  "chunk), the fastest version measured on the H200")
 
 
 def plan_forward(p, version=None, tiles=None):
@@ -731,7 +744,8 @@ def forward_kernel(plan, p):
     if plan.version == "v6":
         return fwd_kernels.make_forward_v6(plan.Br, plan.Bc, p.d, p.upper)
     if plan.version == "v8":
-        return fwd_kernels.make_forward_v8(plan.Br, plan.Bc, p.d, p.upper)
+        return fwd_kernels.make_forward_v8(plan.Br, plan.Bc, p.d, p.upper,
+                                           v8_chunk(p.d, plan.Bc))
     if plan.version == "v7":
         return fwd_kernels.make_forward_v7(plan.Br, plan.Bc, p.d, p.upper,
                                            v7_chunk(p.d, plan.Bc))

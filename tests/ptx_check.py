@@ -147,8 +147,9 @@ def forward_entries():
         # v6 (tensor cores, GPU only): float32 accumulation, d <= 128, its own tile rule;
         # d = 59 pads to the mma's k, d = 128 stages Qi in shared memory. ptxas's "smem"
         # is static only (bad, the 1 KB sm_90 reserves); the tiles are dynamic
-        # v8 (v6 reordered) the same
-        for ver, factory in (("v6", fwd.make_forward_v6), ("v8", fwd.make_forward_v8)):
+        # v8 (v6 reordered) the same, with the dispatcher's chunk
+        v8 = lambda Br, Bc, d, c: fwd.make_forward_v8(Br, Bc, d, c, dispatch.v8_chunk(d, Bc))
+        for ver, factory in (("v6", fwd.make_forward_v6), ("v8", v8)):
             if ver not in fwd.VERSIONS or acc != "float32":
                 continue
             for d in (1, 59, 64, 128):

@@ -641,12 +641,19 @@ def test_v7_stages_every_column_of_its_padded_tiles():
 @pytest.mark.parametrize("d", [1, 59, 64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_v8_is_bitwise_v6(d, causal, dtype):
-    """v8 only moves the next chunk's S = Qi Kj^T before this chunk's softmax: the same
-    operations on the same values, so its O and L must be v6's bit for bit, for ragged
+def test_v8_is_bitwise_v6(d, causal, dtype, monkeypatch):
+    """v8 only reorders v6's work (the next chunk's S = Qi Kj^T before this chunk's
+    softmax; at d > 64 each Qi fragment read once per chunk): the same operations on the
+    same values, so with the same chunk its O and L must be v6's bit for bit, for ragged
     lengths (Sq != Sk, neither a tile multiple), both causal alignments, and inputs with
     NaN and inf, which take v6's fix-up paths (the property tests hold both to the
-    float64 rule besides)."""
+    float64 rule besides). v6 is built here with v8's chunk (32 keys at d > 64, where
+    v6's own default is 16)."""
+    from numbaflash import dispatch
+    from numbaflash.kernels import forward as fwd
+    v6 = fwd.make_forward_v6
+    monkeypatch.setattr(fwd, "make_forward_v6", lambda Br, Bc, d, causal: v6(
+        Br, Bc, d, causal, dispatch.v8_chunk(d, Bc)))
     rng = np.random.default_rng(d + 2 * causal)
     for Sq, Sk, poison in ((200, 333, False), (333, 200, True), (128, 128, True)):
         q, k, v = (rng.standard_normal((2, 3, S, d)).astype(dtype) for S in (Sq, Sk, Sk))

@@ -1242,8 +1242,8 @@ def make_v6_tile_steps(Br, Bc, d, chunk):
     registers (or QP), a K/V tile staged as split pairs, and the two products of one
     chunk. Float32 accumulation; the arguments are make_forward_v6's.
 
-    Returns (load_q, stage_kv, scores, values); make_forward_v6's docstring explains
-    what they do, and each says which line of Algorithm 1 it is."""
+    Returns (load_q, stage_kv, scores, scores_q_once, values); make_forward_v6's
+    docstring explains what they do, and each says which line of Algorithm 1 it is."""
     from .ptx import flat_load, load_pair, mma_tf32, store_pair     # GPU only
     from .ptx import split_tf32 as split, split_tf32_finite as split_finite
 
@@ -1386,6 +1386,39 @@ def make_v6_tile_steps(Br, Bc, d, chunk):
                 s[nt * 4 + x] = c[x] + (e[x] + f[x])
 
     @cuda.jit(device=True, inline=True)
+    def scores_q_once(s, se, sf, QP, KP, key0, r0, g, t):
+        """``scores`` for a Qi staged in shared memory (QP: d > 64), with the loops the
+        other way round: the head dim outside, the chunk's n-tiles inside, so that each A
+        fragment of Qi is loaded once per chunk instead of once per n-tile (v8). Each
+        score is summed over the head dim in the same order as in ``scores``, so the
+        results are the same bits. se and sf hold the small products' sums."""
+        for x in range(S_FRAGS):
+            s[x] = ZERO
+            se[x] = ZERO
+            sf[x] = ZERO
+        for ks in range(KS):
+            qr = r0 * K_ROW + 2 * (ks * 8 + t)
+            a0b, a0s = load_pair(QP, U(qr))                     # Q[g, 8ks + t]
+            a1b, a1s = load_pair(QP, U(qr + 8 * K_ROW))         # Q[g + 8, ...]
+            a2b, a2s = load_pair(QP, U(qr + 8))                 # Q[g, ... + 4]
+            a3b, a3s = load_pair(QP, U(qr + 8 * K_ROW + 8))
+            for nt in range(NT):
+                kr = (key0 + nt * 8 + g) * K_ROW + 2 * t + 16 * ks
+                b0b, b0s = load_pair(KP, U(kr))                 # Kj[g, 8ks + t]
+                b1b, b1s = load_pair(KP, U(kr + 8))             # Kj[g, ... + 4]
+                y = nt * 4
+                c, e, f = mma3(a0b, a1b, a2b, a3b, a0s, a1s, a2s, a3s, b0b, b1b, b0s, b1s,
+                               (s[y], s[y + 1], s[y + 2], s[y + 3]),
+                               (se[y], se[y + 1], se[y + 2], se[y + 3]),
+                               (sf[y], sf[y + 1], sf[y + 2], sf[y + 3]))
+                for x in range(4):
+                    s[y + x] = c[x]
+                    se[y + x] = e[x]
+                    sf[y + x] = f[x]
+        for x in range(S_FRAGS):
+            s[x] = s[x] + (se[x] + sf[x])
+
+    @cuda.jit(device=True, inline=True)
     def values(o, s, pb, ps, VP, key0, g, t, alpha0, alpha1):
         """Alg.1 l.10: O = diag(alpha) O + P~ Vj for the chunk, P~ straight from the S
         fragments s (keys 2t and 2t+1 of each 8 play the mma's k = t and t + 4, as in
@@ -1411,7 +1444,7 @@ def make_v6_tile_steps(Br, Bc, d, chunk):
             o[nd * 4 + 2] = o[nd * 4 + 2] * alpha1 + (c[2] + e[2])
             o[nd * 4 + 3] = o[nd * 4 + 3] * alpha1 + (c[3] + e[3])
 
-    return load_q, stage_kv, scores, values
+    return load_q, stage_kv, scores, scores_q_once, values
 
 
 @functools.lru_cache(maxsize=None)
@@ -1474,7 +1507,7 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
     kv_tile_range = make_kv_tile_range(Br, Bc, causal, False)
     (_, add_nonfinite_scores, softmax_step, add_nonfinite_values,
      write_rows) = make_mma_row_steps(d, causal, CHUNK, KS)
-    load_q, stage_kv, scores, values = make_v6_tile_steps(Br, Bc, d, CHUNK)
+    load_q, stage_kv, scores, _, values = make_v6_tile_steps(Br, Bc, d, CHUNK)
 
     options = jit_options()
     if max_registers:       # ptxas's register limit (GPU-only kernel: no simulator concern)
@@ -1564,19 +1597,29 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
 def make_forward_v8(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
     """v8: v6 with the scores of the next chunk computed while this chunk's softmax runs
     (GPU only; float32 accumulation, float16 and float32 inputs, d <= 128; the same
-    arguments, launch, shared memory and results as v6, bit for bit).
+    arguments, launch and shared memory as v6, and for the same ``chunk`` the same
+    results, bit for bit).
 
-    What changes against v6: the order of the work in the chunk loop, nothing else. v6
-    does each chunk's steps one after the other, S = Qi Kj^T on the tensor cores, then
-    the online softmax, then P~ Vj; the softmax is a chain of dependent steps (scale,
-    the quad's max by shuffles, exp2, the sums), and with only two warps per scheduler
-    (docs/performance.md: 172 registers a thread, one block of eight warps per SM) the
-    tensor cores wait while it runs. v8 starts the next chunk's S before this chunk's
-    softmax: its mma depend on nothing the softmax computes, so the scheduler can issue
-    them between the softmax's steps. It costs the registers of a second S (chunk / 2
-    a lane, and its accumulators while it is summed); at one block per SM, registers up
-    to 255 a thread cost no occupancy. Each tile's first chunk is computed before the
-    loop; the last has no next.
+    What changes against v6 is the order of the work, nothing else:
+
+    * The next chunk's S first. v6 does each chunk's steps one after the other: S = Qi
+      Kj^T on the tensor cores, then the online softmax, then P~ Vj. The softmax is a
+      chain of dependent steps (scale, the quad's max by shuffles, exp2, the sums), and
+      with only two warps per scheduler (docs/performance.md: 172 registers a thread,
+      one block of eight warps per SM) the tensor cores wait while it runs. v8 starts
+      the next chunk's S before this chunk's softmax: its mma depend on nothing the
+      softmax computes, so the scheduler can issue them between the softmax's steps.
+      It costs the registers of a second S (chunk / 2 a lane, and its accumulators
+      while it is summed); at one block per SM, registers up to 255 a thread cost no
+      occupancy. Each tile's first chunk is computed before the loop; the last has no
+      next.
+    * With Qi in shared memory (d > 64), each Qi fragment is read once per chunk
+      (``scores_q_once``: the head dim outside, the n-tiles inside) instead of once per
+      n-tile. Every score's sum still runs over the head dim in the same order.
+
+    The dispatcher gives it 32-key chunks at d > 64 (dispatch.v8_chunk), where v6 runs
+    16: there v8's default results differ from v6's default by rounding (the online
+    softmax takes other steps), and equal v6's bit for bit with v6 at 32-key chunks.
     """
     acc = acc_type("float32")
     ZERO = acc(0)
@@ -1594,7 +1637,17 @@ def make_forward_v8(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
     kv_tile_range = make_kv_tile_range(Br, Bc, causal, False)
     (_, add_nonfinite_scores, softmax_step, add_nonfinite_values,
      write_rows) = make_mma_row_steps(d, causal, CHUNK, KS)
-    load_q, stage_kv, scores, values = make_v6_tile_steps(Br, Bc, d, CHUNK)
+    load_q, stage_kv, scores, scores_q_once, values = make_v6_tile_steps(Br, Bc, d, CHUNK)
+    Q_REGS = DP <= V6_Q_REGISTERS_MAX_DP
+
+    @cuda.jit(device=True, inline=True)
+    def next_scores(sn, se, sf, qb, qs, QP, KP, key0, r0, g, t):
+        """The S of the chunk at key0, into sn: with Qi in registers as v6, else with
+        each Qi fragment read once per chunk (scores_q_once)."""
+        if Q_REGS:
+            scores(sn, qb, qs, QP, KP, key0, r0, g, t)
+        else:
+            scores_q_once(sn, se, sf, QP, KP, key0, r0, g, t)
 
     options = jit_options()
     if max_registers:
@@ -1623,7 +1676,9 @@ def make_forward_v8(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
         qs = cuda.local.array(Q_FRAGS, acc)
         o = cuda.local.array(QO_FRAGS, acc)
         s = cuda.local.array(S_FRAGS, acc)      # this chunk's S, then P~
-        sn = cuda.local.array(S_FRAGS, acc)     # the next chunk's S (v8's one change)
+        sn = cuda.local.array(S_FRAGS, acc)     # the next chunk's S (v8)
+        se = cuda.local.array(S_FRAGS, acc)     # its small products (with Qi in QP)
+        sf = cuda.local.array(S_FRAGS, acc)
         pb = cuda.local.array(S_FRAGS, acc)
         ps = cuda.local.array(S_FRAGS, acc)
         kx = cuda.local.array(V6_LOAD_BATCH, acc)
@@ -1653,7 +1708,7 @@ def make_forward_v8(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
             whole_tile = (j * Bc + Bc <= Sk
                           and (not causal or j * Bc + Bc - 1 <= i * Br + causal_offset))
 
-            scores(sn, qb, qs, QP, KP, 0, r0, g, t)         # Alg.1 l.8 for the first chunk
+            next_scores(sn, se, sf, qb, qs, QP, KP, 0, r0, g, t)    # Alg.1 l.8, first chunk
             for ch in range(NCH):
                 key0 = ch * CHUNK
                 for x in range(S_FRAGS):
@@ -1662,7 +1717,7 @@ def make_forward_v8(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
                     add_nonfinite_scores(s, Q, K, bh, j * Bc + key0, row0, t, Sq, Sk)
                 # Alg.1 l.8 for the next chunk, before this chunk's softmax (v8's change).
                 if ch + 1 < NCH:
-                    scores(sn, qb, qs, QP, KP, key0 + CHUNK, r0, g, t)
+                    next_scores(sn, se, sf, qb, qs, QP, KP, key0 + CHUNK, r0, g, t)
                 alpha0, alpha1, m0, m1, l0, l1 = softmax_step(              # Alg.1 l.9
                     s, softmax_scale, whole_tile, j * Bc + key0, row0, t, Sk, causal_offset,
                     m0, m1, l0, l1)
