@@ -33,6 +33,7 @@ CASES = [  # (B, H, Sq, Sk, d, causal, dtypes)
     (1, 2, 130, 45, 64, "bottom_right", ("float32",)),   # rows 0..84 see no key
     (2, 1, 33, 1, 3, None, ("float32",)),
     (1, 1, 70, 61, 16, "top_left", ("float16", "float64")),
+    (1, 1, 150, 97, 128, "bottom_right", ("float32",)),   # d > 64: Qi in shared memory
 ]
 
 
