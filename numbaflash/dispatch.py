@@ -517,6 +517,8 @@ def _plan_forward_v6(p, where, tiles, reason, version="v6"):
     else:
         Br, Bc = check_v6_tiles(tiles, p.d, version)
         reason += "; tiles given by the caller"
+    if version == "v8":
+        reason += f"; {v8_chunk(p.d, Bc)}-key softmax steps (v8_chunk)"
     return Plan("forward", version, f"forward_{version}", where, Br, Bc,
                 (math.ceil(p.Sq / Br), p.BH), (2 * Br,), v6_shared_bytes(Br, Bc, p.d),
                 p.acc_dtype, p.causal, reason)

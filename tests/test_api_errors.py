@@ -265,6 +265,7 @@ def test_v6_and_v8_plan_on_a_gpu_and_refuse_elsewhere(version, monkeypatch):
         default = numbaflash.explain(q, k, v, causal=True)
         assert default.version == "v8" and "bitwise v6's results" in default.reason
         assert dispatch.v8_chunk(d, default.Bc) == (16 if d <= 64 else 32)
+        assert f"{16 if d <= 64 else 32}-key softmax steps" in default.reason
         plan = numbaflash.explain(q, k, v, causal=True, version=version)
         assert plan.kernel == f"forward_{version}" and (plan.Br, plan.Bc) == tiles
         assert plan.block == (2 * plan.Br,) and plan.shared_bytes == dispatch.v6_shared_bytes(

@@ -1700,6 +1700,8 @@ def make_forward_v8(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
         _, Tc = kv_tile_range(i, Sk, causal_offset, 0)
         for j in range(Tc):
             mark = int32(j + 1)
+            # The barriers, flags and masks of v6. No S of the next tile is computed
+            # early: its Kj is staged only after the first barrier below.
             cuda.syncthreads()
             stage_kv(K, V, KP, VP, kx, vx, bad, bh, j, tid, Sk)              # Alg.1 l.7
             cuda.syncthreads()
