@@ -430,6 +430,7 @@ def make_forward_v3(Bc, d, causal):
     STRIDE = DP + 4                         # shared row stride (bank-conflict free)
     QO_FRAGS = KS * 4                       # fragment registers of Q and of O per lane
     S_FRAGS = NT * 4                        # fragment registers of S per lane
+    write_rows = make_mma_row_steps(d, causal, V3_CHUNK, KS)[4]     # as v6 to v8
     THREADS = 32 * V3_WARPS
     kv_tile_range = make_kv_tile_range(V3_BR, Bc, causal, False)
     assert Bc % V3_CHUNK == 0
@@ -568,22 +569,9 @@ def make_forward_v3(Bc, d, causal):
                     o[nd * 4 + 2] = o[nd * 4 + 2] * alpha1 + (c2 + e2)
                     o[nd * 4 + 3] = o[nd * 4 + 3] * alpha1 + (c3 + e3)
 
-        # Alg.1 l.12-16: the quad's row sums, normalise once, write O and L.
-        l0 = quad_sum(l0)
-        l1 = quad_sum(l1)
-        for nd in range(KS):
-            for h in range(2):
-                col = nd * 8 + 2 * t + h
-                if col < d:
-                    if row0 < Sq:
-                        O[bh, row0, col] = ZERO if l0 == ZERO else o[nd * 4 + h] / l0
-                    if row1 < Sq:
-                        O[bh, row1, col] = ZERO if l1 == ZERO else o[nd * 4 + 2 + h] / l1
-        if t == 0:
-            if row0 < Sq:
-                L[bh, row0] = NEG_INF if l0 == ZERO else m0 + math.log(l0)
-            if row1 < Sq:
-                L[bh, row1] = NEG_INF if l1 == ZERO else m1 + math.log(l1)
+        # Alg.1 l.12-16: the quad's row sums, normalise once, write O and L (the step
+        # v6 to v8 share: make_mma_row_steps).
+        write_rows(O, L, o, bh, row0, row1, t, m0, m1, l0, l1, Sq)
 
     return forward_v3
 
