@@ -200,8 +200,9 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, win
             raises ValueError if v5 or v6 was asked for); None picks the default; see
             ``explain_backward`` and numbaflash/kernels/backward.py.
         tiles: (Br, Bc) for the backward kernels (v3 and v4 also take (Br, Bc, TM, TN);
-            v5 and v6 take multiples of 16);
-            None uses the documented rule in dispatch.py.
+            v5 and v6 take multiples of 16, and v6 also ((Br, Bc), (Br, Bc)): the dK/dV
+            kernel's tiles, then the dQ kernel's); None uses the documented rule in
+            dispatch.py (v6 at d > 64: (64, 128) for dK/dV, (128, 64) for dQ).
 
     Returns:
         ``(dq, dk, dv)`` with the shapes and dtype of q, k, v (float16 inputs are computed

@@ -59,9 +59,11 @@ warps, 2 Br threads, dynamic shared memory. On the H200: d <= 64 -> (128, 128), 
 chunks; d = 128 -> (128, 64), 16-key chunks.
 
 Tile rule (backward v6, tensor cores, the default for plain float32 attention up to
-d = 128 on a GPU, finite inputs): see ``default_backward_v5_tiles``; (Br, Bc) with
-multiples of 16, 2 Bc threads in the dK/dV kernel and 2 Br in the dQ kernel. Float32 on
-the H200: (64, 64) at d <= 128. Non-finite inputs: ``finite_inputs_plans`` (v4 instead).
+d = 128 on a GPU, finite inputs): see ``default_backward_v6_tiles``; (Br, Bc) with
+multiples of 16, 2 Bc threads in the dK/dV kernel and 2 Br in the dQ kernel, each kernel
+its own pair. Float32 on the H200: (64, 64) for both at d <= 64; at d > 64 (64, 128) for
+dK/dV and (128, 64) for dQ (8 warps a block). Non-finite inputs: ``finite_inputs_plans``
+(v4 instead).
 """
 
 import functools
@@ -1074,6 +1076,15 @@ BWD_V5_MAX_HEAD_DIM = 128     # dKj and dVj fragments (d / 2 each a lane) in reg
 # v6: v5's layout and candidates, within the device's own maximum instead (227 KB on the
 # H200): (64, 64) at d <= 128 there (70 KB at d = 64; 135 KB, one block per SM, at
 # d = 128: faster than (64, 32) at two blocks per SM, runs 37-38).
+# v6 at d > 64, each kernel its own tiles (BWD_V6_WIDE): the dK/dV kernel (64, 128), the
+# dQ kernel (128, 64), 203 KB each: one block of 8 warps per SM where (64, 64) gives one
+# block of 4 (the kernels need 255 registers a thread there, and 135 KB). Measured at
+# (2, 16, 4096, 128) (scripts/bwd_kernels.py, run 57): dK/dV 20.04 ms against 34.58,
+# dQ 14.16 against 23.76; causal 10.92 against 17.78, 7.68 against 12.63. At d = 64
+# (64, 64) stays: three blocks of 4 warps fit there (168 registers, 70 KB), and every
+# wider tile was slower (run 57: dK/dV 10.6-11.5 ms against 9.76, dQ 7.2-8.2 against 6.95).
+BWD_V6_WIDE = {"dkdv": (64, 128), "dq": (128, 64)}
+BWD_V6_WIDE_MIN_HEAD_DIM = 65
 
 
 def dkdv_v5_shared_bytes(Br, Bc, d):
@@ -1128,6 +1139,33 @@ def default_backward_v5_tiles(d, version="v5"):
                      f"head dim {d} within {target} bytes of shared memory")
 
 
+def default_backward_v6_tiles(d):
+    """Backward v6's tiles, one pair per kernel: {"dkdv": (Br, Bc), "dq": (Br, Bc)}.
+    BWD_V6_WIDE at d >= BWD_V6_WIDE_MIN_HEAD_DIM where both fit this device's shared
+    memory, else the v5 / v6 rule's tiles for both kernels (above)."""
+    wide = BWD_V6_WIDE
+    limit = device_dynamic_shared_limit()
+    if (d >= BWD_V6_WIDE_MIN_HEAD_DIM and dkdv_v5_shared_bytes(*wide["dkdv"], d) <= limit
+            and dq_v5_shared_bytes(*wide["dq"], d) <= limit):
+        return dict(wide)
+    tiles = default_backward_v5_tiles(d, "v6")
+    return {"dkdv": tiles, "dq": tiles}
+
+
+def check_backward_v6_tiles(tiles, d):
+    """A caller's backward v6 tiles: (Br, Bc) for both kernels, or ((Br, Bc), (Br, Bc))
+    for the dK/dV kernel and the dQ kernel. Returns {"dkdv": ..., "dq": ...};
+    ValueError names the limit."""
+    try:
+        nested = len(tiles) == 2 and all(isinstance(t, (tuple, list)) for t in tiles)
+    except TypeError:
+        nested = False
+    if not nested:
+        both = check_backward_v5_tiles(tiles, d, "v6")
+        return {"dkdv": both, "dq": both}
+    return {kind: check_backward_v5_tiles(t, d, "v6") for kind, t in zip(("dkdv", "dq"), tiles)}
+
+
 def backward_v6_chunk(kind, Br, Bc):
     """The rows a step of backward v6's ``kind`` kernel ("dkdv" or "dq") takes of its
     streamed tile (Qi of Br rows, Kj of Bc): backward.V6_CHUNKS, or 16 if the tile is
@@ -1157,23 +1195,33 @@ def _plan_backward_tensor_cores(p, where, tiles, reason, preprocess, version):
     refusal = backward_tensor_core_refusal(version, p, where)
     if refusal is not None:
         raise ValueError(f"backward {version} cannot run this input: {refusal}")
-    if tiles is None:
-        Br, Bc = default_backward_v5_tiles(p.d, version)
-        reason += f"; tiles by the {version} rule for d={p.d}"
+    if version == "v6":     # one pair of tiles per kernel
+        if tiles is None:
+            per_kernel = default_backward_v6_tiles(p.d)
+            wide = per_kernel["dkdv"] != per_kernel["dq"]
+            reason += (f"; tiles by the v6 rule for d={p.d}"
+                       + (" (each kernel its own: 8 warps a block)" if wide else ""))
+        else:
+            per_kernel = check_backward_v6_tiles(tiles, p.d)
+            reason += "; tiles given by the caller"
     else:
-        Br, Bc = check_backward_v5_tiles(tiles, p.d, version)
-        reason += "; tiles given by the caller"
+        if tiles is None:
+            both = default_backward_v5_tiles(p.d, version)
+            reason += f"; tiles by the {version} rule for d={p.d}"
+        else:
+            both = check_backward_v5_tiles(tiles, p.d, version)
+            reason += "; tiles given by the caller"
+        per_kernel = {"dkdv": both, "dq": both}
     reason += "; finite inputs only (checked before the launch)"
-    Tr, Tc = math.ceil(p.Sq / Br), math.ceil(p.Sk / Bc)
-    return Plans((
-        preprocess,
-        Plan("backward dK dV", version, f"backward_dkdv_{version}", where, Br, Bc, (Tc, p.BH),
-             (2 * Bc,), dkdv_v5_shared_bytes(Br, Bc, p.d), p.acc_dtype, p.causal,
-             reason + "; one block per K/V tile, each warp 16 keys"),
-        Plan("backward dQ", version, f"backward_dq_{version}", where, Br, Bc, (Tr, p.BH),
-             (2 * Br,), dq_v5_shared_bytes(Br, Bc, p.d), p.acc_dtype, p.causal,
-             reason + "; one block per Q tile, each warp 16 query rows"),
-    ))
+    Br, Bc = per_kernel["dkdv"]
+    dkdv = Plan("backward dK dV", version, f"backward_dkdv_{version}", where, Br, Bc,
+                (math.ceil(p.Sk / Bc), p.BH), (2 * Bc,), dkdv_v5_shared_bytes(Br, Bc, p.d),
+                p.acc_dtype, p.causal, reason + "; one block per K/V tile, each warp 16 keys")
+    Br, Bc = per_kernel["dq"]
+    dq = Plan("backward dQ", version, f"backward_dq_{version}", where, Br, Bc,
+              (math.ceil(p.Sq / Br), p.BH), (2 * Br,), dq_v5_shared_bytes(Br, Bc, p.d),
+              p.acc_dtype, p.causal, reason + "; one block per Q tile, each warp 16 query rows")
+    return Plans((preprocess, dkdv, dq))
 
 
 def finite_inputs_plans(plans, p, asked, Q, K, V, O, dO, L):

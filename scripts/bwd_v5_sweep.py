@@ -61,7 +61,10 @@ REPEATS = 5
 
 
 def tiles_of(plans):
-    return (plans[1].Br, plans[1].Bc), (plans[1].shared_bytes, plans[2].shared_bytes)
+    """The tiles (one pair, or the dK/dV kernel's and the dQ kernel's if they differ) and
+    the two kernels' shared memory."""
+    kv, q = (plans[1].Br, plans[1].Bc), (plans[2].Br, plans[2].Bc)
+    return (kv if kv == q else (kv, q)), (plans[1].shared_bytes, plans[2].shared_bytes)
 
 
 def run_checks(records, budget, version):
@@ -231,8 +234,11 @@ def main(argv=None):
         meta = bench.environment()
         meta.update({"script": "scripts/bwd_v5_sweep.py", "elapsed_s": budget.elapsed(),
                      "skipped": budget.skipped,
-                     "default_tiles": {f"{v}-d{d}": dispatch.default_backward_v5_tiles(d, v)
-                                       for d in configs for v in ("v5", "v6")}})
+                     "default_tiles": {
+                         **{f"v5-d{d}": dispatch.default_backward_v5_tiles(d, "v5")
+                            for d in configs},
+                         **{f"v6-d{d}": dispatch.default_backward_v6_tiles(d)
+                            for d in configs}}})
         bench.save_json(records, args.out, meta)
         print(f"wrote {args.out}")
     return 1 if bad else 0

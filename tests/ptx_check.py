@@ -23,6 +23,7 @@ types, and whether its PTX must be free of float64 (float16/float32 kernels).
 """
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -262,21 +263,22 @@ def backward_entries():
                                      lambda t=t, d=d, c=causal, a=acc:
                                      bwd.make_backward_dq_v4(*t, d, c, a), dq3, no_f64))
             # v5 (tensor cores, GPU only): float32 accumulation (float16 and float32
-            # inputs), d <= 128, its own tile rule (dispatch.default_backward_v5_tiles)
+            # inputs), d <= 128, its own tile rule (dispatch.default_backward_v5_tiles;
+            # v6: a pair per kernel, dispatch.default_backward_v6_tiles)
             for ver in ("v5", "v6"):
                 if ver not in bwd.VERSIONS or acc != "float32" or d > dispatch.BWD_V5_MAX_HEAD_DIM:
                     continue
-                Br, Bc = dispatch.default_backward_v5_tiles(d, ver)
-                for causal in (False, True):
+                for causal, kind in itertools.product((False, True), ("dkdv", "dq")):
+                    Br, Bc = (dispatch.default_backward_v6_tiles(d)[kind] if ver == "v6"
+                              else dispatch.default_backward_v5_tiles(d, ver))
                     tag = f"{dtype}-d{d}-{'causal' if causal else 'full'}-tiles{Br}x{Bc}"
-                    for kind in ("dkdv", "dq"):
-                        make = getattr(bwd, f"make_backward_{kind}_{ver}")
-                        # v6: the chunk the dispatcher gives it
-                        extra = ((dispatch.backward_v6_chunk(kind, Br, Bc),) if ver == "v6"
-                                 else ())
-                        out.append(Entry(f"backward_{kind}_{ver}-{tag}", "backward",
-                                         lambda m=make, t=(Br, Bc, d, causal) + extra: m(*t),
-                                         dkdv3 if kind == "dkdv" else dq3, True))
+                    make = getattr(bwd, f"make_backward_{kind}_{ver}")
+                    # v6: the chunk the dispatcher gives it
+                    extra = ((dispatch.backward_v6_chunk(kind, Br, Bc),) if ver == "v6"
+                             else ())
+                    out.append(Entry(f"backward_{kind}_{ver}-{tag}", "backward",
+                                     lambda m=make, t=(Br, Bc, d, causal) + extra: m(*t),
+                                     dkdv3 if kind == "dkdv" else dq3, True))
     assert {e.name.split("-")[0] for e in out} >= {f"backward_{k}_{v}" for k in ("dkdv", "dq")
                                                    for v in ("v3", "v4", "v5", "v6")}
     return out

@@ -277,6 +277,41 @@ def test_v6_and_v8_plan_on_a_gpu_and_refuse_elsewhere(version, monkeypatch):
     raises(ValueError, r"head dims up to 128", q, k, v, version=version)
 
 
+def test_backward_v6_plans_tiles_per_kernel_on_a_gpu(monkeypatch):
+    """Backward v6 (the GPU default) plans each kernel's tiles: (64, 64) for both at
+    d <= 64; above that (64, 128) for dK/dV and (128, 64) for dQ, 8 warps a block, each
+    grid and block from its own tiles. A caller's (Br, Bc) applies to both kernels,
+    ((Br, Bc), (Br, Bc)) to each; bad tiles name the limit, and a GPU with less shared
+    memory than the wide tiles need gets the one-pair rule (planned, not launched)."""
+    monkeypatch.setattr(dispatch, "simulating", lambda: False)
+    monkeypatch.setattr(dispatch, "device_dynamic_shared_limit", lambda: 232448)
+    for d, dkdv, dq in ((64, (64, 64), (64, 64)), (72, (64, 128), (128, 64)),
+                        (128, (64, 128), (128, 64))):
+        q, k, v = arrays((2, 300, d), (2, 200, d))
+        _, kv, qp = numbaflash.explain_backward(q, k, v, causal=True)
+        assert (kv.version, qp.version) == ("v6", "v6")
+        assert ((kv.Br, kv.Bc), (qp.Br, qp.Bc)) == (dkdv, dq)
+        assert kv.grid == (math.ceil(200 / dkdv[1]), 2) and kv.block == (2 * dkdv[1],)
+        assert qp.grid == (math.ceil(300 / dq[0]), 2) and qp.block == (2 * dq[0],)
+        assert kv.shared_bytes == dispatch.dkdv_v5_shared_bytes(*dkdv, d) <= 232448
+        assert qp.shared_bytes == dispatch.dq_v5_shared_bytes(*dq, d) <= 232448
+        assert ("each kernel its own" in kv.reason) == (dkdv != dq)
+    q, k, v = arrays((2, 300, 128), (2, 200, 128))
+    _, kv, qp = numbaflash.explain_backward(q, k, v, version="v6", tiles=(32, 64))
+    assert (kv.Br, kv.Bc, qp.Br, qp.Bc) == (32, 64, 32, 64)
+    assert "tiles given by the caller" in kv.reason
+    _, kv, qp = numbaflash.explain_backward(q, k, v, version="v6", tiles=((32, 64), (64, 16)))
+    assert (kv.Br, kv.Bc, qp.Br, qp.Bc) == (32, 64, 64, 16)
+    with pytest.raises(ValueError, match=r"backward v6 tiles must be \(Br, Bc\) with Br and Bc "
+                                         r"multiples of 16 .*got \(64, 24\)"):
+        numbaflash.explain_backward(q, k, v, version="v6", tiles=((64, 64), (64, 24)))
+    with pytest.raises(ValueError, match=r"backward v6 tiles \(128, 128\) need 271360 bytes"):
+        numbaflash.explain_backward(q, k, v, version="v6", tiles=((128, 128), (64, 64)))
+    monkeypatch.setattr(dispatch, "device_dynamic_shared_limit", lambda: 101376)
+    _, kv, qp = numbaflash.explain_backward(q, k, v)
+    assert (kv.Br, kv.Bc) == (qp.Br, qp.Bc) and kv.shared_bytes <= 101376
+
+
 def test_v7_plans_float16_on_a_gpu_and_refuses_the_rest(monkeypatch):
     """v7 (float16 tensor cores): refused on the simulator with the reason; on a GPU
     (simulating patched away) it is the default for float16 (v8 stays float32's), with
