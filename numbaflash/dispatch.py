@@ -430,12 +430,13 @@ TENSOR_CORE_LIMITS = {
     "v3": (V3_MAX_HEAD_DIM, "its Q and O fragments", ""),
     "v6": (V6_MAX_HEAD_DIM, "its O fragments", " (there, v5 computes the same thing)"),
     "v8": (V6_MAX_HEAD_DIM, "its O fragments", " (there, v5 computes the same thing)"),
+    "v9": (V6_MAX_HEAD_DIM, "its O fragments", " (there, v5 computes the same thing)"),
 }
 
 
 def tensor_core_refusal(version, p, where):
-    """Why forward ``version`` ("v3", "v6" or "v8", the 3xTF32 versions) cannot run Problem
-    ``p`` here, or None if it can."""
+    """Why forward ``version`` ("v3", "v6", "v8" or "v9", the 3xTF32 versions) cannot run
+    Problem ``p`` here, or None if it can."""
     max_d, kept, sibling = TENSOR_CORE_LIMITS[version]
     if where != "gpu":
         return (f"{version} uses the tensor cores through inline PTX and warp shuffles, which "
@@ -444,24 +445,36 @@ def tensor_core_refusal(version, p, where):
         return f"{version} computes in float32 (3xTF32); float64 inputs run on v2"
     if p.d > max_d:
         return f"{version} keeps {kept} in registers, which holds head dims up to {max_d}"
+    if version == "v9" and np.dtype(p.dtype) != np.float32:
+        return ("v9 copies its K/V tiles as float32 elements, unconverted (cp.async), so it "
+                f"takes float32 inputs only; {np.dtype(p.dtype)} inputs run on v7 (the "
+                "default) or v8")
     return None
 
 
-def _v6_tiles_within(d, limit):
-    """The first of V6_CANDIDATES whose shared memory fits ``limit`` bytes, or None."""
-    return next(((Br, Bc) for Br, Bc in V6_CANDIDATES if v6_shared_bytes(Br, Bc, d) <= limit),
+def v9_shared_bytes(Br, Bc, d):
+    """Dynamic shared memory of forward v9 (forward.v9_shared_layout), float32: v6's K/V
+    pairs, Qi plain at d > 64, and the landing places of the next K/V tile."""
+    return fwd_kernels.v9_shared_layout(Br, Bc, d)[5] * 4
+
+
+def _v6_tiles_within(d, limit, shared_bytes=v6_shared_bytes):
+    """The first of V6_CANDIDATES whose shared memory (by ``shared_bytes``: v6's and v8's,
+    or v9's) fits ``limit`` bytes, or None."""
+    return next(((Br, Bc) for Br, Bc in V6_CANDIDATES if shared_bytes(Br, Bc, d) <= limit),
                 None)
 
 
-def default_v6_tiles(d):
+def default_v6_tiles(d, version="v6"):
     """v6 tile rule (above), (Br, Bc): d <= 64 -> (128, 64); d = 128 -> (128, 32) on the
-    H200, (64, 16) on a GPU that allows a block 99 KB."""
+    H200, (64, 16) on a GPU that allows a block 99 KB. v9 takes the same rule with its own
+    shared memory (v9_shared_bytes): on the H200 the same tiles."""
     limit = device_dynamic_shared_limit()
-    tiles = _v6_tiles_within(d, limit)
+    tiles = _v6_tiles_within(d, limit, v9_shared_bytes if version == "v9" else v6_shared_bytes)
     if tiles is not None:
         return tiles
-    raise ValueError(f"forward v6 cannot run this input: no v6 tile fits head dim {d} "
-                     f"within {limit} bytes of shared memory")
+    raise ValueError(f"forward {version} cannot run this input: no {version} tile fits head "
+                     f"dim {d} within {limit} bytes of shared memory")
 
 
 def _check_warp_tiles(version, tiles, d, chunk, shared_bytes, staging_width, hint=""):
@@ -488,9 +501,10 @@ def _check_warp_tiles(version, tiles, d, chunk, shared_bytes, staging_width, hin
 
 
 def check_v6_tiles(tiles, d, version="v6"):
-    """A caller's forward v6 (or v8: the same kernel reordered) tiles; ValueError names the
-    limit."""
-    return _check_warp_tiles(version, tiles, d, fwd_kernels.V6_CHUNK, v6_shared_bytes,
+    """A caller's forward v6 (or v8: the same kernel reordered; or v9, with its own shared
+    memory) tiles; ValueError names the limit."""
+    nbytes = v9_shared_bytes if version == "v9" else v6_shared_bytes
+    return _check_warp_tiles(version, tiles, d, fwd_kernels.V6_CHUNK, nbytes,
                              fwd_kernels.v6_staging_width,
                              f". ({version} runs on a GPU only; version='v5' takes other tiles)")
 
@@ -508,22 +522,23 @@ def v8_chunk(d, Bc):
 
 
 def _plan_forward_v6(p, where, tiles, reason, version="v6"):
-    """Forward v6 or v8 (v6's kernel with the next chunk's scores before this chunk's
-    softmax): the same tiles, launch and shared memory."""
+    """Forward v6, v8 (v6's kernel with the next chunk's scores before this chunk's
+    softmax: the same tiles, launch and shared memory) or v9 (v8 with the next K/V tile
+    copied asynchronously: the same tile rule and launch, its own shared memory)."""
     refusal = tensor_core_refusal(version, p, where)
     if refusal is not None:
         raise ValueError(f"forward {version} cannot run this input: {refusal}")
     if tiles is None:
-        Br, Bc = default_v6_tiles(p.d)
+        Br, Bc = default_v6_tiles(p.d, version)
         reason += f"; tiles by the v6 rule for d={p.d}"
     else:
         Br, Bc = check_v6_tiles(tiles, p.d, version)
         reason += "; tiles given by the caller"
-    if version == "v8":
+    if version in ("v8", "v9"):
         reason += f"; {v8_chunk(p.d, Bc)}-key softmax steps (v8_chunk)"
+    nbytes = (v9_shared_bytes if version == "v9" else v6_shared_bytes)(Br, Bc, p.d)
     return Plan("forward", version, f"forward_{version}", where, Br, Bc,
-                (math.ceil(p.Sq / Br), p.BH), (2 * Br,), v6_shared_bytes(Br, Bc, p.d),
-                p.acc_dtype, p.causal, reason)
+                (math.ceil(p.Sq / Br), p.BH), (2 * Br,), nbytes, p.acc_dtype, p.causal, reason)
 
 
 # --- forward v7 (float16 inputs on the float16 tensor cores, m16n8k16; GPU only) ---------
@@ -708,13 +723,13 @@ def plan_forward(p, version=None, tiles=None):
                     (32 * fwd_kernels.V3_WARPS,), v3_shared_bytes(Bc, p.d), p.acc_dtype,
                     p.causal, reason)
 
-    if version in ("v4", "v5", "v6", "v7", "v8"):
+    if version in ("v4", "v5", "v6", "v7", "v8", "v9"):
         wanted = needs_variants(p)
         if wanted is not None:
             raise ValueError(f"forward {version} cannot run this input: it computes plain "
                              f"attention (with or without a causal mask) only, and this call "
                              f"asks for {wanted}; v1 and v2 (the default) support variants")
-        if version in ("v6", "v8"):
+        if version in ("v6", "v8", "v9"):
             return _plan_forward_v6(p, where, tiles, reason, version)
         if version == "v7":
             return _plan_forward_v7(p, where, tiles, reason)
@@ -749,6 +764,9 @@ def forward_kernel(plan, p):
         return fwd_kernels.make_forward_v6(plan.Br, plan.Bc, p.d, p.upper)
     if plan.version == "v8":
         return fwd_kernels.make_forward_v8(plan.Br, plan.Bc, p.d, p.upper,
+                                           v8_chunk(p.d, plan.Bc))
+    if plan.version == "v9":
+        return fwd_kernels.make_forward_v9(plan.Br, plan.Bc, p.d, p.upper,
                                            v8_chunk(p.d, plan.Bc))
     if plan.version == "v7":
         return fwd_kernels.make_forward_v7(plan.Br, plan.Bc, p.d, p.upper,
@@ -825,9 +843,9 @@ def launch_forward(plan, p, Q, K, V, O, L, slopes=None, attn_mask=None):
 
 
 def forward_dynamic_shared_bytes(plan):
-    """The dynamic shared memory a forward launch must ask for: v5's to v8's tiles (their
+    """The dynamic shared memory a forward launch must ask for: v5's to v9's tiles (their
     ``shared_bytes``); 0 for the versions whose shared arrays are static."""
-    return plan.shared_bytes if plan.version in ("v5", "v6", "v7", "v8") else 0
+    return plan.shared_bytes if plan.version in ("v5", "v6", "v7", "v8", "v9") else 0
 
 
 # ---------------------------------------------------------------------------------------

@@ -6,7 +6,8 @@
                                              # kernel variants d:Br:Bc:chunk:max_registers
     python3 scripts/v6_sweep.py --configs 64:128:64:16:0:v8
                                              # the same for forward v8 (v6's kernel with
-                                             # the next chunk's S before the softmax)
+                                             # the next chunk's S before the softmax) or
+                                             # v9 (v8 with asynchronous K/V copies)
 
 At (2, 16, 4096, d), float32, causal (bottom-right) and not. First every kernel's output
 for the first (batch, head) is compared with numbaflash.reference in float64: its max
@@ -15,9 +16,10 @@ test suite), and a v6 error above 2x v5's is marked WRONG and not timed. Then me
 10 CUDA-event timings after one untimed call (numbaflash.bench.time_ms), for v5 (default
 tiles), v3 (default tiles), v6 with each tile in TILES, and PyTorch SDPA's EFFICIENT
 backend when torch is importable (the ratio column is SDPA's time / this time).
-With --configs, a v8 variant is also compared with v6's kernel of the same knobs on the
-same inputs: v8 only reorders v6's work, so its O must be bitwise v6's ("== v6" column;
-a difference is marked WRONG and not timed).
+With --configs, a v8 or v9 variant is also compared with v6's kernel of the same knobs on
+the same inputs: v8 only reorders v6's work, and v9 only changes how v8's tiles arrive,
+so their O must be bitwise v6's ("== v6" column; a difference is marked WRONG and not
+timed).
 """
 
 import argparse
@@ -54,14 +56,16 @@ def sdpa_call(q, k, v, causal):
 
 
 def variant_call(q, k, v, causal, d, Br, Bc, chunk, max_registers, version="v6"):
-    """A function launching make_forward_v6 (or v8)(Br, Bc, d, causal, chunk,
+    """A function launching make_forward_v6 (or v8, v9)(Br, Bc, d, causal, chunk,
     max_registers) on (2, 16, 4096, d) device arrays directly (the knobs the dispatcher
     does not expose), returning O, and the kernel's registers per thread."""
-    factory = {"v6": fwd.make_forward_v6, "v8": fwd.make_forward_v8}[version]
+    factory = {"v6": fwd.make_forward_v6, "v8": fwd.make_forward_v8,
+               "v9": fwd.make_forward_v9}[version]
     kernel = factory(Br, Bc, d, True if causal else False, chunk, max_registers or None)
     B, H, N, _ = q.shape
     Q, K, V = (x.reshape(B * H, N, d) for x in (q, k, v))
-    nbytes = dispatch.v6_shared_bytes(Br, Bc, d)
+    nbytes = (dispatch.v9_shared_bytes if version == "v9" else dispatch.v6_shared_bytes)(
+        Br, Bc, d)
 
     def call():
         O = cuda.device_array((B * H, N, d), np.float32)
@@ -121,7 +125,7 @@ def configs_main(configs):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--configs", help="d:Br:Bc:chunk:max_registers[:v8],... (0: no limit)")
+    ap.add_argument("--configs", help="d:Br:Bc:chunk:max_registers[:v8|v9],... (0: no limit)")
     args = ap.parse_args()
     if args.configs:
         return configs_main(args.configs)

@@ -148,13 +148,16 @@ def forward_entries():
         # v6 (tensor cores, GPU only): float32 accumulation, d <= 128, its own tile rule;
         # d = 59 pads to the mma's k, d = 128 stages Qi in shared memory. ptxas's "smem"
         # is static only (bad, the 1 KB sm_90 reserves); the tiles are dynamic
-        # v8 (v6 reordered) the same, with the dispatcher's chunk
+        # v8 (v6 reordered) the same, with the dispatcher's chunk; v9 (v8 with asynchronous
+        # K/V copies) too, float32 inputs only
         v8 = lambda Br, Bc, d, c: fwd.make_forward_v8(Br, Bc, d, c, dispatch.v8_chunk(d, Bc))
-        for ver, factory in (("v6", fwd.make_forward_v6), ("v8", v8)):
-            if ver not in fwd.VERSIONS or acc != "float32":
+        v9 = lambda Br, Bc, d, c: fwd.make_forward_v9(Br, Bc, d, c, dispatch.v8_chunk(d, Bc))
+        for ver, factory in (("v6", fwd.make_forward_v6), ("v8", v8), ("v9", v9)):
+            if ver not in fwd.VERSIONS or acc != "float32" or (ver == "v9"
+                                                               and dtype != "float32"):
                 continue
             for d in (1, 59, 64, 128):
-                Br, Bc = dispatch.default_v6_tiles(d)
+                Br, Bc = dispatch.default_v6_tiles(d, ver)
                 for causal in (False, True):
                     tag = f"{dtype}-d{d}-{'causal' if causal else 'full'}"
                     out.append(Entry(f"forward_{ver}-{tag}-tiles{Br}x{Bc}", "forward",

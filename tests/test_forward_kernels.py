@@ -667,6 +667,31 @@ def test_v8_is_bitwise_v6(d, causal, dtype, monkeypatch):
             assert_bitwise_equal(f"{name} at {(Sq, Sk)}", x8, x6)
 
 
+@pytest.mark.skipif(not GPU, reason="v8 and v9 use the tensor cores through inline PTX, "
+                                    "which the simulator cannot run")
+@pytest.mark.parametrize("d", [1, 59, 64, 100, 128])
+@pytest.mark.parametrize("causal", [None, "top_left", "bottom_right"])
+@pytest.mark.parametrize("tiles", [None, (64, 32)])
+def test_v9_is_bitwise_v8(d, causal, tiles):
+    """v9 changes only how a K/V tile reaches shared memory (copied asynchronously while
+    the previous one is used) and, at d > 64, keeps Qi plain and splits it as it reads
+    it: the same values into the same operations, so its O and L must be v8's bit for
+    bit (float32). Ragged lengths both ways, NaN and inf inputs (v6's fix-up paths), and
+    with bottom_right and Sq > Sk query tiles that see no K/V tile at all (no copy to
+    wait for)."""
+    rng = np.random.default_rng(d + 7)
+    for Sq, Sk, poison in ((200, 333, False), (333, 200, True), (128, 128, True), (5, 1, False)):
+        q, k, v = (rng.standard_normal((2, 3, S, d)).astype(np.float32) for S in (Sq, Sk, Sk))
+        if poison:
+            k[0, 1, 7, 0] = np.nan
+            v[1, 2, Sk - 3, d - 1] = np.inf
+            q[1, 0, 5, d // 2] = -np.inf
+        outs = [numbaflash.attention(q, k, v, causal=causal, return_lse=True, version=ver,
+                                     tiles=tiles) for ver in ("v8", "v9")]
+        for name, x8, x9 in zip(("out", "lse"), *outs):
+            assert_bitwise_equal(f"{name} at {(Sq, Sk)}", x9, x8)
+
+
 # --- the simulator itself -------------------------------------------------------------------
 
 @pytest.mark.skipif(GPU, reason="checks a simulator workaround (conftest.py); no simulator here")

@@ -66,13 +66,15 @@ def test_forward_kernels_compile_and_link_for_sm90(dtype, record_property):
     record_property("ptx_report", table(results))
     print(table(results))
     # every version x 4 head dims x causal off/on, where the version supports it (v3, v6,
-    # v8: float16/float32, d <= 128; v7: float16): nothing silently left out
+    # v8: float16/float32, d <= 128; v7: float16; v9: float32): nothing silently left out
     from numbaflash.kernels.forward import VERSIONS
-    want = 8 * len([v for v in VERSIONS if v not in ("v3", "v6", "v7", "v8")])
+    want = 8 * len([v for v in VERSIONS if v not in ("v3", "v6", "v7", "v8", "v9")])
     if "v3" in VERSIONS and dtype != "float64":
         want += 6
     if dtype != "float64":                          # v6 and v8
         want += 8 * len([v for v in VERSIONS if v in ("v6", "v8")])
+    if "v9" in VERSIONS and dtype == "float32":     # v9: float32 inputs only
+        want += 8
     if "v7" in VERSIONS and dtype == "float16":     # v7: float16 inputs only
         want += 8
     assert len(results) == want, [r["name"] for r in results]

@@ -60,6 +60,19 @@ Three more GPU-only helpers, plain LLVM IR rather than PTX:
                     access (LDS.64 / STS.64 in SASS) instead of two: n must be even and
                     A's data 8-byte aligned. No bounds check.
 
+Two for asynchronous copies from global to shared memory (sm_80 and later; forward v9):
+
+    cp_async(S, n, A, m)
+                    start copying A.ravel()[m] (a float32 element of a C-contiguous array
+                    in global memory) into S[n] (a 1D float32 array in shared memory),
+                    without waiting for it and without a register: ``cp.async.ca.shared.
+                    global`` of 4 bytes. The shared address is S's generic address
+                    converted with ``cvta.to.shared``. No bounds check.
+    cp_async_wait_all()
+                    wait until every copy this thread has started has landed; they are
+                    then visible to this thread (to others only after a barrier):
+                    ``cp.async.wait_all``.
+
 Three device functions on top of them: ``split_tf32(x)`` -> (big, small), its finite-only
 twin ``split_tf32_finite``, and ``mma3_split_b``, forward v3's and backward v5's 3xTF32
 product of an A given split and a B split on the way in.
@@ -267,3 +280,43 @@ def mma3_split_b(a0b, a1b, a2b, a3b, a0s, a1s, a2s, a3s, b0, b1, c0, c1, c2, c3,
     e0, e1, e2, e3 = mma_tf32(a0b, a1b, a2b, a3b, b0s, b1s, e0, e1, e2, e3)
     c0, c1, c2, c3 = mma_tf32(a0b, a1b, a2b, a3b, b0b, b1b, c0, c1, c2, c3)
     return c0, c1, c2, c3, e0, e1, e2, e3
+
+
+@intrinsic
+def cp_async(typingctx, S, n, A, m):
+    """Start copying A.ravel()[m] into S[n] (see the module docstring)."""
+    if not (isinstance(S, types.Array) and S.dtype == types.float32 and S.ndim == 1
+            and isinstance(A, types.Array) and A.dtype == types.float32 and A.layout == "C"
+            and isinstance(n, types.Integer) and isinstance(m, types.Integer)):
+        return None
+    sig = types.void(S, n, A, m)
+
+    def codegen(context, builder, sig, args):
+        dst = builder.gep(context.make_array(sig.args[0])(context, builder, args[0]).data,
+                          [args[1]])
+        src = builder.gep(context.make_array(sig.args[2])(context, builder, args[2]).data,
+                          [args[3]])
+        fnty = ir.FunctionType(ir.VoidType(), [dst.type, src.type])
+        copy = ir.InlineAsm(
+            fnty,
+            "{ .reg .u64 sa; .reg .u32 sb; cvta.to.shared.u64 sa, $0; "
+            "cvt.u32.u64 sb, sa; cp.async.ca.shared.global [sb], [$1], 4; }",
+            "l,l,~{memory}", side_effect=True)
+        builder.call(copy, [dst, src])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def cp_async_wait_all(typingctx):
+    """Wait for this thread's asynchronous copies (see the module docstring)."""
+    sig = types.void()
+
+    def codegen(context, builder, sig, args):
+        wait = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "cp.async.wait_all;",
+                            "~{memory}", side_effect=True)
+        builder.call(wait, [])
+        return context.get_dummy_value()
+
+    return sig, codegen
