@@ -113,11 +113,13 @@ def attention(q, k, v, *, causal=False, scale=None, window_size=None, alibi_slop
             simulator; "v6" GPU-only tensor cores with the splits done once; "v7"
             GPU-only float16 tensor cores for float16 inputs, the default on a GPU for
             float16; "v8" v6 with the next chunk's scores computed during this chunk's
-            softmax (v6's arithmetic reordered), the default on a GPU for float32;
-            docs/kernels.md); None picks the default (see explain).
+            softmax (v6's arithmetic reordered), the default on a GPU for float32 with
+            d <= 64; "v9" v8 with the next K/V tile copied asynchronously (float32 only),
+            the default on a GPU for float32 with 64 < d <= 128; docs/kernels.md); None
+            picks the default (see explain).
         tiles: (Br, Bc) for the tiled kernels (v4 and v5 also take (Br, Bc, TM, TN);
-            v6 and v8 want multiples of 16, v7 Br a multiple of 16 and Bc of 32); None uses the
-            documented rule in dispatch.py.
+            v6, v8 and v9 want multiples of 16, v7 Br a multiple of 16 and Bc of 32); None
+            uses the documented rule in dispatch.py.
         window_size, alibi_slopes, softcap, attn_mask, score_mod, score_mod_grad, mask_mod:
             attention variants (see "Variants" above; v1 and v2 run them).
 

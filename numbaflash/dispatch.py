@@ -452,6 +452,14 @@ def tensor_core_refusal(version, p, where):
     return None
 
 
+# v9 is the float32 default from this head dim on (where Qi sits in shared memory): at
+# (2, 16, 4096, 128), (128, 32) tiles, 32-key chunks (scripts/v6_sweep.py --configs,
+# run 60, ms not causal / causal) v9 10.11 / 5.74 against v8's 10.92 / 6.08. At d = 64,
+# (128, 64), v9 5.41 / 3.76 against 5.43 / 3.15: no gain without the mask and a loss with
+# it (ptxas spills v9 there: 255 registers), so v8 stays the default up to d = 64.
+V9_DEFAULT_MIN_HEAD_DIM = fwd_kernels.V6_Q_REGISTERS_MAX_DP + 1
+
+
 def v9_shared_bytes(Br, Bc, d):
     """Dynamic shared memory of forward v9 (forward.v9_shared_layout), float32: v6's K/V
     pairs, Qi plain at d > 64, and the landing places of the next K/V tile."""
@@ -635,7 +643,9 @@ def _default_forward_version(p, where):
     run 50 and 5.90 / 3.27 against 5.88 / 3.85 in run 52; d = 128, 11.24 / 6.61 against
     13.51 / 7.63 (run 52). v6 was the default before v8 (runs 29 and 31: d = 64,
     v6 5.80 / 3.57 against v5's 5.88 / 4.34; d = 128, 13.28 / 7.35 against 15.41 / 9.54).
-    On the simulator, which cannot run tensor-core code: v5,
+    From d = 65 on (V9_DEFAULT_MIN_HEAD_DIM, float32 inputs): v9, v8 with the next K/V
+    tile copied asynchronously and Qi plain, bitwise v8's results (d = 128: 10.11 / 5.74
+    against v8's 10.92 / 6.08, run 60). On the simulator, which cannot run tensor-core code: v5,
     the register-blocked SIMT kernel with its tiles in dynamic shared memory, the fastest
     version there is (its results agree with v8's within rounding; the tests hold both to
     the same rule). v5 was the GPU default before v6 (runs 20-26: d = 64, 5.86 ms against
@@ -675,6 +685,14 @@ def _default_forward_version(p, where):
         return "v5", (f"v5 is the default here: no v6 tile fits head dim {p.d} in this GPU's "
                       f"{limit} bytes of shared memory per block, and v5 (register-blocked "
                       "SIMT, exact for every input) is the fastest version that does")
+    if (p.d >= V9_DEFAULT_MIN_HEAD_DIM and tensor_core_refusal("v9", p, where) is None
+            and _v6_tiles_within(p.d, limit, v9_shared_bytes) is not None):
+        return "v9", ("v9 is the default for plain attention in float32 with "
+                      f"{V9_DEFAULT_MIN_HEAD_DIM} <= d <= {V6_MAX_HEAD_DIM} on a GPU: v8 "
+                      "(3xTF32 tensor cores, exact for every input) with the next K/V tile "
+                      "copied into shared memory (cp.async) while this one is used, and Qi "
+                      "kept plain; bitwise v8's results, 5-7% faster than v8 at d = 128 on "
+                      "the H200 (run 60)")
     return "v8", ("v8 is the default for plain attention in float32 with d <= "
                   f"{V6_MAX_HEAD_DIM} on a GPU: v6's tensor-core kernel (3xTF32, K/V split "
                   "once per tile, exact for every input) with the next chunk's scores "

@@ -238,21 +238,22 @@ def test_v5_takes_tiles_above_48_kb():
     ((64,), r"tiles must be a pair of positive ints"),
     ((32, 16), r"v6 tiles \(32, 16\) at head dim 128: .*one column per thread.*Br >= 64"),
 ])
-@pytest.mark.parametrize("version", ["v6", "v8"])
+@pytest.mark.parametrize("version", ["v6", "v8", "v9"])
 def test_bad_v6_tiles(version, tiles, match, monkeypatch):
-    """v6's tiles, which v8 shares (checked as on a GPU: the planner is told it is not
-    simulating)."""
+    """v6's tiles, which v8 and v9 share (checked as on a GPU: the planner is told it is
+    not simulating; v9 against its own shared memory)."""
     monkeypatch.setattr(dispatch, "simulating", lambda: False)
     q, k, v = arrays((2, 5, 128), (2, 6, 128))
     raises(ValueError, match.replace("v6", version), q, k, v, version=version, tiles=tiles)
 
 
-@pytest.mark.parametrize("version", ["v6", "v8"])
+@pytest.mark.parametrize("version", ["v6", "v8", "v9"])
 def test_v6_and_v8_plan_on_a_gpu_and_refuse_elsewhere(version, monkeypatch):
-    """On the simulator v6 and v8 are refused with the reason (and v5 is the default); on
-    a GPU (simulating patched away) v8 is the default, and both plan the documented
-    tiles, 2 Br threads and v6's dynamic shared memory; float64 and d > 128 are refused
-    with their limits."""
+    """On the simulator v6, v8 and v9 are refused with the reason (and v5 is the default);
+    on a GPU (simulating patched away) v8 is the default up to d = 64 and v9 above, and
+    all three plan the documented tiles, 2 Br threads and their dynamic shared memory
+    (v9: its own); float64 and d > 128 are refused with their limits, and by v9 float16
+    too."""
     q, k, v = arrays((2, 5, 64), (2, 6, 64))
     if dispatch.simulating():
         raises(ValueError, rf"forward {version} cannot run this input: .*simulator cannot run",
@@ -263,16 +264,26 @@ def test_v6_and_v8_plan_on_a_gpu_and_refuse_elsewhere(version, monkeypatch):
     for d, tiles in ((64, (128, 64)), (128, (128, 32))):
         q, k, v = arrays((2, 5, d), (2, 6, d))
         default = numbaflash.explain(q, k, v, causal=True)
-        assert default.version == "v8" and "bitwise v6's results" in default.reason
+        if d <= 64:
+            assert default.version == "v8" and "bitwise v6's results" in default.reason
+        else:           # v9 from d = 65 on: v8 with asynchronous K/V copies
+            assert default.version == "v9" and "bitwise v8's results" in default.reason
+            assert default.shared_bytes == dispatch.v9_shared_bytes(*tiles, d)
         assert dispatch.v8_chunk(d, default.Bc) == (16 if d <= 64 else 32)
         assert f"{16 if d <= 64 else 32}-key softmax steps" in default.reason
         plan = numbaflash.explain(q, k, v, causal=True, version=version)
         assert plan.kernel == f"forward_{version}" and (plan.Br, plan.Bc) == tiles
-        assert plan.block == (2 * plan.Br,) and plan.shared_bytes == dispatch.v6_shared_bytes(
-            *tiles, d)
-        assert "tensor-core" in default.reason and "exact for every input" in default.reason
+        nbytes = dispatch.v9_shared_bytes if version == "v9" else dispatch.v6_shared_bytes
+        assert plan.block == (2 * plan.Br,) and plan.shared_bytes == nbytes(*tiles, d)
+        assert "tensor" in default.reason and "exact for every input" in default.reason
     q64, k64, v64 = arrays((2, 5, 64), (2, 6, 64), dtype=np.float64)
     raises(ValueError, rf"{version} computes in float32", q64, k64, v64, version=version)
+    q16, k16, v16 = arrays((2, 5, 64), (2, 6, 64), dtype=np.float16)
+    if version == "v9":
+        raises(ValueError, r"v9 .*float32 inputs only; float16 inputs run on v7 \(the "
+               r"default\) or v8", q16, k16, v16, version=version)
+    else:
+        assert numbaflash.explain(q16, k16, v16, version=version).version == version
     q, k, v = arrays((2, 5, 136), (2, 6, 136))
     raises(ValueError, r"head dims up to 128", q, k, v, version=version)
 
@@ -331,8 +342,8 @@ def test_v7_plans_float16_on_a_gpu_and_refuses_the_rest(monkeypatch):
         assert dispatch.v7_chunk(d, plan.Bc) == chunk
         default = numbaflash.explain(q, k, v)           # the default for float16 is v7
         assert default.version == "v7" and "float16" in default.reason
-        q32, k32, v32 = arrays((2, 5, d), (2, 6, d))    # and for float32 still v8
-        assert numbaflash.explain(q32, k32, v32).version == "v8"
+        q32, k32, v32 = arrays((2, 5, d), (2, 6, d))    # and for float32 still v8 / v9
+        assert numbaflash.explain(q32, k32, v32).version == ("v8" if d <= 64 else "v9")
     q, k, v = arrays((2, 5, 64), (2, 6, 64))
     raises(ValueError, r"v7 multiplies float16 inputs .*float32 inputs run on v8", q, k, v,
            version="v7")
@@ -552,8 +563,9 @@ def test_default_dynamic_tiles_fit_a_smaller_gpu(limit, monkeypatch):
         fake = types.SimpleNamespace(shape=(1, 1, 4096, d), dtype=np.dtype("float32"))
         plan = numbaflash.explain(fake, fake, fake)
         assert plan.shared_bytes <= limit
-        # v8 where one of v6's tiles fits; otherwise v5, and the reason says why
-        assert plan.version == "v8" or "no v6 tile fits" in plan.reason, plan
+        # v8 (v9 from d = 65) where one of their tiles fits; otherwise v5 (or v8 where
+        # only v6's fits), and the reason says why
+        assert (plan.version in ("v8", "v9") or "no v6 tile fits" in plan.reason), plan
     fake = types.SimpleNamespace(shape=(1, 1, 4096, 64), dtype=np.dtype("float32"))
     plan = numbaflash.explain(fake, fake, fake)
     # simulating() is patched away, so the planner sees a GPU: the default is v8

@@ -51,6 +51,7 @@ CASE_TILES_VERSIONS = ("v2",)
 # with the library's reason, or reject its float32 and float64 examples).
 ALL_VERSIONS = version_params(VERSIONS, numbaflash.explain, ("float32", "float16"))
 F32_VERSIONS = version_params(VERSIONS, numbaflash.explain, "float32")
+F16_VERSIONS = version_params(VERSIONS, numbaflash.explain, "float16")   # v9: float32 only
 F64_VERSIONS = version_params(VERSIONS, numbaflash.explain, "float64")
 
 
@@ -135,7 +136,7 @@ def test_float32_matches_reference(case, version):
     check(case, version, out, lse)
 
 
-@pytest.mark.parametrize("version", ALL_VERSIONS)
+@pytest.mark.parametrize("version", F16_VERSIONS)
 @settings(max_examples=examples())
 @given(case=attention_cases(dtypes=("float16",)))
 @example(case=make_case(B=2, H=1, Sq=5, Sk=17, d=4, dtype="float16", causal=None,
@@ -378,9 +379,9 @@ def test_seqlen_one(version, causal, Sq, Sk):
     out, lse = run(case, version)
     check(case, version, out, lse)
     if Sk == 1 and not fully_masked_rows(Sq, Sk, causal).any() and version not in (
-            "v3", "v6", "v8"):
+            "v3", "v6", "v8", "v9"):
         # one key: softmax is exactly 1, so every row of O is exactly V[0]. Not for the
-        # 3xTF32 versions (v3, v6, v8): 3xTF32 splits V into two TF32 parts that carry 22
+        # 3xTF32 versions (v3, v6, v8, v9): 3xTF32 splits V into two TF32 parts that carry 22
         # of float32's 24 significant bits, so their O is V within the rule checked above,
         # not bitwise (H200, 2026-11-30, v3: an ulp or two off in 2 of 3 elements).
         assert np.array_equal(out, np.broadcast_to(case.v, out.shape))
