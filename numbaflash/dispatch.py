@@ -1297,8 +1297,9 @@ def _default_backward_version(p, where):
     otherwise, saying why: finite_inputs_plans). Measured on the H200 (scripts/
     bwd_v5_sweep.py, runs 37-38, (2, 16, 4096, d), float32, ms not causal / causal):
     d = 64, v6 19.0-19.3 / 11.7-12.2 against v4's 24.1-25.0 / 15.5-15.8; d = 128 with
-    (64, 64) tiles and 32-key chunks in its dQ kernel, 60.5 / 33.7 against 64.9 / 35.1.
-    Deterministic like v4 (no atomics).
+    (64, 64) tiles and 32-key chunks in its dQ kernel, 60.5 / 33.7 against 64.9 / 35.1,
+    and with each kernel's own tiles (default_backward_v6_tiles) 37.6 / 21.3 against
+    64.3 / 34.0 (run 58). Deterministic like v4 (no atomics).
 
     Elsewhere (the simulator, which cannot run v6, or a GPU where no v6 tile fits), v4
     (register-blocked, tiles in dynamic shared memory) for plain attention, causal or
@@ -1321,7 +1322,7 @@ def _default_backward_version(p, where):
         return "v6", ("v6 is the default for plain attention in float32 and float16 with "
                       f"d <= {BWD_V5_MAX_HEAD_DIM} on a GPU: tensor cores (3xTF32), "
                       "deterministic (no atomics), the fastest version measured on the "
-                      "H200 (1.25x-1.39x v4 at d = 64, 1.04x-1.07x at d = 128)")
+                      "H200 (1.25x-1.39x v4 at d = 64, 1.59x-1.71x at d = 128)")
     if p.acc_dtype == "float32" and p.d <= V4_DEFAULT_MAX_HEAD_DIM:
         if where != "gpu":
             why = "; v6, the GPU default, uses the tensor cores, which the simulator cannot run"

@@ -153,7 +153,10 @@ v6  v5, cheaper (GPU only; the default for plain float32/float16 attention with 
     (ptx.flat_load) and no L test per element. exp2 with log2(e) folded in. The dQ
     kernel takes 32 keys a step where its tile allows (V6_CHUNKS). Measured (runs 37-38):
     d = 64 18.99-19.33 / 11.72-12.15 ms (1.25x-1.39x v4), d = 128 with (64, 64) tiles
-    60.52 / 33.69 (1.04x-1.07x v4). Tried and dropped (run 36): storing every tile as
+    60.52 / 33.69 (1.04x-1.07x v4). Each kernel takes its own tiles from the dispatcher
+    (dispatch.default_backward_v6_tiles): at d > 64 the dK/dV kernel (64, 128) and the dQ
+    kernel (128, 64), eight warps a block where (64, 64) gave four at one block per SM:
+    d = 128 37.60 / 21.32 ms (run 58). Tried and dropped (run 36): storing every tile as
     TF32 pairs split once as staged (forward v6's way): twice the shared memory, fewer
     warps per SM, 0.66x v5. compute-sanitizer memcheck, racecheck, synccheck and
     initcheck: 0 errors (run 40). What limits it: docs/performance.md.

@@ -136,7 +136,7 @@ v7  v6 for float16 inputs on the float16 tensor cores (GPU only; the default for
     PyTorch SDPA's float16 EFFICIENT kernel took 1.23 and 1.75 ms.
 
 v8  v6 with its chunk loop reordered (GPU only; the default for plain float32 attention
-    with d <= 128 on a GPU; on the simulator, v5). Each chunk's online softmax is a
+    with d <= 64 on a GPU; on the simulator, v5). Each chunk's online softmax is a
     chain of dependent steps, and with two warps per scheduler the tensor cores idled
     while it ran. v8 starts the next chunk's S = Qi Kj^T before this chunk's softmax, so
     that the scheduler has independent mma to issue between the softmax's steps. The
@@ -144,6 +144,17 @@ v8  v6 with its chunk loop reordered (GPU only; the default for plain float32 at
     them). H200, 2026-12-01 (run 50, scripts/v6_sweep.py --configs, (2, 16, 4096, d),
     float32, ms not causal / causal): d = 64, 5.50 / 3.28 against v6's 6.04 / 3.65;
     d = 128, where Qi is read from shared memory, 13.75 / 7.63 against 13.53 / 8.08.
+    (The default up to d = 64; from d = 65 on, v9.)
+
+v9  v8 with the next K/V tile on its way (GPU only, float32 inputs; the default for
+    plain float32 attention with 64 < d <= 128 on a GPU; on the simulator, v5). While
+    the block computes tile j, each thread's copies of tile j + 1 travel from global to
+    shared memory by cp.async (ptx.cp_async: no register, no wait); at the next tile it
+    waits for its own copies and splits them as v6 does. At d > 64 Qi is kept plain and
+    split as read, which makes room for the landing slots. The same values into the
+    same operations: bitwise v8's results. H200, 2026-12-01 (run 60, scripts/v6_sweep.py
+    --configs, (2, 16, 4096, d), float32, ms not causal / causal): d = 128, 10.11 / 5.74
+    against v8's 10.92 / 6.08; d = 64, 5.41 / 3.76 against 5.43 / 3.15 (spills).
 
 Variants (kernels/variants.py, docs/variants.md): v1 and v2 take a compile-time
 ``variant`` and seven more run-time arguments after causal_offset (window_lo, Hq, group,
@@ -151,7 +162,7 @@ softcap, slopes, attn_mask, tiles): sliding windows, GQA/MQA, softcap, ALiBi, bo
 additive masks, and the user's score_mod / mask_mod, all through two inlined device
 functions, visible() and score(). Masked entries are not computed; tiles a window leaves
 empty are not visited, and v2 skips the tiles a boolean attn_mask or a mask_mod leaves
-empty through the table of visible tiles (``tiles``, variants.make_tile_table). v3 to v8
+empty through the table of visible tiles (``tiles``, variants.make_tile_table). v3 to v9
 compute plain attention only (the dispatcher refuses variants).
 
 Fully masked rows (causal with Sq > Sk, or Sk = 0) end with l = 0: they write O = 0 and
@@ -1746,10 +1757,10 @@ def make_forward_v9(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
     (GPU only, sm_80 and later; float32 inputs, d <= 128; for the same ``chunk`` the
     same results as v8 and v6, bit for bit).
 
-    What limits v8 (docs/performance.md, run 54): one block of eight warps per SM, and
-    at every K/V tile all eight wait together, first at a barrier and then for their
-    loads from global memory (V6_LOAD_BATCH at a time, held in registers) before any
-    can compute. v9 changes how a tile arrives, nothing else:
+    What it addresses: v8 runs one block of eight warps per SM (docs/performance.md, run
+    54), and at every K/V tile all eight wait together, first at a barrier and then for
+    their loads from global memory (V6_LOAD_BATCH at a time, held in registers) before
+    any can compute. v9 changes how a tile arrives, nothing else:
 
     * Asynchronous copies. ``cp.async`` (ptx.cp_async) copies an element from global
       to shared memory without passing through a register and without waiting. While
@@ -1763,6 +1774,11 @@ def make_forward_v9(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
       (128, 32) and d = 128); v9 keeps it as plain float32 values (68 KB) and splits each
       fragment as it reads it, once per chunk (v8 reads each fragment once per chunk
       too): that makes room for RK and RV.
+
+    What it bought (run 60, (2, 16, 4096, d), ms not causal / causal): at d = 128 10.11 /
+    5.74 against v8's 10.92 / 6.08; at d = 64 5.41 / 3.76 against 5.43 / 3.15 (ptxas
+    spills it there), so the loads' wait is not what holds v8 back at d = 64, and the
+    dispatcher runs v9 from d = 65 on only (dispatch.V9_DEFAULT_MIN_HEAD_DIM).
 
     Float32 inputs only: a copy moves 4 bytes unchanged (float16 inputs run v7 or v8).
     ``chunk`` and ``max_registers`` as for v8. Launch: as v6, with
