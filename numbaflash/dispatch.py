@@ -456,7 +456,8 @@ def tensor_core_refusal(version, p, where):
 # (2, 16, 4096, 128), (128, 32) tiles, 32-key chunks (scripts/v6_sweep.py --configs,
 # run 60, ms not causal / causal) v9 10.11 / 5.74 against v8's 10.92 / 6.08. At d = 64,
 # (128, 64), v9 5.41 / 3.76 against 5.43 / 3.15: no gain without the mask and a loss with
-# it (ptxas spills v9 there: 255 registers), so v8 stays the default up to d = 64.
+# it (255 registers on the device; CUDA 13.5's ptxas spills it), so v8 stays the default
+# up to d = 64.
 V9_DEFAULT_MIN_HEAD_DIM = fwd_kernels.V6_Q_REGISTERS_MAX_DP + 1
 
 
@@ -691,7 +692,7 @@ def _default_forward_version(p, where):
                       f"{V9_DEFAULT_MIN_HEAD_DIM} <= d <= {V6_MAX_HEAD_DIM} on a GPU: v8 "
                       "(3xTF32 tensor cores, exact for every input) with the next K/V tile "
                       "copied into shared memory (cp.async) while this one is used, and Qi "
-                      "kept plain; bitwise v8's results, 5-7% faster than v8 at d = 128 on "
+                      "kept plain; bitwise v8's results, 6-7% faster than v8 at d = 128 on "
                       "the H200 (run 60)")
     return "v8", ("v8 is the default for plain attention in float32 with d <= "
                   f"{V6_MAX_HEAD_DIM} on a GPU: v6's tensor-core kernel (3xTF32, K/V split "

@@ -154,7 +154,7 @@ v9  v8 with the next K/V tile on its way (GPU only, float32 inputs; the default 
     split as read, which makes room for the landing slots. The same values into the
     same operations: bitwise v8's results. H200, 2026-12-01 (run 60, scripts/v6_sweep.py
     --configs, (2, 16, 4096, d), float32, ms not causal / causal): d = 128, 10.11 / 5.74
-    against v8's 10.92 / 6.08; d = 64, 5.41 / 3.76 against 5.43 / 3.15 (spills).
+    against v8's 10.92 / 6.08; d = 64, 5.41 / 3.76 against 5.43 / 3.15 (255 registers).
 
 Variants (kernels/variants.py, docs/variants.md): v1 and v2 take a compile-time
 ``variant`` and seven more run-time arguments after causal_offset (window_lo, Hq, group,
@@ -1776,9 +1776,10 @@ def make_forward_v9(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
       too): that makes room for RK and RV.
 
     What it bought (run 60, (2, 16, 4096, d), ms not causal / causal): at d = 128 10.11 /
-    5.74 against v8's 10.92 / 6.08; at d = 64 5.41 / 3.76 against 5.43 / 3.15 (ptxas
-    spills it there), so the loads' wait is not what holds v8 back at d = 64, and the
-    dispatcher runs v9 from d = 65 on only (dispatch.V9_DEFAULT_MIN_HEAD_DIM).
+    5.74 against v8's 10.92 / 6.08; at d = 64 5.41 / 3.76 against 5.43 / 3.15 (255
+    registers; CUDA 13.5's ptxas spills it), so the loads' wait is not what holds v8 back
+    at d = 64, and the dispatcher runs v9 from d = 65 on only
+    (dispatch.V9_DEFAULT_MIN_HEAD_DIM).
 
     Float32 inputs only: a copy moves 4 bytes unchanged (float16 inputs run v7 or v8).
     ``chunk`` and ``max_registers`` as for v8. Launch: as v6, with
