@@ -1242,9 +1242,9 @@ def make_v6_tile_steps(Br, Bc, d, chunk):
     chunk. Float32 accumulation; the arguments are make_forward_v6's.
 
     Returns (load_q, stage_kv, scores, scores_q_once, values, finite_or_zero,
-    load_finite, mma3); make_forward_v6's docstring explains what they do, and each says
-    which line of Algorithm 1 it is (the last three, v6's non-finite guards and its
-    3xTF32 product, are for v9)."""
+    load_finite, scores_head_dim_outside); make_forward_v6's docstring explains what they
+    do, and each says which line of Algorithm 1 it is. The last three are for v9: v6's
+    non-finite guards, and the factory of scores_q_once for another way of reading Qi."""
     from .ptx import flat_load, load_pair, mma_tf32, store_pair     # GPU only
     from .ptx import split_tf32 as split, split_tf32_finite as split_finite
 
@@ -1386,38 +1386,51 @@ def make_v6_tile_steps(Br, Bc, d, chunk):
             for x in range(4):
                 s[nt * 4 + x] = c[x] + (e[x] + f[x])
 
+    def scores_head_dim_outside(q_fragment):
+        """``scores`` for a Qi staged in shared memory (d > 64), with the loops the other
+        way round: the head dim outside, the chunk's n-tiles inside, so that each A
+        fragment of Qi is read once per chunk instead of once per n-tile (v8). Each score
+        is summed over the head dim in the same order as in ``scores``, so the results
+        are the same bits. ``q_fragment(QX, r0, ks, t)`` reads Qi's A fragment for head-dim
+        step ks from its tile QX as (big parts, small parts): from split pairs (v8's
+        q_pair_fragment) or plain values split as read (v9). se and sf hold the small
+        products' sums."""
+        @cuda.jit(device=True, inline=True)
+        def scores_q_once(s, se, sf, QX, KP, key0, r0, g, t):
+            for x in range(S_FRAGS):
+                s[x] = ZERO
+                se[x] = ZERO
+                sf[x] = ZERO
+            for ks in range(KS):
+                a0b, a1b, a2b, a3b, a0s, a1s, a2s, a3s = q_fragment(QX, r0, ks, t)
+                for nt in range(NT):
+                    kr = (key0 + nt * 8 + g) * K_ROW + 2 * t + 16 * ks
+                    b0b, b0s = load_pair(KP, U(kr))                 # Kj[g, 8ks + t]
+                    b1b, b1s = load_pair(KP, U(kr + 8))             # Kj[g, ... + 4]
+                    y = nt * 4
+                    c, e, f = mma3(a0b, a1b, a2b, a3b, a0s, a1s, a2s, a3s, b0b, b1b, b0s,
+                                   b1s, (s[y], s[y + 1], s[y + 2], s[y + 3]),
+                                   (se[y], se[y + 1], se[y + 2], se[y + 3]),
+                                   (sf[y], sf[y + 1], sf[y + 2], sf[y + 3]))
+                    for x in range(4):
+                        s[y + x] = c[x]
+                        se[y + x] = e[x]
+                        sf[y + x] = f[x]
+            for x in range(S_FRAGS):
+                s[x] = s[x] + (se[x] + sf[x])
+        return scores_q_once
+
     @cuda.jit(device=True, inline=True)
-    def scores_q_once(s, se, sf, QP, KP, key0, r0, g, t):
-        """``scores`` for a Qi staged in shared memory (QP: d > 64), with the loops the
-        other way round: the head dim outside, the chunk's n-tiles inside, so that each A
-        fragment of Qi is loaded once per chunk instead of once per n-tile (v8). Each
-        score is summed over the head dim in the same order as in ``scores``, so the
-        results are the same bits. se and sf hold the small products' sums."""
-        for x in range(S_FRAGS):
-            s[x] = ZERO
-            se[x] = ZERO
-            sf[x] = ZERO
-        for ks in range(KS):
-            qr = r0 * K_ROW + 2 * (ks * 8 + t)
-            a0b, a0s = load_pair(QP, U(qr))                     # Q[g, 8ks + t]
-            a1b, a1s = load_pair(QP, U(qr + 8 * K_ROW))         # Q[g + 8, ...]
-            a2b, a2s = load_pair(QP, U(qr + 8))                 # Q[g, ... + 4]
-            a3b, a3s = load_pair(QP, U(qr + 8 * K_ROW + 8))
-            for nt in range(NT):
-                kr = (key0 + nt * 8 + g) * K_ROW + 2 * t + 16 * ks
-                b0b, b0s = load_pair(KP, U(kr))                 # Kj[g, 8ks + t]
-                b1b, b1s = load_pair(KP, U(kr + 8))             # Kj[g, ... + 4]
-                y = nt * 4
-                c, e, f = mma3(a0b, a1b, a2b, a3b, a0s, a1s, a2s, a3s, b0b, b1b, b0s, b1s,
-                               (s[y], s[y + 1], s[y + 2], s[y + 3]),
-                               (se[y], se[y + 1], se[y + 2], se[y + 3]),
-                               (sf[y], sf[y + 1], sf[y + 2], sf[y + 3]))
-                for x in range(4):
-                    s[y + x] = c[x]
-                    se[y + x] = e[x]
-                    sf[y + x] = f[x]
-        for x in range(S_FRAGS):
-            s[x] = s[x] + (se[x] + sf[x])
+    def q_pair_fragment(QP, r0, ks, t):
+        """Qi's A fragment for head-dim step ks from QP (split pairs, rows of K_ROW)."""
+        qr = r0 * K_ROW + 2 * (ks * 8 + t)
+        a0b, a0s = load_pair(QP, U(qr))                     # Q[g, 8ks + t]
+        a1b, a1s = load_pair(QP, U(qr + 8 * K_ROW))         # Q[g + 8, ...]
+        a2b, a2s = load_pair(QP, U(qr + 8))                 # Q[g, ... + 4]
+        a3b, a3s = load_pair(QP, U(qr + 8 * K_ROW + 8))
+        return a0b, a1b, a2b, a3b, a0s, a1s, a2s, a3s
+
+    scores_q_once = scores_head_dim_outside(q_pair_fragment)
 
     @cuda.jit(device=True, inline=True)
     def values(o, s, pb, ps, VP, key0, g, t, alpha0, alpha1):
@@ -1445,7 +1458,8 @@ def make_v6_tile_steps(Br, Bc, d, chunk):
             o[nd * 4 + 2] = o[nd * 4 + 2] * alpha1 + (c[2] + e[2])
             o[nd * 4 + 3] = o[nd * 4 + 3] * alpha1 + (c[3] + e[3])
 
-    return load_q, stage_kv, scores, scores_q_once, values, finite_or_zero, load_finite, mma3
+    return (load_q, stage_kv, scores, scores_q_once, values, finite_or_zero, load_finite,
+            scores_head_dim_outside)
 
 
 @functools.lru_cache(maxsize=None)
@@ -1785,7 +1799,7 @@ def make_forward_v9(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
     ``chunk`` and ``max_registers`` as for v8. Launch: as v6, with
     ``v9_shared_layout(Br, Bc, d)[5] * 4`` bytes of dynamic shared memory (END).
     """
-    from .ptx import cp_async, cp_async_wait_all, load_pair, store_pair   # GPU only
+    from .ptx import cp_async, cp_async_wait_all, store_pair   # GPU only
     from .ptx import split_tf32_finite as split_finite
 
     acc = acc_type("float32")
@@ -1811,7 +1825,7 @@ def make_forward_v9(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
     (_, add_nonfinite_scores, softmax_step, add_nonfinite_values,
      write_rows) = make_mma_row_steps(d, causal, CHUNK, KS)
     (load_q, _, scores, _, values, finite_or_zero, load_finite,
-     mma3) = make_v6_tile_steps(Br, Bc, d, CHUNK)
+     scores_head_dim_outside) = make_v6_tile_steps(Br, Bc, d, CHUNK)
 
     @cuda.jit(device=True, inline=True)
     def copy_kv(K, V, RK, RV, bh, j, tid, Sk):
@@ -1857,35 +1871,18 @@ def make_forward_v9(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
             idx += THREADS
 
     @cuda.jit(device=True, inline=True)
-    def scores_q_plain(s, se, sf, QT, KP, key0, r0, g, t):
-        """v8's scores_q_once with Qi read from QT and split as it is read: the same
-        split parts (split_tf32_finite equals split_tf32 on the finite values staged),
-        the same sums in the same order, so the same bits."""
-        for x in range(S_FRAGS):
-            s[x] = ZERO
-            se[x] = ZERO
-            sf[x] = ZERO
-        for ks in range(KS):
-            qr = r0 * Q_ROW + ks * 8 + t
-            a0b, a0s = split_finite(QT[U(qr)])                      # Q[g, 8ks + t]
-            a1b, a1s = split_finite(QT[U(qr + 8 * Q_ROW)])          # Q[g + 8, ...]
-            a2b, a2s = split_finite(QT[U(qr + 4)])                  # Q[g, ... + 4]
-            a3b, a3s = split_finite(QT[U(qr + 8 * Q_ROW + 4)])
-            for nt in range(NT):
-                kr = (key0 + nt * 8 + g) * K_ROW + 2 * t + 16 * ks
-                b0b, b0s = load_pair(KP, U(kr))                     # Kj[g, 8ks + t]
-                b1b, b1s = load_pair(KP, U(kr + 8))                 # Kj[g, ... + 4]
-                y = nt * 4
-                c, e, f = mma3(a0b, a1b, a2b, a3b, a0s, a1s, a2s, a3s, b0b, b1b, b0s, b1s,
-                               (s[y], s[y + 1], s[y + 2], s[y + 3]),
-                               (se[y], se[y + 1], se[y + 2], se[y + 3]),
-                               (sf[y], sf[y + 1], sf[y + 2], sf[y + 3]))
-                for x in range(4):
-                    s[y + x] = c[x]
-                    se[y + x] = e[x]
-                    sf[y + x] = f[x]
-        for x in range(S_FRAGS):
-            s[x] = s[x] + (se[x] + sf[x])
+    def q_plain_fragment(QT, r0, ks, t):
+        """Qi's A fragment for head-dim step ks from QT (plain values, rows of Q_ROW),
+        split as read: the parts v8 stages (split_tf32_finite equals split_tf32 on the
+        finite values staged), so the same bits."""
+        qr = r0 * Q_ROW + ks * 8 + t
+        a0b, a0s = split_finite(QT[U(qr)])                      # Q[g, 8ks + t]
+        a1b, a1s = split_finite(QT[U(qr + 8 * Q_ROW)])          # Q[g + 8, ...]
+        a2b, a2s = split_finite(QT[U(qr + 4)])                  # Q[g, ... + 4]
+        a3b, a3s = split_finite(QT[U(qr + 8 * Q_ROW + 4)])
+        return a0b, a1b, a2b, a3b, a0s, a1s, a2s, a3s
+
+    scores_q_plain = scores_head_dim_outside(q_plain_fragment)    # v8's, Qi read plain
 
     @cuda.jit(device=True, inline=True)
     def next_scores(sn, se, sf, qb, qs, QT, KP, key0, r0, g, t):
