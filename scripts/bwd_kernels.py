@@ -16,7 +16,6 @@ above 1e-4 is WRONG, and its times are not results. Float32, standard normal inp
 
 import argparse
 import os
-import statistics
 import sys
 
 import numpy as np
@@ -27,23 +26,10 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 
 import numbaflash  # noqa: E402
 from numbaflash import arrays, dispatch  # noqa: E402
+from numbaflash.bench import time_ms  # noqa: E402
 from numbaflash.validate import check_backward_inputs  # noqa: E402
 
 AGREE = 1e-4
-
-
-def kernel_ms(run, repeats):
-    run()
-    cuda.synchronize()
-    times = []
-    start, end = cuda.event(), cuda.event()
-    for _ in range(repeats):
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        times.append(cuda.event_elapsed_time(start, end))
-    return statistics.median(times)
 
 
 def main(argv=None):
@@ -96,8 +82,8 @@ def main(argv=None):
                         if not ok:
                             break
                         one = dispatch.Plans((plan,))
-                        times.append(kernel_ms(lambda: dispatch.launch_backward(
-                            one, p, Q, K, V, O, dO, L, D, dQ, dK, dV), args.repeats))
+                        times.append(time_ms(lambda: dispatch.launch_backward(
+                            one, p, Q, K, V, O, dO, L, D, dQ, dK, dV), args.repeats, warmup=1))
                     what = " + ".join(f"{pl.kernel} {t:.2f}" for pl, t in zip(plans, times))
                     total = sum(times)
                     smem = "/".join(str(pl.shared_bytes) for pl in plans[1:])

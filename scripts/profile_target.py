@@ -8,8 +8,8 @@
 
 Random normal float32 inputs on the device; ``--tiles Br,Bc[,...]`` passes tiles. The
 first call compiles the kernel (skip it in the profiler: --launch-skip 1). With
-``--backward`` the forward runs once (default version) and the backward ``--repeats``
-times, with ``--version`` and ``--tiles`` for the backward.
+``--backward`` the forward runs once (default version) and the backward (q serves as
+dout) ``--repeats`` times, with ``--version`` and ``--tiles`` for the backward.
 """
 
 import argparse
