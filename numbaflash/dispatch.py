@@ -162,6 +162,7 @@ class Plan:
     variant: str = "plain"      # what is compiled in beyond plain attention (variants.py)
     thread_tile: tuple | None = None    # forward v4, v5, backward v3: (TM, TN), the block of Sij
                                         # each thread owns
+    pairs: bool = False     # backward v6: the streamed tiles kept as split pairs
 
     def __str__(self):
         tiles = f"tiles (Br, Bc) = ({self.Br}, {self.Bc}), " if self.Br else ""
@@ -169,6 +170,8 @@ class Plan:
             TM, TN = self.thread_tile
             tiles += (f"thread tile (TM, TN) = ({TM}, {TN}) on a {self.Br // TM} x "
                       f"{self.Bc // TN} thread grid, ")
+        if self.pairs:
+            tiles += "streamed tiles as split pairs, "
         return (f"{self.pass_name}: {self.kernel} on the {self.backend}; {tiles}grid {self.grid}, "
                 f"block {self.block}, shared memory {self.shared_bytes} B, accumulate in "
                 f"{self.acc_dtype}, causal={self.causal}, variant: {self.variant}. "
@@ -1124,15 +1127,16 @@ BWD_V6_WIDE = {"dkdv": (64, 128), "dq": (128, 64)}
 BWD_V6_WIDE_MIN_HEAD_DIM = 65
 
 
-def dkdv_v5_shared_bytes(Br, Bc, d):
+def dkdv_v5_shared_bytes(Br, Bc, d, pairs=False):
     """Dynamic shared memory of backward_dkdv_v5 and _v6 (backward.dkdv_v5_shared_layout;
-    v6 uses v5's layout)."""
-    return bwd_kernels.dkdv_v5_shared_layout(Br, Bc, d)[-1] * 4
+    v6 uses v5's layout; ``pairs``: v6 with Qi and dOi as split pairs)."""
+    return bwd_kernels.dkdv_v5_shared_layout(Br, Bc, d, pairs)[-1] * 4
 
 
-def dq_v5_shared_bytes(Br, Bc, d):
-    """Dynamic shared memory of backward_dq_v5 and _v6 (backward.dq_v5_shared_layout)."""
-    return bwd_kernels.dq_v5_shared_layout(Br, Bc, d)[-1] * 4
+def dq_v5_shared_bytes(Br, Bc, d, pairs=False):
+    """Dynamic shared memory of backward_dq_v5 and _v6 (backward.dq_v5_shared_layout;
+    ``pairs``: v6 with Kj and Vj as split pairs)."""
+    return bwd_kernels.dq_v5_shared_layout(Br, Bc, d, pairs)[-1] * 4
 
 
 def _bwd_v5_bytes(Br, Bc, d):
@@ -1420,7 +1424,7 @@ def backward_kernel(plan, p):
         if plan.version == "v6":
             kind = "dkdv" if plan.kernel == "backward_dkdv_v6" else "dq"
             chunk = backward_v6_chunk(kind, plan.Br, plan.Bc)
-            return make(plan.Br, plan.Bc, p.d, p.upper, chunk)
+            return make(plan.Br, plan.Bc, p.d, p.upper, chunk, plan.pairs)
         return make(plan.Br, plan.Bc, p.d, p.upper)
     if plan.version == "v4":
         make = {"backward_dkdv_v4": bwd_kernels.make_backward_dkdv_v4,

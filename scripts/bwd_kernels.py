@@ -3,6 +3,7 @@ goes, and which tiles suit each of its kernels.
 
     python3 scripts/bwd_kernels.py                                   # GPU, about 2 minutes
     python3 scripts/bwd_kernels.py --d 128 --tiles 64x64,64x128,128x64 --versions v6
+    python3 scripts/bwd_kernels.py --d 64 --tiles default,32x64/64x32 --pairs no,yes
 
 For each head dim, causal no and yes, version and (Br, Bc): the public planner's kernels
 (``explain_backward``) are launched one at a time on the same device inputs, each
@@ -11,12 +12,15 @@ finite-input check is not timed (it is one kernel per call, the same for every t
 Before it is timed, every configuration's gradients (all kernels, in order) are compared
 with those of the default plan on the same inputs: max |ours - default| / max |default|
 above 1e-4 is WRONG, and its times are not results. Float32, standard normal inputs,
-(B, H, N) of --shape. GPU only (the tensor-core kernels do not run on the simulator).
+(B, H, N) of --shape. ``--pairs yes`` runs backward v6's kernels with their streamed
+tiles split once as staged (``pairs`` of make_backward_dkdv_v6 / make_backward_dq_v6),
+where that fits the device's shared memory. GPU only (the tensor-core kernels do not run on the simulator).
 """
 
 import argparse
 import os
 import sys
+from dataclasses import replace
 
 import numpy as np
 from numba import cuda
@@ -32,14 +36,34 @@ from numbaflash.validate import check_backward_inputs  # noqa: E402
 AGREE = 1e-4
 
 
+def with_pairs(plans, d):
+    """Backward v6 ``plans`` with their dK/dV and dQ kernels on split pairs; None when a
+    kernel would need more shared memory than the device has, or there is no v6 kernel."""
+    bytes_of = {"backward_dkdv_v6": dispatch.dkdv_v5_shared_bytes,
+                "backward_dq_v6": dispatch.dq_v5_shared_bytes}
+    out = []
+    for plan in plans:
+        if plan.kernel in bytes_of:
+            need = bytes_of[plan.kernel](plan.Br, plan.Bc, d, True)
+            if need > dispatch.device_dynamic_shared_limit():
+                return None
+            plan = replace(plan, pairs=True, shared_bytes=need)
+        out.append(plan)
+    return dispatch.Plans(out) if any(plan.pairs for plan in out) else None
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shape", default="2x16x4096", help="B x H x N")
     ap.add_argument("--d", default="64,128")
     ap.add_argument("--tiles", default="64x64,64x128,128x64,128x128",
-                    help="Br x Bc, ...; 'default' for the planner's rule")
+                    help="BrxBc (both kernels) or BrxBc/BrxBc (dK/dV's, dQ's), ...; "
+                         "'default' for the planner's rule")
     ap.add_argument("--versions", default="v6")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--pairs", default="no",
+                    help="no, yes or no,yes: backward v6 as planned, and with its streamed "
+                         "tiles (dK/dV kernel: Qi, dOi; dQ kernel: Kj, Vj) as split pairs")
     args = ap.parse_args(argv)
     B, H, N = (int(x) for x in args.shape.split("x"))
     failed = 0
@@ -62,36 +86,48 @@ def main(argv=None):
             dQ, dK, dV = (cuda.device_array((BH, N, d), np.float32) for _ in range(3))
             for version in args.versions.split(","):
                 for text in args.tiles.split(","):
+                    # "BrxBc" for both kernels, "BrxBc/BrxBc" for dK/dV's and dQ's
                     tiles = None if text == "default" else tuple(
-                        int(x) for x in text.split("x"))
+                        tuple(int(x) for x in one.split("x")) for one in text.split("/"))
+                    if tiles is not None and len(tiles) == 1:
+                        tiles = tiles[0]
                     try:
                         plans = dispatch.plan_backward(p, version, tiles)
                     except ValueError as e:
                         print(f"d={d} causal={causal} {version} {text}: not run ({e})",
                               flush=True)
                         continue
-                    dispatch.launch_backward(plans, p, Q, K, V, O, dO, L, D, dQ, dK, dV)
-                    got = [a.copy_to_host().reshape(shape) for a in (dQ, dK, dV)]
-                    diff = max(float(np.abs(g.astype(np.float64) - r).max()
-                                     / max(np.abs(r).max(), 1e-30))
-                               for g, r in zip(got, ref))
-                    ok = diff <= AGREE
-                    failed += not ok
-                    times = []
-                    for plan in plans:
-                        if not ok:
-                            break
-                        one = dispatch.Plans((plan,))
-                        times.append(time_ms(lambda: dispatch.launch_backward(
-                            one, p, Q, K, V, O, dO, L, D, dQ, dK, dV), args.repeats, warmup=1))
-                    what = " + ".join(f"{pl.kernel} {t:.2f}" for pl, t in zip(plans, times))
-                    total = sum(times)
-                    smem = "/".join(str(pl.shared_bytes) for pl in plans[1:])
-                    line = (f"d={d} causal={causal!s:5} {version} tiles {text:>8} "
-                            f"(smem {smem} B): " + (f"{what} = {total:.2f} ms" if ok else
-                                                    "WRONG") + f", vs default {diff:.1e}")
-                    print(line, flush=True)
-                    rows.append(line)
+                    for pairs in (x == "yes" for x in args.pairs.split(",")):
+                        run = with_pairs(plans, d) if pairs else plans
+                        if run is None:
+                            print(f"d={d} causal={causal} {version} {text} pairs: not run "
+                                  f"(no v6 kernel, or over the device's shared memory)", flush=True)
+                            continue
+                        dispatch.launch_backward(run, p, Q, K, V, O, dO, L, D, dQ, dK, dV)
+                        got = [a.copy_to_host().reshape(shape) for a in (dQ, dK, dV)]
+                        diff = max(float(np.abs(g.astype(np.float64) - r).max()
+                                         / max(np.abs(r).max(), 1e-30))
+                                   for g, r in zip(got, ref))
+                        ok = diff <= AGREE
+                        failed += not ok
+                        times = []
+                        for plan in run:
+                            if not ok:
+                                break
+                            one = dispatch.Plans((plan,))
+                            times.append(time_ms(lambda: dispatch.launch_backward(
+                                one, p, Q, K, V, O, dO, L, D, dQ, dK, dV), args.repeats,
+                                warmup=1))
+                        what = " + ".join(f"{pl.kernel} {t:.2f}"
+                                          for pl, t in zip(run, times))
+                        total = sum(times)
+                        smem = "/".join(str(pl.shared_bytes) for pl in run[1:])
+                        line = (f"d={d} causal={causal!s:5} {version} tiles {text:>8} "
+                                f"{'pairs ' if pairs else ''}(smem {smem} B): "
+                                + (f"{what} = {total:.2f} ms" if ok else "WRONG")
+                                + f", vs default {diff:.1e}")
+                        print(line, flush=True)
+                        rows.append(line)
     print(f"{len(rows)} configurations, {failed} WRONG")
     return 1 if failed else 0
 

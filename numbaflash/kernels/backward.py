@@ -1405,32 +1405,37 @@ def v5_head_dim(d):
     return DP, DP + 4
 
 
-def dkdv_v5_shared_layout(Br, Bc, d):
+def dkdv_v5_shared_layout(Br, Bc, d, pairs=False):
     """Where backward_dkdv_v5's tiles sit in its one dynamic float32 array: the offsets of
     Kj, Vj (Bc rows of STRIDE), Qi, dOi (Br rows of STRIDE), L_i, D_i (Br) and the end:
     (K_AT, V_AT, Q_AT, dO_AT, L_AT, D_AT, END). ``dispatch.dkdv_v5_shared_bytes`` is
-    END * 4."""
+    END * 4. ``pairs`` (backward v6): Qi and dOi each hold their big parts, then their
+    small parts (2 Br rows)."""
     _, STRIDE = v5_head_dim(d)
+    streamed = 2 * Br if pairs else Br
     K_AT = 0
     V_AT = K_AT + Bc * STRIDE
     Q_AT = V_AT + Bc * STRIDE
-    dO_AT = Q_AT + Br * STRIDE
-    L_AT = dO_AT + Br * STRIDE
+    dO_AT = Q_AT + streamed * STRIDE
+    L_AT = dO_AT + streamed * STRIDE
     D_AT = L_AT + Br
     END = D_AT + Br
     return K_AT, V_AT, Q_AT, dO_AT, L_AT, D_AT, END
 
 
-def dq_v5_shared_layout(Br, Bc, d):
+def dq_v5_shared_layout(Br, Bc, d, pairs=False):
     """Where backward_dq_v5's tiles sit in its one dynamic float32 array: the offsets of
     Qi, dOi (Br rows of STRIDE), Kj, Vj (Bc rows of STRIDE) and the end:
-    (Q_AT, dO_AT, K_AT, V_AT, END). ``dispatch.dq_v5_shared_bytes`` is END * 4."""
+    (Q_AT, dO_AT, K_AT, V_AT, END). ``dispatch.dq_v5_shared_bytes`` is END * 4.
+    ``pairs`` (backward v6): Kj and Vj each hold their big parts, then their small parts
+    (2 Bc rows)."""
     _, STRIDE = v5_head_dim(d)
+    streamed = 2 * Bc if pairs else Bc
     Q_AT = 0
     dO_AT = Q_AT + Br * STRIDE
     K_AT = dO_AT + Br * STRIDE
-    V_AT = K_AT + Bc * STRIDE
-    END = V_AT + Bc * STRIDE
+    V_AT = K_AT + streamed * STRIDE
+    END = V_AT + streamed * STRIDE
     return Q_AT, dO_AT, K_AT, V_AT, END
 
 
@@ -1893,6 +1898,20 @@ def _make_v6_helpers(d):
             T[U(r * STRIDE + k)] = acc(flat_load(A, U(base + r * d + k))) if inside else ZERO
 
     @cuda.jit(device=True, inline=True)
+    def stage_pairs(T, A, bh, first, nrows, rows, tid, threads):
+        """As stage, but split once here: T[r] holds the big parts, T[rows + r] the small
+        ones (load_pair reads them)."""
+        base = (bh * nrows + first) * d
+        for idx in range(tid, rows * DP, threads):
+            r = idx // DP
+            k = idx % DP
+            inside = first + r < nrows and k < d
+            big, small = split_finite(acc(flat_load(A, U(base + r * d + k))) if inside
+                                      else ZERO)
+            T[U(r * STRIDE + k)] = big
+            T[U((rows + r) * STRIDE + k)] = small
+
+    @cuda.jit(device=True, inline=True)
     def load_split(T, n):
         """T[n] split into its TF32 parts."""
         return split_finite(T[U(n)])
@@ -1917,11 +1936,29 @@ def _make_v6_helpers(d):
         c0, c1, c2, c3 = mma_tf32(a[0], a[1], a[2], a[3], b0b, b1b, c0, c1, c2, c3)
         return c0, c1, c2, c3, e0, e1, e2, e3
 
-    return split_finite, stage, a_fragment, mma3, load_split
+    return split_finite, stage, a_fragment, mma3, load_split, stage_pairs
+
+
+def _streamed_tile_steps(d, pairs, rows):
+    """(stage, load) for the tiles a backward v6 kernel streams (``rows`` rows each):
+    staged plain and split where read (load_split), or, with ``pairs``, split once as
+    staged (stage_pairs) and read as (big, small)."""
+    split_finite, stage, _, _, load_split, stage_pairs = _make_v6_helpers(d)
+    if not pairs:
+        return stage, load_split
+    _, STRIDE = v5_head_dim(d)
+    SMALL = rows * STRIDE
+
+    @cuda.jit(device=True, inline=True)
+    def load_pair(T, n):
+        """The (big, small) parts of element n of a tile staged by stage_pairs."""
+        return T[U(n)], T[U(n + SMALL)]
+
+    return stage_pairs, load_pair
 
 
 @functools.lru_cache(maxsize=None)
-def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None):
+def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None, pairs=False):
     """v6 dK/dV kernel: v5's, made cheaper where v5 spends its instructions (GPU only;
     finite inputs, float32 accumulation, d <= 128; the same shared memory as v5).
 
@@ -1940,6 +1977,8 @@ def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None):
 
     ``chunk``: the query rows of Qi a step takes (a multiple of 8 dividing Br; None:
     V6_CHUNK); the dispatcher gives backward.V6_CHUNKS (dispatch.backward_v6_chunk).
+    ``pairs``: Qi and dOi, which every warp reads, are split once as they are staged
+    and kept as (big, small) pairs: twice their shared memory.
 
     What was tried and dropped (run 36, docs/gpu-results.md): storing every tile as
     (big, small) pairs, split once as it is staged (forward v6's way). It doubles the
@@ -1948,7 +1987,8 @@ def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None):
     Launch as v5: grid (ceil(Sk / Bc), BH), block (2 * Bc,), END * 4 bytes of dynamic
     shared memory (``dkdv_v5_shared_layout``).
     """
-    split_finite, stage, a_fragment, mma3, load_split = _make_v6_helpers(d)
+    split_finite, stage, a_fragment, mma3, load_split, _ = _make_v6_helpers(d)
+    stage_q, load_q = _streamed_tile_steps(d, pairs, Br)
     acc = acc_type("float32")
     ZERO = acc(0)
     CHUNK = V6_CHUNK if chunk is None else chunk
@@ -1961,7 +2001,7 @@ def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None):
     ACC = KS * 4
     S_FRAGS = NT * 4
     _, STRIDE = v5_head_dim(d)
-    K_AT, V_AT, Q_AT, dO_AT, L_AT, D_AT, END = dkdv_v5_shared_layout(Br, Bc, d)
+    K_AT, V_AT, Q_AT, dO_AT, L_AT, D_AT, END = dkdv_v5_shared_layout(Br, Bc, d, pairs)
     q_tile_range = make_q_tile_range(Br, Bc, causal, False)
 
     @cuda.jit(**jit_options())
@@ -2005,8 +2045,8 @@ def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None):
         i_start, i_end = q_tile_range(j, Sq, causal_offset, 0)
         for i in range(i_start, i_end):
             cuda.syncthreads()
-            stage(Qi, Q, bh, i * Br, Sq, Br, tid, THREADS)
-            stage(dOi, dO, bh, i * Br, Sq, Br, tid, THREADS)
+            stage_q(Qi, Q, bh, i * Br, Sq, Br, tid, THREADS)
+            stage_q(dOi, dO, bh, i * Br, Sq, Br, tid, THREADS)
             for r in range(tid, Br, THREADS):
                 row = i * Br + r
                 L_i[r] = L[U(bh), U(row)] * LOG2E_ACC if row < Sq else ZERO
@@ -2026,15 +2066,15 @@ def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None):
                     va = a_fragment(Vj, w0 + g, ks, t)
                     for nt in range(NT):
                         bt = (r0 + nt * 8 + g) * STRIDE + ks * 8 + t
-                        b0b, b0s = load_split(Qi, bt)
-                        b1b, b1s = load_split(Qi, bt + 4)
+                        b0b, b0s = load_q(Qi, bt)
+                        b1b, b1s = load_q(Qi, bt + 4)
                         (s[nt * 4], s[nt * 4 + 1], s[nt * 4 + 2], s[nt * 4 + 3],
                          se[nt * 4], se[nt * 4 + 1], se[nt * 4 + 2], se[nt * 4 + 3]) = mma3(
                             ka, b0b, b1b, b0s, b1s,
                             s[nt * 4], s[nt * 4 + 1], s[nt * 4 + 2], s[nt * 4 + 3],
                             se[nt * 4], se[nt * 4 + 1], se[nt * 4 + 2], se[nt * 4 + 3])
-                        b0b, b0s = load_split(dOi, bt)
-                        b1b, b1s = load_split(dOi, bt + 4)
+                        b0b, b0s = load_q(dOi, bt)
+                        b1b, b1s = load_q(dOi, bt + 4)
                         (dp[nt * 4], dp[nt * 4 + 1], dp[nt * 4 + 2], dp[nt * 4 + 3],
                          dpe[nt * 4], dpe[nt * 4 + 1], dpe[nt * 4 + 2], dpe[nt * 4 + 3]) = mma3(
                             va, b0b, b1b, b0s, b1s,
@@ -2077,12 +2117,12 @@ def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None):
                         ga = (gb[ks * 4], gb[ks * 4 + 2], gb[ks * 4 + 1], gb[ks * 4 + 3],
                               gs[ks * 4], gs[ks * 4 + 2], gs[ks * 4 + 1], gs[ks * 4 + 3])
                         bt = (r0 + ks * 8 + 2 * t) * STRIDE + nd * 8 + g
-                        b0b, b0s = load_split(dOi, bt)
-                        b1b, b1s = load_split(dOi, bt + STRIDE)
+                        b0b, b0s = load_q(dOi, bt)
+                        b1b, b1s = load_q(dOi, bt + STRIDE)
                         c0, c1, c2, c3, e0, e1, e2, e3 = mma3(
                             pa, b0b, b1b, b0s, b1s, c0, c1, c2, c3, e0, e1, e2, e3)
-                        b0b, b0s = load_split(Qi, bt)
-                        b1b, b1s = load_split(Qi, bt + STRIDE)
+                        b0b, b0s = load_q(Qi, bt)
+                        b1b, b1s = load_q(Qi, bt + STRIDE)
                         f0, f1, f2, f3, h0, h1, h2, h3 = mma3(
                             ga, b0b, b1b, b0s, b1s, f0, f1, f2, f3, h0, h1, h2, h3)
                     dv[nd * 4] += c0 + e0
@@ -2106,11 +2146,13 @@ def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None):
 
 
 @functools.lru_cache(maxsize=None)
-def make_backward_dq_v6(Br, Bc, d, causal, chunk=None):
+def make_backward_dq_v6(Br, Bc, d, causal, chunk=None, pairs=False):
     """v6 dQ kernel: v5's with v6's changes (see make_backward_dkdv_v6; GPU only,
-    finite inputs); ``chunk``: the keys of Kj a step takes. Launch as v5: grid
+    finite inputs); ``chunk``: the keys of Kj a step takes; ``pairs``: Kj and Vj split
+    once as staged (as make_backward_dkdv_v6's Qi and dOi). Launch as v5: grid
     (ceil(Sq / Br), BH), block (2 * Br,), END * 4 bytes (``dq_v5_shared_layout``)."""
-    split_finite, stage, a_fragment, mma3, load_split = _make_v6_helpers(d)
+    split_finite, stage, a_fragment, mma3, load_split, _ = _make_v6_helpers(d)
+    stage_kv, load_kv = _streamed_tile_steps(d, pairs, Bc)
     acc = acc_type("float32")
     ZERO = acc(0)
     CHUNK = V6_CHUNK if chunk is None else chunk
@@ -2123,7 +2165,7 @@ def make_backward_dq_v6(Br, Bc, d, causal, chunk=None):
     ACC = KS * 4
     S_FRAGS = NT * 4
     _, STRIDE = v5_head_dim(d)
-    Q_AT, dO_AT, K_AT, V_AT, END = dq_v5_shared_layout(Br, Bc, d)
+    Q_AT, dO_AT, K_AT, V_AT, END = dq_v5_shared_layout(Br, Bc, d, pairs)
     kv_tile_range = make_kv_tile_range(Br, Bc, causal, False)
 
     @cuda.jit(**jit_options())
@@ -2169,8 +2211,8 @@ def make_backward_dq_v6(Br, Bc, d, causal, chunk=None):
         j_start, j_end = kv_tile_range(i, Sk, causal_offset, 0)
         for j in range(j_start, j_end):
             cuda.syncthreads()
-            stage(Kj, K, bh, j * Bc, Sk, Bc, tid, THREADS)
-            stage(Vj, V, bh, j * Bc, Sk, Bc, tid, THREADS)
+            stage_kv(Kj, K, bh, j * Bc, Sk, Bc, tid, THREADS)
+            stage_kv(Vj, V, bh, j * Bc, Sk, Bc, tid, THREADS)
             cuda.syncthreads()
 
             for ch in range(Bc // CHUNK):
@@ -2185,15 +2227,15 @@ def make_backward_dq_v6(Br, Bc, d, causal, chunk=None):
                     oa = a_fragment(dOi, w0 + g, ks, t)
                     for nt in range(NT):
                         bt = (c_0 + nt * 8 + g) * STRIDE + ks * 8 + t
-                        b0b, b0s = load_split(Kj, bt)
-                        b1b, b1s = load_split(Kj, bt + 4)
+                        b0b, b0s = load_kv(Kj, bt)
+                        b1b, b1s = load_kv(Kj, bt + 4)
                         (s[nt * 4], s[nt * 4 + 1], s[nt * 4 + 2], s[nt * 4 + 3],
                          se[nt * 4], se[nt * 4 + 1], se[nt * 4 + 2], se[nt * 4 + 3]) = mma3(
                             qa, b0b, b1b, b0s, b1s,
                             s[nt * 4], s[nt * 4 + 1], s[nt * 4 + 2], s[nt * 4 + 3],
                             se[nt * 4], se[nt * 4 + 1], se[nt * 4 + 2], se[nt * 4 + 3])
-                        b0b, b0s = load_split(Vj, bt)
-                        b1b, b1s = load_split(Vj, bt + 4)
+                        b0b, b0s = load_kv(Vj, bt)
+                        b1b, b1s = load_kv(Vj, bt + 4)
                         (dp[nt * 4], dp[nt * 4 + 1], dp[nt * 4 + 2], dp[nt * 4 + 3],
                          dpe[nt * 4], dpe[nt * 4 + 1], dpe[nt * 4 + 2], dpe[nt * 4 + 3]) = mma3(
                             oa, b0b, b1b, b0s, b1s,
@@ -2223,8 +2265,8 @@ def make_backward_dq_v6(Br, Bc, d, causal, chunk=None):
                         ga = (gb[ks * 4], gb[ks * 4 + 2], gb[ks * 4 + 1], gb[ks * 4 + 3],
                               gs[ks * 4], gs[ks * 4 + 2], gs[ks * 4 + 1], gs[ks * 4 + 3])
                         bt = (c_0 + ks * 8 + 2 * t) * STRIDE + nd * 8 + g
-                        b0b, b0s = load_split(Kj, bt)
-                        b1b, b1s = load_split(Kj, bt + STRIDE)
+                        b0b, b0s = load_kv(Kj, bt)
+                        b1b, b1s = load_kv(Kj, bt + STRIDE)
                         c0, c1, c2, c3, e0, e1, e2, e3 = mma3(
                             ga, b0b, b1b, b0s, b1s, c0, c1, c2, c3, e0, e1, e2, e3)
                     dq[nd * 4] += c0 + e0
