@@ -59,11 +59,13 @@ warps, 2 Br threads, dynamic shared memory. On the H200: d <= 64 -> (128, 128), 
 chunks; d = 128 -> (128, 64), 16-key chunks.
 
 Tile rule (backward v6, tensor cores, the default for plain float32 attention up to
-d = 128 on a GPU, finite inputs): see ``default_backward_v6_tiles``; (Br, Bc) with
+d = 128 on a GPU, finite inputs): see ``default_backward_v6_plan``; (Br, Bc) with
 multiples of 16, 2 Bc threads in the dK/dV kernel and 2 Br in the dQ kernel, each kernel
-its own pair. Float32 on the H200: (64, 64) for both at d <= 64; at d > 64 (64, 128) for
-dK/dV and (128, 64) for dQ (8 warps a block). Non-finite inputs: ``finite_inputs_plans``
-(v4 instead).
+its own pair, and its streamed tiles kept as split pairs or not. Float32 on the H200: at
+d <= 64 dQ (64, 32) with pairs, dK/dV (32, 64) with pairs, causal (64, 64) without; at
+d > 64 (32, 128) for dK/dV and (128, 32) for dQ, both with pairs (8 warps a block).
+Float16 inputs: (64, 64) at d <= 64, (64, 128) and (128, 64) above, without pairs.
+Non-finite inputs: ``finite_inputs_plans`` (v4 instead).
 """
 
 import functools
@@ -1116,15 +1118,31 @@ BWD_V5_MAX_HEAD_DIM = 128     # dKj and dVj fragments (d / 2 each a lane) in reg
 # v6: v5's layout and candidates, within the device's own maximum instead (227 KB on the
 # H200): (64, 64) at d <= 128 there (70 KB at d = 64; 135 KB, one block per SM, at
 # d = 128: faster than (64, 32) at two blocks per SM, runs 37-38).
-# v6 at d > 64, each kernel its own tiles (BWD_V6_WIDE): the dK/dV kernel (64, 128), the
-# dQ kernel (128, 64), 203 KB each: one block of 8 warps per SM where (64, 64) gives one
-# block of 4 (the kernels need 255 registers a thread there, and 135 KB). Measured at
-# (2, 16, 4096, 128) (scripts/bwd_kernels.py, run 57): dK/dV 20.04 ms against 34.58,
-# dQ 14.16 against 23.76; causal 10.92 against 17.78, 7.68 against 12.63. At d = 64
-# (64, 64) stays: three blocks of 4 warps fit there (168 registers, 70 KB), and every
-# wider tile was slower (run 57: dK/dV 10.6-11.5 ms against 9.76, dQ 7.2-8.2 against 6.95).
-BWD_V6_WIDE = {"dkdv": (64, 128), "dq": (128, 64)}
+# v6's default plan, per kernel: (Br, Bc, pairs), pairs meaning its streamed tiles (the
+# dK/dV kernel's Qi and dOi, the dQ kernel's Kj and Vj) are split once as staged and kept
+# as TF32 pairs (backward.make_backward_dkdv_v6).
+# * d > 64 (BWD_V6_WIDE): one block of 8 warps per SM (255 registers a thread). Wide
+#   tiles first (run 57, (2, 16, 4096, 128), scripts/bwd_kernels.py): dK/dV (64, 128)
+#   20.04 ms against (64, 64)'s 34.58, dQ (128, 64) 14.16 against 23.76. Then the
+#   streamed side narrowed to 32 to make room for the pairs (run 63): dK/dV (32, 128)
+#   with pairs 18.06 / 9.70 ms (not causal / causal) against (64, 128)'s 20.08 / 10.76,
+#   dQ (128, 32) with pairs 12.72 / 7.13 against (128, 64)'s 14.15 / 7.66.
+# * d <= 64 (BWD_V6_NARROW, by causal): three blocks of 4 warps per SM at 70 KB (168
+#   registers); every wider tile was slower (run 57). With pairs at the same 70 KB (run
+#   63, (2, 16, 4096, 64)): the dQ kernel (64, 32) 6.50 / 3.77 ms against (64, 64)'s
+#   6.90 / 3.97; the dK/dV kernel (32, 64) 9.26 ms against 9.82 without the mask, but
+#   5.99 against 5.46 with it, so causal keeps (64, 64) plain. (64, 64) with pairs (105
+#   KB, two blocks per SM) was slower for both kernels: 10.86 and 7.63.
+BWD_V6_WIDE = {"dkdv": (32, 128, True), "dq": (128, 32, True)}
 BWD_V6_WIDE_MIN_HEAD_DIM = 65
+BWD_V6_NARROW = {False: {"dkdv": (32, 64, True), "dq": (64, 32, True)},
+                 True: {"dkdv": (64, 64, False), "dq": (64, 32, True)}}
+# Float16 inputs keep run 57's tiles without pairs (by width, as above): the pairs were
+# timed with float32 inputs only, and the float16 dQ kernel with pairs at d = 128 needs 8
+# bytes of spill under CUDA 13.5's ptxas (tests/ptx_check.py), where its tiles without
+# pairs need none.
+BWD_V6_FLOAT16 = {"wide": {"dkdv": (64, 128, False), "dq": (128, 64, False)},
+                  "narrow": {"dkdv": (64, 64, False), "dq": (64, 64, False)}}
 
 
 def dkdv_v5_shared_bytes(Br, Bc, d, pairs=False):
@@ -1180,17 +1198,22 @@ def default_backward_v5_tiles(d, version="v5"):
                      f"head dim {d} within {target} bytes of shared memory")
 
 
-def default_backward_v6_tiles(d):
-    """Backward v6's tiles, one pair per kernel: {"dkdv": (Br, Bc), "dq": (Br, Bc)}.
-    BWD_V6_WIDE at d >= BWD_V6_WIDE_MIN_HEAD_DIM where both fit this device's shared
-    memory, else the v5 / v6 rule's tiles for both kernels (above)."""
-    wide = BWD_V6_WIDE
+def default_backward_v6_plan(d, causal, dtype="float32"):
+    """Backward v6's default per kernel: {"dkdv": (Br, Bc, pairs), "dq": (Br, Bc, pairs)}.
+    For float32 inputs BWD_V6_WIDE at d >= BWD_V6_WIDE_MIN_HEAD_DIM, BWD_V6_NARROW[causal]
+    below; for float16 inputs BWD_V6_FLOAT16; where both kernels fit this device's shared
+    memory; else the v5 / v6 rule's tiles (above) for both kernels, without pairs."""
+    wide = d >= BWD_V6_WIDE_MIN_HEAD_DIM
+    if np.dtype(dtype) == np.float16:
+        rule = BWD_V6_FLOAT16["wide" if wide else "narrow"]
+    else:
+        rule = BWD_V6_WIDE if wide else BWD_V6_NARROW[bool(causal)]
     limit = device_dynamic_shared_limit()
-    if (d >= BWD_V6_WIDE_MIN_HEAD_DIM and dkdv_v5_shared_bytes(*wide["dkdv"], d) <= limit
-            and dq_v5_shared_bytes(*wide["dq"], d) <= limit):
-        return dict(wide)
+    if (dkdv_v5_shared_bytes(*rule["dkdv"][:2], d, rule["dkdv"][2]) <= limit
+            and dq_v5_shared_bytes(*rule["dq"][:2], d, rule["dq"][2]) <= limit):
+        return dict(rule)
     tiles = default_backward_v5_tiles(d, "v6")
-    return {"dkdv": tiles, "dq": tiles}
+    return {"dkdv": tiles + (False,), "dq": tiles + (False,)}
 
 
 def check_backward_v6_tiles(tiles, d):
@@ -1236,14 +1259,14 @@ def _plan_backward_tensor_cores(p, where, tiles, reason, preprocess, version):
     refusal = backward_tensor_core_refusal(version, p, where)
     if refusal is not None:
         raise ValueError(f"backward {version} cannot run this input: {refusal}")
-    if version == "v6":     # one pair of tiles per kernel
+    if version == "v6":     # one pair of tiles per kernel, and pairs or not
         if tiles is None:
-            per_kernel = default_backward_v6_tiles(p.d)
-            wide = per_kernel["dkdv"] != per_kernel["dq"]
+            per_kernel = default_backward_v6_plan(p.d, p.upper, p.dtype)
             reason += (f"; tiles by the v6 rule for d={p.d}"
-                       + (" (each kernel its own: 8 warps a block)" if wide else ""))
+                       + (", causal" if p.upper else "") + " (each kernel its own)")
         else:
-            per_kernel = check_backward_v6_tiles(tiles, p.d)
+            per_kernel = {kind: t + (False,)
+                          for kind, t in check_backward_v6_tiles(tiles, p.d).items()}
             reason += "; tiles given by the caller"
     else:
         if tiles is None:
@@ -1252,16 +1275,18 @@ def _plan_backward_tensor_cores(p, where, tiles, reason, preprocess, version):
         else:
             both = check_backward_v5_tiles(tiles, p.d, version)
             reason += "; tiles given by the caller"
-        per_kernel = {"dkdv": both, "dq": both}
+        per_kernel = {"dkdv": both + (False,), "dq": both + (False,)}
     reason += "; finite inputs only (checked before the launch)"
-    Br, Bc = per_kernel["dkdv"]
+    Br, Bc, pairs = per_kernel["dkdv"]
     dkdv = Plan("backward dK dV", version, f"backward_dkdv_{version}", where, Br, Bc,
-                (math.ceil(p.Sk / Bc), p.BH), (2 * Bc,), dkdv_v5_shared_bytes(Br, Bc, p.d),
-                p.acc_dtype, p.causal, reason + "; one block per K/V tile, each warp 16 keys")
-    Br, Bc = per_kernel["dq"]
+                (math.ceil(p.Sk / Bc), p.BH), (2 * Bc,),
+                dkdv_v5_shared_bytes(Br, Bc, p.d, pairs), p.acc_dtype, p.causal,
+                reason + "; one block per K/V tile, each warp 16 keys", pairs=pairs)
+    Br, Bc, pairs = per_kernel["dq"]
     dq = Plan("backward dQ", version, f"backward_dq_{version}", where, Br, Bc,
-              (math.ceil(p.Sq / Br), p.BH), (2 * Br,), dq_v5_shared_bytes(Br, Bc, p.d),
-              p.acc_dtype, p.causal, reason + "; one block per Q tile, each warp 16 query rows")
+              (math.ceil(p.Sq / Br), p.BH), (2 * Br,), dq_v5_shared_bytes(Br, Bc, p.d, pairs),
+              p.acc_dtype, p.causal, reason + "; one block per Q tile, each warp 16 query rows",
+              pairs=pairs)
     return Plans((preprocess, dkdv, dq))
 
 
@@ -1303,8 +1328,10 @@ def _default_backward_version(p, where):
     bwd_v5_sweep.py, runs 37-38, (2, 16, 4096, d), float32, ms not causal / causal):
     d = 64, v6 19.0-19.3 / 11.7-12.2 against v4's 24.1-25.0 / 15.5-15.8; d = 128 with
     (64, 64) tiles and 32-key chunks in its dQ kernel, 60.5 / 33.7 against 64.9 / 35.1,
-    and with each kernel's own tiles (default_backward_v6_tiles) 37.6 / 21.3 against
-    64.3 / 34.0 (run 58). Deterministic like v4 (no atomics).
+    and with each kernel's own tiles 37.6 / 21.3 against 64.3 / 34.0 (run 58); with the
+    streamed tiles as split pairs (default_backward_v6_plan) the three kernels, each timed
+    alone, take 15.86 ms at d = 64 without the mask (16.82 before) and 30.98 / 17.03 at
+    d = 128 (34.43 / 18.60; run 63). Deterministic like v4 (no atomics).
 
     Elsewhere (the simulator, which cannot run v6, or a GPU where no v6 tile fits), v4
     (register-blocked, tiles in dynamic shared memory) for plain attention, causal or

@@ -237,8 +237,9 @@ def main(argv=None):
                      "default_tiles": {
                          **{f"v5-d{d}": dispatch.default_backward_v5_tiles(d, "v5")
                             for d in configs},
-                         **{f"v6-d{d}": dispatch.default_backward_v6_tiles(d)
-                            for d in configs}}})
+                         **{f"v6-d{d}-{'causal' if c else 'full'}":
+                            dispatch.default_backward_v6_plan(d, c)
+                            for d in configs for c in (False, True)}}})
         bench.save_json(records, args.out, meta)
         print(f"wrote {args.out}")
     return 1 if bad else 0

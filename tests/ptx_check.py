@@ -267,17 +267,19 @@ def backward_entries():
                                      bwd.make_backward_dq_v4(*t, d, c, a), dq3, no_f64))
             # v5 (tensor cores, GPU only): float32 accumulation (float16 and float32
             # inputs), d <= 128, its own tile rule (dispatch.default_backward_v5_tiles;
-            # v6: a pair per kernel, dispatch.default_backward_v6_tiles)
+            # v6: tiles and pairs per kernel, dispatch.default_backward_v6_plan)
             for ver in ("v5", "v6"):
                 if ver not in bwd.VERSIONS or acc != "float32" or d > dispatch.BWD_V5_MAX_HEAD_DIM:
                     continue
                 for causal, kind in itertools.product((False, True), ("dkdv", "dq")):
-                    Br, Bc = (dispatch.default_backward_v6_tiles(d)[kind] if ver == "v6"
-                              else dispatch.default_backward_v5_tiles(d, ver))
-                    tag = f"{dtype}-d{d}-{'causal' if causal else 'full'}-tiles{Br}x{Bc}"
+                    Br, Bc, pairs = (dispatch.default_backward_v6_plan(d, causal, dtype)[kind]
+                                     if ver == "v6"
+                                     else dispatch.default_backward_v5_tiles(d, ver) + (False,))
+                    tag = (f"{dtype}-d{d}-{'causal' if causal else 'full'}-tiles{Br}x{Bc}"
+                           + ("-pairs" if pairs else ""))
                     make = getattr(bwd, f"make_backward_{kind}_{ver}")
-                    # v6: the chunk the dispatcher gives it
-                    extra = ((dispatch.backward_v6_chunk(kind, Br, Bc),) if ver == "v6"
+                    # v6: the chunk the dispatcher gives it, and pairs or not
+                    extra = ((dispatch.backward_v6_chunk(kind, Br, Bc), pairs) if ver == "v6"
                              else ())
                     out.append(Entry(f"backward_{kind}_{ver}-{tag}", "backward",
                                      lambda m=make, t=(Br, Bc, d, causal) + extra: m(*t),

@@ -289,28 +289,46 @@ def test_v6_and_v8_plan_on_a_gpu_and_refuse_elsewhere(version, monkeypatch):
 
 
 def test_backward_v6_plans_tiles_per_kernel_on_a_gpu(monkeypatch):
-    """Backward v6 (the GPU default) plans each kernel's tiles: (64, 64) for both at
-    d <= 64; above that (64, 128) for dK/dV and (128, 64) for dQ, 8 warps a block, each
-    grid and block from its own tiles. A caller's (Br, Bc) applies to both kernels,
-    ((Br, Bc), (Br, Bc)) to each; bad tiles name the limit, and a GPU with less shared
-    memory than the wide tiles need gets the one-pair rule (planned, not launched)."""
+    """Backward v6 (the GPU default) plans each kernel's tiles and whether its streamed
+    tiles are kept as split pairs (dispatch.BWD_V6_NARROW, BWD_V6_WIDE): at d <= 64 the
+    dQ kernel (64, 32) with pairs, the dK/dV kernel (32, 64) with pairs, or with the
+    causal mask (64, 64) without; above that (32, 128) and (128, 32), both with pairs;
+    each grid, block and shared memory from its own plan; float16 inputs without pairs
+    (BWD_V6_FLOAT16). A caller's (Br, Bc) applies to
+    both kernels, ((Br, Bc), (Br, Bc)) to each, without pairs; bad tiles name the limit,
+    and a GPU with less shared memory than the rule needs gets the one-pair rule without
+    pairs (planned, not launched)."""
     monkeypatch.setattr(dispatch, "simulating", lambda: False)
     monkeypatch.setattr(dispatch, "device_dynamic_shared_limit", lambda: 232448)
-    for d, dkdv, dq in ((64, (64, 64), (64, 64)), (72, (64, 128), (128, 64)),
-                        (128, (64, 128), (128, 64))):
+    for d, causal, dkdv, dq in ((64, False, (32, 64, True), (64, 32, True)),
+                                (64, True, (64, 64, False), (64, 32, True)),
+                                (16, True, (64, 64, False), (64, 32, True)),
+                                (72, False, (32, 128, True), (128, 32, True)),
+                                (128, True, (32, 128, True), (128, 32, True))):
         q, k, v = arrays((2, 300, d), (2, 200, d))
-        _, kv, qp = numbaflash.explain_backward(q, k, v, causal=True)
+        _, kv, qp = numbaflash.explain_backward(q, k, v, causal=causal)
         assert (kv.version, qp.version) == ("v6", "v6")
-        assert ((kv.Br, kv.Bc), (qp.Br, qp.Bc)) == (dkdv, dq)
+        assert (kv.Br, kv.Bc, kv.pairs) == dkdv and (qp.Br, qp.Bc, qp.pairs) == dq
         assert kv.grid == (math.ceil(200 / dkdv[1]), 2) and kv.block == (2 * dkdv[1],)
         assert qp.grid == (math.ceil(300 / dq[0]), 2) and qp.block == (2 * dq[0],)
-        assert kv.shared_bytes == dispatch.dkdv_v5_shared_bytes(*dkdv, d) <= 232448
-        assert qp.shared_bytes == dispatch.dq_v5_shared_bytes(*dq, d) <= 232448
-        assert ("each kernel its own" in kv.reason) == (dkdv != dq)
+        assert kv.shared_bytes == dispatch.dkdv_v5_shared_bytes(*dkdv[:2], d, dkdv[2]) <= 232448
+        assert qp.shared_bytes == dispatch.dq_v5_shared_bytes(*dq[:2], d, dq[2]) <= 232448
+        assert "each kernel its own" in kv.reason
+        assert ("split pairs" in str(kv)) == dkdv[2] and "split pairs" in str(qp)
+    # float16 inputs: the tiles of run 57, without pairs (BWD_V6_FLOAT16)
+    for d, dkdv, dq in ((64, (64, 64), (64, 64)), (128, (64, 128), (128, 64))):
+        q, k, v = arrays((2, 300, d), (2, 200, d), dtype=np.float16)
+        _, kv, qp = numbaflash.explain_backward(q, k, v)
+        assert ((kv.Br, kv.Bc), (qp.Br, qp.Bc)) == (dkdv, dq) and not (kv.pairs or qp.pairs)
+    # pairs double the streamed tiles: Qi and dOi (dK/dV), Kj and Vj (dQ)
+    assert (dispatch.dkdv_v5_shared_bytes(32, 64, 64, True)
+            == dispatch.dkdv_v5_shared_bytes(64, 64, 64, False) - 64 * 4)
+    assert (dispatch.dq_v5_shared_bytes(64, 32, 64, True)
+            == dispatch.dq_v5_shared_bytes(64, 64, 64, False))
     q, k, v = arrays((2, 300, 128), (2, 200, 128))
     _, kv, qp = numbaflash.explain_backward(q, k, v, version="v6", tiles=(32, 64))
     assert (kv.Br, kv.Bc, qp.Br, qp.Bc) == (32, 64, 32, 64)
-    assert "tiles given by the caller" in kv.reason
+    assert "tiles given by the caller" in kv.reason and not (kv.pairs or qp.pairs)
     _, kv, qp = numbaflash.explain_backward(q, k, v, version="v6", tiles=((32, 64), (64, 16)))
     assert (kv.Br, kv.Bc, qp.Br, qp.Bc) == (32, 64, 64, 16)
     with pytest.raises(ValueError, match=r"backward v6 tiles must be \(Br, Bc\) with Br and Bc "
@@ -321,6 +339,7 @@ def test_backward_v6_plans_tiles_per_kernel_on_a_gpu(monkeypatch):
     monkeypatch.setattr(dispatch, "device_dynamic_shared_limit", lambda: 101376)
     _, kv, qp = numbaflash.explain_backward(q, k, v)
     assert (kv.Br, kv.Bc) == (qp.Br, qp.Bc) and kv.shared_bytes <= 101376
+    assert not (kv.pairs or qp.pairs)
 
 
 def test_v7_plans_float16_on_a_gpu_and_refuses_the_rest(monkeypatch):

@@ -690,6 +690,35 @@ def test_bitwise_identical_over_50_reruns_on_the_gpu(version):
             assert_bitwise_equal(name, a, b)
 
 
+
+@pytest.mark.skipif(not on_gpu(), reason="backward v6 uses the tensor cores through inline "
+                                         "PTX, which the simulator cannot run")
+@pytest.mark.parametrize("d", [1, 59, 64, 100, 128])
+@pytest.mark.parametrize("causal", [None, "top_left", "bottom_right"])
+def test_backward_v6_pairs_are_bitwise_its_plain_tiles(d, causal):
+    """Backward v6's default for float32 inputs keeps its streamed tiles as split pairs
+    (dispatch.BWD_V6_NARROW, BWD_V6_WIDE): the same splits of the same values, done once
+    as staged instead of where read, so its gradients must be bit for bit those of the
+    same tiles given by the caller (which are run without pairs). Ragged lengths both
+    ways, and with bottom_right and Sq > Sk rows that see no key."""
+    dtype = np.float32
+    rng = np.random.default_rng(d + 11)
+    for Sq, Sk in ((200, 333), (333, 200), (128, 128), (5, 1)):
+        q, dout = (rng.standard_normal((2, 3, Sq, d)).astype(dtype) for _ in range(2))
+        k, v = (rng.standard_normal((2, 3, Sk, d)).astype(dtype) for _ in range(2))
+        out, lse = numbaflash.attention(q, k, v, causal=causal, return_lse=True)
+        _, kv, qp = numbaflash.explain_backward(q, k, v, causal=causal)
+        assert (kv.version, qp.version) == ("v6", "v6") and qp.pairs
+        tiles = ((kv.Br, kv.Bc), (qp.Br, qp.Bc))
+        _, kv_plain, qp_plain = numbaflash.explain_backward(q, k, v, causal=causal,
+                                                            version="v6", tiles=tiles)
+        assert not (kv_plain.pairs or qp_plain.pairs)
+        paired = numbaflash.attention_backward(dout, q, k, v, out, lse, causal=causal)
+        plain = numbaflash.attention_backward(dout, q, k, v, out, lse, causal=causal,
+                                              version="v6", tiles=tiles)
+        for name, a, b in zip(GRADS, paired, plain):
+            assert_bitwise_equal(f"{name} at {(Sq, Sk)}", a, b)
+
 # --- the real compiler (no GPU needed) ------------------------------------------------
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])

@@ -154,11 +154,14 @@ v6  v5, cheaper (GPU only; the default for plain float32/float16 attention with 
     kernel takes 32 keys a step where its tile allows (V6_CHUNKS). Measured (runs 37-38):
     d = 64 18.99-19.33 / 11.72-12.15 ms (1.25x-1.39x v4), d = 128 with (64, 64) tiles
     60.52 / 33.69 (1.04x-1.07x v4). Each kernel takes its own tiles from the dispatcher
-    (dispatch.default_backward_v6_tiles): at d > 64 the dK/dV kernel (64, 128) and the dQ
+    (dispatch.default_backward_v6_plan): at d > 64 the dK/dV kernel (64, 128) and the dQ
     kernel (128, 64), eight warps a block where (64, 64) gave four at one block per SM:
     d = 128 37.60 / 21.32 ms (run 58). Tried and dropped (run 36): storing every tile as
     TF32 pairs split once as staged (forward v6's way): twice the shared memory, fewer
-    warps per SM, 0.66x v5. compute-sanitizer memcheck, racecheck, synccheck and
+    warps per SM, 0.66x v5. Kept (run 63, the float32 default): pairs for the streamed
+    tiles only (which every warp reads), with that side of the tile halved to keep the
+    shared memory: at d = 128 (32, 128) and (128, 32), 8-10 % faster; at d = 64 (32, 64)
+    and (64, 32), about 6 % without the mask (with it, dK/dV keeps (64, 64) plain). compute-sanitizer memcheck, racecheck, synccheck and
     initcheck: 0 errors (run 40). What limits it: docs/performance.md.
 
 Float32 sums: every accumulator (dKj, dVj over the Q tiles; dQi over the K/V tiles) adds
@@ -1982,7 +1985,9 @@ def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None, pairs=False):
 
     What was tried and dropped (run 36, docs/gpu-results.md): storing every tile as
     (big, small) pairs, split once as it is staged (forward v6's way). It doubles the
-    shared memory, so fewer warps fit an SM, and it ran at 0.66x v5's speed.
+    shared memory, so fewer warps fit an SM, and it ran at 0.66x v5's speed. ``pairs``
+    does it for Qi and dOi only, the tiles all the block's warps read (each warp reads
+    its own rows of Kj and Vj): with Br halved, in the same shared memory (run 63).
 
     Launch as v5: grid (ceil(Sk / Bc), BH), block (2 * Bc,), END * 4 bytes of dynamic
     shared memory (``dkdv_v5_shared_layout``).
