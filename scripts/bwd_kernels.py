@@ -4,6 +4,7 @@ goes, and which tiles suit each of its kernels.
     python3 scripts/bwd_kernels.py                                   # GPU, about 2 minutes
     python3 scripts/bwd_kernels.py --d 128 --tiles 64x64,64x128,128x64 --versions v6
     python3 scripts/bwd_kernels.py --d 64 --tiles default,32x64/64x32 --pairs no,yes
+    python3 scripts/bwd_kernels.py --d 64 --tiles default --chunks 32:16
 
 For each head dim, causal no and yes, version and (Br, Bc): the public planner's kernels
 (``explain_backward``) are launched one at a time on the same device inputs, each
@@ -31,6 +32,7 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 import numbaflash  # noqa: E402
 from numbaflash import arrays, dispatch  # noqa: E402
 from numbaflash.bench import time_ms  # noqa: E402
+from numbaflash.kernels import backward as bwd_kernels  # noqa: E402
 from numbaflash.validate import check_backward_inputs  # noqa: E402
 
 AGREE = 1e-4
@@ -64,7 +66,14 @@ def main(argv=None):
     ap.add_argument("--pairs", default="no",
                     help="no, yes or no,yes: backward v6 as planned, and with its streamed "
                          "tiles (dK/dV kernel: Qi, dOi; dQ kernel: Kj, Vj) as split pairs")
+    ap.add_argument("--chunks", default=None,
+                    help="DKDV:DQ, backward v6's rows a step takes in each kernel, for the "
+                         "whole run (default: backward.V6_CHUNKS)")
     args = ap.parse_args(argv)
+    if args.chunks:
+        a, b = (int(x) for x in args.chunks.split(":"))
+        bwd_kernels.V6_CHUNKS.update(dkdv=a, dq=b)
+    print(f"backward v6 chunks: {bwd_kernels.V6_CHUNKS}", flush=True)
     B, H, N = (int(x) for x in args.shape.split("x"))
     failed = 0
     rows = []
