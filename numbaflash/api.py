@@ -203,8 +203,9 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, win
             ``explain_backward`` and numbaflash/kernels/backward.py.
         tiles: (Br, Bc) for the backward kernels (v3 and v4 also take (Br, Bc, TM, TN);
             v5 and v6 take multiples of 16, and v6 also ((Br, Bc), (Br, Bc)): the dK/dV
-            kernel's tiles, then the dQ kernel's); None uses the documented rule in
-            dispatch.py (v6 at d > 64: (64, 128) for dK/dV, (128, 64) for dQ).
+            kernel's tiles, then the dQ kernel's; given tiles run without v6's split
+            pairs); None uses the documented rule in dispatch.py (v6:
+            default_backward_v6_plan, tiles and pairs per kernel).
 
     Returns:
         ``(dq, dk, dv)`` with the shapes and dtype of q, k, v (float16 inputs are computed
