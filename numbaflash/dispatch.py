@@ -1138,9 +1138,9 @@ BWD_V6_WIDE_MIN_HEAD_DIM = 65
 BWD_V6_NARROW = {False: {"dkdv": (32, 64, True), "dq": (64, 32, True)},
                  True: {"dkdv": (64, 64, False), "dq": (64, 32, True)}}
 # Float16 inputs keep run 57's tiles without pairs (by width, as above): the pairs were
-# timed with float32 inputs only, and the float16 dQ kernel with pairs at d = 128 needs 8
-# bytes of spill under CUDA 13.5's ptxas (tests/ptx_check.py), where its tiles without
-# pairs need none.
+# timed with float32 inputs only, and the float16 dQ kernel with pairs at d = 128, causal,
+# needs 8 bytes of spill under CUDA 13.5's ptxas (tests/ptx_check.py), where its tiles
+# without pairs need none.
 BWD_V6_FLOAT16 = {"wide": {"dkdv": (64, 128, False), "dq": (128, 64, False)},
                   "narrow": {"dkdv": (64, 64, False), "dq": (64, 64, False)}}
 

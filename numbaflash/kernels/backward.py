@@ -161,8 +161,9 @@ v6  v5, cheaper (GPU only; the default for plain float32/float16 attention with 
     warps per SM, 0.66x v5. Kept (run 63, the float32 default): pairs for the streamed
     tiles only (which every warp reads), with that side of the tile halved to keep the
     shared memory: at d = 128 (32, 128) and (128, 32), 8-10 % faster; at d = 64 (32, 64)
-    and (64, 32), about 6 % without the mask (with it, dK/dV keeps (64, 64) plain). compute-sanitizer memcheck, racecheck, synccheck and
-    initcheck: 0 errors (run 40). What limits it: docs/performance.md.
+    and (64, 32), about 6 % without the mask (with it, dK/dV keeps (64, 64) plain).
+    compute-sanitizer memcheck, racecheck, synccheck and initcheck: 0 errors (run 40;
+    with the pairs, memcheck and racecheck: run 65). What limits it: docs/performance.md.
 
 Float32 sums: every accumulator (dKj, dVj over the Q tiles; dQi over the K/V tiles) adds
 one tile's terms into a fresh partial first and then adds the partial, as the forward does
@@ -1963,7 +1964,8 @@ def _streamed_tile_steps(d, pairs, rows):
 @functools.lru_cache(maxsize=None)
 def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None, pairs=False):
     """v6 dK/dV kernel: v5's, made cheaper where v5 spends its instructions (GPU only;
-    finite inputs, float32 accumulation, d <= 128; the same shared memory as v5).
+    finite inputs, float32 accumulation, d <= 128; v5's shared memory, or with ``pairs``
+    Qi and dOi twice as long).
 
     * Splits on the bits. Every operand is still split into its TF32 parts where it is
       read, but with ``tf32_round_finite`` (two integer instructions where the cvt takes
@@ -1990,7 +1992,7 @@ def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None, pairs=False):
     its own rows of Kj and Vj): with Br halved, in the same shared memory (run 63).
 
     Launch as v5: grid (ceil(Sk / Bc), BH), block (2 * Bc,), END * 4 bytes of dynamic
-    shared memory (``dkdv_v5_shared_layout``).
+    shared memory (``dkdv_v5_shared_layout(Br, Bc, d, pairs)``).
     """
     split_finite, stage, a_fragment, mma3, load_split, _ = _make_v6_helpers(d)
     stage_q, load_q = _streamed_tile_steps(d, pairs, Br)
@@ -2155,7 +2157,8 @@ def make_backward_dq_v6(Br, Bc, d, causal, chunk=None, pairs=False):
     """v6 dQ kernel: v5's with v6's changes (see make_backward_dkdv_v6; GPU only,
     finite inputs); ``chunk``: the keys of Kj a step takes; ``pairs``: Kj and Vj split
     once as staged (as make_backward_dkdv_v6's Qi and dOi). Launch as v5: grid
-    (ceil(Sq / Br), BH), block (2 * Br,), END * 4 bytes (``dq_v5_shared_layout``)."""
+    (ceil(Sq / Br), BH), block (2 * Br,), END * 4 bytes (``dq_v5_shared_layout(Br, Bc, d,
+    pairs)``)."""
     split_finite, stage, a_fragment, mma3, load_split, _ = _make_v6_helpers(d)
     stage_kv, load_kv = _streamed_tile_steps(d, pairs, Bc)
     acc = acc_type("float32")
