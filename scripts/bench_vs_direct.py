@@ -8,7 +8,8 @@ numbaflash.bench.time_ms (CUDA events, median) of numbaflash.attention on one sh
 float32, not causal, for each of: inputs made by numba (cuda.to_device) or viewed from
 torch tensors (cuda.as_cuda_array, as the bench makes them); return_lse off or on (the
 bench's call returns it); 5 repeats (the bench's --repeats 5) or 10. Then the first line
-again, to show whether the GPU was still warming up at the start.
+again, to show whether the GPU was still warming up at the start. Written in session 11,
+when the device time had run out: not yet run on a GPU.
 """
 import argparse
 
