@@ -17,7 +17,8 @@ Part 2, time (CUDA events, median). At (1, 16, 16384, 64) float32: full causal a
 sliding window of 256 keys (window_size=(256, 0) with causal), and full attention against
 a document mask (16 documents of 1024: as a boolean attn_mask and as a mask_mod), with
 SDPA EFFICIENT given the same boolean mask for scale. The window and document runs visit
-a small fraction of the tiles, so they must be much faster (issue 6: window >= 10x).
+a small fraction of the tiles, so they must be much faster (the target: the window at
+least 10x).
 
 --sim runs the agreement part on tiny shapes in the simulator against a NumPy version of
 the same explicit bias, which checks the bias construction without a GPU or PyTorch.
