@@ -1,8 +1,57 @@
-"""Benchmark numbaflash against PyTorch SDPA (``python -m numbaflash bench``).
+"""Benchmark numbaflash against PyTorch SDPA: check first, then time, count, and compare.
 
-``runner`` holds the benchmark; this package exports its names.
+    python -m numbaflash bench                    # docs/performance.md's three shapes
+    python -m numbaflash bench --shapes 2x16x4096x64 --causal yes --versions v2,v3 \\
+        --json bench.json --plot bench.png
+
+From Python: ``records = bench.run([(2, 16, 4096, 64)])``, then ``bench.format_table``,
+``bench.save_json`` or ``bench.plot``. A result that disagrees with a float64 reference
+is never timed (``bench.wrong_results`` lists them).
+
+The modules, in the order a run uses them:
+
+    cases.py      shapes, passes, dtypes, the record of one case; run's argument checks
+    timing.py     flops (the FLOP convention), time_ms (CUDA events), extra_memory_bytes
+    agreement.py  the error bound of a correct result; the NumPy float64 reference
+    pytorch.py    the PyTorch side: SDPA's masks, the SDPA MATH reference, SDPA's timing
+    runner.py     run: inputs, check, time, count, compare (its docstring says how)
+    report.py     format_table, environment, save_json, plot
+    command.py    the command line (add_arguments, cli)
+    library.py    what the bench takes from the rest of numbaflash, imported in one place
+
+Under the CUDA simulator (NUMBA_ENABLE_CUDASIM=1) everything runs, checks included, but
+the times measure Python executing the simulated threads, not a GPU.
 """
 
-from .runner import *  # noqa: F401,F403
-from .runner import (  # noqa: F401 - used by scripts
-    _agreement, _json_safe, _tf32_off, _torch_cuda, attention, attention_backward)
+from .agreement import (FLOAT32_FLOOR, FLOAT64_RTOL, MULT, NumpyOracle, _agreement,
+                        _lse_agreement, agreement_bound)
+from .cases import (DTYPES, GPU_DEFAULT_SHAPES, PASSES, SDPA_IMPLS, SIM_DEFAULT_SHAPES,
+                    _check_arguments, check_host_memory, host_bytes_needed, normalize_shape,
+                    parse_shape)
+from .command import add_arguments, cli
+# attention and attention_backward are looked up here by the runner at call time
+# (runner._api), so that replacing bench.attention replaces what is checked and timed.
+from .library import attention, attention_backward
+from .pytorch import (TorchOracle, _tf32_off, _torch_cuda, sdpa_mask,
+                      torch_extra_memory_bytes, torch_references)
+from .report import _json_safe, environment, format_table, plot, save_json
+from .runner import run, wrong_results
+from .timing import PASS_FLOP_FACTOR, SIMULATOR_WARNING, extra_memory_bytes, flops, time_ms
+
+__all__ = [
+    # the benchmark and its presentation
+    "run", "wrong_results", "format_table", "environment", "save_json", "plot",
+    # counting and timing
+    "flops", "time_ms", "extra_memory_bytes", "PASS_FLOP_FACTOR", "SIMULATOR_WARNING",
+    # agreement
+    "agreement_bound", "NumpyOracle", "MULT", "FLOAT64_RTOL", "FLOAT32_FLOOR",
+    # the PyTorch side
+    "TorchOracle", "torch_references", "torch_extra_memory_bytes", "sdpa_mask",
+    # cases and shapes
+    "PASSES", "DTYPES", "SDPA_IMPLS", "GPU_DEFAULT_SHAPES", "SIM_DEFAULT_SHAPES",
+    "parse_shape", "normalize_shape", "host_bytes_needed", "check_host_memory",
+    # the command line
+    "add_arguments", "cli",
+    # the public API as the bench calls it (replaceable here)
+    "attention", "attention_backward",
+]
