@@ -15,7 +15,8 @@ Tiers (each the test oracle for the next): ``reference`` (dense NumPy), ``tiled`
 
 from . import reference, tiled
 from .api import attention, attention_backward, attention_vjp, explain, explain_backward
-from .dispatch import Plan, Plans, backend
+from .kernels.plan import Plan, Plans
+from .policy import backend
 from .masks import CAUSAL_MODES
 
 __all__ = ["attention", "attention_backward", "attention_vjp", "explain", "explain_backward",

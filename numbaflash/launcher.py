@@ -1,4 +1,7 @@
-"""Launching a compiled kernel with as little Python around it as a small call can afford.
+"""Launching a plan: ``launch_forward`` and ``launch_backward`` give each planned kernel
+its arguments (the variant arguments and the table of visible tiles for the versions that
+take them), and ``launch`` runs a compiled kernel with as little Python around it as a
+small call can afford.
 
 ``kernel[grid, block, 0, nbytes](*args)`` is how Numba launches a kernel, and every
 numbaflash kernel can be launched that way (``DIRECT_LAUNCH = False`` makes every launch
@@ -27,11 +30,19 @@ numbaflash today) is launched by Numba's compiled kernel instead. Every launch w
 """
 
 import ctypes
+import functools
+import logging
+import math
 
+import numpy as np
 from numba import cuda
 
-from .kernels import simulating
-from .kernels import smem
+from .kernels import backward as backward_kernels
+from .kernels import forward as forward_kernels
+from .kernels import simulating, smem
+from .kernels import variants as variant_kernels
+
+log = logging.getLogger("numbaflash")
 
 DIRECT_LAUNCH = True    # False: every launch goes through Numba's dispatcher (as in Numba)
 
@@ -127,3 +138,107 @@ class _DirectLaunch:
         for make, a in zip(self.makers, args):
             words.extend(make(a))
         self.core_launch(c.stream, self.core_config, function, *words)
+
+
+# --- plans to launches ---------------------------------------------------------------
+
+
+def launch_forward(plan, p, Q, K, V, O, L, slopes=None, attn_mask=None):
+    """Launch the planned forward kernel on device arrays: Q, O (B*Hq, Sq, d), K, V
+    (B*Hkv, Sk, d), L (B*Hq, Sq); ``slopes`` and ``attn_mask`` as the Problem's, on the
+    device (or None)."""
+    log.info("%s", plan)
+    version = forward_kernels.module(plan.version)
+    scale = np.dtype(p.acc_dtype).type(p.softmax_scale)   # keep the kernel's arithmetic in acc dtype
+    args = (Q, K, V, O, L, scale, np.int64(p.causal_offset))
+    if version.VARIANTS:
+        tiles = tile_table(p, plan.Br, plan.Bc, attn_mask) if version.TILE_TABLE else None
+        args += variant_arguments(p, slopes, attn_mask, tiles)
+    # The argument types follow from the input dtype, unless the caller passed arrays of
+    # their own (slopes, attn_mask: any dtype and layout); then the dispatcher types them.
+    types_key = (p.dtype, p.acc_dtype) if slopes is None and attn_mask is None else None
+    launch(version.kernel(plan, p), plan.grid, plan.block, args, types_key,
+           plan.shared_bytes if plan.dynamic_shared else 0)
+
+
+def launch_backward(plans, p, Q, K, V, O, dO, L, D, dQ, dK, dV, slopes=None, attn_mask=None):
+    """Launch the planned backward kernels, in order, on device arrays.
+
+    Q, O, dO, dQ are (B*Hq, Sq, d); K, V, dK, dV are (B*Hkv, Sk, d); L and D are (B*Hq, Sq)
+    in the accumulator dtype (D is scratch, written by the first kernel). For v2, dQ must
+    be zero-filled (its kernel adds into it). ``slopes``, ``attn_mask``: as for the forward.
+    """
+    scale = np.dtype(p.acc_dtype).type(p.softmax_scale)   # keep the kernel's arithmetic in acc dtype
+    offset = np.int64(p.causal_offset)
+    version = backward_kernels.module(plans[-1].version)
+    extra = ()
+    if version.VARIANTS:
+        tiled = plans[-1]
+        tiles = (tile_table(p, tiled.Br, tiled.Bc, attn_mask) if version.TILE_TABLE
+                 else None)
+        extra = variant_arguments(p, slopes, attn_mask, tiles)
+    # As in launch_forward: the argument types follow from the dtypes unless the caller
+    # passed arrays of their own (slopes, attn_mask).
+    types_key = (p.dtype, p.acc_dtype) if slopes is None and attn_mask is None else None
+    for plan in plans:
+        log.info("%s", plan)
+        if plan.kernel == "backward_preprocess":
+            kernel = backward_kernels.module("preprocess").kernel(plan, p)
+            args = (dO, O, D)
+        else:
+            kernel = version.kernel(plan, p)
+            if plan.pass_name == "backward dK dV dQ":       # v2: one kernel for all three
+                args = (Q, K, V, dO, L, D, dQ, dK, dV, scale, offset)
+            elif plan.pass_name == "backward dK dV":
+                args = (Q, K, V, dO, L, D, dK, dV, scale, offset)
+            else:                                           # "backward dQ"
+                args = (Q, K, V, dO, L, D, dQ, scale, offset)
+            args += extra                                   # the kernels that take variants
+        launch(kernel, plan.grid, plan.block, args, types_key,
+               plan.shared_bytes if plan.dynamic_shared else 0)
+
+
+def tile_table(p, Br, Bc, attn_mask):
+    """The table of visible (Br x Bc) tiles, (B*Hq, Tr, Tc) bool on the device, for a
+    Problem whose variant needs one (variants.make_tile_table), else None."""
+    if not p.variant.tile_table:
+        return None
+    Tr, Tc = math.ceil(p.Sq / Br), math.ceil(p.Sk / Bc)
+    tiles = cuda.device_array((p.BH, Tr, Tc), np.bool_)
+    if Tr * Tc == 0:
+        return tiles
+    kernel = variant_kernels.make_tile_table(Br, Bc, p.upper, p.acc_dtype, p.variant)
+    grid, block = (Tr * Tc, p.BH), (variant_kernels.TILE_TABLE_THREADS,)
+    log.info("tile table: tile_table for (%d, %d) tiles, grid %s, block %s", Br, Bc, grid, block)
+    if attn_mask is None:
+        attn_mask = _placeholders(p.acc_dtype, _context_key())[1]
+    kernel[grid, block](tiles, np.int64(p.Sq), np.int64(p.Sk), np.int64(p.causal_offset),
+                        np.int64(p.window_lo), np.int64(p.Hq), attn_mask)
+    return tiles
+
+
+def variant_arguments(p, slopes, attn_mask, tiles=None):
+    """The run-time arguments that follow ``causal_offset`` in every kernel that supports
+    variants: (window_lo, Hq, group, softcap, slopes, attn_mask, tiles). ``slopes``,
+    ``attn_mask`` and ``tiles`` (from ``tile_table``) are device arrays or None (then a
+    1-element placeholder that the kernel, compiled without that variant, never reads)."""
+    acc = np.dtype(p.acc_dtype)
+    no_slopes, no_mask, no_tiles = _placeholders(p.acc_dtype, _context_key())
+    return (np.int64(p.window_lo), np.int64(p.Hq), np.int64(p.group), acc.type(p.softcap),
+            no_slopes if slopes is None else slopes, no_mask if attn_mask is None else attn_mask,
+            no_tiles if tiles is None else tiles)
+
+
+def _context_key():
+    """Which CUDA context is current (device arrays belong to one); None on the simulator."""
+    return None if simulating() else id(cuda.current_context())
+
+
+@functools.lru_cache(maxsize=None)
+def _placeholders(acc_dtype, context):
+    """The 1-element device arrays passed for the variant arguments a kernel does not use
+    (slopes, attn_mask, tiles), made once per context rather than copied to the device on
+    every call (three host-to-device copies per launch, for nothing)."""
+    return (cuda.to_device(np.zeros((1, 1), acc_dtype)),
+            cuda.to_device(np.zeros((1, 1, 1, 1), np.bool_)),
+            cuda.to_device(np.zeros((1, 1, 1), np.bool_)))

@@ -41,6 +41,8 @@ import numba  # noqa: E402
 from numba import cuda  # noqa: E402
 from numba.cuda import dispatcher as cuda_dispatcher  # noqa: E402
 
+from ptx_fingerprint import fingerprint  # noqa: E402
+
 CC = (9, 0)
 ARCH = "sm_90"
 
@@ -368,6 +370,14 @@ GROUPS = {"forward": forward_entries, "backward": backward_entries, "variants": 
 
 
 F64_RE = re.compile(r"\.f64\b")
+def toolchain():
+    """The versions that decide the PTX: numba, numba-cuda and the CUDA release whose NVVM
+    compiles it (from the header of a PTX it writes)."""
+    from importlib.metadata import version
+    ptx, _ = cuda.compile_ptx(lambda x: None, (numba.types.Array(numba.float32, 1, "C"),), cc=CC)
+    release = re.search(r"release ([\d.]+), V([\d.]+)", ptx)
+    return {"numba": numba.__version__, "numba-cuda": version("numba-cuda"),
+            "cuda": release.group(2) if release else "unknown"}
 
 
 def f64_lines(ptx):
@@ -418,6 +428,7 @@ def check(entry, do_link):
         kernel = entry.build()
         ptx, _ = cuda.compile_ptx(kernel.py_func, entry.signature, cc=CC)
         result["ptx_bytes"] = len(ptx)
+        result["fingerprint"] = fingerprint(ptx)
         if entry.no_f64:                # float64 kernels are allowed their .f64
             bad = f64_lines(ptx)
             result["f64_lines"] = bad[:10]
@@ -444,6 +455,9 @@ def main(argv=None):
                     help="only entries whose name contains every given substring")
     ap.add_argument("--link", action="store_true", help="also link with nvJitLink")
     ap.add_argument("--list", action="store_true", help="print entry names and exit")
+    ap.add_argument("--fingerprints", metavar="FILE",
+                    help="write every selected entry's PTX fingerprint and the toolchain to "
+                         "FILE (JSON), the record tests/test_ptx.py compares against")
     args = ap.parse_args(argv)
     entries = [e for g in (args.group or sorted(GROUPS)) for e in GROUPS[g]()]
     entries = [e for e in entries if all(m in e.name for m in args.match)]
@@ -453,8 +467,20 @@ def main(argv=None):
     if not entries:
         print("no entries selected", file=sys.stderr)
         return 2
+    results = []
     for entry in entries:
-        print("PTXCHECK " + json.dumps(check(entry, args.link)), flush=True)
+        results.append(check(entry, args.link))
+        print("PTXCHECK " + json.dumps(results[-1]), flush=True)
+    if args.fingerprints:
+        failed = [r["name"] for r in results if not r["ok"]]
+        if failed:
+            print(f"not writing {args.fingerprints}: {failed} did not compile", file=sys.stderr)
+            return 1
+        with open(args.fingerprints, "w") as f:
+            json.dump({"toolchain": toolchain(),
+                       "kernels": {r["name"]: r["fingerprint"] for r in results}},
+                      f, indent=1, sort_keys=True)
+            f.write("\n")
     return 0
 
 

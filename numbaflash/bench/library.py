@@ -6,7 +6,7 @@ inside the library (the public API, the dispatcher, the kernels) changes one lin
 
 from .. import masks, reference  # noqa: F401
 from ..api import attention, attention_backward, explain, explain_backward  # noqa: F401
-from ..dispatch import backend  # noqa: F401
+from ..policy import backend  # noqa: F401
 from ..kernels import simulating  # noqa: F401
 from ..kernels.forward import VERSIONS as FORWARD_VERSIONS  # noqa: F401
 

@@ -26,6 +26,8 @@ and v5, backward v3 and v4):
 import numba
 from numba import config
 
+LOG2E = 1.4426950408889634              # log2(e): exp(x) = exp2(x * LOG2E)
+
 
 def simulating():
     """True when Numba's CUDA simulator is on (NUMBA_ENABLE_CUDASIM=1, set by the user)."""

@@ -1,0 +1,80 @@
+"""Backward attention kernels: dQ, dK, dV from dO, by FlashAttention-2 Algorithm 2.
+
+Given the forward's inputs Q (BH, Sq, d), K, V (BH, Sk, d), its output O (BH, Sq, d) and
+logsumexp L (BH, Sq), and the upstream gradient dO (BH, Sq, d), the kernels write
+dQ (BH, Sq, d) and dK, dV (BH, Sk, d). Nothing of size Sq x Sk is stored: every kernel
+recomputes its tile of the probabilities, Pij = exp(scale * Qi Kj^T - L_i) (Alg.2 l.10-11),
+from the saved L. The math, per visible (row, col) entry:
+
+    p  = exp(scale * q . k - L)          Alg.2 l.10-11
+    dV[col] += p * dO[row]               Alg.2 l.12
+    dp = dO[row] . v                     Alg.2 l.13
+    ds = p * (dp - D[row])               Alg.2 l.14, with D = rowsum(dO * O) (l.4)
+    dQ[row] += scale * ds * k            Alg.2 l.15
+    dK[col] += scale * ds * q            Alg.2 l.16
+
+(The paper's S has no scale; ours is scale * Q K^T, so dQ and dK carry one factor of it.)
+Kernels are built by cached factories whose arguments are compile-time constants (tile
+sizes, head dim, causal or not, accumulator dtype); run-time arguments are
+``softmax_scale`` and ``causal_offset``, as in forward.py: key column c is visible from
+query row r iff c <= r + causal_offset.
+
+The version ladder (each step says what changes against the previous one):
+
+Float32 sums: every accumulator (dKj, dVj over the Q tiles; dQi over the K/V tiles) adds
+one tile's terms into a fresh partial first and then adds the partial, as the forward does
+with l. Adding Sq terms one by one made dK's error 3x a float32 matmul's on the H200 at
+Sq = 1024 (the bound of TESTING.md's rule). The price is d more registers per
+accumulator: from d = 64 on, v1's and v2's dK/dV kernels spill (tests/ptx_check.py reports
+it); v3 keeps them in registers without spills up to d = 128 (each thread holds a block).
+
+Variants (kernels/variants.py, docs/variants.md): the v1 kernels take a compile-time
+``variant`` and seven more run-time arguments after causal_offset (window_lo, Hq, group,
+softcap, slopes, attn_mask, tiles). dS is multiplied by d score / d s (softcap, score_mod_grad).
+With GQA the dK/dV kernel runs one block per K/V head and tile, and walks the Q tiles of
+every query head of its group in a fixed order: dK, dV summed without atomics. Tiles
+that a boolean attn_mask or a mask_mod leaves empty are skipped through the table of
+visible tiles (``tiles``, variants.make_tile_table). v2, v3 and v4 compute plain
+attention only (the dispatcher refuses variants); so do v5 and v6.
+
+Timed on the H200 in docs/performance.md (v1: 0.054x SDPA EFFICIENT at (2, 16,
+4096, 64)). Fully masked rows (causal with Sq > Sk, where L = -inf) have P = 0:
+the kernels skip them before computing exp, so they give a zero dQ row, add nothing to
+dK and dV, and no exp(-inf - (-inf)) is ever evaluated. Masked keys are never read into
+a sum, so NaN there has no effect; NaN in a visible input propagates.
+"""
+
+
+import importlib  # noqa: E402
+
+# The registry: version -> its module in this package, in the order of the ladder's numbers.
+MODULES = {
+    "v1": "v1_two_kernels",
+    "v2": "v2_atomic_dq",
+    "v3": "v3_register_blocked",
+    "v4": "v4_dynamic_shared",
+    "v5": "v5_tensor_cores",
+    "v6": "v6_split_pairs",
+}
+VERSIONS = tuple(MODULES)
+
+
+def module(version):
+    """The module of backward ``version`` (its factories and launch contract), or of the
+    D = rowsum(dO * O) kernel every version starts with (``"preprocess"``)."""
+    name = "preprocess" if version == "preprocess" else MODULES[version]
+    return importlib.import_module(f"{__name__}.{name}")
+
+# TRANSITION (removed once the dispatcher is split): the names the dispatcher still reads.
+from .preprocess import make_backward_preprocess  # noqa: E402,F401
+from .v1_two_kernels import make_backward_dkdv_v1, make_backward_dq_v1  # noqa: E402,F401
+from .v2_atomic_dq import make_backward_dkdv_dq_v2  # noqa: E402,F401
+from .v3_register_blocked import (make_backward_dkdv_v3, make_backward_dq_v3,  # noqa: E402,F401
+                                  v3_thread_grid)
+from .v4_dynamic_shared import (dkdv_v4_shared_layout, dq_v4_shared_layout,  # noqa: E402,F401
+                                make_backward_dkdv_v4, make_backward_dq_v4)
+from .v5_tensor_cores import (V5_CHUNK, dkdv_v5_shared_layout, dq_v5_shared_layout,  # noqa: E402,F401
+                              make_backward_dkdv_v5, make_backward_dq_v5, v5_head_dim)
+from .nonfinite import nonfinite_check  # noqa: E402,F401
+from .v6_split_pairs import (V6_CHUNK, V6_CHUNKS, make_backward_dkdv_v6,  # noqa: E402,F401
+                             make_backward_dq_v6)

@@ -1,0 +1,33 @@
+"""The check that the tensor-core backward's inputs are finite.
+
+Backward v5 and v6 need finite inputs (a tensor core cannot skip a product);
+one small kernel looks at the six inputs and raises a flag.
+"""
+
+from numba import cuda
+
+from .. import jit_options
+
+
+F32_MAX = 3.4028234663852886e38
+
+
+@cuda.jit(**jit_options())
+def nonfinite_check(Q, K, V, O, dO, L, flag):
+    """flag[0] = 1 if any element of the 1D arrays Q, K, V, O, dO is NaN or +-inf, or any
+    of L is NaN or +inf (L = -inf is a row that sees no key). The dispatcher runs it
+    before backward v5, which needs finite inputs (grid-stride loop; GPU and simulator)."""
+    n = cuda.grid(1)
+    step = cuda.gridsize(1)
+    bad = False
+    while n < Q.size or n < K.size or n < L.size:
+        if n < Q.size:
+            bad = bad or not (abs(Q[n]) <= F32_MAX and abs(O[n]) <= F32_MAX
+                              and abs(dO[n]) <= F32_MAX)
+        if n < K.size:
+            bad = bad or not (abs(K[n]) <= F32_MAX and abs(V[n]) <= F32_MAX)
+        if n < L.size:
+            bad = bad or not (L[n] <= F32_MAX)
+        n += step
+    if bad:
+        flag[0] = 1                 # every writer writes the same value

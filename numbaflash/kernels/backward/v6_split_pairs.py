@@ -1,0 +1,582 @@
+"""Backward v6: v5 made cheaper: splits on the bits, streamed tiles as split pairs.
+
+v6  v5, cheaper (GPU only; the default for plain float32/float16 attention with d <= 128
+    on a GPU, finite inputs). Three changes, each where v5 spends instructions rather
+    than tensor-core time: splits on the bits (ptx.tf32_round_finite, two integer
+    instructions, where the cvt takes about five: the inputs were checked finite); the
+    head dim on the outside of S^T and dP^T, so each A fragment is loaded and split once
+    per chunk and serves its n-tiles; staging with one flat address per element
+    (ptx.flat_load) and no L test per element. exp2 with log2(e) folded in. The dQ
+    kernel takes 32 keys a step where its tile allows (V6_CHUNKS). Measured (runs 37-38):
+    d = 64 18.99-19.33 / 11.72-12.15 ms (1.25x-1.39x v4), d = 128 with (64, 64) tiles
+    60.52 / 33.69 (1.04x-1.07x v4). Each kernel takes its own tiles from the dispatcher
+    (default_backward_v6_plan): at d > 64 the dK/dV kernel (64, 128) and the dQ
+    kernel (128, 64), eight warps a block where (64, 64) gave four at one block per SM:
+    d = 128 37.60 / 21.32 ms (run 58). Tried and dropped (run 36): storing every tile as
+    TF32 pairs split once as staged (forward v6's way): twice the shared memory, fewer
+    warps per SM, 0.66x v5. Kept (run 63, the float32 default): pairs for the streamed
+    tiles only (which every warp reads), with that side of the tile halved to keep the
+    shared memory: at d = 128 (32, 128) and (128, 32), 8-10 % faster; at d = 64 (32, 64)
+    and (64, 32), about 6 % without the mask (with it, dK/dV keeps (64, 64) plain).
+    compute-sanitizer memcheck, racecheck, synccheck and initcheck: 0 errors (run 40;
+    with the pairs, memcheck and racecheck: run 65). What limits it: docs/performance.md.
+"""
+
+import functools
+from collections import namedtuple
+import math
+
+import numpy as np
+from numba import cuda
+
+from .. import LOG2E, acc_type, jit_options
+from ..bands import make_kv_tile_range, make_q_tile_range
+from ..plan import device_dynamic_shared_limit
+from ..smem import U
+from .v5_tensor_cores import (bwd_v5_target, bwd_v5_tiles_within, check_backward_v5_tiles,
+                              default_backward_v5_tiles, dkdv_v5_shared_bytes,
+                              dkdv_v5_shared_layout, dq_v5_shared_bytes, dq_v5_shared_layout,
+                              refuse_backward_tensor_cores, tensor_core_plans, v5_head_dim)
+
+
+# ---------------------------------------------------------------------------------------
+# v6: v5 with cheaper splits and staging, each A fragment used for a whole chunk (GPU only)
+
+
+V6_CHUNK = 16           # backward v6: streamed rows per step, by default
+
+
+# the chunk the dispatcher gives each v6 kernel (scripts/bwd_v5_sweep.py measures others)
+V6_CHUNKS = {"dkdv": V6_CHUNK, "dq": 32}    # dQ: 32 keys, 7% faster at d = 128 (run 38)
+
+
+# What _make_v6_helpers and _streamed_tile_steps return: device functions, by name.
+V6Helpers = namedtuple("V6Helpers", "split_finite stage a_fragment mma3 load_split stage_pairs")
+StreamedTileSteps = namedtuple("StreamedTileSteps", "stage load")
+
+
+def _make_v6_helpers(d):
+    """Device functions shared by backward v6's two kernels: staging a tile, loading a
+    split A fragment or B element, and the 3xTF32 product of split operands."""
+    from ..ptx import flat_load, mma_tf32, split_tf32_finite as split_finite   # GPU only
+
+    acc = acc_type("float32")
+    ZERO = acc(0)
+    DP, STRIDE = v5_head_dim(d)
+
+    @cuda.jit(device=True, inline=True)
+    def stage(T, A, bh, first, nrows, rows, tid, threads):
+        """T[r] = A[bh, first + r] as float32 rows of STRIDE, for r < rows; zeros past
+        nrows (the sequence) and past d. One flat address per element (ptx.flat_load)."""
+        base = (bh * nrows + first) * d
+        for idx in range(tid, rows * DP, threads):
+            r = idx // DP
+            k = idx % DP
+            inside = first + r < nrows and k < d
+            T[U(r * STRIDE + k)] = acc(flat_load(A, U(base + r * d + k))) if inside else ZERO
+
+    @cuda.jit(device=True, inline=True)
+    def stage_pairs(T, A, bh, first, nrows, rows, tid, threads):
+        """As stage, but split once here: T[r] holds the big parts, T[rows + r] the small
+        ones (load_pair reads them)."""
+        base = (bh * nrows + first) * d
+        for idx in range(tid, rows * DP, threads):
+            r = idx // DP
+            k = idx % DP
+            inside = first + r < nrows and k < d
+            big, small = split_finite(acc(flat_load(A, U(base + r * d + k))) if inside
+                                      else ZERO)
+            T[U(r * STRIDE + k)] = big
+            T[U((rows + r) * STRIDE + k)] = small
+
+    @cuda.jit(device=True, inline=True)
+    def load_split(T, n):
+        """T[n] split into its TF32 parts."""
+        return split_finite(T[U(n)])
+
+    @cuda.jit(device=True, inline=True)
+    def a_fragment(T, row, ks, t):
+        """The A fragment (ptx.py) of rows row, row + 8 and columns 8ks + t, + 4 of a
+        tile, as (big parts, small parts)."""
+        at = row * STRIDE + ks * 8 + t
+        a0b, a0s = load_split(T, at)
+        a1b, a1s = load_split(T, at + 8 * STRIDE)
+        a2b, a2s = load_split(T, at + 4)
+        a3b, a3s = load_split(T, at + 8 * STRIDE + 4)
+        return a0b, a1b, a2b, a3b, a0s, a1s, a2s, a3s
+
+    @cuda.jit(device=True, inline=True)
+    def mma3(a, b0b, b1b, b0s, b1s, c0, c1, c2, c3, e0, e1, e2, e3):
+        """3xTF32 with A (the 8 values of a_fragment) and B split: big*big into C, the
+        two small products into E."""
+        e0, e1, e2, e3 = mma_tf32(a[4], a[5], a[6], a[7], b0b, b1b, e0, e1, e2, e3)
+        e0, e1, e2, e3 = mma_tf32(a[0], a[1], a[2], a[3], b0s, b1s, e0, e1, e2, e3)
+        c0, c1, c2, c3 = mma_tf32(a[0], a[1], a[2], a[3], b0b, b1b, c0, c1, c2, c3)
+        return c0, c1, c2, c3, e0, e1, e2, e3
+
+    return V6Helpers(split_finite, stage, a_fragment, mma3, load_split, stage_pairs)
+
+
+def _streamed_tile_steps(d, pairs, rows):
+    """(stage, load) for the tiles a backward v6 kernel streams (``rows`` rows each):
+    staged plain and split where read (load_split), or, with ``pairs``, split once as
+    staged (stage_pairs) and read as (big, small)."""
+    helpers = _make_v6_helpers(d)
+    split_finite, stage = helpers.split_finite, helpers.stage
+    load_split, stage_pairs = helpers.load_split, helpers.stage_pairs
+    if not pairs:
+        return StreamedTileSteps(stage, load_split)
+    _, STRIDE = v5_head_dim(d)
+    SMALL = rows * STRIDE
+
+    @cuda.jit(device=True, inline=True)
+    def load_pair(T, n):
+        """The (big, small) parts of element n of a tile staged by stage_pairs."""
+        return T[U(n)], T[U(n + SMALL)]
+
+    return StreamedTileSteps(stage_pairs, load_pair)
+
+
+@functools.lru_cache(maxsize=None)
+def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None, pairs=False):
+    """v6 dK/dV kernel: v5's, made cheaper where v5 spends its instructions (GPU only;
+    finite inputs, float32 accumulation, d <= 128; v5's shared memory, or with ``pairs``
+    Qi and dOi twice as long).
+
+    * Splits on the bits. Every operand is still split into its TF32 parts where it is
+      read, but with ``tf32_round_finite`` (two integer instructions where the cvt takes
+      about five): the dispatcher has checked that the inputs are finite, and P^T and
+      dS^T are then finite too.
+    * Each A fragment serves the whole chunk. S^T and dP^T run over the head dim on the
+      outside and the chunk's n-tiles (chunk / 8) inside, so a fragment of Kj and Vj is
+      loaded and split once per chunk instead of once per n-tile, and the n-tiles' sums
+      are independent (the tensor cores need not wait for one before the next).
+    * Staging without the index arithmetic: one flat address per element
+      (ptx.flat_load), and no L test per element (with finite inputs, the q and dO of a
+      row that sees no key only ever meet P = 0).
+    * exp2 with log2(e) folded into the scale and into L_i (as backward v4).
+
+    ``chunk``: the query rows of Qi a step takes (a multiple of 8 dividing Br; None:
+    V6_CHUNK); the dispatcher gives V6_CHUNKS (backward_v6_chunk).
+    ``pairs``: Qi and dOi, which every warp reads, are split once as they are staged
+    and kept as (big, small) pairs: twice their shared memory.
+
+    What was tried and dropped (run 36, docs/gpu-results.md): storing every tile as
+    (big, small) pairs, split once as it is staged (forward v6's way). It doubles the
+    shared memory, so fewer warps fit an SM, and it ran at 0.66x v5's speed. ``pairs``
+    does it for Qi and dOi only, the tiles all the block's warps read (each warp reads
+    its own rows of Kj and Vj): with Br halved, in the same shared memory (run 63).
+
+    Launch as v5: grid (ceil(Sk / Bc), BH), block (2 * Bc,), END * 4 bytes of dynamic
+    shared memory (``dkdv_v5_shared_layout(Br, Bc, d, pairs)``).
+    """
+    helpers = _make_v6_helpers(d)
+    split_finite, stage, a_fragment = helpers.split_finite, helpers.stage, helpers.a_fragment
+    mma3, load_split = helpers.mma3, helpers.load_split
+    streamed = _streamed_tile_steps(d, pairs, Br)
+    stage_q, load_q = streamed.stage, streamed.load
+    acc = acc_type("float32")
+    ZERO = acc(0)
+    CHUNK = V6_CHUNK if chunk is None else chunk
+    assert Bc % 16 == 0 and Br % CHUNK == 0 and CHUNK % 8 == 0, (Br, Bc, CHUNK)
+    LOG2E_ACC = acc(LOG2E)
+    THREADS = 2 * Bc
+    DP = (d + 7) // 8 * 8
+    KS = DP // 8
+    NT = CHUNK // 8
+    ACC = KS * 4
+    S_FRAGS = NT * 4
+    _, STRIDE = v5_head_dim(d)
+    K_AT, V_AT, Q_AT, dO_AT, L_AT, D_AT, END = dkdv_v5_shared_layout(Br, Bc, d, pairs)
+    q_tile_range = make_q_tile_range(Br, Bc, causal, False)
+
+    @cuda.jit(**jit_options())
+    def backward_dkdv_v6(Q, K, V, dO, L, D, dK, dV, softmax_scale, causal_offset):
+        bh = cuda.blockIdx.y
+        j = cuda.blockIdx.x
+        tid = cuda.threadIdx.x
+        lane = tid % 32
+        g = lane // 4
+        t = lane % 4
+        w0 = (tid // 32) * 16
+        key0 = j * Bc + w0 + g
+        Sq = Q.shape[1]
+        Sk = K.shape[1]
+        scale_log2 = softmax_scale * LOG2E_ACC     # exp(x) = exp2(x log2(e))
+
+        smem = cuda.shared.array(0, acc)
+        Kj = smem[K_AT:V_AT]
+        Vj = smem[V_AT:Q_AT]
+        Qi = smem[Q_AT:dO_AT]
+        dOi = smem[dO_AT:L_AT]
+        L_i = smem[L_AT:D_AT]
+        D_i = smem[D_AT:END]
+        dk = cuda.local.array(ACC, acc)
+        dv = cuda.local.array(ACC, acc)
+        s = cuda.local.array(S_FRAGS, acc)      # S^T of a chunk: the big*big products
+        se = cuda.local.array(S_FRAGS, acc)     # and the small ones (summed when used)
+        dp = cuda.local.array(S_FRAGS, acc)     # dP^T, the same way
+        dpe = cuda.local.array(S_FRAGS, acc)
+        pb = cuda.local.array(S_FRAGS, acc)     # P^T, split for the tensor cores
+        ps = cuda.local.array(S_FRAGS, acc)
+        gb = cuda.local.array(S_FRAGS, acc)     # dS^T, split
+        gs = cuda.local.array(S_FRAGS, acc)
+
+        stage(Kj, K, bh, j * Bc, Sk, Bc, tid, THREADS)
+        stage(Vj, V, bh, j * Bc, Sk, Bc, tid, THREADS)
+        for x in range(ACC):
+            dk[x] = ZERO
+            dv[x] = ZERO
+
+        i_start, i_end = q_tile_range(j, Sq, causal_offset, 0)
+        for i in range(i_start, i_end):
+            cuda.syncthreads()
+            stage_q(Qi, Q, bh, i * Br, Sq, Br, tid, THREADS)
+            stage_q(dOi, dO, bh, i * Br, Sq, Br, tid, THREADS)
+            for r in range(tid, Br, THREADS):
+                row = i * Br + r
+                L_i[r] = L[U(bh), U(row)] * LOG2E_ACC if row < Sq else ZERO
+                D_i[r] = D[U(bh), U(row)] if row < Sq else ZERO
+            cuda.syncthreads()
+
+            for ch in range(Br // CHUNK):
+                r0 = ch * CHUNK
+                for x in range(S_FRAGS):
+                    s[x] = ZERO
+                    se[x] = ZERO
+                    dp[x] = ZERO
+                    dpe[x] = ZERO
+                # S^T = Kj Qi^T, dP^T = Vj dOi^T: head dim outside, the chunk's n-tiles in
+                for ks in range(KS):
+                    ka = a_fragment(Kj, w0 + g, ks, t)
+                    va = a_fragment(Vj, w0 + g, ks, t)
+                    for nt in range(NT):
+                        bt = (r0 + nt * 8 + g) * STRIDE + ks * 8 + t
+                        b0b, b0s = load_q(Qi, bt)
+                        b1b, b1s = load_q(Qi, bt + 4)
+                        (s[nt * 4], s[nt * 4 + 1], s[nt * 4 + 2], s[nt * 4 + 3],
+                         se[nt * 4], se[nt * 4 + 1], se[nt * 4 + 2], se[nt * 4 + 3]) = mma3(
+                            ka, b0b, b1b, b0s, b1s,
+                            s[nt * 4], s[nt * 4 + 1], s[nt * 4 + 2], s[nt * 4 + 3],
+                            se[nt * 4], se[nt * 4 + 1], se[nt * 4 + 2], se[nt * 4 + 3])
+                        b0b, b0s = load_q(dOi, bt)
+                        b1b, b1s = load_q(dOi, bt + 4)
+                        (dp[nt * 4], dp[nt * 4 + 1], dp[nt * 4 + 2], dp[nt * 4 + 3],
+                         dpe[nt * 4], dpe[nt * 4 + 1], dpe[nt * 4 + 2], dpe[nt * 4 + 3]) = mma3(
+                            va, b0b, b1b, b0s, b1s,
+                            dp[nt * 4], dp[nt * 4 + 1], dp[nt * 4 + 2], dp[nt * 4 + 3],
+                            dpe[nt * 4], dpe[nt * 4 + 1], dpe[nt * 4 + 2], dpe[nt * 4 + 3])
+                # P^T and dS^T on the visible pairs, split for the tensor cores
+                for nt in range(NT):
+                    for x in range(4):
+                        r = r0 + nt * 8 + 2 * t + x % 2
+                        row = i * Br + r
+                        col = key0 + 8 * (x // 2)
+                        seen = row < Sq and col < Sk and (not causal
+                                                         or col <= row + causal_offset)
+                        y = nt * 4 + x
+                        p = math.exp2((s[y] + se[y]) * scale_log2 - L_i[r]) if seen else ZERO
+                        ds = p * ((dp[y] + dpe[y]) - D_i[r]) if seen else ZERO
+                        pb[y], ps[y] = split_finite(p)
+                        gb[y], gs[y] = split_finite(ds)
+                # dVj += P^T dOi, dKj += dS^T Qi
+                for nd in range(KS):
+                    c0 = ZERO
+                    c1 = ZERO
+                    c2 = ZERO
+                    c3 = ZERO
+                    e0 = ZERO
+                    e1 = ZERO
+                    e2 = ZERO
+                    e3 = ZERO
+                    f0 = ZERO
+                    f1 = ZERO
+                    f2 = ZERO
+                    f3 = ZERO
+                    h0 = ZERO
+                    h1 = ZERO
+                    h2 = ZERO
+                    h3 = ZERO
+                    for ks in range(NT):
+                        pa = (pb[ks * 4], pb[ks * 4 + 2], pb[ks * 4 + 1], pb[ks * 4 + 3],
+                              ps[ks * 4], ps[ks * 4 + 2], ps[ks * 4 + 1], ps[ks * 4 + 3])
+                        ga = (gb[ks * 4], gb[ks * 4 + 2], gb[ks * 4 + 1], gb[ks * 4 + 3],
+                              gs[ks * 4], gs[ks * 4 + 2], gs[ks * 4 + 1], gs[ks * 4 + 3])
+                        bt = (r0 + ks * 8 + 2 * t) * STRIDE + nd * 8 + g
+                        b0b, b0s = load_q(dOi, bt)
+                        b1b, b1s = load_q(dOi, bt + STRIDE)
+                        c0, c1, c2, c3, e0, e1, e2, e3 = mma3(
+                            pa, b0b, b1b, b0s, b1s, c0, c1, c2, c3, e0, e1, e2, e3)
+                        b0b, b0s = load_q(Qi, bt)
+                        b1b, b1s = load_q(Qi, bt + STRIDE)
+                        f0, f1, f2, f3, h0, h1, h2, h3 = mma3(
+                            ga, b0b, b1b, b0s, b1s, f0, f1, f2, f3, h0, h1, h2, h3)
+                    dv[nd * 4] += c0 + e0
+                    dv[nd * 4 + 1] += c1 + e1
+                    dv[nd * 4 + 2] += c2 + e2
+                    dv[nd * 4 + 3] += c3 + e3
+                    dk[nd * 4] += f0 + h0
+                    dk[nd * 4 + 1] += f1 + h1
+                    dk[nd * 4 + 2] += f2 + h2
+                    dk[nd * 4 + 3] += f3 + h3
+
+        for nd in range(KS):
+            for x in range(4):
+                col = key0 + 8 * (x // 2)
+                k = nd * 8 + 2 * t + x % 2
+                if col < Sk and k < d:
+                    dK[U(bh), U(col), U(k)] = dk[nd * 4 + x] * softmax_scale
+                    dV[U(bh), U(col), U(k)] = dv[nd * 4 + x]
+
+    return backward_dkdv_v6
+
+
+@functools.lru_cache(maxsize=None)
+def make_backward_dq_v6(Br, Bc, d, causal, chunk=None, pairs=False):
+    """v6 dQ kernel: v5's with v6's changes (see make_backward_dkdv_v6; GPU only,
+    finite inputs); ``chunk``: the keys of Kj a step takes; ``pairs``: Kj and Vj split
+    once as staged (as make_backward_dkdv_v6's Qi and dOi). Launch as v5: grid
+    (ceil(Sq / Br), BH), block (2 * Br,), END * 4 bytes (``dq_v5_shared_layout(Br, Bc, d,
+    pairs)``)."""
+    helpers = _make_v6_helpers(d)
+    split_finite, stage, a_fragment = helpers.split_finite, helpers.stage, helpers.a_fragment
+    mma3, load_split = helpers.mma3, helpers.load_split
+    streamed = _streamed_tile_steps(d, pairs, Bc)
+    stage_kv, load_kv = streamed.stage, streamed.load
+    acc = acc_type("float32")
+    ZERO = acc(0)
+    CHUNK = V6_CHUNK if chunk is None else chunk
+    assert Br % 16 == 0 and Bc % CHUNK == 0 and CHUNK % 8 == 0, (Br, Bc, CHUNK)
+    LOG2E_ACC = acc(LOG2E)
+    THREADS = 2 * Br
+    DP = (d + 7) // 8 * 8
+    KS = DP // 8
+    NT = CHUNK // 8
+    ACC = KS * 4
+    S_FRAGS = NT * 4
+    _, STRIDE = v5_head_dim(d)
+    Q_AT, dO_AT, K_AT, V_AT, END = dq_v5_shared_layout(Br, Bc, d, pairs)
+    kv_tile_range = make_kv_tile_range(Br, Bc, causal, False)
+
+    @cuda.jit(**jit_options())
+    def backward_dq_v6(Q, K, V, dO, L, D, dQ, softmax_scale, causal_offset):
+        bh = cuda.blockIdx.y
+        i = cuda.blockIdx.x
+        tid = cuda.threadIdx.x
+        lane = tid % 32
+        g = lane // 4
+        t = lane % 4
+        w0 = (tid // 32) * 16
+        row0 = i * Br + w0 + g
+        Sq = Q.shape[1]
+        Sk = K.shape[1]
+        scale_log2 = softmax_scale * LOG2E_ACC     # exp(x) = exp2(x log2(e))
+
+        smem = cuda.shared.array(0, acc)
+        Qi = smem[Q_AT:dO_AT]
+        dOi = smem[dO_AT:K_AT]
+        Kj = smem[K_AT:V_AT]
+        Vj = smem[V_AT:END]
+        dq = cuda.local.array(ACC, acc)
+        s = cuda.local.array(S_FRAGS, acc)
+        se = cuda.local.array(S_FRAGS, acc)
+        dp = cuda.local.array(S_FRAGS, acc)
+        dpe = cuda.local.array(S_FRAGS, acc)
+        gb = cuda.local.array(S_FRAGS, acc)
+        gs = cuda.local.array(S_FRAGS, acc)
+        Lr = cuda.local.array(2, acc)
+        Dr = cuda.local.array(2, acc)
+
+        # Rows past Sq are staged as zeros; rows that see no key have every P = 0 (the
+        # inputs are finite, so their q and dO cannot reach other rows through 0 * NaN).
+        stage(Qi, Q, bh, i * Br, Sq, Br, tid, THREADS)
+        stage(dOi, dO, bh, i * Br, Sq, Br, tid, THREADS)
+        for h in range(2):
+            row = row0 + 8 * h
+            Lr[h] = L[U(bh), U(row)] * LOG2E_ACC if row < Sq else ZERO
+            Dr[h] = D[U(bh), U(row)] if row < Sq else ZERO
+        for x in range(ACC):
+            dq[x] = ZERO
+
+        j_start, j_end = kv_tile_range(i, Sk, causal_offset, 0)
+        for j in range(j_start, j_end):
+            cuda.syncthreads()
+            stage_kv(Kj, K, bh, j * Bc, Sk, Bc, tid, THREADS)
+            stage_kv(Vj, V, bh, j * Bc, Sk, Bc, tid, THREADS)
+            cuda.syncthreads()
+
+            for ch in range(Bc // CHUNK):
+                c_0 = ch * CHUNK
+                for x in range(S_FRAGS):
+                    s[x] = ZERO
+                    se[x] = ZERO
+                    dp[x] = ZERO
+                    dpe[x] = ZERO
+                for ks in range(KS):
+                    qa = a_fragment(Qi, w0 + g, ks, t)
+                    oa = a_fragment(dOi, w0 + g, ks, t)
+                    for nt in range(NT):
+                        bt = (c_0 + nt * 8 + g) * STRIDE + ks * 8 + t
+                        b0b, b0s = load_kv(Kj, bt)
+                        b1b, b1s = load_kv(Kj, bt + 4)
+                        (s[nt * 4], s[nt * 4 + 1], s[nt * 4 + 2], s[nt * 4 + 3],
+                         se[nt * 4], se[nt * 4 + 1], se[nt * 4 + 2], se[nt * 4 + 3]) = mma3(
+                            qa, b0b, b1b, b0s, b1s,
+                            s[nt * 4], s[nt * 4 + 1], s[nt * 4 + 2], s[nt * 4 + 3],
+                            se[nt * 4], se[nt * 4 + 1], se[nt * 4 + 2], se[nt * 4 + 3])
+                        b0b, b0s = load_kv(Vj, bt)
+                        b1b, b1s = load_kv(Vj, bt + 4)
+                        (dp[nt * 4], dp[nt * 4 + 1], dp[nt * 4 + 2], dp[nt * 4 + 3],
+                         dpe[nt * 4], dpe[nt * 4 + 1], dpe[nt * 4 + 2], dpe[nt * 4 + 3]) = mma3(
+                            oa, b0b, b1b, b0s, b1s,
+                            dp[nt * 4], dp[nt * 4 + 1], dp[nt * 4 + 2], dp[nt * 4 + 3],
+                            dpe[nt * 4], dpe[nt * 4 + 1], dpe[nt * 4 + 2], dpe[nt * 4 + 3])
+                for nt in range(NT):
+                    for x in range(4):
+                        h = x // 2
+                        row = row0 + 8 * h
+                        col = j * Bc + c_0 + nt * 8 + 2 * t + x % 2
+                        seen = row < Sq and col < Sk and (not causal
+                                                         or col <= row + causal_offset)
+                        y = nt * 4 + x
+                        p = math.exp2((s[y] + se[y]) * scale_log2 - Lr[h]) if seen else ZERO
+                        ds = p * ((dp[y] + dpe[y]) - Dr[h]) if seen else ZERO
+                        gb[y], gs[y] = split_finite(ds)
+                for nd in range(KS):
+                    c0 = ZERO
+                    c1 = ZERO
+                    c2 = ZERO
+                    c3 = ZERO
+                    e0 = ZERO
+                    e1 = ZERO
+                    e2 = ZERO
+                    e3 = ZERO
+                    for ks in range(NT):
+                        ga = (gb[ks * 4], gb[ks * 4 + 2], gb[ks * 4 + 1], gb[ks * 4 + 3],
+                              gs[ks * 4], gs[ks * 4 + 2], gs[ks * 4 + 1], gs[ks * 4 + 3])
+                        bt = (c_0 + ks * 8 + 2 * t) * STRIDE + nd * 8 + g
+                        b0b, b0s = load_kv(Kj, bt)
+                        b1b, b1s = load_kv(Kj, bt + STRIDE)
+                        c0, c1, c2, c3, e0, e1, e2, e3 = mma3(
+                            ga, b0b, b1b, b0s, b1s, c0, c1, c2, c3, e0, e1, e2, e3)
+                    dq[nd * 4] += c0 + e0
+                    dq[nd * 4 + 1] += c1 + e1
+                    dq[nd * 4 + 2] += c2 + e2
+                    dq[nd * 4 + 3] += c3 + e3
+
+        for nd in range(KS):
+            for x in range(4):
+                row = row0 + 8 * (x // 2)
+                k = nd * 8 + 2 * t + x % 2
+                if row < Sq and k < d:
+                    dQ[U(bh), U(row), U(k)] = dq[nd * 4 + x] * softmax_scale
+
+    return backward_dq_v6
+
+
+# --- the launch contract ------------------------------------------------------------
+
+# v6: v5's layout and candidates, within the device's own maximum instead (227 KB on the
+# H200): (64, 64) at d <= 128 there (70 KB at d = 64; 135 KB, one block per SM, at
+# d = 128: faster than (64, 32) at two blocks per SM, runs 37-38).
+# v6's default plan, per kernel: (Br, Bc, pairs), pairs meaning its streamed tiles (the
+# dK/dV kernel's Qi and dOi, the dQ kernel's Kj and Vj) are split once as staged and kept
+# as TF32 pairs (make_backward_dkdv_v6).
+# * d > 64 (BWD_V6_WIDE): one block of 8 warps per SM (255 registers a thread). Wide
+#   tiles first (run 57, (2, 16, 4096, 128), scripts/bwd_kernels.py): dK/dV (64, 128)
+#   20.04 ms against (64, 64)'s 34.58, dQ (128, 64) 14.16 against 23.76. Then the
+#   streamed side narrowed to 32 to make room for the pairs (run 63): dK/dV (32, 128)
+#   with pairs 18.06 / 9.70 ms (not causal / causal) against (64, 128)'s 20.08 / 10.76,
+#   dQ (128, 32) with pairs 12.72 / 7.13 against (128, 64)'s 14.15 / 7.66.
+# * d <= 64 (BWD_V6_NARROW, by causal): three blocks of 4 warps per SM at 70 KB (168
+#   registers); every wider tile was slower (run 57). With pairs at the same 70 KB (run
+#   63, (2, 16, 4096, 64)): the dQ kernel (64, 32) 6.50 / 3.77 ms against (64, 64)'s
+#   6.90 / 3.97; the dK/dV kernel (32, 64) 9.26 ms against 9.82 without the mask, but
+#   5.99 against 5.46 with it, so causal keeps (64, 64) plain. (64, 64) with pairs (105
+#   KB, two blocks per SM) was slower for both kernels: 10.86 and 7.63.
+# Float32 on the H200: at d <= 64 dQ (64, 32) with pairs, dK/dV (32, 64) with pairs,
+# causal (64, 64) without; at d > 64 (32, 128) for dK/dV and (128, 32) for dQ, both with
+# pairs (8 warps a block). Float16 inputs: (64, 64) at d <= 64, (64, 128) and (128, 64)
+# above, without pairs. A caller's tiles (check_backward_v6_tiles) run without pairs.
+BWD_V6_WIDE = {"dkdv": (32, 128, True), "dq": (128, 32, True)}
+BWD_V6_WIDE_MIN_HEAD_DIM = 65
+BWD_V6_NARROW = {False: {"dkdv": (32, 64, True), "dq": (64, 32, True)},
+                 True: {"dkdv": (64, 64, False), "dq": (64, 32, True)}}
+# Float16 inputs keep run 57's tiles without pairs (by width, as above): the pairs were
+# timed with float32 inputs only, and the float16 dQ kernel with pairs at d = 128, causal,
+# needs 8 bytes of spill under CUDA 13.5's ptxas (tests/ptx_check.py), where its tiles
+# without pairs need none.
+BWD_V6_FLOAT16 = {"wide": {"dkdv": (64, 128, False), "dq": (128, 64, False)},
+                  "narrow": {"dkdv": (64, 64, False), "dq": (64, 64, False)}}
+
+
+def tiles_fit(d, where):
+    """Whether a v6 tile (BWD_V5_CANDIDATES) fits head dim ``d`` within the shared memory
+    of a block ``where`` ("gpu": this device's own maximum)."""
+    return bwd_v5_tiles_within(d, bwd_v5_target("v6", where)) is not None
+
+
+def default_backward_v6_plan(d, causal, dtype, where):
+    """Backward v6's default per kernel: {"dkdv": (Br, Bc, pairs), "dq": (Br, Bc, pairs)}.
+    For float32 inputs BWD_V6_WIDE at d >= BWD_V6_WIDE_MIN_HEAD_DIM, BWD_V6_NARROW[causal]
+    below; for float16 inputs BWD_V6_FLOAT16; where both kernels fit the shared memory of a
+    block ``where``; else the v5 / v6 rule's tiles (v5_tensor_cores.py) for both kernels,
+    without pairs."""
+    wide = d >= BWD_V6_WIDE_MIN_HEAD_DIM
+    if np.dtype(dtype) == np.float16:
+        rule = BWD_V6_FLOAT16["wide" if wide else "narrow"]
+    else:
+        rule = BWD_V6_WIDE if wide else BWD_V6_NARROW[bool(causal)]
+    limit = device_dynamic_shared_limit(where)
+    if (dkdv_v5_shared_bytes(*rule["dkdv"][:2], d, rule["dkdv"][2]) <= limit
+            and dq_v5_shared_bytes(*rule["dq"][:2], d, rule["dq"][2]) <= limit):
+        return dict(rule)
+    tiles = default_backward_v5_tiles(d, where, "v6")
+    return {"dkdv": tiles + (False,), "dq": tiles + (False,)}
+
+
+def check_backward_v6_tiles(tiles, d):
+    """A caller's backward v6 tiles: (Br, Bc) for both kernels, or ((Br, Bc), (Br, Bc))
+    for the dK/dV kernel and the dQ kernel. Returns {"dkdv": ..., "dq": ...};
+    ValueError names the limit."""
+    try:
+        nested = len(tiles) == 2 and all(isinstance(t, (tuple, list)) for t in tiles)
+    except TypeError:
+        nested = False
+    if not nested:
+        both = check_backward_v5_tiles(tiles, d, "v6")
+        return {"dkdv": both, "dq": both}
+    return {kind: check_backward_v5_tiles(t, d, "v6") for kind, t in zip(("dkdv", "dq"), tiles)}
+
+
+def backward_v6_chunk(kind, Br, Bc):
+    """The rows a step of backward v6's ``kind`` kernel ("dkdv" or "dq") takes of its
+    streamed tile (Qi of Br rows, Kj of Bc): V6_CHUNKS, or 16 if the tile is not a
+    multiple of that."""
+    chunk = V6_CHUNKS[kind]
+    streamed = Br if kind == "dkdv" else Bc
+    return chunk if streamed % chunk == 0 else V6_CHUNK
+
+
+def plan(p, where, tiles, reason, preprocess):
+    """The Plans of backward v6 for Problem ``p`` (v5's ``tensor_core_plans``): one pair
+    of tiles per kernel, and its streamed tiles as split pairs or not."""
+    refuse_backward_tensor_cores("v6", p, where)
+    if tiles is None:
+        per_kernel = default_backward_v6_plan(p.d, p.upper, p.dtype, where)
+        reason += (f"; tiles by the v6 rule for d={p.d}"
+                   + (", causal" if p.upper else "") + " (each kernel its own)")
+    else:
+        per_kernel = {kind: t + (False,)
+                      for kind, t in check_backward_v6_tiles(tiles, p.d).items()}
+        reason += "; tiles given by the caller"
+    return tensor_core_plans(p, where, reason, preprocess, "v6", per_kernel)
+
+
+def kernel(plan, p):
+    """The compiled kernel of one of v6's plans (cached per compile-time parameters), with
+    the chunk of ``backward_v6_chunk`` and the plan's pairs."""
+    kind = {"backward_dkdv_v6": "dkdv", "backward_dq_v6": "dq"}[plan.kernel]
+    make = make_backward_dkdv_v6 if kind == "dkdv" else make_backward_dq_v6
+    chunk = backward_v6_chunk(kind, plan.Br, plan.Bc)
+    return make(plan.Br, plan.Bc, p.d, p.upper, chunk, plan.pairs)

@@ -1,0 +1,84 @@
+"""Forward attention kernels: O = softmax(scale * Q K^T [masked]) V and L = logsumexp.
+
+All kernels take (BH, Sq, d) Q and (BH, Sk, d) K, V (batch and heads flattened into BH),
+write O (BH, Sq, d) and L (BH, Sq), and are built by a cached factory whose arguments
+are compile-time constants (tile sizes, head dim, causal or not, accumulator dtype).
+Run-time arguments are ``softmax_scale`` and ``causal_offset``: key column c is visible
+from query row r iff c <= r + causal_offset (see numbaflash/masks.py).
+
+The ladder, by lineage: each file says its parent, what it changes and what that buys.
+
+    v1_plain             one thread per query row, the online softmax key by key
+    v2_flash2            FlashAttention-2 (Algorithm 1): K/V tiles in shared memory
+    ├─ v4_register_blocked   a TM x TN block of scores per thread (SIMT)
+    │  └─ v5_dynamic_shared  v4's tiles in dynamic shared memory (the simulator's default)
+    └─ v3_tensor_cores       the tensor cores, 3xTF32 mma.sync (GPU only)
+       └─ v6_split_once      each K/V element split once as staged; exact for every input
+          ├─ v8_reordered    the next chunk's scores before this chunk's softmax
+          │  └─ v9_async_copy  the next K/V tile copied by cp.async (float32)
+          └─ v7_float16      float16 inputs on the float16 tensor cores (m16n8k16)
+
+Building blocks: ``mma_rows`` (the per-row steps on mma fragments: the online softmax,
+the non-finite fix-ups, the write-out) and ``v6_tile_steps`` (v6's staging and products,
+which v8 and v9 reuse); ``kernels/warp.py`` (quad reductions), ``kernels/ptx.py`` (mma,
+TF32 splits, cp.async), ``kernels/smem.py``, ``kernels/bands.py``, ``kernels/variants.py``.
+
+Every version's file holds its kernel factory and its launch contract: ``plan(p, where,
+tiles, reason)`` (tile rule, tile check, shared memory, grid and block, or a ValueError
+saying why it cannot run the input) and ``kernel(plan, p)`` (the compiled kernel), plus
+``VARIANTS`` (it takes the variant arguments) and ``TILE_TABLE`` (it skips the tiles a
+mask leaves empty). ``MODULES`` below is the registry: adding a version is its own file
+and one line there. Which version runs is numbaflash/policy.py's decision.
+
+
+Variants (kernels/variants.py, docs/variants.md): v1 and v2 take a compile-time
+``variant`` and seven more run-time arguments after causal_offset (window_lo, Hq, group,
+softcap, slopes, attn_mask, tiles): sliding windows, GQA/MQA, softcap, ALiBi, boolean and
+additive masks, and the user's score_mod / mask_mod, all through two inlined device
+functions, visible() and score(). Masked entries are not computed; tiles a window leaves
+empty are not visited, and v2 skips the tiles a boolean attn_mask or a mask_mod leaves
+empty through the table of visible tiles (``tiles``, variants.make_tile_table). v3 to v9
+compute plain attention only (the dispatcher refuses variants).
+
+Fully masked rows (causal with Sq > Sk, or Sk = 0) end with l = 0: they write O = 0 and
+L = -inf. NaN in a visible input propagates to the rows that see it; masked keys are
+never read into the sums, so NaN there has no effect.
+"""
+
+import importlib
+
+# The registry: version -> its module in this package, in the order of the ladder's numbers.
+MODULES = {
+    "v1": "v1_plain",
+    "v2": "v2_flash2",
+    "v3": "v3_tensor_cores",
+    "v4": "v4_register_blocked",
+    "v5": "v5_dynamic_shared",
+    "v6": "v6_split_once",
+    "v7": "v7_float16",
+    "v8": "v8_reordered",
+    "v9": "v9_async_copy",
+}
+VERSIONS = tuple(MODULES)
+
+
+def module(version):
+    """The module of forward ``version`` (its factory and launch contract)."""
+    return importlib.import_module(f"{__name__}.{MODULES[version]}")
+
+
+# TRANSITION (removed once the dispatcher is split): the names the dispatcher still reads.
+from .v1_plain import make_forward_v1  # noqa: E402,F401
+from .v2_flash2 import make_forward_v2  # noqa: E402,F401
+from .v3_tensor_cores import V3_BR, V3_CHUNK, V3_WARPS, make_forward_v3  # noqa: E402,F401
+from .v4_register_blocked import make_forward_v4  # noqa: E402,F401
+from .v5_dynamic_shared import make_forward_v5, v5_shared_layout  # noqa: E402,F401
+from .v6_split_once import make_forward_v6  # noqa: E402,F401
+from .v6_tile_steps import (  # noqa: E402,F401
+    V6_CHUNK, V6_LOAD_BATCH, V6_Q_REGISTERS_MAX_DP, v6_shared_layout, v6_staging_width
+)
+from .v7_float16 import (  # noqa: E402,F401
+    V7_CHUNK, make_forward_v7, v7_shared_layout, v7_staging_width
+)
+from .v8_reordered import make_forward_v8  # noqa: E402,F401
+from .v9_async_copy import make_forward_v9, v9_shared_layout  # noqa: E402,F401

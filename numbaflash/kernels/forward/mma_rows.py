@@ -1,0 +1,180 @@
+"""The per-row steps of the tensor-core forward kernels (v3, v6 to v9, v7).
+
+``make_mma_row_steps`` builds the device functions that work on the rows a
+warp's mma fragments hold: the finite test, the online-softmax step over one
+chunk of keys (Alg.1 l.8-10 on fragments, row max and sum by quad shuffles),
+the fix-ups that put NaN and inf where the reference has them, and the
+write-out of O and L (Alg.1 l.12-13). GPU only.
+"""
+
+import functools
+import math
+from collections import namedtuple
+
+from numba import cuda
+
+from .. import acc_type
+from ..smem import U
+from ..warp import FULL_WARP, quad_max, quad_sum
+
+# What make_mma_row_steps returns: inlined device functions, by name.
+MmaRowSteps = namedtuple("MmaRowSteps", "finite add_nonfinite_scores softmax_step "
+                         "add_nonfinite_values write_rows")
+
+
+@functools.lru_cache(maxsize=None)
+def make_mma_row_steps(d, causal, chunk, o_tiles):
+    """The steps forward v6 and v7 share, as inlined device functions: everything in their
+    chunk loop and after it except the two matrix products and the staging. Both keep a
+    warp's 16 query rows in the m16n8 accumulator layout (lane (g, t) holds rows g and
+    g + 8, keys or columns 2t and 2t + 1 of each n-tile of 8), so the same code serves
+    v6's TF32 products and v7's float16 ones. ``chunk``: keys per online-softmax step
+    (NT = chunk / 8 n-tiles of S); ``o_tiles``: n-tiles of 8 columns of O (d padded to
+    the mma's k, over 8). Float32 accumulation.
+
+    Returns (finite, add_nonfinite_scores, softmax_step, add_nonfinite_values,
+    write_rows); each says what it does. The non-finite fix-ups are described in
+    make_forward_v6. (Moving these out of v6 changed its PTX only in the order of a few
+    independent instructions: the same instructions, and the same registers after ptxas
+    at d = 59, 64 and 128; run 47 timed and tested it on the H200.)"""
+    acc = acc_type("float32")
+    ZERO = acc(0)
+    NEG_INF = acc(-math.inf)
+    F32_MAX = acc(3.4028234663852886e38)
+    LOG2E = acc(1.4426950408889634)
+    NT = chunk // 8
+    S_FRAGS = NT * 4
+
+    @cuda.jit(device=True, inline=True)
+    def finite(x):
+        return abs(x) <= F32_MAX        # one comparison; False for NaN and +-inf
+
+    @cuda.jit(device=True, inline=True)
+    def nonfinite_terms(Q, K, bh, row, col, Sq, Sk):
+        """The sum of the products Q[row, k] * K[col, k] with a non-finite factor: what
+        the tensor cores left out of this score (those factors were staged as 0)."""
+        x = ZERO
+        if row < Sq and col < Sk:
+            k = 0
+            while k < d:
+                q = acc(Q[U(bh), U(row), U(k)])
+                kk = acc(K[U(bh), U(col), U(k)])
+                if not (finite(q) and finite(kk)):
+                    x += q * kk
+                k += 1
+        return x
+
+    @cuda.jit(device=True, inline=True)
+    def add_nonfinite_scores(s, Q, K, bh, col0, row0, t, Sq, Sk):
+        """Rare: a non-finite q or k was staged as 0; add its terms to the chunk's scores
+        s (keys from col0)."""
+        for nt in range(NT):
+            col = col0 + nt * 8 + 2 * t
+            for x in range(4):      # s[nt * 4 + x]: row0 or row1, col or col + 1
+                s[nt * 4 + x] += nonfinite_terms(Q, K, bh, row0 + 8 * (x // 2),
+                                                 col + x % 2, Sq, Sk)
+
+    @cuda.jit(device=True, inline=True)
+    def softmax_step(s, softmax_scale, whole_tile, col0, row0, t, Sk, causal_offset,
+                     m0, m1, l0, l1):
+        """Alg.1 l.8-9 after the product: scale the chunk's scores s (keys from col0),
+        mask them unless ``whole_tile`` (the last tile, or the causal diagonal), take the
+        new running max over the quad, and turn s into P~ = exp(S - m_new) in place.
+        Returns (alpha0, alpha1, m0, m1, l0, l1): the rescale factors of rows row0 and
+        row0 + 8 and their new running max and (this lane's part of the) sums."""
+        for x in range(S_FRAGS):
+            s[x] *= softmax_scale
+        if not whole_tile:
+            for nt in range(NT):
+                col = col0 + nt * 8 + 2 * t
+                for x in range(4):
+                    key = col + x % 2
+                    if not (key < Sk and (not causal
+                                          or key <= row0 + 8 * (x // 2) + causal_offset)):
+                        s[nt * 4 + x] = NEG_INF
+        mt0 = NEG_INF           # this lane's part of the chunk's row maxima
+        mt1 = NEG_INF
+        for nt in range(NT):
+            for h in range(2):
+                if s[nt * 4 + h] > mt0:
+                    mt0 = s[nt * 4 + h]
+                if s[nt * 4 + 2 + h] > mt1:
+                    mt1 = s[nt * 4 + 2 + h]
+        mt0 = quad_max(mt0)
+        mt1 = quad_max(mt1)
+        mn0 = mt0 if mt0 > m0 else m0
+        mn1 = mt1 if mt1 > m1 else m1
+        ms0 = ZERO if mn0 == NEG_INF else mn0     # no key seen yet: avoid -inf - -inf
+        ms1 = ZERO if mn1 == NEG_INF else mn1
+        # exp(x - m) as exp2(x * log2(e) - m * log2(e)): one multiply-add and the
+        # hardware's exp2, where math.exp spends about 15 instructions.
+        alpha0 = math.exp2((m0 - ms0) * LOG2E) if m0 != NEG_INF else ZERO
+        alpha1 = math.exp2((m1 - ms1) * LOG2E) if m1 != NEG_INF else ZERO
+        ml0 = ms0 * LOG2E
+        ml1 = ms1 * LOG2E
+        lt0 = ZERO
+        lt1 = ZERO
+        for nt in range(NT):
+            for h in range(2):
+                x = s[nt * 4 + h]
+                s[nt * 4 + h] = math.exp2(x * LOG2E - ml0) if x != NEG_INF else ZERO
+                lt0 += s[nt * 4 + h]
+                x = s[nt * 4 + 2 + h]
+                s[nt * 4 + 2 + h] = math.exp2(x * LOG2E - ml1) if x != NEG_INF else ZERO
+                lt1 += s[nt * 4 + 2 + h]
+        return alpha0, alpha1, mn0, mn1, alpha0 * l0 + lt0, alpha1 * l1 + lt1
+
+    @cuda.jit(device=True, inline=True)
+    def add_nonfinite_values(o, s, V, bh, col0, row0, row1, g, t, Sk, causal_offset):
+        """Rare: a non-finite v of the chunk (keys from col0) was staged as 0; add
+        p * v for those values to the O fragments o of the rows that see the key."""
+        kk = 0
+        while kk < chunk:        # the chunk's keys, in step in every lane
+            # P~ of this key for row0 and row1 is in lane (g, kk % 8 // 2) of the
+            # quad, in s[kk // 8 * 4 + kk % 2] and the entry 2 after it.
+            x0 = ZERO
+            x1 = ZERO
+            for nt in range(NT):
+                for h in range(2):
+                    if kk // 8 == nt and kk % 2 == h:
+                        x0 = s[nt * 4 + h]
+                        x1 = s[nt * 4 + 2 + h]
+            p0 = cuda.shfl_sync(FULL_WARP, x0, g * 4 + kk % 8 // 2)
+            p1 = cuda.shfl_sync(FULL_WARP, x1, g * 4 + kk % 8 // 2)
+            col = col0 + kk
+            if col < Sk:
+                sees0 = not causal or col <= row0 + causal_offset
+                sees1 = not causal or col <= row1 + causal_offset
+                for nd in range(o_tiles):
+                    for h in range(2):
+                        k = nd * 8 + 2 * t + h
+                        if k < d:
+                            v = acc(V[U(bh), U(col), U(k)])
+                            if not finite(v):
+                                if sees0:
+                                    o[nd * 4 + h] += p0 * v
+                                if sees1:
+                                    o[nd * 4 + 2 + h] += p1 * v
+            kk += 1
+
+    @cuda.jit(device=True, inline=True)
+    def write_rows(O, L, o, bh, row0, row1, t, m0, m1, l0, l1, Sq):
+        """Alg.1 l.12-16: the quad's row sums, normalise once, write O and L (as v3)."""
+        l0 = quad_sum(l0)
+        l1 = quad_sum(l1)
+        for nd in range(o_tiles):
+            for h in range(2):
+                col = nd * 8 + 2 * t + h
+                if col < d:
+                    if row0 < Sq:
+                        O[bh, row0, col] = ZERO if l0 == ZERO else o[nd * 4 + h] / l0
+                    if row1 < Sq:
+                        O[bh, row1, col] = ZERO if l1 == ZERO else o[nd * 4 + 2 + h] / l1
+        if t == 0:
+            if row0 < Sq:
+                L[bh, row0] = NEG_INF if l0 == ZERO else m0 + math.log(l0)
+            if row1 < Sq:
+                L[bh, row1] = NEG_INF if l1 == ZERO else m1 + math.log(l1)
+
+    return MmaRowSteps(finite, add_nonfinite_scores, softmax_step, add_nonfinite_values,
+                       write_rows)

@@ -1,0 +1,128 @@
+"""Forward v1: one thread per query row, the online softmax key by key.
+
+v1  One thread per query row, no shared memory. Each thread reads its q row into
+    registers and streams every key and value straight from global memory, updating the
+    online softmax (running max m, running sum l, accumulator o) one key at a time.
+    The online softmax in its purest form (the running sum is compensated, Kahan-style,
+    to stay accurate over long rows). Cost: every thread re-reads all of K and V from
+    HBM (Sq times in all), and every key pays a rescale exp(m_old - m_new).
+    H200, 2026-11-30, (2, 16, 4096, 64): 5.3 TFLOP/s (SDPA fp32: 34; docs/gpu-results.md).
+"""
+
+import functools
+import math
+
+from numba import cuda
+
+from .. import acc_type, jit_options
+from ..plan import Plan, variant_description
+from ..variants import PLAIN, make_variant_functions
+
+
+@functools.lru_cache(maxsize=None)
+def make_forward_v1(d, causal, acc_dtype, variant=PLAIN):
+    """v1 kernel for head dim ``d``. Launch: grid (ceil(Sq / threads), B * Hq), block
+    (threads,). ``variant`` (kernels/variants.py) adds masks and score modifiers."""
+    acc = acc_type(acc_dtype)
+    ZERO = acc(0)
+    NEG_INF = acc(-math.inf)
+    visible, score = make_variant_functions(variant, causal, acc_dtype)
+    WINDOW = variant.window
+
+    @cuda.jit(**jit_options())
+    def forward_v1(Q, K, V, O, L, softmax_scale, causal_offset, window_lo, Hq, group, softcap,
+                   slopes, attn_mask, tiles):
+        bh = cuda.blockIdx.y            # b * Hq + h: the query head
+        row = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        Sq = Q.shape[1]
+        Sk = K.shape[1]
+        if row >= Sq:
+            return                      # no barriers in this kernel, so early exit is safe
+        b = bh // Hq
+        h = bh % Hq
+        bh_kv = b * (Hq // group) + h // group  # GQA: the K/V head this query head reads
+
+        q_i = cuda.local.array(d, acc)  # this row of Q, in registers
+        o_i = cuda.local.array(d, acc)  # unnormalised output accumulator
+        for k in range(d):
+            q_i[k] = acc(Q[bh, row, k])
+            o_i[k] = ZERO
+        m_i = NEG_INF                   # running max of the scores seen so far
+        l_i = ZERO                      # running sum of exp(score - m_i)
+        l_err = ZERO                    # its compensation term (see below)
+
+        n_cols = Sk
+        if causal:                      # columns past row + offset are masked: never visit them
+            n_cols = min(Sk, max(0, row + causal_offset + 1))
+        first_col = 0
+        if WINDOW:                      # columns before row + window_lo too
+            first_col = min(n_cols, max(0, row + window_lo))
+        for col in range(first_col, n_cols):
+            if not visible(b, h, row, col, Sk, causal_offset, window_lo, attn_mask):
+                continue                # masked: not computed, nothing read
+            s = ZERO
+            for k in range(d):
+                s += q_i[k] * acc(K[bh_kv, col, k])
+            s, _ = score(s * softmax_scale, b, h, row, col, Sq, Sk, softcap, slopes, attn_mask)
+            if s == NEG_INF:
+                continue                # probability exactly 0 (e.g. a -inf bias)
+            # online softmax, one key at a time: written with ">" so a NaN score leaves m_i
+            # alone and reaches o and l through p (NaN propagates, it is not dropped)
+            m_new = s if s > m_i else m_i
+            alpha = math.exp(m_i - m_new) if m_i != NEG_INF else ZERO   # rescale old state
+            p = math.exp(s - m_new)
+            # l_i = l_i * alpha + p, as a compensated (Kahan) sum: l_i gathers Sk terms one
+            # at a time, and in float32 a plain sum's rounding error grows with Sk (2.3x
+            # PyTorch's float32 softmax error at Sk = 4096 on the H200). l_err carries the
+            # low-order bits that the last addition lost.
+            l_i *= alpha
+            l_err *= alpha
+            y = p - l_err
+            t = l_i + y
+            l_err = (t - l_i) - y
+            l_i = t
+            for k in range(d):
+                o_i[k] = o_i[k] * alpha + p * acc(V[bh_kv, col, k])
+            m_i = m_new
+
+        write_row(O, L, bh, row, o_i, m_i, l_i, d, ZERO, NEG_INF)
+
+    return forward_v1
+
+
+@cuda.jit(device=True)
+def write_row(O, L, bh, row, o_i, m_i, l_i, d, ZERO, NEG_INF):
+    """Normalise once and write one row: O = o / l, L = m + log(l) (Alg.1 l.12-13).
+
+    l == 0 means the row saw no key (fully masked): O = 0 exactly and L = -inf. A NaN l
+    is not 0, so NaN propagates to O and L instead of being repaired.
+    """
+    if l_i == ZERO:
+        for k in range(d):
+            O[bh, row, k] = ZERO
+        L[bh, row] = NEG_INF
+    else:
+        for k in range(d):
+            O[bh, row, k] = o_i[k] / l_i
+        L[bh, row] = m_i + math.log(l_i)
+
+
+# --- the launch contract ------------------------------------------------------------
+
+THREADS = 64                   # query rows (threads) per block
+VARIANTS = True                # takes the variant arguments (kernels/variants.py)
+TILE_TABLE = False             # skips no tiles by a table of visible tiles (it has no tiles)
+
+
+def plan(p, where, tiles, reason):
+    """The Plan of forward v1 for Problem ``p``: one thread per query row, THREADS a block."""
+    if tiles is not None:
+        raise ValueError("tiles apply to the tiled kernels (v2 to v5); v1 has no tiles")
+    return Plan("forward", "v1", "forward_v1", where, None, None,
+                (math.ceil(p.Sq / THREADS), p.BH), (THREADS,), 0, p.acc_dtype, p.causal,
+                reason + f"; {THREADS} query rows per block", variant_description(p))
+
+
+def kernel(plan, p):
+    """The compiled kernel of ``plan`` (cached per compile-time parameters)."""
+    return make_forward_v1(p.d, p.upper, p.acc_dtype, p.variant)

@@ -1,0 +1,361 @@
+"""Forward v5: v4 with its tiles in dynamic shared memory.
+
+v5  v4 with dynamic shared memory (the default for plain attention in float32 and float16
+    with d <= 128 on the simulator, and on a GPU until v6; runs on both).
+    v4's static shared arrays are limited to 48 KB per block, which is what holds v4 to
+    (32, 16) tiles and 64-thread blocks at d = 128 (0.128x SDPA there against 0.342x at
+    d = 64). v5 runs v4's algorithm, thread layout, barriers and NaN-safety unchanged, but
+    its five tiles are slices of ONE dynamic shared array, ``cuda.shared.array(0, acc)``,
+    at compile-time offsets (Numba gives every dynamic shared array the same base), with
+    flat indices ([row * row_length + col]); the byte count goes with the launch,
+    ``kernel[grid, block, 0, nbytes]``, and above 48 KB the compiled kernel must first be
+    allowed it (kernels/smem.py sets CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES; up to
+    227 KB per block on the H200). Default float32 tiles: d = 64 as v4 (64, 32, 4, 4),
+    43776 bytes, so v4 against v5 there measures what dynamic shared memory costs; d = 128
+    (64, 32, 4, 4), 77056 bytes, 128 threads (two blocks per SM). ptxas (sm_90, float32,
+    with the unsigned indices below): 96 registers at d = 64 (v4: 114-128), 128 at d = 128
+    with the bigger tiles; no spills, no stack. Costs: fewer blocks per SM at d = 128 (two,
+    8 warps, against v4's 12 warps). Measured on the H200
+    (scripts/v5_sweep.py, run 17 in docs/gpu-results.md), (2, 16, 4096, d), float32:
+    d = 128: 38.6 ms against v4's 48.8 and v2's 48.1 (1.26x v4; v3, tensor cores: 33.8);
+    d = 64, the same tiles as v4: 17.6 ms against v4's 12.1. The cause, found in the SASS
+    afterwards (scripts/sass_loops.py): the tiles are slices whose length is a run-time
+    value, and Numba wraps every signed index that might be negative around by it, which
+    doubled the integer instructions of the inner loops. The tiles are now indexed with
+    unsigned integers (``U``, kernels/smem.py): the inner loops have fewer instructions
+    than v4's (76 and 61 against 90 and 41 for twice the FMAs, d = 64), and the results
+    are bitwise v4's on the simulator. Timed on the H200 since (runs 20 and 21,
+    scripts/dynamic_smem_timing.py and scripts/v5_sweep.py; v4 with unsigned indices as
+    well): d = 64, v4's tiles 10.28 ms against v4's 10.50, and (128, 64, 8, 4) 8.33 ms;
+    d = 128, (64, 32, 4, 2) 22.88 ms against v4's 43.36. v5 is now the default for plain
+    attention in float32 and float16 with d <= 128 (dispatch.default_v5_tiles). Its
+    multiply-add and tile-loading loops are while loops (kernels/__init__.py says why):
+    run 26 took 5.86 ms at d = 64 (8.33 before) and 15.50 ms at d = 128 (22.87 before),
+    0.659x PyTorch SDPA's float32 forward at (2, 16, 4096, 64) (docs/performance.md).
+    Since v6 (below) it is the default on the simulator only.
+"""
+
+import functools
+import math
+from collections import namedtuple
+
+import numpy as np
+from numba import cuda
+
+from .. import acc_type, jit_options
+from ..bands import make_kv_tile_range
+from ..plan import (
+    DYNAMIC_LIMIT_WHY, DYNAMIC_SHARED_MEM_LIMIT, check_thread_tiles, device_dynamic_shared_limit
+)
+from ..smem import U
+from .v4_register_blocked import V4_MAX_O_REGS, V4_SIM_TILES, plan_blocked, v4_head_dim_padded
+
+# What v5_shared_layout returns, by name.
+V5Layout = namedtuple("V5Layout", "Q_AT K_AT V_AT P_AT R_AT END")
+
+
+def v5_shared_layout(Br, Bc, TM, TN, d):
+    """Where forward v5's five tiles sit in its one dynamic shared array: the offsets, in
+    elements of the accumulator dtype, of QiT, KjT, Vj, Pij and red (v4's five static
+    arrays, same shapes, stored back to back, each row by row), and the end, which is
+    the array's length: (Q_AT, K_AT, V_AT, P_AT, R_AT, END). With TX = Bc // TN and DP
+    = d rounded up to TX: QiT (DP, Br+1), KjT (DP, Bc+1), Vj (Bc, DP), Pij (Br, Bc+1),
+    red (Br, TX). ``dispatch.v5_shared_bytes`` is END times the itemsize."""
+    TX = Bc // TN
+    DP = (d + TX - 1) // TX * TX
+    Q_AT = 0
+    K_AT = Q_AT + DP * (Br + 1)
+    V_AT = K_AT + DP * (Bc + 1)
+    P_AT = V_AT + Bc * DP
+    R_AT = P_AT + Br * (Bc + 1)
+    END = R_AT + Br * TX
+    return V5Layout(Q_AT, K_AT, V_AT, P_AT, R_AT, END)
+
+
+@functools.lru_cache(maxsize=None)
+def make_forward_v5(Br, Bc, TM, TN, d, causal, acc_dtype):
+    """v5: forward v4 with its shared memory taken from dynamic shared memory, so that a
+    block's tiles may exceed the 48 KB of static shared memory (the default for plain
+    float32 attention with d <= 128 on the simulator; runs on the GPU and the simulator).
+
+    The algorithm, thread layout, barriers and NaN-safety are v4's, line for line (see
+    make_forward_v4); what changes is where the five shared arrays come from. v4
+    declares them with ``cuda.shared.array(shape, dtype)``: static shared memory, sized
+    when the kernel compiles, at most 48 KB per block. v5 declares ONE dynamic array,
+    ``cuda.shared.array(0, acc)``, whose size in bytes is the fourth item of the launch
+    configuration (the third is the stream):
+
+        kernel[grid, block, 0, nbytes](Q, K, V, O, L, softmax_scale, causal_offset)
+
+    Up to 48 KB that is all; above it, the compiled kernel must first be allowed more
+    (kernels/smem.py, ``allow_dynamic_shared_memory``, which dispatch.launch_forward
+    calls), up to the GPU's per-block maximum (227 KB on the H100/H200).
+
+    Numba gives every ``cuda.shared.array(0, ...)`` of a kernel the same base address,
+    so the tiles are carved out of the one array by hand: ``v5_shared_layout`` places
+    them back to back at compile-time offsets, each tile is a 1D slice of the array (a
+    view, no copy), and a 2D index [row, col] of v4 becomes [row * row_length + col].
+    (A 2D view through ``reshape`` would keep v4's indexing, but on the GPU numba-cuda
+    implements it with a call into a helper library, and the strides it returns are
+    run-time values, so every shared-memory address would cost more arithmetic.) Under
+    the simulator each slice is bounds-checked on its own, so an index that strays out
+    of its tile raises IndexError instead of landing in the next tile.
+
+    Launch: as v4: grid (Tr, BH) with Tr = ceil(Sq / Br), block (TY * TX,) with TY = Br //
+    TM and TX = Bc // TN; and END * itemsize bytes of dynamic shared memory (END from
+    ``v5_shared_layout``).
+    """
+    acc = acc_type(acc_dtype)
+    ZERO = acc(0)
+    NEG_INF = acc(-math.inf)
+    assert Br % TM == 0 and Bc % TN == 0, (Br, Bc, TM, TN)
+    TY = Br // TM                       # thread rows
+    TX = Bc // TN                       # thread columns
+    THREADS = TY * TX
+    DP = (d + TX - 1) // TX * TX        # head dim padded to the thread grid's width
+    DN = DP // TX                       # O columns per thread
+    kv_tile_range = make_kv_tile_range(Br, Bc, causal, False)
+    BrP = Br + 1                        # padded row lengths of QiT, KjT and Pij (the +1
+    BcP = Bc + 1                        # pads spread v4's column accesses over the banks)
+    # The tiles' offsets in the dynamic shared array (elements), and how v4's 2D
+    # indices map to their flat ones:
+    #   QiT (DP, BrP) at Q_AT   QiT[k, r] -> QiT[k * BrP + r]
+    #   KjT (DP, BcP) at K_AT   KjT[k, c] -> KjT[k * BcP + c]
+    #   Vj  (Bc, DP)  at V_AT   Vj[c, k]  -> Vj[c * DP + k]
+    #   Pij (Br, BcP) at P_AT   Pij[r, c] -> Pij[r * BcP + c]
+    #   red (Br, TX)  at R_AT   red[r, t] -> red[r * TX + t]
+    Q_AT, K_AT, V_AT, P_AT, R_AT, END = v5_shared_layout(Br, Bc, TM, TN, d)
+
+    @cuda.jit(**jit_options())
+    def forward_v5(Q, K, V, O, L, softmax_scale, causal_offset):
+        bh = cuda.blockIdx.y
+        i = cuda.blockIdx.x             # Q tile index (Alg.1 l.3: one block per i)
+        tid = cuda.threadIdx.x
+        ty = tid // TX
+        tx = tid % TX
+        Sq = Q.shape[1]
+        Sk = K.shape[1]
+
+        # The block's dynamic shared memory (END elements, sized by the launch), cut
+        # into the five tiles: slices are views, so QiT[x] is smem[Q_AT + x].
+        smem = cuda.shared.array(0, acc)
+        QiT = smem[Q_AT:K_AT]
+        KjT = smem[K_AT:V_AT]
+        Vj = smem[V_AT:P_AT]
+        Pij = smem[P_AT:R_AT]
+        red = smem[R_AT:END]
+        s = cuda.local.array((TM, TN), acc)     # this thread's block of Sij, then P~ij
+        o = cuda.local.array((TM, DN), acc)     # its block of O_i (unnormalised)
+        qa = cuda.local.array(TM, acc)          # one k step: TM values of Qi ...
+        kb = cuda.local.array(TN, acc)          # ... and TN of Kj
+        pa = cuda.local.array(TM, acc)          # one key: TM values of P~ij ...
+        ve = cuda.local.array(DN, acc)          # ... and DN of Vj
+        m_i = cuda.local.array(TM, acc)         # running max of each row (all TX agree)
+        l_i = cuda.local.array(TM, acc)         # this thread's part of each row's sum
+
+        # From here on, v4 line for line (with the flat indices above).
+        # Alg.1 l.4-5: stage Qi transposed (zeros past Sq and d); O_i = 0, l = 0, m = -inf.
+        for idx in range(tid, Br * DP, THREADS):
+            r = idx // DP
+            k = idx % DP
+            row = i * Br + r
+            QiT[U(k * BrP + r)] = acc(Q[bh, row, k]) if row < Sq and k < d else ZERO
+        for a in range(TM):
+            m_i[a] = NEG_INF
+            l_i[a] = ZERO
+            for e in range(DN):
+                o[a, e] = ZERO
+
+        # Alg.1 l.6: loop over K/V tiles; causal blocks stop after the last visible one.
+        _, Tc = kv_tile_range(i, Sk, causal_offset, 0)     # bands.py
+        first_limit = i * Br + causal_offset    # last key the block's first row sees
+        for j in range(Tc):
+            # Wait until every thread is done with the previous tile's KjT, Vj, Pij (and,
+            # for j = 0, until QiT is complete).
+            cuda.syncthreads()
+            # Alg.1 l.7: load Kj (transposed) and Vj; rows past Sk and columns past d are 0.
+            idx = tid
+            while idx < Bc * DP:
+                c = idx // DP
+                k = idx % DP
+                col = j * Bc + c
+                inside = col < Sk and k < d
+                KjT[U(k * BcP + c)] = acc(K[U(bh), U(col), U(k)]) if inside else ZERO
+                Vj[U(c * DP + k)] = acc(V[U(bh), U(col), U(k)]) if inside else ZERO
+                idx += THREADS
+            # Wait until KjT and Vj are complete.
+            cuda.syncthreads()
+
+            # Alg.1 l.8: Sij = Qi Kj^T, TM x TN per thread, TM + TN loads per k step.
+            for a in range(TM):
+                for b in range(TN):
+                    s[a, b] = ZERO
+            k = 0
+            while k < DP:             # a while loop, not range(): see kernels/__init__.py
+                for a in range(TM):
+                    qa[a] = QiT[U(k * BrP + ty + TY * a)]
+                for b in range(TN):
+                    kb[b] = KjT[U(k * BcP + tx + TX * b)]
+                for a in range(TM):
+                    for b in range(TN):
+                        s[a, b] += qa[a] * kb[b]
+                k += 1
+            # Scale and mask; this thread's part of each row's max ('>': NaN never wins).
+            for a in range(TM):
+                row = i * Br + ty + TY * a
+                m_part = NEG_INF
+                for b in range(TN):
+                    col = j * Bc + tx + TX * b
+                    visible = col < Sk and (not causal or col <= row + causal_offset)
+                    x = s[a, b] * softmax_scale if visible else NEG_INF
+                    s[a, b] = x
+                    if x > m_part:
+                        m_part = x
+                red[U((ty + TY * a) * TX + tx)] = m_part
+            # Wait until every partial row max is in red.
+            cuda.syncthreads()
+
+            # Alg.1 l.9: m_new, P~ij = exp(Sij - m_new) into Pij, l = alpha l + rowsum.
+            for a in range(TM):
+                r = ty + TY * a
+                m_tile = NEG_INF
+                for t in range(TX):
+                    x = red[U(r * TX + t)]
+                    if x > m_tile:
+                        m_tile = x
+                m_new = m_tile if m_tile > m_i[a] else m_i[a]
+                m_safe = ZERO if m_new == NEG_INF else m_new    # no key seen yet
+                alpha = math.exp(m_i[a] - m_safe) if m_i[a] != NEG_INF else ZERO
+                l_tile = ZERO
+                for b in range(TN):
+                    x = s[a, b]
+                    p = math.exp(x - m_safe) if x != NEG_INF else ZERO
+                    Pij[U(r * BcP + tx + TX * b)] = p
+                    l_tile += p
+                l_i[a] = alpha * l_i[a] + l_tile
+                m_i[a] = m_new
+                for e in range(DN):
+                    o[a, e] *= alpha            # Alg.1 l.10: diag(alpha) O_i ...
+            # Wait until Pij is complete.
+            cuda.syncthreads()
+
+            # Alg.1 l.10: ... + P~ij Vj, TM + DN loads per key.
+            if not causal or j * Bc + Bc - 1 <= first_limit:
+                # no key of this tile is hidden from any row of the block
+                c = 0
+                while c < Bc:             # a while loop, not range(): see kernels/__init__.py
+                    for a in range(TM):
+                        pa[a] = Pij[U((ty + TY * a) * BcP + c)]
+                    for e in range(DN):
+                        ve[e] = Vj[U(c * DP + tx + TX * e)]
+                    for a in range(TM):
+                        for e in range(DN):
+                            o[a, e] += pa[a] * ve[e]
+                    c += 1
+            else:
+                # the causal diagonal: hidden (row, key) pairs never read V (NaN-safe)
+                c = 0
+                while c < Bc:             # a while loop, not range(): see kernels/__init__.py
+                    col = j * Bc + c
+                    for a in range(TM):
+                        pa[a] = Pij[U((ty + TY * a) * BcP + c)]
+                    for e in range(DN):
+                        ve[e] = Vj[U(c * DP + tx + TX * e)]
+                    for a in range(TM):
+                        if col <= i * Br + ty + TY * a + causal_offset:
+                            for e in range(DN):
+                                o[a, e] += pa[a] * ve[e]
+                    c += 1
+
+        # Alg.1 l.12-16: each row's sum from its TX parts (red was last read before the
+        # last tile's fourth barrier, so it is free), normalise once, write O and L.
+        for a in range(TM):
+            red[U((ty + TY * a) * TX + tx)] = l_i[a]
+        # Wait until every partial row sum is in red.
+        cuda.syncthreads()
+        for a in range(TM):
+            r = ty + TY * a
+            row = i * Br + r
+            l_row = ZERO
+            for t in range(TX):
+                l_row += red[U(r * TX + t)]
+            if row < Sq:
+                # l == 0: the row saw no key (fully masked): O = 0 and L = -inf exactly.
+                # A NaN l is not 0, so NaN propagates.
+                for e in range(DN):
+                    k = tx + TX * e
+                    if k < d:
+                        O[bh, row, k] = ZERO if l_row == ZERO else o[a, e] / l_row
+                if tx == 0:
+                    L[bh, row] = NEG_INF if l_row == ZERO else m_i[a] + math.log(l_row)
+
+    return forward_v5
+
+
+# --- the launch contract ------------------------------------------------------------
+#
+# v5 runs v4's kernel with its five shared arrays carved out of dynamic shared memory,
+# so the same shared bytes (v5_shared_bytes equals v4_shared_bytes) may exceed 48 KB.
+# Tile rule: the first (Br, Bc, TM, TN) of V5_CANDIDATES whose shared memory fits in
+# V5_SHARED_MEM_TARGET (113 KB: two blocks, each with the 1 KB the driver reserves, fit
+# the 228 KB of an H200 SM; on a GPU that allows a block less, its own maximum,
+# device_dynamic_shared_limit) and whose O block per thread fits V4_MAX_O_REGS, as for
+# v4. A caller's tiles may use up to DYNAMIC_SHARED_MEM_LIMIT, the H100/H200's per-block
+# maximum (kernels/smem.py checks the device's own maximum again before the launch).
+# GPU, float32: d <= 64 -> (128, 64, 8, 4), 107520 bytes at d = 64, 256 threads;
+# 64 < d <= 128 -> (64, 32, 4, 2), 79104 bytes at d = 128, 256 threads; d = 256 ->
+# (16, 16, 2, 2), 52800 bytes. The order is measured: scripts/v5_sweep.py, run 21
+# (unsigned tile indices), at (2, 16, 4096, d): d = 64, (128, 64, 8, 4) 8.33 ms,
+# (64, 64, 4, 4) 9.90, (64, 32, 4, 4) 10.23, v4 11.88; d = 128, (64, 32, 4, 2) 22.88 ms,
+# (64, 32, 4, 4) 30.64, the larger tiles 31.6-50.8, v4 46.46. On the simulator,
+# V5_SIM_TILES, as v4's.
+
+V5_CANDIDATES = ((128, 64, 8, 4), (64, 32, 4, 2), (64, 32, 4, 4), (32, 32, 4, 4),
+                 (32, 16, 4, 2), (16, 16, 2, 2), (16, 8, 2, 1), (8, 8, 2, 2), (8, 8, 1, 1),
+                 (4, 4, 1, 1))
+V5_SHARED_MEM_TARGET = 113 * 1024
+V5_SIM_TILES = V4_SIM_TILES
+VARIANTS = False
+TILE_TABLE = False
+
+
+def v5_shared_bytes(Br, Bc, TM, TN, d, acc_dtype):
+    """Dynamic shared memory of forward v5: v4's five arrays back to back
+    (v5_shared_layout), the same bytes as ``v4_shared_bytes``."""
+    return v5_shared_layout(Br, Bc, TM, TN, d).END * np.dtype(acc_dtype).itemsize
+
+
+def default_v5_tiles(d, acc_dtype, where="gpu"):
+    """v5 tile rule (above), (Br, Bc, TM, TN). GPU, float32: d <= 64 -> (128, 64, 8, 4),
+    256 threads; 64 < d <= 128 -> (64, 32, 4, 2), 256 threads; d = 256 -> (16, 16, 2, 2),
+    64 threads; float64: d = 64 -> (64, 32, 4, 2), d = 128 -> (32, 32, 4, 4)."""
+    if where == "simulator":
+        return V5_SIM_TILES
+    target = min(V5_SHARED_MEM_TARGET, device_dynamic_shared_limit(where))
+    for Br, Bc, TM, TN in V5_CANDIDATES:
+        DN = v4_head_dim_padded(Bc, TN, d) // (Bc // TN)
+        if (TM * DN <= V4_MAX_O_REGS
+                and v5_shared_bytes(Br, Bc, TM, TN, d, acc_dtype) <= target):
+            return Br, Bc, TM, TN
+    raise ValueError(f"forward v5 cannot run this input: no v5 tile fits head dim {d} in "
+                     f"{acc_dtype} within {target} bytes of shared memory")
+
+
+def check_v5_tiles(tiles, d, acc_dtype):
+    """A caller's forward v5 tiles (``check_thread_tiles``), against the dynamic limit."""
+    return check_thread_tiles(tiles, d, acc_dtype, "v5",
+                              lambda Br, Bc, TM, TN: v5_shared_bytes(Br, Bc, TM, TN, d,
+                                                                    acc_dtype),
+                              DYNAMIC_SHARED_MEM_LIMIT, DYNAMIC_LIMIT_WHY)
+
+
+def plan(p, where, tiles, reason):
+    """The Plan of forward v5 for Problem ``p``: v4's, with dynamic shared memory."""
+    return plan_blocked(p, where, tiles, reason, "v5", default_v5_tiles, check_v5_tiles,
+                        v5_shared_bytes, dynamic=True)
+
+
+def kernel(plan, p):
+    """The compiled kernel of ``plan`` (cached per compile-time parameters)."""
+    TM, TN = plan.thread_tile
+    return make_forward_v5(plan.Br, plan.Bc, TM, TN, p.d, p.upper, p.acc_dtype)

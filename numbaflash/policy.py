@@ -1,0 +1,176 @@
+"""Which kernel version runs, and why: two ordered decision lists.
+
+``default_forward_version`` and ``default_backward_version`` read top to bottom; the first
+rule that applies decides, and its reason is what ``explain()`` shows and the log says.
+Everything else about a launch (tiles, shared memory, grid, what a version refuses)
+belongs to the version's own file, reached through the ladders' registries
+(``numbaflash.kernels.forward.module(version)``, ``numbaflash.kernels.backward.module``).
+The measurements behind each rule are cited in the version files and in
+docs/performance.md.
+
+    import logging; logging.basicConfig(level=logging.INFO)   # every launch's plan
+"""
+
+import logging
+import math
+from dataclasses import replace
+
+import numpy as np
+from numba import cuda
+
+from . import arrays
+from .kernels import backward, forward, simulating
+from .kernels.backward.nonfinite import nonfinite_check
+from .kernels.plan import Plans, device_dynamic_shared_limit, needs_variants
+from .launcher import launch
+
+log = logging.getLogger("numbaflash")
+
+BACKENDS = ("gpu", "simulator")
+SIMT_MAX_HEAD_DIM = 128         # where the fast SIMT and tensor-core versions were measured
+V9_MIN_HEAD_DIM = 65            # v9 over v8 from here (Qi in shared memory, d > 64)
+
+
+def backend():
+    """'gpu' with a CUDA GPU, 'simulator' under NUMBA_ENABLE_CUDASIM=1; else RuntimeError."""
+    if simulating():
+        return "simulator"
+    if cuda.is_available():
+        return "gpu"
+    raise RuntimeError("no CUDA GPU is available. To run the same kernels on the CPU, set "
+                       "NUMBA_ENABLE_CUDASIM=1 before importing numba (slow: keep shapes small)")
+
+
+def where_to_plan(where):
+    """``where`` checked ("gpu" or "simulator"), or this machine's backend if None."""
+    if where is None:
+        return backend()
+    if where not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS} or None (this machine's); "
+                         f"got {where!r}")
+    return where
+
+
+def default_forward_version(p, where):
+    """The default forward version for Problem ``p`` on ``where``, and why."""
+    if needs_variants(p) is not None:
+        return "v2", "v2 is the default for variants: v3 to v9 compute plain attention only"
+    if p.acc_dtype != "float32":
+        return "v2", "v2 is the default in float64 (v4 to v9 were measured in float32 only)"
+    if p.d > SIMT_MAX_HEAD_DIM:
+        return "v2", (f"v2 is the default at head dim {p.d} > {SIMT_MAX_HEAD_DIM} (v4 to v9 "
+                      f"were measured faster at d <= {SIMT_MAX_HEAD_DIM} only)")
+    if where != "gpu":
+        return "v5", ("v5 is the default for plain attention in float32 with d <= "
+                      f"{SIMT_MAX_HEAD_DIM} on the simulator, which cannot run v8 "
+                      "(tensor cores, inline PTX): register-blocked, its tiles in dynamic "
+                      "shared memory, exact for every input; on a GPU, v8 runs instead")
+    limit = device_dynamic_shared_limit(where)
+    v6, v7, v9 = forward.module("v6"), forward.module("v7"), forward.module("v9")
+    if v7.refusal(p, where) is None and v7.tiles_within(p.d, limit) is not None:
+        return "v7", ("v7 is the default for plain attention in float16 with d <= "
+                      f"{v7.V7_MAX_HEAD_DIM} on a GPU: float16 products on the tensor cores "
+                      "(m16n8k16, float32 sums; P~ rounded to float16 for P~ V), NaN and inf "
+                      "placed exactly as by v6, 2.2x-2.4x v6's speed on the H200")
+    if v6.tiles_within(p.d, limit) is None:
+        return "v5", (f"v5 is the default here: no v6 tile fits head dim {p.d} in this GPU's "
+                      f"{limit} bytes of shared memory per block, and v5 (register-blocked "
+                      "SIMT, exact for every input) is the fastest version that does")
+    if (p.d >= V9_MIN_HEAD_DIM and v9.refusal(p, where) is None
+            and v6.tiles_within(p.d, limit, v9.v9_shared_bytes) is not None):
+        return "v9", ("v9 is the default for plain attention in float32 with "
+                      f"{V9_MIN_HEAD_DIM} <= d <= {v6.V6_MAX_HEAD_DIM} on a GPU: v8 "
+                      "(3xTF32 tensor cores, exact for every input) with the next K/V tile "
+                      "copied into shared memory (cp.async) while this one is used, and Qi "
+                      "kept plain; bitwise v8's results, 6-7% faster than v8 at d = 128 on "
+                      "the H200")
+    return "v8", ("v8 is the default for plain attention in float32 with d <= "
+                  f"{v6.V6_MAX_HEAD_DIM} on a GPU: v6's tensor-core kernel (3xTF32, K/V split "
+                  "once per tile, exact for every input) with the next chunk's scores "
+                  "computed during this chunk's softmax (bitwise v6's results for the same "
+                  "chunk), the fastest version measured on the H200")
+
+
+def default_backward_version(p, where):
+    """The default backward version for Problem ``p`` on ``where``, and why."""
+    wanted = needs_variants(p)
+    if wanted is not None:
+        return "v1", (f"v1 is the default for variants ({wanted}): v3 and v4 compute plain "
+                      f"attention only")
+    if (where == "gpu" and p.acc_dtype == "float32" and p.d <= SIMT_MAX_HEAD_DIM
+            and backward.module("v6").tiles_fit(p.d, where)):
+        return "v6", ("v6 is the default for plain attention in float32 and float16 with "
+                      f"d <= {SIMT_MAX_HEAD_DIM} on a GPU: tensor cores (3xTF32), "
+                      "deterministic (no atomics), the fastest version measured on the "
+                      "H200 (1.25x-1.39x v4 at d = 64, 1.59x-1.71x at d = 128)")
+    if p.acc_dtype == "float32" and p.d <= SIMT_MAX_HEAD_DIM:
+        if where != "gpu":
+            why = "; v6, the GPU default, uses the tensor cores, which the simulator cannot run"
+        else:
+            why = (f"; no v6 tile fits this GPU's {device_dynamic_shared_limit(where)} bytes of "
+                   "shared memory")
+        return "v4", ("v4 is the default for plain attention in float32 with d <= "
+                      f"{SIMT_MAX_HEAD_DIM} here: register-blocked, its tiles in "
+                      "dynamic shared memory, deterministic (no atomics, so repeated runs are "
+                      "bitwise identical)" + why)
+    return "v3", (f"v3 is the default for plain attention in {p.acc_dtype} at d = {p.d}: "
+                  "register-blocked, deterministic (no atomics, so repeated runs are bitwise "
+                  f"identical); v4 was measured in float32 at d <= {SIMT_MAX_HEAD_DIM} only")
+
+
+def plan_forward(p, version=None, tiles=None, where=None):
+    """The forward Plan for Problem ``p``: ``version`` None means the default; ``where``
+    None means this machine ("gpu" or "simulator" plan for that backend, on any machine).
+    Never falls back silently: a version that cannot run ``p`` raises ValueError saying why.
+    """
+    where = where_to_plan(where)
+    if version is None:
+        version, reason = default_forward_version(p, where)
+    elif version in forward.VERSIONS:
+        reason = f"{version} was asked for by the caller"
+    else:
+        raise ValueError(f"unknown forward version {version!r}; choose from {forward.VERSIONS}")
+    return forward.module(version).plan(p, where, tiles, reason)
+
+
+def plan_backward(p, version=None, tiles=None, where=None):
+    """The backward Plans for Problem ``p``, in launch order (D, then dK/dV, then dQ);
+    ``version`` and ``where`` as for ``plan_forward``. Raises ValueError for an unknown
+    version, bad tiles, or a version that cannot run ``p`` (its own file says why)."""
+    where = where_to_plan(where)
+    if version is None:
+        version, reason = default_backward_version(p, where)
+    elif version in backward.VERSIONS:
+        reason = f"{version} was asked for by the caller"
+    else:
+        raise ValueError(f"unknown backward version {version!r}; choose from "
+                         f"{backward.VERSIONS}")
+    preprocess = backward.module("preprocess").plan(p, where, version)
+    return backward.module(version).plan(p, where, tiles, reason, preprocess)
+
+
+def finite_inputs_plans(plans, p, asked, Q, K, V, O, dO, L):
+    """``plans``, or v4's if they are v5's or v6's and an input holds NaN or inf (the
+    tensor-core backward needs finite inputs). One check kernel over the six arrays and a
+    4-byte copy back (a device synchronisation). ``asked``: the caller named the version,
+    which then raises ValueError instead of running v4."""
+    version = plans[-1].version
+    if version not in ("v5", "v6"):
+        return plans
+    flag = cuda.to_device(np.zeros(1, np.int32))
+    n = max(a.size for a in (Q, K, V, O, dO, L))
+    threads = 256
+    launch(nonfinite_check, (min(math.ceil(n / threads), 4096),), (threads,),
+           tuple(arrays.flat_view(a) for a in (Q, K, V, O, dO, L)) + (flag,),
+           (p.dtype, p.acc_dtype))
+    if flag.copy_to_host()[0] == 0:
+        return plans
+    why = (f"the inputs hold NaN or inf (q, k, v, out, dout or lse), and backward "
+           f"{version}'s tensor cores would carry them to keys that do not see them")
+    if asked:
+        raise ValueError(f"backward {version} cannot run this input: {why}; use v4 (the "
+                         f"default falls back to it)")
+    log.warning("backward: %s; running v4 instead of the default %s", why, version)
+    return Plans(replace(plan, reason=f"{why}: v4 instead of the default {version}; "
+                                      f"{plan.reason}")
+                 for plan in plan_backward(p, "v4"))
