@@ -15,8 +15,12 @@ import time
 
 import numpy as np
 
+from numbaflash.validate import GRID_Y_MAX, HEAD_DIM_MAX, available_host_bytes
 
-def demo(args):
+
+def demo(args, error):
+    """The demo command; ``error(message)`` reports a bad option (argparse's parser.error:
+    prints the usage and exits with status 2)."""
     import numbaflash
     from numbaflash import reference
 
@@ -26,21 +30,40 @@ def demo(args):
         print(f"numbaflash demo: {e}", file=sys.stderr)
         return 2
     small = where == "simulator"
-    B, H = args.B or (1 if small else 2), args.H or (2 if small else 8)
-    N, d = args.N or (48 if small else 1024), args.d or (8 if small else 64)
+    # Sizes not given: small on the simulator (seconds), realistic on a GPU.
+    B = args.B if args.B is not None else (1 if small else 2)
+    H = args.H if args.H is not None else (2 if small else 8)
+    N = args.N if args.N is not None else (48 if small else 1024)
+    d = args.d if args.d is not None else (8 if small else 64)
+    if B * H > GRID_Y_MAX:
+        error(f"--B times --H must be at most {GRID_Y_MAX} (batch * heads is the CUDA grid's "
+              f"y axis); got {B} * {H} = {B * H}")
+    # The check builds the dense float64 reference, which holds about four N x N score
+    # matrices per head (notebook 01 measures it): refuse what cannot fit, before anything
+    # is allocated (attention checks its own arrays; validate.check_memory).
+    need = 4 * 8 * B * H * N * N + 4 * 4 * B * H * N * d
+    have = available_host_bytes()
+    if have is not None and need > have:
+        error(f"--B {B} --H {H} --N {N} --d {d}: the demo's float64 reference needs about "
+              f"{need:,} bytes of host memory (four N x N score matrices per head) and "
+              f"{have:,} are available; use a smaller --N")
     print(f"backend: {where}" + (" (NUMBA_ENABLE_CUDASIM=1: the kernels run on the CPU, "
-                                 "slowly; sizes are kept small)" if small else ""))
+                                 "slowly; the default sizes are small)" if small else ""))
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((B, H, N, d)).astype(np.float32) for _ in range(3))
     causal = "bottom_right" if args.causal else False
     print(f"inputs: q, k, v of shape (B, H, N, d) = {q.shape}, float32, causal={causal}")
     print("plan:", numbaflash.explain(q, k, v, causal=causal))
 
-    t0 = time.perf_counter()
-    out, lse = numbaflash.attention(q, k, v, causal=causal, return_lse=True)
-    t1 = time.perf_counter()
-    out, lse = numbaflash.attention(q, k, v, causal=causal, return_lse=True)
-    t2 = time.perf_counter()
+    try:
+        t0 = time.perf_counter()
+        out, lse = numbaflash.attention(q, k, v, causal=causal, return_lse=True)
+        t1 = time.perf_counter()
+        out, lse = numbaflash.attention(q, k, v, causal=causal, return_lse=True)
+        t2 = time.perf_counter()
+    except MemoryError as e:         # the arrays cannot fit: said before allocating them
+        print(f"numbaflash demo: {e}", file=sys.stderr)
+        return 2
 
     ref_out, ref_lse = reference.forward(q, k, v, causal=causal)          # float64
     base_out, _ = reference.forward(q, k, v, causal=causal, dtype=np.float32)
@@ -56,14 +79,38 @@ def demo(args):
     return 0 if ok else 1
 
 
+def positive_int(text):
+    """argparse type: an integer >= 1 (a size of the demo's inputs)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer; got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer; got {n}")
+    return n
+
+
+def head_dim(text):
+    """argparse type: a head dim numbaflash supports, 1 to validate.HEAD_DIM_MAX."""
+    n = positive_int(text)
+    if n > HEAD_DIM_MAX:
+        raise argparse.ArgumentTypeError(f"must be at most {HEAD_DIM_MAX}, numbaflash's "
+                                         f"largest head dim; got {n}")
+    return n
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m numbaflash")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("demo", help="run attention on random inputs and check it")
-    p.add_argument("--B", type=int, help="batch size")
-    p.add_argument("--H", type=int, help="heads")
-    p.add_argument("--N", type=int, help="sequence length")
-    p.add_argument("--d", type=int, help="head dim")
+    p = demo_parser = sub.add_parser("demo", help="run attention on random inputs and check it")
+    p.add_argument("--B", type=positive_int, help="batch size (default 1 on the simulator, 2 "
+                   "on a GPU)")
+    p.add_argument("--H", type=positive_int, help="heads (default 2 on the simulator, 8 on a "
+                   "GPU)")
+    p.add_argument("--N", type=positive_int, help="sequence length (default 48 on the "
+                   "simulator, 1024 on a GPU)")
+    p.add_argument("--d", type=head_dim, help=f"head dim, 1 to {HEAD_DIM_MAX} (default 8 on "
+                   f"the simulator, 64 on a GPU)")
     p.add_argument("--causal", action="store_true", help="bottom-right causal mask")
     p = sub.add_parser("bench", help="check, then time forward and backward against "
                        "PyTorch SDPA (TFLOP/s, memory, a table, JSON, a plot)")
@@ -71,7 +118,7 @@ def main(argv=None):
     bench.add_arguments(p)
     args = parser.parse_args(argv)
     if args.command == "demo":
-        return demo(args)
+        return demo(args, demo_parser.error)
     if args.command == "bench":
         return bench.cli(args)
     return 2

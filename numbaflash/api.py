@@ -6,7 +6,8 @@ import numpy as np
 from . import arrays
 from .dispatch import (backend, finite_inputs_plans, launch_backward, launch_forward,
                        plan_backward, plan_forward)
-from .validate import check_attention_inputs, check_backward_inputs
+from .validate import (backward_memory, check_attention_inputs, check_backward_inputs,
+                       check_memory, forward_memory, warn_if_slow)
 
 
 def _variants(window_size, alibi_slopes, softcap, attn_mask, score_mod, score_mod_grad,
@@ -132,13 +133,23 @@ def attention(q, k, v, *, causal=False, scale=None, window_size=None, alibi_slop
         ValueError: bad shapes, scale, causal mode, head dim, version or tiles, or a
             version that cannot run this input; raised before anything is launched.
         TypeError: unsupported or mismatched dtypes, or inputs that are not arrays.
+        MemoryError: the call's arrays (device copies of host inputs, out, lse, and their
+            host copies) need more host or GPU memory than is available; raised before
+            anything is allocated (validate.check_memory).
         RuntimeError: there is neither a GPU nor the simulator.
 
+    Warns:
+        validate.SimulatorSlowWarning: on the simulator, when the call will take longer
+            than about 30 s; the message has the estimate (validate.simulator_seconds).
     """
     variants = _variants(window_size, alibi_slopes, softcap, attn_mask, score_mod,
                          score_mod_grad, mask_mod)
     host = not arrays.on_device((q, k, v))
     p, plan = _forward_problem_and_plan(q, k, v, causal, scale, variants, version, tiles)
+    # Before anything is allocated: MemoryError if the arrays cannot fit, and a warning if
+    # the call will take long on the simulator.
+    check_memory(p, forward_memory(p, plan, dict(q=q, k=k, v=v), host), plan.backend)
+    warn_if_slow(p, (plan,))
     out_shape = p.lead + (p.Sq, p.d)
     lse_shape = p.lead + (p.Sq,)
     lse_dtype = np.dtype(p.acc_dtype)
@@ -219,13 +230,22 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, win
             version or tiles; raised before anything is launched. Also version="v5" or "v6"
             with a NaN or inf among the inputs (found by a check kernel, before the backward's).
         TypeError: unsupported or mismatched dtypes (dout, out, lse included).
+        MemoryError: the arrays the call allocates (device copies of host inputs, the
+            scratch D, dq, dk, dv and their host copies) need more host or GPU memory than
+            is available; raised before anything is allocated.
         RuntimeError: there is neither a GPU nor the simulator.
+
+    Warns:
+        validate.SimulatorSlowWarning: as ``attention``.
     """
     variants = _variants(window_size, alibi_slopes, softcap, attn_mask, score_mod,
                          score_mod_grad, mask_mod)
     p = check_backward_inputs(dout, q, k, v, out, lse, causal, scale, **variants)
     host = not arrays.on_device((dout, q, k, v, out, lse))
     plans = plan_backward(p, version, tiles)
+    check_memory(p, backward_memory(p, plans, dict(dout=dout, q=q, k=k, v=v, out=out, lse=lse),
+                                    host), plans[0].backend, "attention_backward")
+    warn_if_slow(p, plans, "attention_backward")
     q_shape = p.lead + (p.Sq, p.d)
     k_shape = p.k_lead + (p.Sk, p.d)
 

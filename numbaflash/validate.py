@@ -1,6 +1,16 @@
-"""Input checks shared by every entry point. Everything here runs before any launch."""
+"""Input checks shared by every entry point. Everything here runs before any launch.
+
+Besides the shapes, dtypes and options (``check_attention_inputs``,
+``check_backward_inputs``), two checks of what a planned call will cost, made before it
+allocates anything: ``check_memory`` (the bytes it allocates, against what the host or
+the GPU has free: MemoryError) and ``warn_if_slow`` (its time on the CUDA simulator:
+SimulatorSlowWarning).
+"""
 
 import math
+import os
+import sys
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -10,8 +20,10 @@ from .masks import band, parse_causal, parse_window
 
 SUPPORTED_DTYPES = (np.float16, np.float32, np.float64)
 # Largest head dim: each thread keeps its query row's output accumulator (d values) in
-# registers, and the K/V tiles (Bc x d each) must fit in 48 KB of static shared memory
-# (Numba has no dynamic shared memory opt-in): at d = 256 the float64 tiles are down to 4 keys.
+# registers, and the versions that run every variant (forward v1 and v2, backward v1) keep
+# their K/V tiles (Bc x d each) in the 48 KB of static shared memory a block gets without
+# asking: at d = 256 v2's float64 tiles are down to 4 keys. (Forward v5-v9 and backward
+# v4-v6 opt in to dynamic shared memory above 48 KB, kernels/smem.py, for larger tiles.)
 HEAD_DIM_MAX = 256
 GRID_Y_MAX = 65535  # batch * heads goes on the grid's y axis
 
@@ -101,8 +113,8 @@ def check_attention_inputs(q, k, v, causal=False, scale=None, *, window_size=Non
         raise ValueError(f"head dim must be at least 1; got {d}")
     if d > HEAD_DIM_MAX:
         raise ValueError(f"head dim {d} exceeds the maximum {HEAD_DIM_MAX}: each thread keeps "
-                         f"a row's output (d values) in registers and the K/V tiles must fit "
-                         f"in 48 KB of static shared memory")
+                         f"a row's output (d values) in registers, and the kernels that run "
+                         f"every variant keep K/V tiles in 48 KB of static shared memory")
     mode = parse_causal(causal)
     window = parse_window(window_size)
     if scale is None:
@@ -223,3 +235,312 @@ def check_backward_inputs(dout, q, k, v, out, lse, causal=False, scale=None, **v
         raise TypeError(f"lse must be {p.acc_dtype} for {qt} inputs (what attention(..., "
                         f"return_lse=True) returns); got {lt}")
     return p
+
+
+# --- Memory: what a call allocates, checked before it allocates anything -------------------
+#
+# A call whose arrays cannot fit must not get as far as allocating them: on the host (the
+# results of a NumPy call, and every array on the simulator, whose device arrays are host
+# memory) the OS kills the process when memory runs out, with no Python error. So the API
+# adds up the bytes a call will allocate (``forward_memory``, ``backward_memory``) and
+# ``check_memory`` raises MemoryError, naming the shape and both byte counts, when they
+# exceed what is free. Calls that allocate less than MEMORY_CHECK_MIN_BYTES in each place
+# are not checked: reading the free memory costs a system or driver call, and the small
+# calls of a training loop should not pay for it.
+
+MEMORY_CHECK_MIN_BYTES = 64 << 20
+
+
+def available_host_bytes():
+    """Host memory that can be allocated now without swapping, in bytes (None if unknown).
+
+    Linux's MemAvailable (/proc/meminfo; what ``free`` calls available), else the free pages
+    (``os.sysconf``); at most what this process's cgroup (a container's limit) has left.
+    """
+    have = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    have = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    if have is None:
+        try:
+            have = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (AttributeError, OSError, ValueError):
+            pass
+    left = _cgroup_bytes_left()
+    if left is not None:
+        have = left if have is None else min(have, left)
+    return have
+
+
+def _cgroup_bytes_left():
+    """memory.max - memory.current of this process's cgroup (v2), counting the inactive page
+    cache (reclaimed before anything is killed) as free; None without a limit."""
+    root = "/sys/fs/cgroup/"
+    try:
+        with open(root + "memory.max") as f:
+            limit = f.read().strip()
+        if limit == "max":
+            return None
+        with open(root + "memory.current") as f:
+            used = int(f.read())
+        try:
+            with open(root + "memory.stat") as f:
+                for line in f:
+                    if line.startswith("inactive_file "):
+                        used -= int(line.split()[1])
+                        break
+        except OSError:
+            pass
+        return max(int(limit) - used, 0)
+    except (OSError, ValueError):
+        return None
+
+
+def available_device_bytes():
+    """Free memory of the current GPU in bytes (the CUDA driver's cuMemGetInfo)."""
+    from numba import cuda
+    free, _total = cuda.current_context().get_memory_info()
+    return free
+
+
+def _shapes(p):
+    return p.lead + (p.Sq, p.d), p.k_lead + (p.Sk, p.d)
+
+
+def _empty(p):
+    return p.BH == 0 or p.Sq == 0 or p.Sk == 0
+
+
+def _host_input_parts(inputs):
+    """Host copies the API makes of host inputs that are not C-contiguous."""
+    return [(f"a contiguous copy of {name}", x.nbytes, "host") for name, x in inputs.items()
+            if isinstance(x, np.ndarray) and not x.flags.c_contiguous]
+
+
+def _variant_parts(p, plan):
+    """Device copies of host ALiBi slopes and attn_mask, and the tile table of a mask."""
+    if p.alibi_slopes is None and p.attn_mask is None and not p.variant.tile_table:
+        return []
+    parts = [(f"a device copy of {name}", x.nbytes, "device")
+             for name, x in (("alibi_slopes", p.alibi_slopes), ("attn_mask", p.attn_mask))
+             if isinstance(x, np.ndarray)]
+    if p.variant.tile_table and plan is not None and plan.Br:
+        parts.append(("the tile table", p.BH * math.ceil(p.Sq / plan.Br)
+                      * math.ceil(p.Sk / plan.Bc), "device"))
+    return parts
+
+
+def _filled(p, outputs, host):
+    """An empty call's outputs (arrays.filled): built on the host, copied for device inputs."""
+    parts = [(what, n, "host") for what, n in outputs]
+    return parts if host else parts + [(what, n, "device") for what, n in outputs]
+
+
+def forward_memory(p, plan, inputs, host):
+    """The arrays ``attention`` allocates for Problem ``p`` run by ``plan``.
+
+    ``inputs``: {"q": q, "k": k, "v": v} as given; ``host``: they are NumPy arrays (copied
+    to the device, the results copied back). Returns a list of (what, bytes, where), where
+    is "device" (GPU memory; host memory on the simulator) or "host".
+    """
+    itemsize, acc = p.dtype.itemsize, 8 if p.acc_dtype == "float64" else 4
+    out, lse = p.BH * p.Sq * p.d * itemsize, p.BH * p.Sq * acc
+    if _empty(p):
+        return _filled(p, (("out", out), ("lse", lse)), host)
+    parts = [("out", out, "device"), ("lse", lse, "device")]
+    if host:
+        parts.append(("device copies of q, k, v",
+                      (p.BH * p.Sq + 2 * p.BHkv * p.Sk) * p.d * itemsize, "device"))
+        parts.append(("out and lse copied to the host", out + lse, "host"))
+        parts += _host_input_parts(inputs)
+    return parts + _variant_parts(p, plan)
+
+
+def backward_memory(p, plans, inputs, host):
+    """The arrays ``attention_backward`` allocates for Problem ``p`` run by ``plans``
+    (``Plans``): device copies of host inputs, D = rowsum(dO * O) (scratch), dq, dk, dv,
+    and their host copies for host inputs. As ``forward_memory`` otherwise; ``inputs``:
+    {"dout": dout, "q": q, ...}."""
+    itemsize, acc = p.dtype.itemsize, 8 if p.acc_dtype == "float64" else 4
+    dq, dkv = p.BH * p.Sq * p.d * itemsize, p.BHkv * p.Sk * p.d * itemsize
+    if _empty(p):
+        return _filled(p, (("dq", dq), ("dk", dkv), ("dv", dkv)), host)
+    parts = [("D = rowsum(dO * O) (scratch)", p.BH * p.Sq * acc, "device"),
+             ("dq", dq, "device"), ("dk", dkv, "device"), ("dv", dkv, "device")]
+    if host:
+        parts.append(("device copies of q, k, v, out, dout, lse",
+                      3 * dq + 2 * dkv + p.BH * p.Sq * acc, "device"))
+        parts.append(("dq, dk, dv copied to the host", dq + 2 * dkv, "host"))
+        parts += _host_input_parts(inputs)
+    if plans and plans[-1].version == "v2":
+        parts.append(("the zeros v2's dq starts from", dq, "host"))
+    tiled = [plan for plan in plans if plan.Br]
+    return parts + _variant_parts(p, tiled[0] if tiled else None)
+
+
+def _gib(n):
+    return f"{n / 2**30:.2f} GiB" if n >= 2**28 else f"{n / 2**20:.1f} MiB"
+
+
+def check_memory(p, parts, where, what="attention"):
+    """Raise MemoryError if the arrays ``parts`` (``forward_memory``, ``backward_memory``)
+    need more memory than is available: host memory (``available_host_bytes``) for host
+    arrays and, on the simulator (``where`` "simulator"), for device arrays too; GPU
+    memory (``available_device_bytes``) for device arrays on a GPU. A place that gets less
+    than MEMORY_CHECK_MIN_BYTES is not checked. The message names the shapes, the bytes
+    needed (and what for) and the bytes available. ``what``: the API function's name."""
+    simulator = where == "simulator"
+    need = {}
+    for part in parts:
+        place = "host" if simulator else part[2]
+        need[place] = need.get(place, 0) + part[1]
+    for place, n in need.items():
+        if n < MEMORY_CHECK_MIN_BYTES:
+            continue
+        have = available_host_bytes() if place == "host" else available_device_bytes()
+        if have is None or n <= have:
+            continue
+        q_shape, k_shape = _shapes(p)
+        memory = ("host memory (on the simulator device arrays are host memory too)"
+                  if simulator else "host memory" if place == "host" else "GPU memory")
+        detail = ", ".join(f"{w} {_gib(b)}" for w, b, pl in parts
+                           if ("host" if simulator else pl) == place)
+        raise MemoryError(
+            f"{what}: q of shape {q_shape} and k, v of shape {k_shape} ({p.dtype}) need "
+            f"{n:,} bytes ({_gib(n)}) of {memory}, and {have:,} bytes ({_gib(have)}) are "
+            f"available: {detail}. Nothing was allocated; use shorter sequences, fewer "
+            f"heads or a smaller batch (or split the batch over several calls)")
+
+
+# --- Time on the simulator: a warning before a call that will take long --------------------
+#
+# The CUDA simulator (NUMBA_ENABLE_CUDASIM=1) runs every GPU thread as a Python thread, so
+# a shape that takes milliseconds on a GPU can take hours there. ``warn_if_slow`` estimates
+# a planned call's time from its plans (``simulator_seconds``) and warns, with the
+# estimate, above SIMULATOR_SLOW_S. The model has three terms, from the simulator's costs
+# measured for TESTING.md: a cost per thread launched, per multiply-add of the attention's
+# matrix products (divided among the threads however a version maps them), and per
+# barrier round (cuda.syncthreads) of each block, one round per tile of the loop a block
+# runs. The per-operation and per-round costs depend on the interpreter's thread switch
+# interval (sys.setswitchinterval): a short interval makes barriers much cheaper.
+# Calibration (numba-cuda 0.30.4, Python 3.12, a shared 2-core machine; float32, the
+# simulator's defaults: forward v5 and backward v4 with (Br, Bc, TM, TN) = (8, 8, 2, 2)),
+# wall seconds of one call, (B, H, Sq, Sk, d):
+#
+#   switch interval 5 ms (Python's default)     forward   backward
+#     (1, 1, 64, 64, 8)                           2.26      3.50
+#     (1, 1, 64, 64, 32)                          2.57      5.57
+#     (1, 1, 64, 64, 64)                          4.18     11.56
+#     (1, 1, 128, 128, 64)                       16.86
+#     (1, 1, 256, 256, 8)                        38.2
+#     (1, 2, 96, 96, 16) causal                   6.03     13.85
+#   switch interval 0.2 ms (what the tests and notebooks set)
+#     (1, 1, 64, 64, 8)                           0.46      1.23
+#     (1, 1, 64, 64, 64)                          2.48      7.88
+#     (1, 1, 256, 256, 8)                         8.17
+#     (1, 2, 96, 96, 16) causal                   2.31      5.86
+#
+# Fitted: 140 us per thread launched; at 5 ms, 3.0 us per multiply-add and 30 ms per
+# barrier round of a block; at 0.2 ms, 3.6 us and 4 ms (linear in between, the end
+# points outside). The estimates are within a factor of 1.4 of every timing above; a
+# warning is about an order of magnitude, so that is enough.
+
+SIMULATOR_SLOW_S = 30.0
+SIM_SECONDS_PER_THREAD = 140e-6
+# (switch interval s, seconds per multiply-add, seconds per barrier round of a block)
+SIM_CALIBRATION = ((2e-4, 3.6e-6, 4e-3), (5e-3, 3.0e-6, 30e-3))
+
+
+class SimulatorSlowWarning(UserWarning):
+    """A call will take long on the CUDA simulator (NUMBA_ENABLE_CUDASIM=1); the message
+    says about how long. Silence it with ``warnings.simplefilter("ignore",
+    SimulatorSlowWarning)``."""
+
+
+# Per pass (Plan.pass_name): multiply-adds per visible (query, key) pair and head-dim
+# element, and the axis whose tiles a block loops over (one barrier round per tile).
+_SIM_WORK = {"forward": (2, "Sk"), "backward dK dV": (4, "Sq"), "backward dQ": (3, "Sk"),
+             "backward dK dV dQ": (5, "Sq")}
+
+
+def visible_fraction(p):
+    """The fraction of (query, key) pairs that a causal mask or sliding window leaves
+    visible (1.0 without either; masks given as arrays or functions are not counted)."""
+    if not (p.upper or p.variant.window) or p.Sq == 0 or p.Sk == 0:
+        return 1.0
+    rows = np.arange(p.Sq) if p.Sq <= 1 << 20 else np.linspace(0, p.Sq - 1, 1 << 20)
+    hi = np.minimum(rows + p.causal_offset, p.Sk - 1) if p.upper else np.full(rows.shape,
+                                                                              p.Sk - 1)
+    lo = np.maximum(rows + p.window_lo, 0) if p.variant.window else 0
+    return float(np.clip(hi - lo + 1, 0, None).mean()) / p.Sk
+
+
+def simulator_work(p, plans):
+    """(threads launched, multiply-adds, barrier rounds over all blocks) of ``plans``
+    (Plan objects of one pass) for Problem ``p``: the inputs of ``simulator_seconds``."""
+    visible = visible_fraction(p)
+    threads = ops = rounds = 0
+    for plan in plans:
+        blocks = math.prod(plan.grid)
+        threads += blocks * math.prod(plan.block)
+        if plan.pass_name == "backward D":          # D = rowsum(dO * O)
+            ops += p.BH * p.Sq * p.d
+            continue
+        per_pair, axis = _SIM_WORK.get(plan.pass_name, (2, "Sk"))
+        ops += per_pair * p.BH * p.Sq * p.Sk * p.d * visible
+        if plan.Br:                                 # a tiled kernel: barriers per tile
+            tiles = math.ceil(p.Sq / plan.Br) * p.group if axis == "Sq" else math.ceil(
+                p.Sk / plan.Bc)
+            rounds += blocks * max(tiles * visible, 1)
+    return threads, ops, rounds
+
+
+def simulator_seconds(p, plans, switch_interval=None):
+    """Estimated wall time in seconds of running ``plans`` (Plan objects of one pass, e.g.
+    ``explain``'s or ``explain_backward``'s) for Problem ``p`` on the CUDA simulator, at
+    the thread switch interval ``switch_interval`` (default: sys.getswitchinterval()).
+    The model and its calibration: the comment above SIMULATOR_SLOW_S."""
+    si = sys.getswitchinterval() if switch_interval is None else switch_interval
+    (s0, op0, round0), (s1, op1, round1) = SIM_CALIBRATION
+    w = min(max((si - s0) / (s1 - s0), 0.0), 1.0)
+    per_op, per_round = op0 + w * (op1 - op0), round0 + w * (round1 - round0)
+    threads, ops, rounds = simulator_work(p, plans)
+    return threads * SIM_SECONDS_PER_THREAD + ops * per_op + rounds * per_round
+
+
+def _duration(seconds):
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} minutes"
+    return f"{seconds / 3600:.1f} hours"
+
+
+def warn_if_slow(p, plans, what="attention", stacklevel=3):
+    """On the simulator, warn (SimulatorSlowWarning) if ``plans`` will take longer than
+    SIMULATOR_SLOW_S for Problem ``p``, with the estimate; return the estimate in
+    seconds (None on a GPU or when nothing is launched). ``stacklevel`` 3 points the
+    warning at the caller of the API function that calls this."""
+    plans = tuple(plans)
+    if not plans or plans[0].backend != "simulator" or _empty(p):
+        return None
+    seconds = simulator_seconds(p, plans)
+    if seconds > SIMULATOR_SLOW_S:
+        threads, ops, rounds = simulator_work(p, plans)
+        q_shape, k_shape = _shapes(p)
+        hint = ""
+        if sys.getswitchinterval() > 1e-3:
+            hint = (f"; sys.setswitchinterval(2e-4) makes barriers cheaper there (about "
+                    f"{_duration(simulator_seconds(p, plans, 2e-4))})")
+        warnings.warn(
+            f"{what} of q {q_shape}, k and v {k_shape} will take about {_duration(seconds)} "
+            f"on the CUDA simulator (NUMBA_ENABLE_CUDASIM=1: every GPU thread is a Python "
+            f"thread): {threads:,} threads, {ops:,.0f} multiply-adds, {rounds:,.0f} barrier "
+            f"rounds{hint}. On the simulator keep shapes small (sequences of a few hundred, "
+            f"head dim <= 16), or run on a GPU", SimulatorSlowWarning, stacklevel=stacklevel)
+    return seconds
