@@ -30,9 +30,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
 import numbaflash  # noqa: E402
-from numbaflash import arrays, dispatch  # noqa: E402
+from numbaflash import arrays, policy  # noqa: E402
 from numbaflash.bench import time_ms  # noqa: E402
-from numbaflash.kernels import backward as bwd_kernels  # noqa: E402
+from numbaflash.kernels.backward import v5_tensor_cores, v6_split_pairs  # noqa: E402
+from numbaflash.kernels.plan import Plans, device_dynamic_shared_limit  # noqa: E402
+from numbaflash.launcher import launch_backward  # noqa: E402
 from numbaflash.validate import check_backward_inputs  # noqa: E402
 
 AGREE = 1e-4
@@ -41,17 +43,17 @@ AGREE = 1e-4
 def with_pairs(plans, d):
     """Backward v6 ``plans`` with their dK/dV and dQ kernels on split pairs; None when a
     kernel would need more shared memory than the device has, or there is no v6 kernel."""
-    bytes_of = {"backward_dkdv_v6": dispatch.dkdv_v5_shared_bytes,
-                "backward_dq_v6": dispatch.dq_v5_shared_bytes}
+    bytes_of = {"backward_dkdv_v6": v5_tensor_cores.dkdv_v5_shared_bytes,
+                "backward_dq_v6": v5_tensor_cores.dq_v5_shared_bytes}
     out = []
     for plan in plans:
         if plan.kernel in bytes_of:
             need = bytes_of[plan.kernel](plan.Br, plan.Bc, d, True)
-            if need > dispatch.device_dynamic_shared_limit():
+            if need > device_dynamic_shared_limit():
                 return None
             plan = replace(plan, pairs=True, shared_bytes=need)
         out.append(plan)
-    return dispatch.Plans(out) if any(plan.pairs for plan in out) else None
+    return Plans(out) if any(plan.pairs for plan in out) else None
 
 
 def main(argv=None):
@@ -68,12 +70,12 @@ def main(argv=None):
                          "tiles (dK/dV kernel: Qi, dOi; dQ kernel: Kj, Vj) as split pairs")
     ap.add_argument("--chunks", default=None,
                     help="DKDV:DQ, backward v6's rows a step takes in each kernel, for the "
-                         "whole run (default: backward.V6_CHUNKS)")
+                         "whole run (default: v6_split_pairs.V6_CHUNKS)")
     args = ap.parse_args(argv)
     if args.chunks:
         a, b = (int(x) for x in args.chunks.split(":"))
-        bwd_kernels.V6_CHUNKS.update(dkdv=a, dq=b)
-    print(f"backward v6 chunks: {bwd_kernels.V6_CHUNKS}", flush=True)
+        v6_split_pairs.V6_CHUNKS.update(dkdv=a, dq=b)
+    print(f"backward v6 chunks: {v6_split_pairs.V6_CHUNKS}", flush=True)
     B, H, N = (int(x) for x in args.shape.split("x"))
     failed = 0
     rows = []
@@ -101,7 +103,7 @@ def main(argv=None):
                     if tiles is not None and len(tiles) == 1:
                         tiles = tiles[0]
                     try:
-                        plans = dispatch.plan_backward(p, version, tiles)
+                        plans = policy.plan_backward(p, version, tiles)
                     except ValueError as e:
                         print(f"d={d} causal={causal} {version} {text}: not run ({e})",
                               flush=True)
@@ -112,7 +114,7 @@ def main(argv=None):
                             print(f"d={d} causal={causal} {version} {text} pairs: not run "
                                   f"(no v6 kernel, or over the device's shared memory)", flush=True)
                             continue
-                        dispatch.launch_backward(run, p, Q, K, V, O, dO, L, D, dQ, dK, dV)
+                        launch_backward(run, p, Q, K, V, O, dO, L, D, dQ, dK, dV)
                         got = [a.copy_to_host().reshape(shape) for a in (dQ, dK, dV)]
                         diff = max(float(np.abs(g.astype(np.float64) - r).max()
                                          / max(np.abs(r).max(), 1e-30))
@@ -123,8 +125,8 @@ def main(argv=None):
                         for plan in run:
                             if not ok:
                                 break
-                            one = dispatch.Plans((plan,))
-                            times.append(time_ms(lambda: dispatch.launch_backward(
+                            one = Plans((plan,))
+                            times.append(time_ms(lambda: launch_backward(
                                 one, p, Q, K, V, O, dO, L, D, dQ, dK, dV), args.repeats,
                                 warmup=1))
                         what = " + ".join(f"{pl.kernel} {t:.2f}"

@@ -3,8 +3,9 @@
     python scripts/hbm_traffic.py [--shape B H N d] [--dtype float32] [--tiles 64x64,32x32]
                                   [--ncu PATH] [--timeout S] [--json FILE]
 
-For each tile pair (Br, Bc), by default every pair of ``dispatch.TILE_CANDIDATES`` whose
-K/V tiles fit in shared memory at this head dim, it runs Nsight Compute once on a child
+For each tile pair (Br, Bc), by default every pair of the library's candidate tiles
+(``TILE_CANDIDATES``, in kernels/backward/v1_two_kernels.py) whose K/V tiles fit in
+forward v2's shared memory at this head dim, it runs Nsight Compute once on a child
 Python process that calls ``numbaflash.attention(q, k, v, version="v2", tiles=(Br, Bc))``
 once on device arrays (random normal inputs, non-causal, Sq = Sk = N). ncu profiles that
 one launch only (``--kernel-name regex:forward_v2 --launch-count 1``) and reads
@@ -86,10 +87,12 @@ def theorem2_accesses(B, H, N, d, M):
 
 def tile_pairs(d, dtype="float32"):
     """The forward's candidate tile pairs whose Kj, Vj fit in a block's shared memory."""
-    from numbaflash import dispatch
+    from numbaflash.kernels.backward.v1_two_kernels import TILE_CANDIDATES
+    from numbaflash.kernels.forward import v2_flash2
+    from numbaflash.kernels.plan import SHARED_MEM_LIMIT
     acc = "float64" if dtype == "float64" else "float32"
-    return [(Br, Bc) for Br, Bc in dispatch.TILE_CANDIDATES
-            if dispatch.forward_shared_bytes(Br, Bc, d, acc) <= dispatch.SHARED_MEM_LIMIT]
+    return [(Br, Bc) for Br, Bc in TILE_CANDIDATES
+            if v2_flash2.forward_shared_bytes(Br, Bc, d, acc) <= SHARED_MEM_LIMIT]
 
 
 def parse_tiles(text):
@@ -229,11 +232,11 @@ def run_ncu(cmd, timeout):
 def _model_fields(shape, Br, Bc, itemsize, acc):
     """The entry fields that come from the model, not from ncu."""
     import numpy as np
-    from numbaflash import dispatch
+    from numbaflash.kernels.forward import v2_flash2
 
     B, H, N, d = shape
     read, write = model_bytes(B, H, N, d, Br, itemsize, np.dtype(acc).itemsize)
-    return {"shared_bytes": dispatch.forward_shared_bytes(Br, Bc, d, acc),
+    return {"shared_bytes": v2_flash2.forward_shared_bytes(Br, Bc, d, acc),
             "sram_elements": sram_elements(Br, Bc, d), "model_read": read, "model_write": write,
             "theorem2": theorem2_accesses(B, H, N, d, sram_elements(Br, Bc, d))}
 

@@ -30,9 +30,19 @@ import numpy as np
 from numba import cuda
 
 import numbaflash
-from numbaflash import dispatch, launcher
-from numbaflash.kernels import smem
+from numbaflash import launcher, policy
+from numbaflash.kernels import forward, smem
 from numbaflash.validate import check_attention_inputs
+
+
+def forward_kernel(plan, p):
+    """The compiled kernel of a forward plan (its version's factory, cached)."""
+    return forward.module(plan.version).kernel(plan, p)
+
+
+def dynamic_bytes(plan):
+    """The dynamic shared memory a plan's launch asks for (0 for static shared memory)."""
+    return plan.shared_bytes if plan.dynamic_shared else 0
 
 
 def per_call_us(fn, calls):
@@ -75,13 +85,13 @@ def breakdown(q, k, v, calls):
     from numbaflash import api, arrays
     variants = api._variants(None, None, None, None, None, None, None)
     p, plan = api._forward_problem_and_plan(q, k, v, False, None, variants, None, None)
-    kernel = dispatch.forward_kernel(plan, p)
+    kernel = forward_kernel(plan, p)
     shape3 = (p.BH, p.Sq, p.d)
     Q, K, V = (x.reshape(shape3) for x in (q, k, v))
     O = cuda.device_array(shape3, np.float32)
     L = cuda.device_array((p.BH, p.Sq), np.float32)
     args = (Q, K, V, O, L, np.float32(p.softmax_scale), np.int64(p.causal_offset))
-    dynamic = dispatch.forward_dynamic_shared_bytes(plan)
+    dynamic = dynamic_bytes(plan)
     smem.allow_dynamic_shared_memory(kernel, args, dynamic)     # above 48 KB (v5)
     config = kernel[plan.grid, plan.block, 0, dynamic]
     compiled = kernel.compile(tuple(kernel.typeof_pyval(a) for a in args))
@@ -95,7 +105,7 @@ def breakdown(q, k, v, calls):
             cuda.device_array(shape3, np.float32), cuda.device_array((p.BH, p.Sq), np.float32))),
         ("allocate O and L, arrays.device_empty (cache)", lambda: (
             arrays.device_empty(shape3, np.float32), arrays.device_empty((p.BH, p.Sq), np.float32))),
-        ("forward_kernel (factory cache)", lambda: dispatch.forward_kernel(plan, p)),
+        ("forward_kernel (factory cache)", lambda: forward_kernel(plan, p)),
         ("cuda.current_context()", cuda.current_context),
         ("launch configuration: kernel[grid, block, 0, n]",
          lambda: kernel[plan.grid, plan.block, 0, dynamic]),
@@ -132,17 +142,17 @@ def main():
     ok = True
     for causal in (False, True):
         p = check_attention_inputs(q, k, v, causal, None)
-        plan = dispatch.plan_forward(p)
-        kernel = dispatch.forward_kernel(plan, p)
+        plan = policy.plan_forward(p)
+        kernel = forward_kernel(plan, p)
         Q, K, V = (x.reshape((p.BH, S, p.d)) for x, S in ((q, p.Sq), (k, p.Sk), (v, p.Sk)))
         O = cuda.device_array((p.BH, p.Sq, p.d), np.float32)
         L = cuda.device_array((p.BH, p.Sq), np.float32)
         scale, offset = np.float32(p.softmax_scale), np.int64(p.causal_offset)
         # v1 and v2 also take the variant arguments (placeholders for plain attention)
-        extra = dispatch.variant_arguments(p, None, None) if plan.version in ("v1", "v2") else ()
+        extra = launcher.variant_arguments(p, None, None) if plan.version in ("v1", "v2") else ()
 
         args_raw = (Q, K, V, O, L, scale, offset, *extra)
-        dynamic = dispatch.forward_dynamic_shared_bytes(plan)     # v5: bytes go with the launch
+        dynamic = dynamic_bytes(plan)     # v5: bytes go with the launch
         smem.allow_dynamic_shared_memory(kernel, args_raw, dynamic)
 
         def raw():
