@@ -15,14 +15,18 @@
 # to a CUDA kernel. Every notebook imports the `numbaflash` package and shows its code
 # with `inspect.getsource`; nothing shipped is defined here.
 #
-# | notebook | what it shows |
-# |---|---|
-# | **01 standard attention** | the formula, the $N \times N$ matrix it materialises, and what that costs in memory |
-# | 02 online softmax | how to compute a softmax in one pass without storing the row |
-# | 03 tiling in NumPy | FlashAttention-2 Algorithm 1, tile by tile |
-# | 04 the forward kernel | the same loop as a Numba CUDA kernel, run on the simulator |
+# | notebook | what it shows | needs |
+# |---|---|---|
+# | **01 standard attention** | the formula, the $N \times N$ matrix it materialises, and what that costs in memory | NumPy |
+# | 02 online softmax | how to compute a softmax in one pass without storing the row | NumPy |
+# | 03 tiling in NumPy | FlashAttention-2 Algorithm 1, tile by tile | NumPy |
+# | 04 the forward kernel | the same loop as a Numba CUDA kernel, checked against the reference | GPU or simulator |
+# | 05 the backward pass | the gradients, Algorithm 2, and the backward kernels | GPU or simulator |
+# | 06 GPU performance | time, TFLOP/s and memory traffic next to PyTorch SDPA | a GPU |
+# | 07 masks and modifiers | sliding windows, document masks, softcap, `score_mod`, GQA | GPU or simulator |
 #
-# This notebook needs only NumPy: no GPU and no simulator.
+# Notebooks 01 to 05 each end with an exercise and a cell that checks it. This notebook
+# needs only NumPy: no GPU and no simulator.
 
 # %%
 import inspect
@@ -189,18 +193,16 @@ plt.show()
 # $(N_k, d)$, and it returns $O$ of shape $(N_q, d)$. Use the scale $1/\sqrt{d}$ and make
 # it safe for large scores.
 #
-# **How this exercise works:** the cell below ships with a working solution so that the
-# notebook runs top to bottom. Replace its body with your own (or with
-# `raise NotImplementedError`) and run the checking cell after it: it compares with
-# `numbaflash.reference.forward` on a few cases and says what looks wrong.
+# **How this exercise works:** the next cell is yours: replace `raise NotImplementedError`
+# with your code and run it, then run the checking cell after it.
+# It compares with `numbaflash.reference.forward` on a few cases and says what looks wrong
+# (until you have written it, it says "not attempted yet"). A solution waits out of sight
+# in `solutions.py`; the cell after the checker shows it when you ask.
 
 # %%
 def my_attention(Q, K, V):
-    # --- solution: replace it with your own ---
-    S = Q @ K.T / np.sqrt(Q.shape[-1])
-    S = S - S.max(axis=1, keepdims=True)
-    E = np.exp(S)
-    return (E / E.sum(axis=1, keepdims=True)) @ V
+    # your code here: the scores, a row-wise softmax that is safe for large scores, P V
+    raise NotImplementedError
 
 
 # %%
@@ -246,3 +248,24 @@ def check_my_attention(fn):
 
 
 check_my_attention(my_attention)
+
+# %% [markdown]
+# Stuck, or done and curious? Uncomment these lines and run them to see a solution; the
+# last one puts it in place of yours (run the checking cell again after it).
+
+# %%
+# import solutions
+# solutions.show("my_attention")
+# my_attention = solutions.my_attention
+
+# %% [markdown]
+# ---
+# *For the test suite:* CI runs this notebook top to bottom, with the exercise above not
+# yet written. This cell runs the same checker on the solution in `solutions.py`, without
+# printing it, so a change that breaks the exercise, its checker or its solution fails the
+# tests. You can skip it.
+
+# %%
+import solutions
+
+check_my_attention(solutions.my_attention)

@@ -199,19 +199,17 @@ for block in (1, 2, 3, 7, 16, 64):
 # new block `xb` (a 1-D array), return the new `(m, l)`. It must handle the first block
 # (`m = -inf`, `l = 0`) and a block whose entries are all `-inf` (masked).
 #
-# **How this exercise works:** the cell below ships with a working solution so that the
-# notebook runs top to bottom. Replace its body with your own (or with
-# `raise NotImplementedError`) and run the checking cell: it runs your step over several
-# rows and compares every intermediate state with `online_softmax_steps`, and says what
-# went wrong at the first step that differs.
+# **How this exercise works:** the next cell is yours: replace `raise NotImplementedError`
+# with your code and run it, then run the checking cell after it.
+# It runs your step over several rows, compares every intermediate state with
+# `online_softmax_steps`, and says what went wrong at the first step that differs (until
+# you have written it, it says "not attempted yet"). A solution waits out of sight in
+# `solutions.py`; the cell after the checker shows it when you ask.
 
 # %%
 def my_online_step(m, l, xb):
-    # --- solution: replace it with your own ---
-    m_new = max(m, np.max(xb))
-    if m_new == -np.inf:                 # nothing visible yet: keep the empty state
-        return m, l
-    return m_new, l * np.exp(m - m_new) + np.exp(xb - m_new).sum()
+    # your code here: the new running max, then the old sum rescaled plus the block's terms
+    raise NotImplementedError
 
 
 # %%
@@ -275,3 +273,24 @@ def check_online_step(step):
 
 
 check_online_step(my_online_step)
+
+# %% [markdown]
+# Stuck, or done and curious? Uncomment these lines and run them to see a solution; the
+# last one puts it in place of yours (run the checking cell again after it).
+
+# %%
+# import solutions
+# solutions.show("my_online_step")
+# my_online_step = solutions.my_online_step
+
+# %% [markdown]
+# ---
+# *For the test suite:* CI runs this notebook top to bottom, with the exercise above not
+# yet written. This cell runs the same checker on the solution in `solutions.py`, without
+# printing it, so a change that breaks the exercise, its checker or its solution fails the
+# tests. You can skip it.
+
+# %%
+import solutions
+
+check_online_step(solutions.my_online_step)

@@ -303,22 +303,18 @@ plt.show()
 # key/value tile, without a mask: `Qi` is $(B_r, d)$, `Kj` and `Vj` are $(B_c, d)$, `m_i`
 # and `l_i` are $(B_r,)$, `o_i` is $(B_r, d)$. Return the new `(m_i, l_i, o_i)`.
 #
-# **How this exercise works:** the cell below ships with a working solution so that the
-# notebook runs top to bottom. Replace its body with your own (or with
-# `raise NotImplementedError`) and run the checking cell: it drives Algorithm 1 with your
-# step (lines 3 to 7 and 12 to 13 are done for you), compares $O$ and $L$ with the dense
-# reference, and uses which of them is wrong, and for which tiling, to say what to fix.
+# **How this exercise works:** the next cell is yours: replace `raise NotImplementedError`
+# with your code and run it, then run the checking cell after it.
+# It drives Algorithm 1 with your step (lines 3 to 7 and 12 to 13 are done for you),
+# compares $O$ and $L$ with the dense reference, and uses which of them is wrong, and for
+# which tiling, to say what to fix (until you have written it, it says "not attempted
+# yet"). A solution waits out of sight in `solutions.py`; the cell after the checker shows
+# it when you ask.
 
 # %%
 def my_tile_step(Qi, Kj, Vj, m_i, l_i, o_i, softmax_scale):
-    # --- solution: replace it with your own ---
-    Sij = (Qi @ Kj.T) * softmax_scale                # l.8
-    m_new = np.maximum(m_i, Sij.max(axis=1))         # l.9
-    Pij = np.exp(Sij - m_new[:, None])               # l.9
-    alpha = np.exp(m_i - m_new)                      # l.9-10: the rescale factor
-    l_new = alpha * l_i + Pij.sum(axis=1)            # l.9
-    o_new = alpha[:, None] * o_i + Pij @ Vj          # l.10
-    return m_new, l_new, o_new
+    # your code here: l.8 (Sij), l.9 (m_new, Pij, l_new), l.10 (o_new)
+    raise NotImplementedError
 
 
 # %%
@@ -381,3 +377,24 @@ def check_tile_step(step):
 
 
 check_tile_step(my_tile_step)
+
+# %% [markdown]
+# Stuck, or done and curious? Uncomment these lines and run them to see a solution; the
+# last one puts it in place of yours (run the checking cell again after it).
+
+# %%
+# import solutions
+# solutions.show("my_tile_step")
+# my_tile_step = solutions.my_tile_step
+
+# %% [markdown]
+# ---
+# *For the test suite:* CI runs this notebook top to bottom, with the exercise above not
+# yet written. This cell runs the same checker on the solution in `solutions.py`, without
+# printing it, so a change that breaks the exercise, its checker or its solution fails the
+# tests. You can skip it.
+
+# %%
+import solutions
+
+check_tile_step(solutions.my_tile_step)

@@ -12,7 +12,8 @@
 # # 04 · The forward kernel
 #
 # Notebook 03 wrote FlashAttention-2's Algorithm 1 as NumPy loops over tiles. This notebook
-# reads the same loop as a Numba CUDA kernel, `numbaflash/kernels/forward.py`, and runs it.
+# reads the same loop as a Numba CUDA kernel, `numbaflash/kernels/forward/v2_flash2.py`
+# (one file per version; the package's docstring lists them), and runs it.
 # Only the mapping of work onto threads is new: the outer loop over query tiles becomes
 # the grid of thread blocks, the rows of a tile become the threads of a block, and the
 # tiles $K_j$, $V_j$ are staged in shared memory.
@@ -169,10 +170,14 @@ print(inspect.getsource(fwd.make_forward_v2))
 # %% [markdown]
 # ## The shared-memory budget
 #
-# A block may use 48 KB of static shared memory (Numba has no opt-in for the larger
-# dynamic amount). The v2 kernel holds $K_j$ and $V_j$ there, $B_c \times d$ each, in the
-# accumulator dtype; `dispatch.forward_shared_bytes` computes it and
-# `dispatch.default_forward_tiles` applies the documented rule:
+# Without asking, a block may use 48 KB of shared memory, declared with a size fixed at
+# compile time (`cuda.shared.array(n, dtype)`, static shared memory). More, up to 227 KB
+# per block on an H100 or H200, takes dynamic shared memory (`cuda.shared.array(0,
+# dtype)`, sized at launch) and a per-kernel opt-in, which `numbaflash/kernels/smem.py`
+# makes for forward v5 to v9 and backward v4 to v6. v2 stays within the 48 KB: it holds
+# $K_j$ and $V_j$ there, $B_c \times d$ each, in the accumulator dtype;
+# `dispatch.forward_shared_bytes` computes it and `dispatch.default_forward_tiles` applies
+# the documented rule:
 
 # %%
 print(inspect.getsource(dispatch.forward_shared_bytes))
@@ -319,7 +324,9 @@ print(f"K and V elements read: v1 {elems_v1:,}, v2 {elems_v2:,} ({elems_v1 / ele
 # %% [markdown]
 # On a GPU the next cell times each version on device arrays (no host copies in the
 # timing); on the simulator a time says nothing about a GPU, so it only says so. Measured
-# numbers for the H200 are in `docs/gpu-results.md`.
+# numbers for the H200: `docs/performance.md` has the current ones against PyTorch SDPA,
+# and each version's docstring (the ladder printed at the top) cites the file under
+# `lab/runs/` that holds its measurement.
 
 # %%
 if SIM:
@@ -370,30 +377,22 @@ for tiles in tile_choices:
 # it with grid `(ceil(Sq / 16), BH)` and blocks of 16 threads, on a size that is not a
 # multiple of 16.
 #
-# **How this exercise works:** the cell below ships with a working kernel so that the
-# notebook runs top to bottom. Replace it with your own (or set `my_lse_kernel = None` to
-# skip it) and run the checking cell: it fills `L` with NaN before the launch, compares
-# with `reference.forward`'s logsumexp, and says what looks wrong.
+# **How this exercise works:** the next cell is yours: write the kernel there (a start is
+# in its comments) and run it, then run the checking cell after it. It fills `L` with NaN
+# before the launch, compares with `reference.forward`'s logsumexp, and says what looks
+# wrong (while `my_lse_kernel` is None, it skips the check). A solution waits out of
+# sight in `solutions.py`; the cell after the checker shows it when you ask.
 
 # %%
-@cuda.jit
-def my_lse_kernel(Q, K, L, softmax_scale):
-    # --- solution: replace it with your own ---
-    bh = cuda.blockIdx.y
-    row = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    if row >= Q.shape[1]:
-        return
-    m = -math.inf
-    l = 0.0
-    for c in range(K.shape[1]):
-        s = 0.0
-        for kk in range(Q.shape[2]):
-            s += Q[bh, row, kk] * K[bh, c, kk]
-        s *= softmax_scale
-        m_new = max(m, s)
-        l = l * math.exp(m - m_new) + math.exp(s - m_new)
-        m = m_new
-    L[bh, row] = m + math.log(l)
+my_lse_kernel = None            # until you write yours
+
+
+# @cuda.jit
+# def my_lse_kernel(Q, K, L, softmax_scale):
+#     bh = cuda.blockIdx.y                                         # which head
+#     row = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x   # which query row
+#     ...                                                          # the online softmax
+#     L[bh, row] = ...
 
 
 # %%
@@ -450,3 +449,24 @@ def check_lse_kernel(kernel):
 
 
 check_lse_kernel(my_lse_kernel)
+
+# %% [markdown]
+# Stuck, or done and curious? Uncomment these lines and run them to see a solution; the
+# last one puts it in place of yours (run the checking cell again after it).
+
+# %%
+# import solutions
+# solutions.show("my_lse_kernel")
+# my_lse_kernel = solutions.my_lse_kernel
+
+# %% [markdown]
+# ---
+# *For the test suite:* CI runs this notebook top to bottom, with the exercise above not
+# yet written. This cell runs the same checker on the solution in `solutions.py`, without
+# printing it, so a change that breaks the exercise, its checker or its solution fails the
+# tests. You can skip it.
+
+# %%
+import solutions
+
+check_lse_kernel(solutions.my_lse_kernel)

@@ -272,7 +272,8 @@ print("max errors dQ, dK, dV:", [f"{np.abs(a - b).max():.1e}" for a, b in zip((d
 # %% [markdown]
 # ## v1 against v2
 #
-# The module docstring of `numbaflash/kernels/backward.py` lists what each version changes:
+# The docstring of `numbaflash.kernels.backward` (one file per version under
+# `numbaflash/kernels/backward/`) lists what each version changes:
 
 # %%
 print(bwd.__doc__)
@@ -313,17 +314,16 @@ else:
 # `V` $(N_k, d)$, the upstream gradient `dO` and the output `O` (both $(N_q, d)$), return
 # $dS$ $(N_q, N_k)$, the gradient with respect to the scores (before the scale).
 #
-# **How this exercise works:** the cell below ships with a working solution so that the
-# notebook runs top to bottom. Replace its body with your own (or with
-# `raise NotImplementedError`) and run the checking cell: it compares with the formulas of
-# `reference.backward` and recognises the usual mistakes.
+# **How this exercise works:** the next cell is yours: replace `raise NotImplementedError`
+# with your code and run it, then run the checking cell after it.
+# It compares with the formulas of `reference.backward` and recognises the usual mistakes
+# (until you have written it, it says "not attempted yet"). A solution waits out of sight
+# in `solutions.py`; the cell after the checker shows it when you ask.
 
 # %%
 def my_dS(P, V, dO, O):
-    # --- solution: replace it with your own ---
-    dP = dO @ V.T                              # Alg.2 l.13
-    D = np.sum(dO * O, axis=1)                 # Alg.2 l.4
-    return P * (dP - D[:, None])               # Alg.2 l.14
+    # your code here: dP (Alg.2 l.13), D (l.4), then dS (l.14)
+    raise NotImplementedError
 
 
 # %%
@@ -358,3 +358,24 @@ def check_dS(fn):
 
 
 check_dS(my_dS)
+
+# %% [markdown]
+# Stuck, or done and curious? Uncomment these lines and run them to see a solution; the
+# last one puts it in place of yours (run the checking cell again after it).
+
+# %%
+# import solutions
+# solutions.show("my_dS")
+# my_dS = solutions.my_dS
+
+# %% [markdown]
+# ---
+# *For the test suite:* CI runs this notebook top to bottom, with the exercise above not
+# yet written. This cell runs the same checker on the solution in `solutions.py`, without
+# printing it, so a change that breaks the exercise, its checker or its solution fails the
+# tests. You can skip it.
+
+# %%
+import solutions
+
+check_dS(solutions.my_dS)

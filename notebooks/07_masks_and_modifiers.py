@@ -200,9 +200,9 @@ print(f"MQA: dk shape {dk.shape} (one head), max relative error {max_rel_err(dk,
 #
 # On a GPU the cost of attention is the number of tiles visited. A sliding window of
 # $w$ keys visits about $(w + B_r)/B_c + 1$ tiles per Q tile instead of up to $N/B_c$,
-# and a document mask about one tile row per document. Timed here at (1, 8, 8192, 64);
-# `scripts/variants_gpu.py` records the issue's case, a window of 256 at N = 16384, in
-# `docs/gpu-results.md`.
+# and a document mask about one tile row per document. Timed here at (1, 8, 8192, 64). At
+# N = 16384 on an H200, a window of 256 keys ran 16.5x faster than full causal attention
+# forward, and 25.5x forward + backward (`lab/runs/2026-12-01/09_variants_gpu.txt`).
 
 # %%
 if not SIM:
