@@ -302,9 +302,13 @@ def _cgroup_bytes_left():
 
 
 def available_device_bytes():
-    """Free memory of the current GPU in bytes (the CUDA driver's cuMemGetInfo)."""
+    """Free memory of the current GPU in bytes (the CUDA driver's cuMemGetInfo), or None
+    where the memory manager cannot say (Numba's pool allocator plugins may not)."""
     from numba import cuda
-    free, _total = cuda.current_context().get_memory_info()
+    try:
+        free, _total = cuda.current_context().get_memory_info()
+    except NotImplementedError:
+        return None
     return free
 
 
