@@ -67,7 +67,14 @@ class Plans(tuple):
         return "\n".join(str(plan) for plan in self)
 
 
-def device_dynamic_shared_limit(where="gpu"):
+def here(where=None):
+    """``where`` ("gpu" or "simulator"), or None for the backend this process runs on."""
+    if where is not None:
+        return where
+    return "simulator" if config.ENABLE_CUDASIM else "gpu"
+
+
+def device_dynamic_shared_limit(where=None):
     """The dynamic shared memory one block may use on the current GPU: CUDA's
     MAX_SHARED_MEMORY_PER_BLOCK_OPTIN (227 KB on the H100/H200, 163 KB on the A100, 99 KB
     on RTX 30 and 40 cards, 64 KB on RTX 20 cards). The default tile rules stay within

@@ -36,7 +36,7 @@ from numba import cuda
 
 from .. import acc_type, jit_options
 from ..bands import make_kv_tile_range
-from ..plan import SHARED_MEM_LIMIT, Plan, check_thread_tiles, refuse_variants
+from ..plan import SHARED_MEM_LIMIT, Plan, check_thread_tiles, here, refuse_variants
 from ..smem import U
 
 
@@ -291,10 +291,10 @@ def v4_shared_bytes(Br, Bc, TM, TN, d, acc_dtype):
     return n * np.dtype(acc_dtype).itemsize
 
 
-def default_v4_tiles(d, acc_dtype, where="gpu"):
+def default_v4_tiles(d, acc_dtype, where=None):
     """v4 tile rule (above), (Br, Bc, TM, TN). GPU, float32: d <= 64 -> (64, 32, 4, 4),
     128 threads; d = 128 -> (32, 16, 4, 2), 64 threads; float64: d = 64 -> (32, 16, 4, 2)."""
-    if where == "simulator":
+    if here(where) == "simulator":
         return V4_SIM_TILES
     for Br, Bc, TM, TN in V4_CANDIDATES:
         DN = v4_head_dim_padded(Bc, TN, d) // (Bc // TN)

@@ -45,7 +45,8 @@ from numba import cuda
 from .. import acc_type, jit_options
 from ..bands import make_kv_tile_range
 from ..plan import (
-    DYNAMIC_LIMIT_WHY, DYNAMIC_SHARED_MEM_LIMIT, check_thread_tiles, device_dynamic_shared_limit
+    DYNAMIC_LIMIT_WHY, DYNAMIC_SHARED_MEM_LIMIT, check_thread_tiles, device_dynamic_shared_limit,
+    here
 )
 from ..smem import U
 from .v4_register_blocked import V4_MAX_O_REGS, V4_SIM_TILES, plan_blocked, v4_head_dim_padded
@@ -325,11 +326,11 @@ def v5_shared_bytes(Br, Bc, TM, TN, d, acc_dtype):
     return v5_shared_layout(Br, Bc, TM, TN, d).END * np.dtype(acc_dtype).itemsize
 
 
-def default_v5_tiles(d, acc_dtype, where="gpu"):
+def default_v5_tiles(d, acc_dtype, where=None):
     """v5 tile rule (above), (Br, Bc, TM, TN). GPU, float32: d <= 64 -> (128, 64, 8, 4),
     256 threads; 64 < d <= 128 -> (64, 32, 4, 2), 256 threads; d = 256 -> (16, 16, 2, 2),
     64 threads; float64: d = 64 -> (64, 32, 4, 2), d = 128 -> (32, 32, 4, 4)."""
-    if where == "simulator":
+    if here(where) == "simulator":
         return V5_SIM_TILES
     target = min(V5_SHARED_MEM_TARGET, device_dynamic_shared_limit(where))
     for Br, Bc, TM, TN in V5_CANDIDATES:

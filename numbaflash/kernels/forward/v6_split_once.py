@@ -226,7 +226,7 @@ def tiles_within(d, limit, shared_bytes=v6_shared_bytes):
                 None)
 
 
-def default_v6_tiles(d, version="v6", shared_bytes=v6_shared_bytes, where="gpu"):
+def default_v6_tiles(d, version="v6", shared_bytes=v6_shared_bytes, where=None):
     """v6 tile rule (above), (Br, Bc): d <= 64 -> (128, 64); d = 128 -> (128, 32) on the
     H200, (64, 16) on a GPU that allows a block 99 KB. v9 takes the same rule with its own
     shared memory (``shared_bytes``): on the H200 the same tiles."""
