@@ -295,11 +295,13 @@ def version_tiles(version, tiles, d, dtype, seed=0):
     (its own tile rule). v4 gets the same thread tile as v3 for the same case. Tiles of
     four numbers and None are passed through.
     """
-    from numbaflash import dispatch
     from numbaflash.kernels import simulating
+    from numbaflash.kernels.backward import v3_register_blocked as bwd_v3
+    from numbaflash.kernels.backward import v4_dynamic_shared as bwd_v4
+    from numbaflash.kernels.backward import v5_tensor_cores as bwd_v5
     if version in ("v5", "v6") and tiles is not None and len(tiles) == 2:
         try:                                  # v5, v6: multiples of 16, else their rule
-            return dispatch.check_backward_v5_tiles(tiles, d, version)
+            return bwd_v5.check_backward_v5_tiles(tiles, d, version)
         except ValueError:
             return None
     if version not in ("v3", "v4") or tiles is None or len(tiles) == 4:
@@ -312,8 +314,8 @@ def version_tiles(version, tiles, d, dtype, seed=0):
     else:
         TM = int(rng.choice([t for t in (1, 2, 4) if Br % t == 0]))
         TN = int(rng.choice([t for t in (1, 2, 4) if Bc % t == 0]))
-    check = (dispatch.check_backward_v3_tiles if version == "v3"
-             else dispatch.check_backward_v4_tiles)
+    check = (bwd_v3.check_backward_v3_tiles if version == "v3"
+             else bwd_v4.check_backward_v4_tiles)
     try:
         return check((Br, Bc, TM, TN), d, acc_dtype(dtype).__name__)
     except ValueError:

@@ -206,11 +206,19 @@ def backward_v3_signatures(dtype, acc):
 def backward_entries():
     """Every backward kernel x float16/float32/float64 x causal off/on (the preprocessing
     kernel has no mask) x d in 1, 64, 128, 256, with the default backward tiles (v3: its
-    own rule, dispatch.default_backward_v3_tiles; v4: dispatch.default_backward_v4_tiles);
+    own rule, bwd_v3.default_backward_v3_tiles; v4: bwd_v4.default_backward_v4_tiles, both
+    for the GPU);
     v2 only where it runs (float32, float64); v3 and v4 at d = 1 and 256 in float32 only."""
     import numpy as np
 
     from numbaflash.kernels import backward as bwd
+    from numbaflash.kernels.backward import preprocess as bwd_pre
+    from numbaflash.kernels.backward import v1_two_kernels as bwd_v1
+    from numbaflash.kernels.backward import v2_atomic_dq as bwd_v2
+    from numbaflash.kernels.backward import v3_register_blocked as bwd_v3
+    from numbaflash.kernels.backward import v4_dynamic_shared as bwd_v4
+    from numbaflash.kernels.backward import v5_tensor_cores as bwd_v5
+    from numbaflash.kernels.backward import v6_split_pairs as bwd_v6
     out = []
     for dtype in ("float16", "float32", "float64"):
         acc = "float64" if dtype == "float64" else "float32"
@@ -218,22 +226,23 @@ def backward_entries():
         no_f64 = dtype != "float64"
         for d in (1, 64, 128, 256):
             out.append(Entry(f"backward_preprocess-{dtype}-d{d}", "backward",
-                             lambda d=d, a=acc: bwd.make_backward_preprocess(d, a), pre, no_f64))
-            Br, Bc = dispatch.default_backward_tiles(d, acc)
+                             lambda d=d, a=acc: bwd_pre.make_backward_preprocess(d, a), pre,
+                             no_f64))
+            Br, Bc = bwd_v1.default_backward_tiles(d, acc)
             for causal in (False, True):
                 tag = f"{dtype}-d{d}-{'causal' if causal else 'full'}-tiles{Br}x{Bc}"
                 args = dict(Br=Br, Bc=Bc, d=d, c=causal, a=acc)
                 out.append(Entry(f"backward_dkdv_v1-{tag}", "backward",
-                                 lambda kw=args: bwd.make_backward_dkdv_v1(
+                                 lambda kw=args: bwd_v1.make_backward_dkdv_v1(
                                      kw["Br"], kw["Bc"], kw["d"], kw["c"], kw["a"]),
                                  dkdv, no_f64))
                 out.append(Entry(f"backward_dq_v1-{tag}", "backward",
-                                 lambda kw=args: bwd.make_backward_dq_v1(
+                                 lambda kw=args: bwd_v1.make_backward_dq_v1(
                                      kw["Br"], kw["Bc"], kw["d"], kw["c"], kw["a"]),
                                  dq, no_f64))
                 if dtype != "float16":
                     out.append(Entry(f"backward_dkdv_dq_v2-{tag}", "backward",
-                                     lambda kw=args: bwd.make_backward_dkdv_dq_v2(
+                                     lambda kw=args: bwd_v2.make_backward_dkdv_dq_v2(
                                          kw["Br"], kw["Bc"], kw["d"], kw["c"], kw["a"]),
                                      v2, no_f64))
             # v3 (register-blocked SIMT): its own tile rule (GPU candidates; this script
@@ -241,47 +250,47 @@ def backward_entries():
             # 256 in float32 only (each v3 kernel takes about 2 s to compile here)
             if dtype != "float32" and d not in (64, 128):
                 continue
-            t = dispatch.default_backward_v3_tiles(d, acc)
+            t = bwd_v3.default_backward_v3_tiles(d, acc, "gpu")
             dkdv3, dq3 = backward_v3_signatures(np.dtype(dtype), np.dtype(acc))
             for causal in (False, True):
                 tag = (f"{dtype}-d{d}-{'causal' if causal else 'full'}-tiles{t[0]}x{t[1]}"
                        f"-thread{t[2]}x{t[3]}")
                 out.append(Entry(f"backward_dkdv_v3-{tag}", "backward",
                                  lambda t=t, d=d, c=causal, a=acc:
-                                 bwd.make_backward_dkdv_v3(*t, d, c, a), dkdv3, no_f64))
+                                 bwd_v3.make_backward_dkdv_v3(*t, d, c, a), dkdv3, no_f64))
                 out.append(Entry(f"backward_dq_v3-{tag}", "backward",
                                  lambda t=t, d=d, c=causal, a=acc:
-                                 bwd.make_backward_dq_v3(*t, d, c, a), dq3, no_f64))
+                                 bwd_v3.make_backward_dq_v3(*t, d, c, a), dq3, no_f64))
             # v4 (v3 with dynamic shared memory): its own tile rule, the same head dims and
             # signatures as v3; ptxas's "smem" shows static shared memory only (the 1 KB
             # sm_90 reserves per block): v4's arrays are dynamic,
-            # dispatch.dkdv_v4_shared_bytes / dq_v4_shared_bytes of them at launch
+            # bwd_v4.dkdv_v4_shared_bytes / dq_v4_shared_bytes of them at launch
             if "v4" in bwd.VERSIONS:
-                t = dispatch.default_backward_v4_tiles(d, acc)
+                t = bwd_v4.default_backward_v4_tiles(d, acc, "gpu")
                 for causal in (False, True):
                     tag = (f"{dtype}-d{d}-{'causal' if causal else 'full'}-tiles{t[0]}x{t[1]}"
                            f"-thread{t[2]}x{t[3]}")
                     out.append(Entry(f"backward_dkdv_v4-{tag}", "backward",
                                      lambda t=t, d=d, c=causal, a=acc:
-                                     bwd.make_backward_dkdv_v4(*t, d, c, a), dkdv3, no_f64))
+                                     bwd_v4.make_backward_dkdv_v4(*t, d, c, a), dkdv3, no_f64))
                     out.append(Entry(f"backward_dq_v4-{tag}", "backward",
                                      lambda t=t, d=d, c=causal, a=acc:
-                                     bwd.make_backward_dq_v4(*t, d, c, a), dq3, no_f64))
+                                     bwd_v4.make_backward_dq_v4(*t, d, c, a), dq3, no_f64))
             # v5 (tensor cores, GPU only): float32 accumulation (float16 and float32
-            # inputs), d <= 128, its own tile rule (dispatch.default_backward_v5_tiles;
-            # v6: tiles and pairs per kernel, dispatch.default_backward_v6_plan)
+            # inputs), d <= 128, its own tile rule (bwd_v5.default_backward_v5_tiles;
+            # v6: tiles and pairs per kernel, bwd_v6.default_backward_v6_plan)
             for ver in ("v5", "v6"):
-                if ver not in bwd.VERSIONS or acc != "float32" or d > dispatch.BWD_V5_MAX_HEAD_DIM:
+                if ver not in bwd.VERSIONS or acc != "float32" or d > bwd_v5.BWD_V5_MAX_HEAD_DIM:
                     continue
                 for causal, kind in itertools.product((False, True), ("dkdv", "dq")):
-                    Br, Bc, pairs = (dispatch.default_backward_v6_plan(d, causal, dtype)[kind]
+                    Br, Bc, pairs = (bwd_v6.default_backward_v6_plan(d, causal, dtype, "gpu")[kind]
                                      if ver == "v6"
-                                     else dispatch.default_backward_v5_tiles(d, ver) + (False,))
+                                     else bwd_v5.default_backward_v5_tiles(d, "gpu", ver) + (False,))
                     tag = (f"{dtype}-d{d}-{'causal' if causal else 'full'}-tiles{Br}x{Bc}"
                            + ("-pairs" if pairs else ""))
-                    make = getattr(bwd, f"make_backward_{kind}_{ver}")
+                    make = getattr({"v5": bwd_v5, "v6": bwd_v6}[ver], f"make_backward_{kind}_{ver}")
                     # v6: the chunk the dispatcher gives it, and pairs or not
-                    extra = ((dispatch.backward_v6_chunk(kind, Br, Bc), pairs) if ver == "v6"
+                    extra = ((bwd_v6.backward_v6_chunk(kind, Br, Bc), pairs) if ver == "v6"
                              else ())
                     out.append(Entry(f"backward_{kind}_{ver}-{tag}", "backward",
                                      lambda m=make, t=(Br, Bc, d, causal) + extra: m(*t),

@@ -27,8 +27,14 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import numbaflash
-from numbaflash import dispatch, reference
+from numbaflash import reference
 from numbaflash.kernels import backward as bwd
+from numbaflash.kernels.backward import preprocess as bwd_pre
+from numbaflash.kernels.backward import v1_two_kernels as bwd_v1
+from numbaflash.kernels.backward import v3_register_blocked as bwd_v3
+from numbaflash.kernels.backward import v4_dynamic_shared as bwd_v4
+from numbaflash.kernels.backward import v5_tensor_cores as bwd_v5
+from numbaflash.kernels.plan import SHARED_MEM_LIMIT
 from numbaflash.masks import visible
 from backward_checks import (GRADS, backward_magnitudes, check_backward, exact_masks,
                              version_tiles)
@@ -56,10 +62,10 @@ def backward_tiles(d, acc_dtype):
     """(Br, Bc) pairs to draw for the backward kernels: every pair of the simulator's small
     tiles; on a GPU the production candidates that fit both backward kernels."""
     sizes = sizes_for_backend()
-    pairs = dispatch.TILE_CANDIDATES if sizes.tile_sizes is None else \
+    pairs = bwd_v1.TILE_CANDIDATES if sizes.tile_sizes is None else \
         [(Br, Bc) for Br in sizes.tile_sizes for Bc in sizes.tile_sizes]
     return [t for t in pairs
-            if dispatch.backward_shared_bytes(*t, d, acc_dtype) <= dispatch.SHARED_MEM_LIMIT]
+            if bwd_v1.backward_shared_bytes(*t, d, acc_dtype) <= SHARED_MEM_LIMIT]
 
 
 def forward(case, q=None, k=None, v=None):
@@ -72,7 +78,7 @@ def forward(case, q=None, k=None, v=None):
 def require_dtype(version, dtype, d=4):
     """Skip, with the library's reason, if ``version`` refuses ``dtype`` (v5: float64) or
     head dim ``d`` (v5 and v6: d > 128, their fragments in registers)."""
-    too_wide = version in ("v5", "v6") and d > dispatch.BWD_V5_MAX_HEAD_DIM
+    too_wide = version in ("v5", "v6") and d > bwd_v5.BWD_V5_MAX_HEAD_DIM
     if np.dtype(dtype).name not in VERSION_DTYPES[version] or too_wide:
         q = np.zeros((1, 1, 4, d), dtype)
         with pytest.raises(ValueError) as err:
@@ -203,8 +209,8 @@ def test_preprocess_kernel_computes_D(case):
     O = np.ascontiguousarray(to_host(out).reshape(-1, case.Sq, case.d))
     dO = np.ascontiguousarray(case.dout.reshape(-1, case.Sq, case.d))
     D = cuda.to_device(np.full(O.shape[:2], np.nan))
-    kernel = bwd.make_backward_preprocess(case.d, "float64")
-    threads = dispatch.PREPROCESS_THREADS
+    kernel = bwd_pre.make_backward_preprocess(case.d, "float64")
+    threads = bwd_pre.THREADS
     kernel[(-(-case.Sq // threads), O.shape[0]), (threads,)](cuda.to_device(dO),
                                                             cuda.to_device(O), D)
     D = D.copy_to_host().reshape(case.q.shape[:-1])
@@ -257,9 +263,9 @@ def v3_tiles_that_fit(d, acc_dtype):
     if not on_gpu():
         return list(V3_SIM_TILES)
     fits = []
-    for t in dispatch.BWD_V3_CANDIDATES:
+    for t in bwd_v3.BWD_V3_CANDIDATES:
         try:
-            fits.append(dispatch.check_backward_v3_tiles(t, d, acc_dtype))
+            fits.append(bwd_v3.check_backward_v3_tiles(t, d, acc_dtype))
         except ValueError:
             pass
     return fits
@@ -577,7 +583,7 @@ def test_explain_backward_names_each_kernel():
     for plan in plans[1:]:
         assert (plan.Br, plan.Bc, plan.thread_tile, plan.block) == (16, 8, (2, 4), (16,))
         assert "thread tile (TM, TN) = (2, 4) on a 8 x 2 thread grid" in str(plan)
-        assert plan.shared_bytes <= dispatch.SHARED_MEM_LIMIT
+        assert plan.shared_bytes <= SHARED_MEM_LIMIT
     assert plans[1].grid == (1, 2) and plans[2].grid == (1, 2)       # Sk = 5, Sq = 4
     plans = numbaflash.explain_backward(q, q, q, version="v3", tiles=(8, 8))
     assert plans[1].thread_tile == (4, 4)        # (Br, Bc) alone: TM, TN as forward v4
@@ -605,63 +611,65 @@ def test_v4_takes_tiles_above_48_kb():
 
 
 @pytest.mark.parametrize("acc_dtype", ["float32", "float64"])
-def test_default_v3_tiles_fit_every_head_dim(acc_dtype, monkeypatch):
+def test_default_v3_tiles_fit_every_head_dim(acc_dtype):
     """The v3 rule (GPU candidates) picks, for every head dim, tiles whose two kernels fit
     48 KB and whose accumulators fit the register bound up to d = 128 in float32; and the
     examples in default_backward_v3_tiles's docstring hold."""
-    monkeypatch.setattr(dispatch, "simulating", lambda: False)
     for d in range(1, 257):
-        t = dispatch.default_backward_v3_tiles(d, acc_dtype)
-        assert dispatch.check_backward_v3_tiles(t, d, acc_dtype) == t
+        t = bwd_v3.default_backward_v3_tiles(d, acc_dtype, "gpu")
+        assert bwd_v3.check_backward_v3_tiles(t, d, acc_dtype) == t
         if acc_dtype == "float32" and d <= 128:
-            assert max(dispatch.backward_v3_acc_regs(*t, d)) <= dispatch.BWD_V3_MAX_ACC_REGS
+            assert max(bwd_v3.backward_v3_acc_regs(*t, d)) <= bwd_v3.BWD_V3_MAX_ACC_REGS
     if acc_dtype == "float32":
-        assert [dispatch.default_backward_v3_tiles(d, "float32") for d in (64, 128, 256)] == \
-            [(32, 32, 4, 2), (16, 16, 2, 1), (8, 8, 1, 1)]
+        assert [bwd_v3.default_backward_v3_tiles(d, "float32", "gpu")
+                for d in (64, 128, 256)] == [(32, 32, 4, 2), (16, 16, 2, 1), (8, 8, 1, 1)]
     else:
-        assert dispatch.default_backward_v3_tiles(64, "float64") == (16, 16, 2, 1)
+        assert bwd_v3.default_backward_v3_tiles(64, "float64", "gpu") == (16, 16, 2, 1)
+    assert bwd_v3.default_backward_v3_tiles(64, acc_dtype, "simulator") == \
+        bwd_v3.BWD_V3_SIM_TILES
 
 
 @pytest.mark.parametrize("acc_dtype", ["float32", "float64"])
-def test_default_v4_tiles_follow_the_documented_rule(acc_dtype, monkeypatch):
+def test_default_v4_tiles_follow_the_documented_rule(acc_dtype):
     """The backward v4 rule (GPU candidates) picks, for every head dim, tiles that pass the
     caller's check, whose two kernels fit BWD_V4_SHARED_MEM_TARGET and whose accumulators
     fit v3's register bound (float32, every d up to 256; float64 up to 160); each kernel's
     dynamic bytes are v3's for the same tiles (same arrays); and the examples in
     default_backward_v4_tiles's docstring hold."""
-    monkeypatch.setattr(dispatch, "simulating", lambda: False)
     for d in range(1, 257):
-        t = dispatch.default_backward_v4_tiles(d, acc_dtype)
-        assert dispatch.check_backward_v4_tiles(t, d, acc_dtype) == t
-        dkdv = dispatch.dkdv_v4_shared_bytes(*t, d, acc_dtype)
-        dq = dispatch.dq_v4_shared_bytes(*t, d, acc_dtype)
-        assert max(dkdv, dq) <= dispatch.BWD_V4_SHARED_MEM_TARGET
-        assert dkdv == dispatch.dkdv_v3_shared_bytes(*t, d, acc_dtype)
-        assert dq == dispatch.dq_v3_shared_bytes(*t, d, acc_dtype)
+        t = bwd_v4.default_backward_v4_tiles(d, acc_dtype, "gpu")
+        assert bwd_v4.check_backward_v4_tiles(t, d, acc_dtype) == t
+        dkdv = bwd_v4.dkdv_v4_shared_bytes(*t, d, acc_dtype)
+        dq = bwd_v4.dq_v4_shared_bytes(*t, d, acc_dtype)
+        assert max(dkdv, dq) <= bwd_v4.BWD_V4_SHARED_MEM_TARGET
+        assert dkdv == bwd_v3.dkdv_v3_shared_bytes(*t, d, acc_dtype)
+        assert dq == bwd_v3.dq_v3_shared_bytes(*t, d, acc_dtype)
         if acc_dtype == "float32" or d <= 160:
-            assert max(dispatch.backward_v3_acc_regs(*t, d)) <= dispatch.BWD_V3_MAX_ACC_REGS
+            assert max(bwd_v3.backward_v3_acc_regs(*t, d)) <= bwd_v3.BWD_V3_MAX_ACC_REGS
     if acc_dtype == "float32":
-        assert [dispatch.default_backward_v4_tiles(d, acc_dtype) for d in (64, 128, 256)] == \
-            [(64, 64, 4, 4), (32, 32, 2, 2), (16, 16, 1, 1)]
-        assert [dispatch.dkdv_v4_shared_bytes(64, 64, 4, 4, 64, acc_dtype),
-                dispatch.dq_v4_shared_bytes(64, 64, 4, 4, 64, acc_dtype)] == [100352, 83200]
-        assert [dispatch.dkdv_v4_shared_bytes(32, 32, 2, 2, 128, acc_dtype),
-                dispatch.dq_v4_shared_bytes(32, 32, 2, 2, 128, acc_dtype)] == [76288, 71808]
+        assert [bwd_v4.default_backward_v4_tiles(d, acc_dtype, "gpu")
+                for d in (64, 128, 256)] == [(64, 64, 4, 4), (32, 32, 2, 2), (16, 16, 1, 1)]
+        assert [bwd_v4.dkdv_v4_shared_bytes(64, 64, 4, 4, 64, acc_dtype),
+                bwd_v4.dq_v4_shared_bytes(64, 64, 4, 4, 64, acc_dtype)] == [100352, 83200]
+        assert [bwd_v4.dkdv_v4_shared_bytes(32, 32, 2, 2, 128, acc_dtype),
+                bwd_v4.dq_v4_shared_bytes(32, 32, 2, 2, 128, acc_dtype)] == [76288, 71808]
     else:
-        assert [dispatch.default_backward_v4_tiles(d, acc_dtype) for d in (64, 128)] == \
+        assert [bwd_v4.default_backward_v4_tiles(d, acc_dtype, "gpu") for d in (64, 128)] == \
             [(32, 32, 4, 2), (16, 16, 2, 1)]
+    assert bwd_v4.default_backward_v4_tiles(64, acc_dtype, "simulator") == \
+        bwd_v4.BWD_V4_SIM_TILES
 
 
 @pytest.mark.parametrize("acc_dtype", ["float32", "float64"])
 def test_default_backward_tiles_fit_every_head_dim(acc_dtype):
     """The documented rule picks, for every head dim up to the maximum, tiles whose two
-    kernels fit 48 KB; and the examples in dispatch.py's docstring hold."""
+    kernels fit 48 KB; and the examples in the rule's comment (v1_two_kernels.py) hold."""
     for d in range(1, 257):
-        Br, Bc = dispatch.default_backward_tiles(d, acc_dtype)
-        assert dispatch.dkdv_shared_bytes(Br, Bc, d, acc_dtype) <= dispatch.SHARED_MEM_LIMIT
-        assert dispatch.dq_shared_bytes(Br, Bc, d, acc_dtype) <= dispatch.SHARED_MEM_LIMIT
+        Br, Bc = bwd_v1.default_backward_tiles(d, acc_dtype)
+        assert bwd_v1.dkdv_shared_bytes(Br, Bc, d, acc_dtype) <= SHARED_MEM_LIMIT
+        assert bwd_v1.dq_shared_bytes(Br, Bc, d, acc_dtype) <= SHARED_MEM_LIMIT
     if acc_dtype == "float32":
-        assert [dispatch.default_backward_tiles(d, "float32") for d in (16, 64, 128, 256)] == \
+        assert [bwd_v1.default_backward_tiles(d, "float32") for d in (16, 64, 128, 256)] == \
             [(64, 64), (32, 32), (16, 16), (8, 8)]
 
 
@@ -697,7 +705,7 @@ def test_bitwise_identical_over_50_reruns_on_the_gpu(version):
 @pytest.mark.parametrize("causal", [None, "top_left", "bottom_right"])
 def test_backward_v6_pairs_are_bitwise_its_plain_tiles(d, causal):
     """Backward v6's default for float32 inputs keeps its streamed tiles as split pairs
-    (dispatch.BWD_V6_NARROW, BWD_V6_WIDE): the same splits of the same values, done once
+    (v6_split_pairs.BWD_V6_NARROW, BWD_V6_WIDE): the same splits of the same values, done once
     as staged instead of where read, so its gradients must be bit for bit those of the
     same tiles given by the caller (which are run without pairs). Ragged lengths both
     ways, and with bottom_right and Sq > Sk rows that see no key."""

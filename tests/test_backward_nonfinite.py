@@ -46,8 +46,10 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import numbaflash
-from numbaflash import dispatch, reference
+from numbaflash import reference
 from numbaflash.kernels import backward as bwd
+from numbaflash.kernels.backward import v1_two_kernels as bwd_v1
+from numbaflash.kernels.plan import SHARED_MEM_LIMIT
 from numbaflash.masks import visible
 from backward_checks import GRADS, backward_magnitudes, version_tiles
 from strategies import (CAUSAL_MODES, Sizes, attention_cases, examples, make_case, on_gpu,
@@ -72,8 +74,8 @@ def tile_pairs(d, acc_dtype):
     that fit the backward kernels (as test_backward_kernels.py)."""
     if SIZES is not None:
         return [(Br, Bc) for Br in SIZES.tile_sizes for Bc in SIZES.tile_sizes]
-    return [t for t in dispatch.TILE_CANDIDATES
-            if dispatch.backward_shared_bytes(*t, d, acc_dtype) <= dispatch.SHARED_MEM_LIMIT]
+    return [t for t in bwd_v1.TILE_CANDIDATES
+            if bwd_v1.backward_shared_bytes(*t, d, acc_dtype) <= SHARED_MEM_LIMIT]
 
 
 def dtype_version_params():

@@ -13,6 +13,7 @@ import pytest
 
 import numbaflash
 from numbaflash import dispatch
+from numbaflash.kernels.backward import v4_dynamic_shared as bwd_v4
 from backward_checks import check_backward
 from strategies import make_case
 from tolerance import check_forward, to_host
@@ -42,7 +43,7 @@ def test_forward_v5_with_the_gpu_default_tiles(causal):
 
 @pytest.mark.parametrize("causal", [None, "bottom_right"])
 def test_backward_v4_with_the_gpu_default_tiles(causal):
-    tiles = gpu_tiles(dispatch.default_backward_v4_tiles, D)
+    tiles = bwd_v4.default_backward_v4_tiles(D, "float32", "gpu")   # the GPU's rule, anywhere
     assert tiles == (64, 64, 4, 4)                  # the rule's choice at d <= 64 (H200)
     Br, Bc = tiles[:2]
     case = make_case(B=1, H=1, Sq=Br + 7, Sk=Bc + 3, d=D, causal=causal, seed=7,
