@@ -4,8 +4,8 @@
 import numpy as np
 
 from . import arrays
-from .dispatch import (backend, finite_inputs_plans, launch_backward, launch_forward,
-                       plan_backward, plan_forward)
+from .launcher import launch_backward, launch_forward
+from .policy import backend, finite_inputs_plans, plan_backward, plan_forward
 from .validate import (backward_memory, check_attention_inputs, check_backward_inputs,
                        check_memory, forward_memory, warn_if_slow)
 
@@ -120,7 +120,7 @@ def attention(q, k, v, *, causal=False, scale=None, window_size=None, alibi_slop
             picks the default (see explain).
         tiles: (Br, Bc) for the tiled kernels (v4 and v5 also take (Br, Bc, TM, TN);
             v6, v8 and v9 want multiples of 16, v7 Br a multiple of 16 and Bc of 32); None
-            uses the documented rule in dispatch.py.
+            uses the documented rule in the version's file.
         window_size, alibi_slopes, softcap, attn_mask, score_mod, score_mod_grad, mask_mod:
             attention variants (see "Variants" above; v1 and v2 run them).
 
@@ -172,16 +172,20 @@ def attention(q, k, v, *, causal=False, scale=None, window_size=None, alibi_slop
     return out, arrays.finish(L, lse_shape, host)
 
 
-def explain(q, k, v, *, causal=False, scale=None, version=None, tiles=None, **variants):
+def explain(q, k, v, *, causal=False, scale=None, version=None, tiles=None, backend=None,
+            **variants):
     """Validate like ``attention`` and return the ``Plan`` it would run, without running it.
 
     ``print(numbaflash.explain(q, k, v))`` shows the kernel version, tiles, grid, block,
     shared memory, backend (GPU or simulator), the variant compiled in, and the reason for
     each choice. q, k, v may be arrays or anything with ``shape`` and ``dtype``.
+    ``backend``: None for this machine's, or "gpu" / "simulator" to see the plan that
+    backend would run, on any machine (a GPU's plan assumes the H100/H200's 227 KB of
+    shared memory per block when there is no GPU to ask).
     ``variants``: the keyword arguments of ``attention`` (window_size, alibi_slopes, ...).
     """
     p = check_attention_inputs(q, k, v, causal, scale, **variants)
-    return plan_forward(p, version, tiles)
+    return plan_forward(p, version, tiles, where=backend)
 
 
 def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, window_size=None,
@@ -215,7 +219,7 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, win
         tiles: (Br, Bc) for the backward kernels (v3 and v4 also take (Br, Bc, TM, TN);
             v5 and v6 take multiples of 16, and v6 also ((Br, Bc), (Br, Bc)): the dK/dV
             kernel's tiles, then the dQ kernel's; given tiles run without v6's split
-            pairs); None uses the documented rule in dispatch.py (v6:
+            pairs); None uses the documented rule in the version's file (v6:
             default_backward_v6_plan, tiles and pairs per kernel).
 
     Returns:
@@ -321,13 +325,16 @@ def attention_vjp(q, k, v, *, causal=False, scale=None, forward_version=None,
 
 
 def explain_backward(q, k, v, *, causal=False, scale=None, version=None, tiles=None,
-                     **variants):
+                     backend=None, **variants):
     """Validate like ``attention`` and return the backward's ``Plans`` without running them.
 
     ``print(numbaflash.explain_backward(q, k, v))`` shows one line per kernel (D, dK/dV,
     dQ for v1, v3 and v4): version, tiles (and v3's and v4's thread tile), grid, block,
-    shared memory (v4: dynamic, per kernel), backend, variant and why.
+    shared memory (v4: dynamic, per kernel), backend, variant and why. ``backend`` as
+    for ``explain``: "gpu" shows a GPU's plan on any machine. (On a GPU the call itself
+    also checks that the inputs are finite, and runs v4 instead of v6 if they are not;
+    a plan cannot know that.)
     """
     p = check_attention_inputs(q, k, v, causal, scale, **variants)
-    return plan_backward(p, version, tiles)
+    return plan_backward(p, version, tiles, where=backend)
 

@@ -59,8 +59,10 @@ if not cuda.is_available():
     # question with the target we compile for; nothing else in this process touches a device.
     cuda_dispatcher.get_current_device = lambda: _FakeDevice()
 
-from numbaflash import dispatch  # noqa: E402
-from numbaflash.kernels import forward as fwd  # noqa: E402
+from numbaflash.kernels import forward  # noqa: E402
+from numbaflash.kernels.plan import DYNAMIC_SHARED_MEM_LIMIT  # noqa: E402
+
+F = {version: forward.module(version) for version in forward.VERSIONS}   # the forward ladder
 
 
 @dataclass
@@ -83,7 +85,7 @@ def forward_signature(dtype, acc):
 
 
 def variant_signature(acc, mask_dtype="bool"):
-    """What follows causal_offset in kernels that take variants (dispatch.variant_arguments):
+    """What follows causal_offset in kernels that take variants (launcher.variant_arguments):
     window_lo, Hq, group, softcap, slopes (2D), attn_mask (4D, bool or a float dtype),
     tiles (3D bool, the table of visible tiles)."""
     import numpy as np
@@ -111,70 +113,70 @@ def forward_entries():
             for causal in (False, True):
                 tag = f"{dtype}-d{d}-{'causal' if causal else 'full'}"
                 out.append(Entry(f"forward_v1-{tag}", "forward",
-                                 lambda d=d, c=causal, a=acc: fwd.make_forward_v1(d, c, a),
+                                 lambda d=d, c=causal, a=acc: F["v1"].make_forward_v1(d, c, a),
                                  vsig, dtype != "float64"))
-                Br, Bc = dispatch.default_forward_tiles(d, acc)
+                Br, Bc = F["v2"].default_forward_tiles(d, acc)
                 out.append(Entry(f"forward_v2-{tag}-tiles{Br}x{Bc}", "forward",
                                  lambda Br=Br, Bc=Bc, d=d, c=causal, a=acc:
-                                 fwd.make_forward_v2(Br, Bc, d, c, a),
+                                 F["v2"].make_forward_v2(Br, Bc, d, c, a),
                                  vsig, dtype != "float64"))
-                if "v3" in fwd.VERSIONS and acc == "float32" and d <= dispatch.V3_MAX_HEAD_DIM:
+                if "v3" in forward.VERSIONS and acc == "float32" and d <= F["v3"].V3_MAX_HEAD_DIM:
                     # v3 (tensor cores, GPU only): float32 accumulation, d <= 128
-                    Br, Bc = dispatch.default_v3_tiles(d)
+                    Br, Bc = F["v3"].default_v3_tiles(d)
                     out.append(Entry(f"forward_v3-{tag}-tiles{Br}x{Bc}", "forward",
-                                     lambda Bc=Bc, d=d, c=causal: fwd.make_forward_v3(Bc, d, c),
+                                     lambda Bc=Bc, d=d, c=causal: F["v3"].make_forward_v3(Bc, d, c),
                                      sig, True))
         # v4 (register-blocked SIMT): its own tile rule (GPU candidates; this script runs
         # without the simulator), d in 1, 59 (padded to the thread grid), 64, 128; eight
         # entries per dtype like v1 and v2 (tests/test_ptx.py counts them)
         for d in (1, 59, 64, 128):
-            Br, Bc, TM, TN = dispatch.default_v4_tiles(d, acc)
+            Br, Bc, TM, TN = F["v4"].default_v4_tiles(d, acc)
             for causal in (False, True):
                 tag = f"{dtype}-d{d}-{'causal' if causal else 'full'}"
                 out.append(Entry(f"forward_v4-{tag}-tiles{Br}x{Bc}-thread{TM}x{TN}", "forward",
                                  lambda t=(Br, Bc, TM, TN), d=d, c=causal, a=acc:
-                                 fwd.make_forward_v4(*t, d, c, a),
+                                 F["v4"].make_forward_v4(*t, d, c, a),
                                  sig, dtype != "float64"))
         # v5 (v4 with dynamic shared memory): its own tile rule, the same head dims; ptxas's
         # "smem" shows static shared memory only (1 KB that sm_90 reserves per block): v5's
-        # tiles are dynamic, dispatch.v5_shared_bytes of them at launch
-        if "v5" in fwd.VERSIONS:
+        # tiles are dynamic, v5_dynamic_shared.v5_shared_bytes of them at launch
+        if "v5" in forward.VERSIONS:
             for d in (1, 59, 64, 128):
-                Br, Bc, TM, TN = dispatch.default_v5_tiles(d, acc)
+                Br, Bc, TM, TN = F["v5"].default_v5_tiles(d, acc)
                 for causal in (False, True):
                     tag = f"{dtype}-d{d}-{'causal' if causal else 'full'}"
                     out.append(Entry(f"forward_v5-{tag}-tiles{Br}x{Bc}-thread{TM}x{TN}",
                                      "forward", lambda t=(Br, Bc, TM, TN), d=d, c=causal, a=acc:
-                                     fwd.make_forward_v5(*t, d, c, a),
+                                     F["v5"].make_forward_v5(*t, d, c, a),
                                      sig, dtype != "float64"))
         # v6 (tensor cores, GPU only): float32 accumulation, d <= 128, its own tile rule;
         # d = 59 pads to the mma's k, d = 128 stages Qi in shared memory. ptxas's "smem"
         # is static only (bad, the 1 KB sm_90 reserves); the tiles are dynamic
         # v8 (v6 reordered) the same, with the dispatcher's chunk; v9 (v8 with asynchronous
         # K/V copies) too, float32 inputs only
-        v8 = lambda Br, Bc, d, c: fwd.make_forward_v8(Br, Bc, d, c, dispatch.v8_chunk(d, Bc))
-        v9 = lambda Br, Bc, d, c: fwd.make_forward_v9(Br, Bc, d, c, dispatch.v8_chunk(d, Bc))
-        for ver, factory in (("v6", fwd.make_forward_v6), ("v8", v8), ("v9", v9)):
-            if ver not in fwd.VERSIONS or acc != "float32" or (ver == "v9"
+        v8 = lambda Br, Bc, d, c: F["v8"].make_forward_v8(Br, Bc, d, c, F["v8"].v8_chunk(d, Bc))
+        v9 = lambda Br, Bc, d, c: F["v9"].make_forward_v9(Br, Bc, d, c, F["v8"].v8_chunk(d, Bc))
+        for ver, factory in (("v6", F["v6"].make_forward_v6), ("v8", v8), ("v9", v9)):
+            if ver not in forward.VERSIONS or acc != "float32" or (ver == "v9"
                                                                and dtype != "float32"):
                 continue
             for d in (1, 59, 64, 128):
-                Br, Bc = dispatch.default_v6_tiles(d, ver)
+                Br, Bc = F["v6"].default_v6_tiles(d, ver, F[ver].v9_shared_bytes if ver == "v9" else F["v6"].v6_shared_bytes)
                 for causal in (False, True):
                     tag = f"{dtype}-d{d}-{'causal' if causal else 'full'}"
                     out.append(Entry(f"forward_{ver}-{tag}-tiles{Br}x{Bc}", "forward",
                                      lambda t=(Br, Bc), d=d, c=causal, f=factory:
                                      f(*t, d, c), sig, True))
         # v7 (float16 tensor cores, GPU only): float16 inputs only, d <= 128, its own rule
-        if "v7" in fwd.VERSIONS and dtype == "float16":
+        if "v7" in forward.VERSIONS and dtype == "float16":
             for d in (1, 59, 64, 128):
-                Br, Bc = dispatch._v7_tiles_within(d, dispatch.DYNAMIC_SHARED_MEM_LIMIT)
+                Br, Bc = F["v7"].tiles_within(d, DYNAMIC_SHARED_MEM_LIMIT)
                 for causal in (False, True):
                     tag = f"{dtype}-d{d}-{'causal' if causal else 'full'}"
                     out.append(Entry(f"forward_v7-{tag}-tiles{Br}x{Bc}", "forward",
                                      lambda t=(Br, Bc), d=d, c=causal:
-                                     fwd.make_forward_v7(*t, d, c), sig, True))
-    assert {e.name.split("-")[0] for e in out} == {f"forward_{v}" for v in fwd.VERSIONS}, \
+                                     F["v7"].make_forward_v7(*t, d, c), sig, True))
+    assert {e.name.split("-")[0] for e in out} == {f"forward_{v}" for v in forward.VERSIONS}, \
         "a forward version is missing from ptx_check.forward_entries"
     return out
 
@@ -329,6 +331,8 @@ def variant_entries():
 
     from numbaflash.kernels import backward as bwd
     from numbaflash.kernels import variants as variants_mod
+    from numbaflash.kernels.backward import v1_two_kernels as backward_v1
+    from numbaflash.kernels.backward.v1_two_kernels import default_backward_tiles
     from numbaflash.kernels.variants import Variant
     variants = {
         "builtins": (True, Variant(window=True, softcap=True, alibi=True, mask="bool"), "bool"),
@@ -349,21 +353,21 @@ def variant_entries():
                 kw = dict(d=d, c=causal, a=acc, v=variant)
                 fsig = forward_signature(dt, at) + extra
                 out.append(Entry(f"forward_v1-{tag}", "variants",
-                                 lambda kw=kw: fwd.make_forward_v1(kw["d"], kw["c"], kw["a"],
+                                 lambda kw=kw: F["v1"].make_forward_v1(kw["d"], kw["c"], kw["a"],
                                                                    kw["v"]), fsig, no_f64))
-                Br, Bc = dispatch.default_forward_tiles(d, acc)
+                Br, Bc = F["v2"].default_forward_tiles(d, acc)
                 out.append(Entry(f"forward_v2-{tag}-tiles{Br}x{Bc}", "variants",
-                                 lambda kw=kw, Br=Br, Bc=Bc: fwd.make_forward_v2(
+                                 lambda kw=kw, Br=Br, Bc=Bc: F["v2"].make_forward_v2(
                                      Br, Bc, kw["d"], kw["c"], kw["a"], kw["v"]), fsig, no_f64))
-                Br, Bc = dispatch.default_backward_tiles(d, acc)
+                Br, Bc = default_backward_tiles(d, acc)
                 _, dkdv, dq, _ = backward_signatures(dt, at)
                 dkdv = dkdv[:-7] + extra
                 dq = dq[:-7] + extra
                 out.append(Entry(f"backward_dkdv_v1-{tag}-tiles{Br}x{Bc}", "variants",
-                                 lambda kw=kw, Br=Br, Bc=Bc: bwd.make_backward_dkdv_v1(
+                                 lambda kw=kw, Br=Br, Bc=Bc: backward_v1.make_backward_dkdv_v1(
                                      Br, Bc, kw["d"], kw["c"], kw["a"], kw["v"]), dkdv, no_f64))
                 out.append(Entry(f"backward_dq_v1-{tag}-tiles{Br}x{Bc}", "variants",
-                                 lambda kw=kw, Br=Br, Bc=Bc: bwd.make_backward_dq_v1(
+                                 lambda kw=kw, Br=Br, Bc=Bc: backward_v1.make_backward_dq_v1(
                                      Br, Bc, kw["d"], kw["c"], kw["a"], kw["v"]), dq, no_f64))
                 if variant.tile_table and d == 64:      # (the table does not depend on d)
                     i64 = numba.int64

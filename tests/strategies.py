@@ -58,7 +58,10 @@ import numpy as np
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from numbaflash import dispatch
+from numbaflash import policy
+from numbaflash.kernels.backward.v1_two_kernels import TILE_CANDIDATES
+from numbaflash.kernels.forward.v2_flash2 import default_forward_tiles, forward_shared_bytes
+from numbaflash.kernels.plan import SHARED_MEM_LIMIT
 
 DTYPES = ("float16", "float32", "float64")
 CAUSAL_MODES = (None, "bottom_right", "top_left")
@@ -70,7 +73,7 @@ SCALES = (None, 0.5, 0.3)
 def current_backend():
     """'gpu', 'simulator', or 'none' (no GPU and no simulator: only NumPy tests can run)."""
     try:
-        return dispatch.backend()
+        return policy.backend()
     except RuntimeError:
         return "none"
 
@@ -235,14 +238,14 @@ def forward_tile_candidates(d, acc_dtype, sizes=None):
 
     Simulator: every pair from ``sizes.tile_sizes`` (small tiles; shared memory is never a
     limit there). GPU: the default rule's choice first (what users get), then the other
-    candidates of dispatch.TILE_CANDIDATES that fit in shared memory.
+    candidates of TILE_CANDIDATES (backward v1's) that fit in shared memory.
     """
     sizes = sizes or sizes_for_backend()
     if sizes.tile_sizes is not None:
         return [(Br, Bc) for Br in sizes.tile_sizes for Bc in sizes.tile_sizes]
-    default = tuple(dispatch.default_forward_tiles(d, acc_dtype))
-    fits = [t for t in dispatch.TILE_CANDIDATES if t != default and
-            dispatch.forward_shared_bytes(*t, d, acc_dtype) <= dispatch.SHARED_MEM_LIMIT]
+    default = tuple(default_forward_tiles(d, acc_dtype))
+    fits = [t for t in TILE_CANDIDATES if t != default and
+            forward_shared_bytes(*t, d, acc_dtype) <= SHARED_MEM_LIMIT]
     return [default] + fits
 
 

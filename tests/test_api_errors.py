@@ -16,7 +16,13 @@ from numba import cuda
 
 import numbaflash
 import numbaflash.api
-from numbaflash import dispatch
+import numbaflash.launcher
+from numbaflash import policy
+from numbaflash.kernels import plan as launch_plan
+from numbaflash.kernels.backward import v4_dynamic_shared as bwd_v4, v5_tensor_cores as bwd_v5
+from numbaflash.kernels.forward import (
+    v4_register_blocked as fwd_v4, v5_dynamic_shared as fwd_v5, v6_split_once as fwd_v6,
+    v7_float16 as fwd_v7, v8_reordered as fwd_v8, v9_async_copy as fwd_v9)
 from numbaflash.kernels.backward import VERSIONS as BACKWARD_VERSIONS
 from numbaflash.kernels.forward import VERSIONS
 
@@ -27,7 +33,27 @@ def no_launch(monkeypatch):
     def launched(*args, **kwargs):
         raise AssertionError("a kernel was launched; validation should have raised first")
     monkeypatch.setattr(numbaflash.api, "launch_forward", launched)
-    monkeypatch.setattr(dispatch, "launch_forward", launched)
+    monkeypatch.setattr(numbaflash.launcher, "launch_forward", launched)
+    monkeypatch.setattr(numbaflash.launcher, "launch", launched)
+
+
+def plan_as_on_a_gpu(monkeypatch, limit=None):
+    """Plan as numbaflash plans on a GPU (``policy.backend`` says "gpu"; nothing is
+    launched), with a GPU that allows a block ``limit`` bytes of dynamic shared memory
+    (None: the H100/H200's 227 KB, what planning assumes without a GPU to ask)."""
+    monkeypatch.setattr(policy, "backend", lambda: "gpu")
+    if limit is not None:
+        for module in plan_modules():
+            if hasattr(module, "device_dynamic_shared_limit"):
+                monkeypatch.setattr(module, "device_dynamic_shared_limit",
+                                    lambda where=None: limit)
+
+
+def plan_modules():
+    """The policy and every version's module: where the device's limit is asked."""
+    from numbaflash.kernels import backward, forward
+    return ([policy] + [forward.module(v) for v in forward.VERSIONS]
+            + [backward.module(v) for v in backward.VERSIONS])
 
 
 def arrays(shape_q=(2, 3, 5, 8), shape_kv=(2, 3, 6, 8), dtype=np.float32):
@@ -224,7 +250,7 @@ def test_v5_takes_tiles_above_48_kb():
     with pytest.raises(ValueError, match=r"the limit is 49152"):
         numbaflash.explain(q, k, v, version="v4", tiles=(64, 32, 4, 4))
     plan = numbaflash.explain(q, k, v, version="v5", tiles=(64, 32, 4, 4))
-    assert plan.shared_bytes == 77056 > dispatch.SHARED_MEM_LIMIT
+    assert plan.shared_bytes == 77056 > launch_plan.SHARED_MEM_LIMIT
     assert plan.thread_tile == (4, 4) and plan.block == (128,)
     assert "dynamic shared memory" in str(plan) and "tiles given by the caller" in str(plan)
 
@@ -242,7 +268,7 @@ def test_v5_takes_tiles_above_48_kb():
 def test_bad_v6_tiles(version, tiles, match, monkeypatch):
     """v6's tiles, which v8 and v9 share (checked as on a GPU: the planner is told it is
     not simulating; v9 against its own shared memory)."""
-    monkeypatch.setattr(dispatch, "simulating", lambda: False)
+    plan_as_on_a_gpu(monkeypatch)
     q, k, v = arrays((2, 5, 128), (2, 6, 128))
     raises(ValueError, match.replace("v6", version), q, k, v, version=version, tiles=tiles)
 
@@ -255,12 +281,11 @@ def test_v6_and_v8_plan_on_a_gpu_and_refuse_elsewhere(version, monkeypatch):
     (v9: its own); float64 and d > 128 are refused with their limits, and by v9 float16
     too."""
     q, k, v = arrays((2, 5, 64), (2, 6, 64))
-    if dispatch.simulating():
+    if policy.backend() == "simulator":
         raises(ValueError, rf"forward {version} cannot run this input: .*simulator cannot run",
                q, k, v, version=version)
         assert numbaflash.explain(q, k, v).version == "v5"
-    monkeypatch.setattr(dispatch, "simulating", lambda: False)
-    monkeypatch.setattr(dispatch, "device_dynamic_shared_limit", lambda: 232448)
+    plan_as_on_a_gpu(monkeypatch)
     for d, tiles in ((64, (128, 64)), (128, (128, 32))):
         q, k, v = arrays((2, 5, d), (2, 6, d))
         default = numbaflash.explain(q, k, v, causal=True)
@@ -268,12 +293,12 @@ def test_v6_and_v8_plan_on_a_gpu_and_refuse_elsewhere(version, monkeypatch):
             assert default.version == "v8" and "bitwise v6's results" in default.reason
         else:           # v9 from d = 65 on: v8 with asynchronous K/V copies
             assert default.version == "v9" and "bitwise v8's results" in default.reason
-            assert default.shared_bytes == dispatch.v9_shared_bytes(*tiles, d)
-        assert dispatch.v8_chunk(d, default.Bc) == (16 if d <= 64 else 32)
+            assert default.shared_bytes == fwd_v9.v9_shared_bytes(*tiles, d)
+        assert fwd_v8.v8_chunk(d, default.Bc) == (16 if d <= 64 else 32)
         assert f"{16 if d <= 64 else 32}-key softmax steps" in default.reason
         plan = numbaflash.explain(q, k, v, causal=True, version=version)
         assert plan.kernel == f"forward_{version}" and (plan.Br, plan.Bc) == tiles
-        nbytes = dispatch.v9_shared_bytes if version == "v9" else dispatch.v6_shared_bytes
+        nbytes = fwd_v9.v9_shared_bytes if version == "v9" else fwd_v6.v6_shared_bytes
         assert plan.block == (2 * plan.Br,) and plan.shared_bytes == nbytes(*tiles, d)
         assert "tensor" in default.reason and "exact for every input" in default.reason
     q64, k64, v64 = arrays((2, 5, 64), (2, 6, 64), dtype=np.float64)
@@ -290,7 +315,7 @@ def test_v6_and_v8_plan_on_a_gpu_and_refuse_elsewhere(version, monkeypatch):
 
 def test_backward_v6_plans_tiles_per_kernel_on_a_gpu(monkeypatch):
     """Backward v6 (the GPU default) plans each kernel's tiles and whether its streamed
-    tiles are kept as split pairs (dispatch.BWD_V6_NARROW, BWD_V6_WIDE): at d <= 64 the
+    tiles are kept as split pairs (backward v6's BWD_V6_NARROW, BWD_V6_WIDE): at d <= 64 the
     dQ kernel (64, 32) with pairs, the dK/dV kernel (32, 64) with pairs, or with the
     causal mask (64, 64) without; above that (32, 128) and (128, 32), both with pairs;
     each grid, block and shared memory from its own plan; float16 inputs without pairs
@@ -298,8 +323,7 @@ def test_backward_v6_plans_tiles_per_kernel_on_a_gpu(monkeypatch):
     both kernels, ((Br, Bc), (Br, Bc)) to each, without pairs; bad tiles name the limit,
     and a GPU with less shared memory than the rule needs gets the one-pair rule without
     pairs (planned, not launched)."""
-    monkeypatch.setattr(dispatch, "simulating", lambda: False)
-    monkeypatch.setattr(dispatch, "device_dynamic_shared_limit", lambda: 232448)
+    plan_as_on_a_gpu(monkeypatch)
     for d, causal, dkdv, dq in ((64, False, (32, 64, True), (64, 32, True)),
                                 (64, True, (64, 64, False), (64, 32, True)),
                                 (16, True, (64, 64, False), (64, 32, True)),
@@ -311,8 +335,8 @@ def test_backward_v6_plans_tiles_per_kernel_on_a_gpu(monkeypatch):
         assert (kv.Br, kv.Bc, kv.pairs) == dkdv and (qp.Br, qp.Bc, qp.pairs) == dq
         assert kv.grid == (math.ceil(200 / dkdv[1]), 2) and kv.block == (2 * dkdv[1],)
         assert qp.grid == (math.ceil(300 / dq[0]), 2) and qp.block == (2 * dq[0],)
-        assert kv.shared_bytes == dispatch.dkdv_v5_shared_bytes(*dkdv[:2], d, dkdv[2]) <= 232448
-        assert qp.shared_bytes == dispatch.dq_v5_shared_bytes(*dq[:2], d, dq[2]) <= 232448
+        assert kv.shared_bytes == bwd_v5.dkdv_v5_shared_bytes(*dkdv[:2], d, dkdv[2]) <= 232448
+        assert qp.shared_bytes == bwd_v5.dq_v5_shared_bytes(*dq[:2], d, dq[2]) <= 232448
         assert "each kernel its own" in kv.reason
         assert ("split pairs" in str(kv)) == dkdv[2] and "split pairs" in str(qp)
     # float16 inputs: the tiles of run 57, without pairs (BWD_V6_FLOAT16)
@@ -321,10 +345,10 @@ def test_backward_v6_plans_tiles_per_kernel_on_a_gpu(monkeypatch):
         _, kv, qp = numbaflash.explain_backward(q, k, v)
         assert ((kv.Br, kv.Bc), (qp.Br, qp.Bc)) == (dkdv, dq) and not (kv.pairs or qp.pairs)
     # pairs double the streamed tiles: Qi and dOi (dK/dV), Kj and Vj (dQ)
-    assert (dispatch.dkdv_v5_shared_bytes(32, 64, 64, True)
-            == dispatch.dkdv_v5_shared_bytes(64, 64, 64, False) - 64 * 4)
-    assert (dispatch.dq_v5_shared_bytes(64, 32, 64, True)
-            == dispatch.dq_v5_shared_bytes(64, 64, 64, False))
+    assert (bwd_v5.dkdv_v5_shared_bytes(32, 64, 64, True)
+            == bwd_v5.dkdv_v5_shared_bytes(64, 64, 64, False) - 64 * 4)
+    assert (bwd_v5.dq_v5_shared_bytes(64, 32, 64, True)
+            == bwd_v5.dq_v5_shared_bytes(64, 64, 64, False))
     q, k, v = arrays((2, 300, 128), (2, 200, 128))
     _, kv, qp = numbaflash.explain_backward(q, k, v, version="v6", tiles=(32, 64))
     assert (kv.Br, kv.Bc, qp.Br, qp.Bc) == (32, 64, 32, 64)
@@ -336,7 +360,7 @@ def test_backward_v6_plans_tiles_per_kernel_on_a_gpu(monkeypatch):
         numbaflash.explain_backward(q, k, v, version="v6", tiles=((64, 64), (64, 24)))
     with pytest.raises(ValueError, match=r"backward v6 tiles \(128, 128\) need 271360 bytes"):
         numbaflash.explain_backward(q, k, v, version="v6", tiles=((128, 128), (64, 64)))
-    monkeypatch.setattr(dispatch, "device_dynamic_shared_limit", lambda: 101376)
+    plan_as_on_a_gpu(monkeypatch, 101376)
     _, kv, qp = numbaflash.explain_backward(q, k, v)
     assert (kv.Br, kv.Bc) == (qp.Br, qp.Bc) and kv.shared_bytes <= 101376
     assert not (kv.pairs or qp.pairs)
@@ -348,17 +372,16 @@ def test_v7_plans_float16_on_a_gpu_and_refuses_the_rest(monkeypatch):
     the documented tiles and chunks, 2 Br threads and its dynamic shared memory, and it
     refuses float32, d > 128 and bad tiles, each with its limit."""
     q, k, v = arrays((2, 5, 64), (2, 6, 64), dtype=np.float16)
-    if dispatch.simulating():
+    if policy.backend() == "simulator":
         raises(ValueError, r"forward v7 cannot run this input: .*simulator cannot run", q, k, v,
                version="v7")
-    monkeypatch.setattr(dispatch, "simulating", lambda: False)
-    monkeypatch.setattr(dispatch, "device_dynamic_shared_limit", lambda: 232448)
+    plan_as_on_a_gpu(monkeypatch)
     for d, tiles, chunk in ((64, (128, 128), 32), (128, (128, 64), 16)):
         q, k, v = arrays((2, 5, d), (2, 6, d), dtype=np.float16)
         plan = numbaflash.explain(q, k, v, causal=True, version="v7")
         assert plan.kernel == "forward_v7" and (plan.Br, plan.Bc) == tiles
-        assert plan.block == (256,) and plan.shared_bytes == dispatch.v7_shared_bytes(*tiles, d)
-        assert dispatch.v7_chunk(d, plan.Bc) == chunk
+        assert plan.block == (256,) and plan.shared_bytes == fwd_v7.v7_shared_bytes(*tiles, d)
+        assert fwd_v7.v7_chunk(d, plan.Bc) == chunk
         default = numbaflash.explain(q, k, v)           # the default for float16 is v7
         assert default.version == "v7" and "float16" in default.reason
         q32, k32, v32 = arrays((2, 5, d), (2, 6, d))    # and for float32 still v8 / v9
@@ -378,27 +401,27 @@ def test_default_v5_tiles_follow_the_documented_rule(acc_dtype, monkeypatch):
     """The v5 rule (GPU candidates) picks, for every head dim, tiles that pass the caller's
     check, fit V5_SHARED_MEM_TARGET and the O register bound; the examples in
     default_v5_tiles's docstring hold; and v5's shared bytes are v4's (same arrays)."""
-    monkeypatch.setattr(dispatch, "simulating", lambda: False)
+    plan_as_on_a_gpu(monkeypatch)
     for d in range(1, 257):
-        t = dispatch.default_v5_tiles(d, acc_dtype)
-        assert dispatch.check_v5_tiles(t, d, acc_dtype) == t
-        nbytes = dispatch.v5_shared_bytes(*t, d, acc_dtype)
-        assert nbytes <= dispatch.V5_SHARED_MEM_TARGET
-        assert nbytes == dispatch.v4_shared_bytes(*t, d, acc_dtype)
+        t = fwd_v5.default_v5_tiles(d, acc_dtype, "gpu")
+        assert fwd_v5.check_v5_tiles(t, d, acc_dtype) == t
+        nbytes = fwd_v5.v5_shared_bytes(*t, d, acc_dtype)
+        assert nbytes <= fwd_v5.V5_SHARED_MEM_TARGET
+        assert nbytes == fwd_v4.v4_shared_bytes(*t, d, acc_dtype)
         Br, Bc, TM, TN = t
-        assert TM * (dispatch.v4_head_dim_padded(Bc, TN, d) // (Bc // TN)) <= dispatch.V4_MAX_O_REGS
+        assert TM * (fwd_v4.v4_head_dim_padded(Bc, TN, d) // (Bc // TN)) <= fwd_v4.V4_MAX_O_REGS
     if acc_dtype == "float32":
-        assert [dispatch.default_v5_tiles(d, acc_dtype) for d in (64, 128, 256)] == \
+        assert [fwd_v5.default_v5_tiles(d, acc_dtype, "gpu") for d in (64, 128, 256)] == \
             [(128, 64, 8, 4), (64, 32, 4, 2), (16, 16, 2, 2)]
-        assert [dispatch.v5_shared_bytes(128, 64, 8, 4, 64, acc_dtype),
-                dispatch.v5_shared_bytes(64, 32, 4, 2, 128, acc_dtype)] == [107520, 79104]
-        assert dispatch.default_v4_tiles(64, acc_dtype) == (64, 32, 4, 4)     # what v5 lifts
-        assert dispatch.default_v4_tiles(128, acc_dtype) == (32, 16, 4, 2)
+        assert [fwd_v5.v5_shared_bytes(128, 64, 8, 4, 64, acc_dtype),
+                fwd_v5.v5_shared_bytes(64, 32, 4, 2, 128, acc_dtype)] == [107520, 79104]
+        assert fwd_v4.default_v4_tiles(64, acc_dtype, "gpu") == (64, 32, 4, 4)     # what v5 lifts
+        assert fwd_v4.default_v4_tiles(128, acc_dtype, "gpu") == (32, 16, 4, 2)
         # two blocks per SM: each block's bytes plus the 1 KB the driver reserves, twice,
         # within the H200 SM's 228 KB
-        assert 2 * (dispatch.V5_SHARED_MEM_TARGET + 1024) <= 228 * 1024
+        assert 2 * (fwd_v5.V5_SHARED_MEM_TARGET + 1024) <= 228 * 1024
     else:
-        assert [dispatch.default_v5_tiles(d, acc_dtype) for d in (64, 128)] == \
+        assert [fwd_v5.default_v5_tiles(d, acc_dtype, "gpu") for d in (64, 128)] == \
             [(64, 32, 4, 2), (32, 32, 4, 4)]
 
 
@@ -460,12 +483,12 @@ def test_explain_default_names_the_default_and_its_tile_rule():
     (256, "float64", (64, 8)), (64, "float64", (64, 32)), (16, "float16", (64, 64)),
 ])
 def test_default_tiles_follow_the_documented_rule(d, dtype, tiles):
-    """dispatch.py's docstring examples for v2: Br = 64; float32 d=64 -> Bc 64, d=128 -> 32,
+    """forward v2's tile rule (kernels/forward/v2_flash2.py): Br = 64; float32 d=64 -> Bc 64, d=128 -> 32,
     d=256 -> 16; float64 halves Bc; float16 is computed in float32."""
     fake = types.SimpleNamespace(shape=(1, 1, 4096, d), dtype=np.dtype(dtype))
     plan = numbaflash.explain(fake, fake, fake, version="v2")
     assert (plan.Br, plan.Bc) == tiles
-    assert plan.shared_bytes <= dispatch.SHARED_MEM_LIMIT
+    assert plan.shared_bytes <= launch_plan.SHARED_MEM_LIMIT
     assert plan.grid == (math.ceil(4096 / tiles[0]), 1) and plan.block == (tiles[0],)
 
 
@@ -503,7 +526,7 @@ def test_explain_backward_names_each_kernel_or_says_why_not(version, dtype):
     try:
         plans = numbaflash.explain_backward(q, k, v, causal=True, version=version)
     except ValueError as err:
-        if version in ("v5", "v6") and dispatch.backend() != "gpu":
+        if version in ("v5", "v6") and policy.backend() != "gpu":
             assert re.search(rf"backward {version} cannot run this input: {version} uses the "
                              r"tensor cores through inline PTX, which the simulator cannot "
                              r"run", str(err))
@@ -518,9 +541,9 @@ def test_explain_backward_names_each_kernel_or_says_why_not(version, dtype):
         text = str(plan)
         assert f"tiles (Br, Bc) = ({plan.Br}, {plan.Bc})" in text and "Why:" in text
         # v4's tiles live in dynamic shared memory, up to its target of 100 KB per kernel
-        limit = {"v4": dispatch.BWD_V4_SHARED_MEM_TARGET,
-                 "v5": dispatch.BWD_V5_SHARED_MEM_TARGET,
-                 "v6": dispatch.BWD_V5_SHARED_MEM_TARGET}.get(version, dispatch.SHARED_MEM_LIMIT)
+        limit = {"v4": bwd_v4.BWD_V4_SHARED_MEM_TARGET,
+                 "v5": bwd_v5.BWD_V5_SHARED_MEM_TARGET,
+                 "v6": bwd_v5.BWD_V5_SHARED_MEM_TARGET}.get(version, launch_plan.SHARED_MEM_LIMIT)
         assert plan.shared_bytes <= limit
         assert "causal=bottom_right" in text
         if version in ("v3", "v4"):
@@ -567,17 +590,16 @@ def test_default_dynamic_tiles_fit_a_smaller_gpu(limit, monkeypatch):
     cards 99 KB, RTX 20 cards 64 KB, older ones 48 KB), the default tile rules of forward
     v5 and v6 and backward v4 pick tiles within that GPU's maximum, so the defaults run
     there; on the H200 the rules are unchanged."""
-    monkeypatch.setattr(dispatch, "simulating", lambda: False)
-    monkeypatch.setattr(dispatch, "device_dynamic_shared_limit", lambda: limit)
+    plan_as_on_a_gpu(monkeypatch, limit)
     for acc in ("float32", "float64"):
         for d in (1, 16, 32, 64, 72, 96, 128, 160, 256):
-            t = dispatch.default_v5_tiles(d, acc)
-            assert dispatch.v5_shared_bytes(*t, d, acc) <= limit
-            t = dispatch.default_backward_v4_tiles(d, acc)
-            assert dispatch._bwd_v4_bytes(t, d, acc) <= limit
+            t = fwd_v5.default_v5_tiles(d, acc, "gpu")
+            assert fwd_v5.v5_shared_bytes(*t, d, acc) <= limit
+            t = bwd_v4.default_backward_v4_tiles(d, acc, "gpu")
+            assert bwd_v4._bwd_v4_bytes(t, d, acc) <= limit
     if limit == 101376:      # the H200's choices at d = 64 need 107520 bytes (forward)
-        assert dispatch.default_v5_tiles(64, "float32") == (64, 32, 4, 2)
-        assert dispatch.default_backward_v4_tiles(64, "float32") == (64, 64, 4, 4)
+        assert fwd_v5.default_v5_tiles(64, "float32", "gpu") == (64, 32, 4, 2)
+        assert bwd_v4.default_backward_v4_tiles(64, "float32", "gpu") == (64, 64, 4, 4)
     for d in (1, 16, 32, 64, 72, 96, 128):
         fake = types.SimpleNamespace(shape=(1, 1, 4096, d), dtype=np.dtype("float32"))
         plan = numbaflash.explain(fake, fake, fake)
@@ -600,8 +622,8 @@ def test_the_device_limit_is_the_gpus_or_the_h200s():
     from numba import config, cuda
     if config.ENABLE_CUDASIM or not cuda.is_available():
         expected = 227 * 1024
-        assert dispatch.DYNAMIC_SHARED_MEM_LIMIT == expected
+        assert launch_plan.DYNAMIC_SHARED_MEM_LIMIT == expected
     else:
         expected = cuda.get_current_device().MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
         assert expected >= 48 * 1024
-    assert dispatch.device_dynamic_shared_limit() == expected
+    assert launch_plan.device_dynamic_shared_limit() == expected

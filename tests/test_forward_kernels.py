@@ -56,7 +56,7 @@ F64_VERSIONS = version_params(VERSIONS, numbaflash.explain, "float64")
 
 
 def finite_inputs_only(version):
-    """v3's documented contract is finite inputs (kernels/forward.py): inside its
+    """v3's documented contract is finite inputs (kernels/forward/v3_tensor_cores.py): inside its
     tensor-core products a NaN or inf in K or V can reach rows that never see that key.
     Tests of non-finite inputs check every version whose contract covers them."""
     if version == "v3":
@@ -593,13 +593,12 @@ def test_v5_needs_every_byte_it_plans():
     on the simulator: launched with the planned bytes it runs, with one element less the
     last tile (red) is cut short and the launch raises IndexError. So the plan's
     shared_bytes is exactly what the kernel uses."""
-    from numbaflash import dispatch
-    from numbaflash.kernels import forward as fwd
+    from numbaflash.kernels.forward import v5_dynamic_shared as fwd
     Br, Bc, TM, TN, d = 8, 8, 2, 2, 5
     case = fixed_case(13, 11, d=d, causal="bottom_right", seed=3)
     plan = numbaflash.explain(case.q, case.k, case.v, causal="bottom_right", version="v5",
                               tiles=(Br, Bc, TM, TN))
-    assert plan.shared_bytes == dispatch.v5_shared_bytes(Br, Bc, TM, TN, d, "float32")
+    assert plan.shared_bytes == fwd.v5_shared_bytes(Br, Bc, TM, TN, d, "float32")
     kernel = fwd.make_forward_v5(Br, Bc, TM, TN, d, True, "float32")
     q, k, v = (x.reshape(1, -1, d) for x in (case.q, case.k, case.v))
     scale, offset = np.float32(1 / math.sqrt(d)), np.int64(11 - 13)
@@ -626,12 +625,12 @@ def test_v7_stages_every_column_of_its_padded_tiles():
     kernel; on the H200 a test that first filled shared memory with NaN did not show it,
     run 49, so this checks the rule itself). The default tile's 2 Br threads must hold
     whole rows of that width."""
-    from numbaflash import dispatch
-    from numbaflash.kernels import forward as fwd
-    for d in range(1, dispatch.V7_MAX_HEAD_DIM + 1):
+    from numbaflash.kernels.forward import v7_float16 as fwd
+    from numbaflash.kernels.plan import DYNAMIC_SHARED_MEM_LIMIT
+    for d in range(1, fwd.V7_MAX_HEAD_DIM + 1):
         W = fwd.v7_staging_width(d)
         assert W >= (d + 15) // 16 * 16 and W & (W - 1) == 0, (d, W)
-        Br, Bc = dispatch._v7_tiles_within(d, dispatch.DYNAMIC_SHARED_MEM_LIMIT)
+        Br, Bc = fwd.tiles_within(d, DYNAMIC_SHARED_MEM_LIMIT)
         assert (2 * Br) % W == 0, (d, Br, W)
 
 
@@ -650,11 +649,11 @@ def test_v8_is_bitwise_v6(d, causal, dtype, monkeypatch):
     NaN and inf, which take v6's fix-up paths (the property tests hold both to the
     float64 rule besides). v6 is built here with v8's chunk (32 keys at d > 64, where
     v6's own default is 16)."""
-    from numbaflash import dispatch
-    from numbaflash.kernels import forward as fwd
+    from numbaflash.kernels.forward import v6_split_once as fwd
+    from numbaflash.kernels.forward.v8_reordered import v8_chunk
     v6 = fwd.make_forward_v6
     monkeypatch.setattr(fwd, "make_forward_v6", lambda Br, Bc, d, causal: v6(
-        Br, Bc, d, causal, dispatch.v8_chunk(d, Bc)))
+        Br, Bc, d, causal, v8_chunk(d, Bc)))
     rng = np.random.default_rng(d + 2 * causal)
     for Sq, Sk, poison in ((200, 333, False), (333, 200, True), (128, 128, True)):
         q, k, v = (rng.standard_normal((2, 3, S, d)).astype(dtype) for S in (Sq, Sk, Sk))

@@ -1,9 +1,9 @@
 """The GPU's default tiles of the register-blocked kernels, run on the simulator too.
 
-Under the simulator the tile rules pick small tiles (dispatch.V5_SIM_TILES,
-BWD_V4_SIM_TILES), because every thread and barrier is slow there, so the property suites
+Under the simulator the tile rules pick small tiles (forward v5's V5_SIM_TILES,
+backward v4's BWD_V4_SIM_TILES), because every thread and barrier is slow there, so the property suites
 never run the tiles a GPU runs by default. Here each default kernel runs once with the
-tiles its rule picks on a GPU (asked of the rule with the simulator switched off), on a
+tiles its rule picks on a GPU (asked of the rule for where="gpu"), on a
 small problem whose lengths cross those tiles' boundaries, and is checked against the
 float64 reference by the suites' rules. On a GPU the same tests run the same tiles.
 """
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import numbaflash
-from numbaflash import dispatch
 from numbaflash.kernels.backward import v4_dynamic_shared as bwd_v4
+from numbaflash.kernels.forward import v5_dynamic_shared as fwd_v5
 from backward_checks import check_backward
 from strategies import make_case
 from tolerance import check_forward, to_host
@@ -22,16 +22,13 @@ D = 8       # small enough for the simulator (TESTING.md), and the tiles are the
 
 
 def gpu_tiles(rule, d, acc_dtype="float32"):
-    """What ``rule`` picks on a GPU (the H200's limits without a GPU); the simulator
-    switch is back on before anything runs."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(dispatch, "simulating", lambda: False)
-        return rule(d, acc_dtype)
+    """What ``rule`` picks on a GPU (the H200's limits without a GPU)."""
+    return rule(d, acc_dtype, "gpu")
 
 
 @pytest.mark.parametrize("causal", [None, "bottom_right"])
 def test_forward_v5_with_the_gpu_default_tiles(causal):
-    tiles = gpu_tiles(dispatch.default_v5_tiles, D)
+    tiles = gpu_tiles(fwd_v5.default_v5_tiles, D)
     assert tiles == (128, 64, 8, 4)                 # the rule's choice at d <= 64 (H200)
     Br, Bc = tiles[:2]
     # two query tiles (the second one short) and three key tiles (the last one short)

@@ -109,10 +109,12 @@ def test_model_bytes_counts_the_loops():
 
 
 def test_tile_pairs_are_the_candidates_that_fit():
-    from numbaflash import dispatch
-    assert hbm.tile_pairs(64) == list(dispatch.TILE_CANDIDATES)          # Kj, Vj <= 32 KB
+    from numbaflash.kernels.backward.v1_two_kernels import TILE_CANDIDATES
+    from numbaflash.kernels.forward.v2_flash2 import forward_shared_bytes
+    from numbaflash.kernels.plan import SHARED_MEM_LIMIT
+    assert hbm.tile_pairs(64) == list(TILE_CANDIDATES)          # Kj, Vj <= 32 KB
     for Br, Bc in hbm.tile_pairs(256):
-        assert dispatch.forward_shared_bytes(Br, Bc, 256, "float32") <= dispatch.SHARED_MEM_LIMIT
+        assert forward_shared_bytes(Br, Bc, 256, "float32") <= SHARED_MEM_LIMIT
     assert (64, 64) not in hbm.tile_pairs(256)
     assert hbm.parse_tiles("64x64,32X16") == [(64, 64), (32, 16)]
 

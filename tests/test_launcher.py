@@ -18,7 +18,8 @@ import pytest
 from numba import cuda
 
 import numbaflash
-from numbaflash import arrays, dispatch, launcher
+from numbaflash import arrays, launcher, policy
+from numbaflash.kernels import forward
 from strategies import make_case, on_gpu
 from tolerance import to_host
 
@@ -48,15 +49,15 @@ def test_the_direct_launchs_words_are_numbas():
     p = numbaflash.api._forward_problem_and_plan(q, k, v, False, None,
                                                  numbaflash.api._variants(*[None] * 7),
                                                  None, None)[0]
-    plan = dispatch.plan_forward(p)
-    kernel = dispatch.forward_kernel(plan, p)
+    plan = policy.plan_forward(p)
+    kernel = forward.module(plan.version).kernel(plan, p)
     Q = arrays.as_kernel_array(q, (p.BH, p.Sq, p.d), "q")      # views of another shape
     K = arrays.as_kernel_array(k, (p.BHkv, p.Sk, p.d), "k")
     V = arrays.as_kernel_array(v, (p.BHkv, p.Sk, p.d), "v")
     O = arrays.device_empty((p.BH, p.Sq, p.d), np.float32)     # from the output cache
     L = cuda.device_array((p.BH, p.Sq), np.float32)            # from Numba
     args = (Q, K, V, O, L, np.float32(p.softmax_scale), np.int64(-3))
-    nbytes = dispatch.forward_dynamic_shared_bytes(plan)
+    nbytes = plan.shared_bytes if plan.dynamic_shared else 0
     launcher.launch(kernel, plan.grid, plan.block, args, ("test",), nbytes)
     direct = launcher._DIRECT[(kernel, ("test",), plan.grid, plan.block, nbytes)]
     assert direct.makers is not None, "the default forward kernel must launch directly"

@@ -18,7 +18,7 @@ import pytest
 import numbaflash
 import numbaflash.api
 from numbaflash import arrays, reference, validate
-from numbaflash.dispatch import plan_backward, plan_forward
+from numbaflash.policy import plan_backward, plan_forward
 from numbaflash.masks import visible_band
 from numbaflash.validate import SimulatorSlowWarning, check_attention_inputs
 

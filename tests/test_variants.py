@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from numba import cuda
 
 import numbaflash
-from numbaflash import dispatch, reference
+from numbaflash import launcher, reference
 from numbaflash.api import _variant_arrays
 from numbaflash.validate import check_attention_inputs
 from numbaflash.masks import band, parse_window, visible_band
@@ -282,7 +282,7 @@ def test_tile_table_marks_exactly_the_tiles_with_a_visible_entry(drawn, data):
     Br = data.draw(st.sampled_from([1, 2, 4, 8, 16]), label="Br")
     Bc = data.draw(st.sampled_from([1, 2, 4, 8, 16]), label="Bc")
     p = check_attention_inputs(case.q, k, v, case.causal, case.scale, **kw)
-    tiles = dispatch.tile_table(p, Br, Bc, _variant_arrays(p)[1])
+    tiles = launcher.tile_table(p, Br, Bc, _variant_arrays(p)[1])
     if not p.variant.tile_table:        # bands only: the kernels skip by arithmetic
         assert tiles is None
         return
@@ -302,7 +302,7 @@ def test_tiles_a_mask_leaves_empty_are_not_visited():
     rng = np.random.default_rng(5)
     q, k, v, dout = (rng.standard_normal((1, 2, 20, 4)) for _ in range(4))
     p = check_attention_inputs(q, k, v, mask_mod=documents)
-    table = to_host(dispatch.tile_table(p, 5, 5, None))
+    table = to_host(launcher.tile_table(p, 5, 5, None))
     assert np.array_equal(table[0], np.eye(4, dtype=bool))     # documents of 5 = tiles of 5
     want = reference.forward(q, k, v, mask_mod=documents)[0]
     dwant = reference.backward(dout, q, k, v, mask_mod=documents)

@@ -45,7 +45,7 @@ a sum, so NaN there has no effect; NaN in a visible input propagates.
 """
 
 
-import importlib  # noqa: E402
+import importlib
 
 # The registry: version -> its module in this package, in the order of the ladder's numbers.
 MODULES = {
@@ -64,17 +64,3 @@ def module(version):
     D = rowsum(dO * O) kernel every version starts with (``"preprocess"``)."""
     name = "preprocess" if version == "preprocess" else MODULES[version]
     return importlib.import_module(f"{__name__}.{name}")
-
-# TRANSITION (removed once the dispatcher is split): the names the dispatcher still reads.
-from .preprocess import make_backward_preprocess  # noqa: E402,F401
-from .v1_two_kernels import make_backward_dkdv_v1, make_backward_dq_v1  # noqa: E402,F401
-from .v2_atomic_dq import make_backward_dkdv_dq_v2  # noqa: E402,F401
-from .v3_register_blocked import (make_backward_dkdv_v3, make_backward_dq_v3,  # noqa: E402,F401
-                                  v3_thread_grid)
-from .v4_dynamic_shared import (dkdv_v4_shared_layout, dq_v4_shared_layout,  # noqa: E402,F401
-                                make_backward_dkdv_v4, make_backward_dq_v4)
-from .v5_tensor_cores import (V5_CHUNK, dkdv_v5_shared_layout, dq_v5_shared_layout,  # noqa: E402,F401
-                              make_backward_dkdv_v5, make_backward_dq_v5, v5_head_dim)
-from .nonfinite import nonfinite_check  # noqa: E402,F401
-from .v6_split_pairs import (V6_CHUNK, V6_CHUNKS, make_backward_dkdv_v6,  # noqa: E402,F401
-                             make_backward_dq_v6)

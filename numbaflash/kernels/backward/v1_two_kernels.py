@@ -318,6 +318,10 @@ def backward_tiles(p, tiles, reason):
     return Br, Bc, reason
 
 
+VARIANTS = True                # takes the variant arguments (kernels/variants.py)
+TILE_TABLE = True              # skips the tiles a mask leaves empty (variants.make_tile_table)
+
+
 def plan(p, where, tiles, reason, preprocess):
     """The Plans of backward v1 for Problem ``p``: D, then dK/dV with grid (Tc, B * Hkv)
     and Bc threads, then dQ with grid (Tr, B * Hq) and Br threads; static shared memory."""

@@ -136,6 +136,10 @@ def _p_and_ds(Qi, dOi, Kj, Vj, r, c, L_r, D_r, softmax_scale, d, ZERO):
 # v1's tiles and shared memory (v2's one kernel holds what v1's dK/dV kernel holds).
 
 
+VARIANTS = False               # plain attention only
+TILE_TABLE = False
+
+
 def plan(p, where, tiles, reason, preprocess):
     """The Plans of backward v2 for Problem ``p``: D, then one kernel with grid (Tc, B * Hq)
     and Bc threads that writes dK, dV and adds into dQ; v1's tiles."""

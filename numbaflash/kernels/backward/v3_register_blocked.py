@@ -565,6 +565,10 @@ def plan_register_blocked(p, where, tiles, reason, preprocess, version, default_
     ))
 
 
+VARIANTS = False               # plain attention only
+TILE_TABLE = False
+
+
 def plan(p, where, tiles, reason, preprocess):
     """The Plans of backward v3 for Problem ``p`` (``plan_register_blocked``)."""
     refuse_backward_variants("v3", p)

@@ -575,6 +575,10 @@ def check_backward_v4_tiles(tiles, d, acc_dtype):
                               DYNAMIC_SHARED_MEM_LIMIT, DYNAMIC_LIMIT_WHY)
 
 
+VARIANTS = False               # plain attention only
+TILE_TABLE = False
+
+
 def plan(p, where, tiles, reason, preprocess):
     """The Plans of backward v4 for Problem ``p``: v3's (``plan_register_blocked``), with
     each kernel's shared memory dynamic."""

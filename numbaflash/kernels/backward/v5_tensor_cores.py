@@ -605,6 +605,10 @@ def tensor_core_plans(p, where, reason, preprocess, version, per_kernel):
     return Plans((preprocess, dkdv, dq))
 
 
+VARIANTS = False               # plain attention only
+TILE_TABLE = False
+
+
 def plan(p, where, tiles, reason, preprocess):
     """The Plans of backward v5 for Problem ``p`` (``tensor_core_plans``): one pair of
     tiles for both kernels."""

@@ -558,6 +558,10 @@ def backward_v6_chunk(kind, Br, Bc):
     return chunk if streamed % chunk == 0 else V6_CHUNK
 
 
+VARIANTS = False               # plain attention only
+TILE_TABLE = False
+
+
 def plan(p, where, tiles, reason, preprocess):
     """The Plans of backward v6 for Problem ``p`` (v5's ``tensor_core_plans``): one pair
     of tiles per kernel, and its streamed tiles as split pairs or not."""

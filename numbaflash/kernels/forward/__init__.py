@@ -65,20 +65,3 @@ VERSIONS = tuple(MODULES)
 def module(version):
     """The module of forward ``version`` (its factory and launch contract)."""
     return importlib.import_module(f"{__name__}.{MODULES[version]}")
-
-
-# TRANSITION (removed once the dispatcher is split): the names the dispatcher still reads.
-from .v1_plain import make_forward_v1  # noqa: E402,F401
-from .v2_flash2 import make_forward_v2  # noqa: E402,F401
-from .v3_tensor_cores import V3_BR, V3_CHUNK, V3_WARPS, make_forward_v3  # noqa: E402,F401
-from .v4_register_blocked import make_forward_v4  # noqa: E402,F401
-from .v5_dynamic_shared import make_forward_v5, v5_shared_layout  # noqa: E402,F401
-from .v6_split_once import make_forward_v6  # noqa: E402,F401
-from .v6_tile_steps import (  # noqa: E402,F401
-    V6_CHUNK, V6_LOAD_BATCH, V6_Q_REGISTERS_MAX_DP, v6_shared_layout, v6_staging_width
-)
-from .v7_float16 import (  # noqa: E402,F401
-    V7_CHUNK, make_forward_v7, v7_shared_layout, v7_staging_width
-)
-from .v8_reordered import make_forward_v8  # noqa: E402,F401
-from .v9_async_copy import make_forward_v9, v9_shared_layout  # noqa: E402,F401
