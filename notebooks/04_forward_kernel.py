@@ -34,8 +34,10 @@ from matplotlib.patches import Rectangle
 from numba import cuda
 
 import numbaflash
-from numbaflash import dispatch, reference
+from numbaflash import reference
 from numbaflash.kernels import forward as fwd
+from numbaflash.kernels.forward import v1_plain, v2_flash2
+from numbaflash.kernels.plan import SHARED_MEM_LIMIT
 
 BACKEND = numbaflash.backend()          # "gpu", or "simulator" under NUMBA_ENABLE_CUDASIM=1
 SIM = BACKEND == "simulator"
@@ -47,7 +49,7 @@ if SIM:
     TILES = (16, 16)                    # small tiles, so every loop crosses a few tile edges
 else:
     B, H, Sq, Sk, d = 2, 8, 1024, 1024, 64
-    TILES = None                        # the default rule of numbaflash.dispatch
+    TILES = None                        # v2's tile rule (kernels/forward/v2_flash2.py)
 print(f"backend: {BACKEND}; q (B, H, Sq, d) = {(B, H, Sq, d)}, k and v (B, H, Sk, d) = "
       f"{(B, H, Sk, d)}, tiles = {TILES or 'default'}")
 
@@ -59,12 +61,14 @@ v = rng.standard_normal((B, H, Sk, d)).astype(np.float32)
 # %% [markdown]
 # ## The version ladder
 #
-# The kernel file starts with the list of its versions, each one step up from the one
-# before, with what the step changes and what it costs:
+# The kernels live one version per file in `numbaflash/kernels/forward/`. The package's
+# docstring draws the ladder by lineage, and each version's file starts by saying what it
+# is, its parent, what it changes and what that buys:
 
 # %%
 print(fwd.__doc__)
-print("versions:", fwd.VERSIONS)
+for version in fwd.VERSIONS:
+    print(f"{version}: {fwd.module(version).__name__}: {fwd.module(version).__doc__.splitlines()[0]}")
 
 # %% [markdown]
 # ## From loops to threads
@@ -151,7 +155,7 @@ plt.show()
 # "s unchanged" for ordinary attention; notebook 07 shows what else they can be.
 
 # %%
-print(inspect.getsource(fwd.make_forward_v2))
+print(inspect.getsource(v2_flash2.make_forward_v2))
 
 # %% [markdown]
 # Three things have no counterpart in the NumPy version:
@@ -176,31 +180,31 @@ print(inspect.getsource(fwd.make_forward_v2))
 # dtype)`, sized at launch) and a per-kernel opt-in, which `numbaflash/kernels/smem.py`
 # makes for forward v5 to v9 and backward v4 to v6. v2 stays within the 48 KB: it holds
 # $K_j$ and $V_j$ there, $B_c \times d$ each, in the accumulator dtype;
-# `dispatch.forward_shared_bytes` computes it and `dispatch.default_forward_tiles` applies
-# the documented rule:
+# v2's file, `numbaflash/kernels/forward/v2_flash2.py`, computes it (`forward_shared_bytes`)
+# and applies the documented rule (`default_forward_tiles`):
 
 # %%
-print(inspect.getsource(dispatch.forward_shared_bytes))
-print(inspect.getsource(dispatch.default_forward_tiles))
+print(inspect.getsource(v2_flash2.forward_shared_bytes))
+print(inspect.getsource(v2_flash2.default_forward_tiles))
 
 print("  d   float32 (Br, Bc)  bytes    float64 (Br, Bc)  bytes")
 for dd in (8, 16, 32, 64, 96, 128, 192, 256):
     cells = []
     for acc in ("float32", "float64"):
-        br, bc = dispatch.default_forward_tiles(dd, acc)
-        cells.append(f"{str((br, bc)):>12} {dispatch.forward_shared_bytes(br, bc, dd, acc):7d}")
+        br, bc = v2_flash2.default_forward_tiles(dd, acc)
+        cells.append(f"{str((br, bc)):>12} {v2_flash2.forward_shared_bytes(br, bc, dd, acc):7d}")
     print(f"{dd:3d} {cells[0]}    {cells[1]}")
 
 # %%
 ds = np.arange(1, 257)
 fig, ax = plt.subplots(figsize=(7, 4))
 for bc in (64, 32, 16, 8):
-    need = [dispatch.forward_shared_bytes(64, bc, dd, "float32") / 1024 for dd in ds]
+    need = [v2_flash2.forward_shared_bytes(64, bc, dd, "float32") / 1024 for dd in ds]
     ax.plot(ds, need, label=f"Bc = {bc}")
-chosen = [dispatch.forward_shared_bytes(*dispatch.default_forward_tiles(dd, "float32"), dd,
+chosen = [v2_flash2.forward_shared_bytes(*v2_flash2.default_forward_tiles(dd, "float32"), dd,
                                         "float32") / 1024 for dd in ds]
 ax.plot(ds, chosen, "k", lw=3, alpha=0.3, label="the default rule's choice")
-ax.axhline(dispatch.SHARED_MEM_LIMIT / 1024, color="r", ls="--", label="48 KB per block")
+ax.axhline(SHARED_MEM_LIMIT / 1024, color="r", ls="--", label="48 KB per block")
 ax.set_ylim(0, 70)
 ax.set_xlabel("head dim d")
 ax.set_ylabel("shared memory (KB), float32")
@@ -295,7 +299,7 @@ for causal in ("bottom_right", "top_left"):
 # function:
 
 # %%
-print(inspect.getsource(fwd.make_forward_v1))
+print(inspect.getsource(v1_plain.make_forward_v1))
 
 # %%
 for version in fwd.VERSIONS:

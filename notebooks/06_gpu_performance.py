@@ -54,8 +54,10 @@ from IPython.display import Markdown, display
 from numba import cuda
 
 import numbaflash
-from numbaflash import bench, dispatch, validate
+from numbaflash import bench, validate
+from numbaflash.kernels import backward as bwd_kernels
 from numbaflash.kernels import forward as fwd_kernels
+from numbaflash.kernels.forward import v2_flash2
 
 # ---- sizes: B * H = 16 heads, head dim 64, float32 (shrink the N lists on a smaller GPU)
 B, H, D, DTYPE = 1, 16, 64, "float32"
@@ -122,8 +124,8 @@ if "H200" not in str(env["gpu"]):
 
 # %% [markdown]
 # What "numbaflash" means below: the library's default kernels for these shapes, as the
-# dispatcher explains them (the forward's default is v2; the backward's is v1, three
-# kernels with no atomics).
+# policy explains them (`explain()` below prints the plan and why; the outputs stored in
+# this notebook come from the first GPU run, whose defaults were forward v2 and backward v1).
 
 # %%
 q_spec = np.empty((B, H, max(N_FORWARD), D), DTYPE)   # shapes for explain(); never touched
@@ -176,8 +178,8 @@ print(inspect.getsource(bench.time_ms))
 # (plain PyTorch operations that store the $N \times N$ matrices, TF32 off).
 #
 # The forward first: the default version (v2) and every other rung of the version ladder
-# (`numbaflash/kernels/forward.py`): v1 has no tiles (every thread streams $K$ and $V$
-# itself), v3 uses the tensor cores, and later rungs are listed in the kernel file.
+# (`numbaflash/kernels/forward/`, one file per version): v1 has no tiles (every thread streams $K$ and $V$
+# itself), v3 uses the tensor cores, and later rungs are listed in the package's docstring.
 
 # %%
 t0 = time.perf_counter()
@@ -424,7 +426,7 @@ pairs = HBM_TILES or hbm.tile_pairs(hd, DTYPE)
 print(f"tile pairs (Br, Bc) measured: {pairs}")
 for Br, Bc in pairs:
     print(f"  ({Br:2d}, {Bc:2d}): grid ({-(-hn // Br)}, {hb * hh}) blocks of {Br} threads, "
-          f"shared memory {dispatch.forward_shared_bytes(Br, Bc, hd, 'float32')} B")
+          f"shared memory {v2_flash2.forward_shared_bytes(Br, Bc, hd, 'float32')} B")
 
 # %% [markdown]
 # At the default `HBM_SHAPE`, all of $K$ and $V$ is larger than L2 but one head's are
@@ -471,7 +473,7 @@ for Br, Bc in pairs:
     read, write = hbm.model_bytes(hb, hh, hn, hd, Br, item)
     theorem2 = hbm.theorem2_accesses(hb, hh, hn, hd, hbm.sram_elements(Br, Bc, hd))
     model.append((Br, Bc, read, write, theorem2))
-default_pair = dispatch.default_forward_tiles(hd, "float32")
+default_pair = v2_flash2.default_forward_tiles(hd, "float32")
 scale2 = next(m[2] / m[4] for m in model if m[:2] == default_pair) if default_pair in pairs \
     else model[0][2] / model[0][4]
 
@@ -683,9 +685,11 @@ for version in fwd_kernels.VERSIONS:
     except ValueError as e:
         print(f"{version}: not run here: {e}")
         continue
-    kernels.append((f"forward {version}", plan, dispatch.forward_kernel(plan, p)))
+    kernels.append((f"forward {version}", plan, fwd_kernels.module(version).kernel(plan, p)))
 for plan in numbaflash.explain_backward(spec, spec, spec):
-    kernels.append((f"backward {plan.kernel}", plan, dispatch.backward_kernel(plan, p)))
+    kernel_module = bwd_kernels.module("preprocess" if plan.kernel == "backward_preprocess"
+                                       else plan.version)
+    kernels.append((f"backward {plan.kernel}", plan, kernel_module.kernel(plan, p)))
 print(f"\n{'kernel':>30} {'threads/block':>14} {'registers':>10} {'local B':>8} {'shared B':>9}")
 for name, plan, kernel in kernels:
     if not hasattr(kernel, "get_regs_per_thread"):
@@ -706,7 +710,7 @@ for name, plan, kernel in kernels:
 #   ceilings and of PyTorch's speed. Section 5's printout says on which side of the
 #   ridge each kernel sits: to the right, arithmetic sets the ceiling, not HBM bandwidth.
 # * **v3**, the tensor-core version (opt-in). Its version notes in
-#   `numbaflash/kernels/forward.py` and [docs/kernels.md](../docs/kernels.md) give the
+#   `numbaflash/kernels/forward/v3_tensor_cores.py` and [docs/kernels.md](../docs/kernels.md) give the
 #   kernel author's account of what holds it back: register pressure (the register
 #   count is measured above; an SM has 65536 registers, so registers × threads per block
 #   bounds how many blocks it can hold at once), the TF32 splits redone on every load of

@@ -37,7 +37,7 @@ from matplotlib.patches import Rectangle
 from numba import cuda, float32
 
 import numbaflash
-from numbaflash import dispatch, reference
+from numbaflash import launcher, policy, reference
 from numbaflash.api import _variant_arrays
 from numbaflash.masks import visible_band
 from numbaflash.validate import check_attention_inputs
@@ -114,8 +114,8 @@ def same_document(b, h, q_idx, kv_idx):
 
 # The table the kernels would use (the tile sizes are the forward's).
 p = check_attention_inputs(q, k, v, mask_mod=same_document)
-plan = dispatch.plan_forward(p, tiles=TILES)
-table = dispatch.tile_table(p, plan.Br, plan.Bc, _variant_arrays(p)[1]).copy_to_host()[0]
+plan = policy.plan_forward(p, tiles=TILES)
+table = launcher.tile_table(p, plan.Br, plan.Bc, _variant_arrays(p)[1]).copy_to_host()[0]
 mask = np.fromfunction(lambda i, j: i // DOC == j // DOC, (S, S), dtype=int)
 print(f"tiles (Br, Bc) = ({plan.Br}, {plan.Bc}): {int(table.sum())} of {table.size} tiles "
       f"visited ({table.mean():.0%}); entries visible: {mask.mean():.0%}")
