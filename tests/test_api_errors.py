@@ -627,3 +627,24 @@ def test_the_device_limit_is_the_gpus_or_the_h200s():
         expected = cuda.get_current_device().MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
         assert expected >= 48 * 1024
     assert launch_plan.device_dynamic_shared_limit() == expected
+
+
+def test_explain_shows_another_backends_plan():
+    """explain(..., backend="gpu") shows what a GPU runs, on any machine (the H100/H200's
+    shared memory where there is no GPU to ask); backend="simulator" what the simulator
+    runs; anything else is a ValueError that names the choices."""
+    for d, dtype, forward, backward in ((64, np.float32, "v8", "v6"), (128, np.float32, "v9", "v6"),
+                                        (64, np.float16, "v7", "v6"), (64, np.float64, "v2", "v3")):
+        q, k, v = arrays((2, 3, 300, d), (2, 3, 200, d), dtype=dtype)
+        plan = numbaflash.explain(q, k, v, backend="gpu")
+        assert (plan.version, plan.backend) == (forward, "gpu"), plan
+        plans = numbaflash.explain_backward(q, k, v, backend="gpu")
+        assert {p.version for p in plans} == {backward} and plans[-1].backend == "gpu"
+    q, k, v = arrays((2, 3, 300, 64), (2, 3, 200, 64))
+    sim = numbaflash.explain(q, k, v, backend="simulator")
+    assert (sim.version, sim.backend, (sim.Br, sim.Bc)) == ("v5", "simulator", (8, 8))
+    assert numbaflash.explain_backward(q, k, v, backend="simulator")[-1].version == "v4"
+    gpu_v5 = numbaflash.explain(q, k, v, backend="gpu", version="v5")
+    assert (gpu_v5.Br, gpu_v5.Bc) == (128, 64)          # the GPU's tile rule, not the simulator's
+    with pytest.raises(ValueError, match=r"backend must be one of \('gpu', 'simulator'\)"):
+        numbaflash.explain(q, k, v, backend="tpu")
