@@ -13,8 +13,9 @@ the same bits. Run this script once per tree, each time with that tree first on
 a few shapes (ragged lengths, both causal alignments, float32 and float16, d = 64 and 128,
 plus GQA with a window and softcap on the variant kernels), with fixed seeds; it stores
 every output, lse and gradient and the plan each call ran. ``compare`` checks that the
-plans and every array are identical, bit for bit (NaN positions included), and prints
-one line per case. Without a GPU it runs on the simulator only with NUMBA_ENABLE_CUDASIM=1
+plans and every array are identical, bit for bit (NaN positions included), except backward
+v2's dQ, which is summed with atomics in an order that varies between runs of one tree
+(compared within 1e-5 there), and prints each difference. Without a GPU it runs on the simulator only with NUMBA_ENABLE_CUDASIM=1
 (small shapes: ``--small``).
 """
 
@@ -90,7 +91,7 @@ def compare(args):
             bad += 1
             print(f"PLAN DIFFERS {key}: {plans_a.get(key)!r} vs {plans_b.get(key)!r}")
     names = sorted(set(a.files) | set(b.files) - {"__plans__"})
-    same = 0
+    same = atomic = 0
     for n in names:
         if n == "__plans__":
             continue
@@ -99,13 +100,21 @@ def compare(args):
             print(f"MISSING {n}")
             continue
         x, y = a[n], b[n]
+        if "/backward-v2/dq" in n and x.shape == y.shape and np.allclose(x, y, rtol=1e-5,
+                                                                          atol=1e-5):
+            # v2 adds into dQ with atomics, in an order that varies from run to run (its
+            # docstring says so): the same tree does not give the same bits twice
+            print(f"atomics {n}: within 1e-5, max |a - b| = {np.max(np.abs(x - y)):.2e}")
+            atomic += 1
+            continue
         if x.dtype != y.dtype or x.shape != y.shape or x.tobytes() != y.tobytes():
             bad += 1
             diff = np.nanmax(np.abs(x.astype(np.float64) - y.astype(np.float64)))
             print(f"DIFFERS {n}: max |a - b| = {diff}")
         else:
             same += 1
-    print(f"{same} arrays bitwise identical, {len(plans_a)} plans compared, {bad} differences")
+    print(f"{same} arrays bitwise identical, {atomic} atomic-order dQ arrays within 1e-5, "
+          f"{len(plans_a)} plans compared, {bad} differences")
     return 1 if bad else 0
 
 
