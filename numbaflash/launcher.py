@@ -7,12 +7,13 @@ small call can afford.
 numbaflash kernel can be launched that way (``DIRECT_LAUNCH = False`` makes every launch
 do so). At (1, 1, 128, 64) on the H200 the Python around a kernel is most of a call: the
 launch through Numba's dispatcher alone took 46 us of the 77 us that launch, kernel and
-synchronize took together (run 42, scripts/overhead.py --breakdown; issue 5 asks that a
-small call cost at most 2x the raw launch). Per call, Numba's launch:
+synchronize took together (``python3 scripts/overhead.py --breakdown``,
+lab/runs/2026-12-01/42_overhead.txt), and a small call is meant to cost at most 2x the
+raw launch. Per call, Numba's launch:
 
 1. builds a new launch configuration (``kernel[...]``: it checks the dimensions, wraps
    the stream, and warns about small grids);
-2. works out the Numba type of every argument (the dispatcher);
+2. works out the Numba type of every argument (Numba's dispatcher);
 3. looks up the kernel loaded on the current device;
 4. turns every argument into the words the kernel's parameters are made of. For an array
    these are: meminfo and parent (0 and 0 for a device array), the number of elements,
@@ -59,10 +60,11 @@ def launch(kernel, grid, block, args, types_key=None, dynamic_shared_bytes=0):
     C-contiguous device array). The first launch with a key goes through Numba's
     dispatcher, which compiles the kernel and checks the types; later ones launch the
     compiled kernel directly (module docstring). Without a key, on the simulator, or with
-    ``DIRECT_LAUNCH = False``, every launch goes through the dispatcher.
+    ``DIRECT_LAUNCH = False``, every launch goes through Numba's dispatcher.
 
     More than 48 KB of dynamic shared memory must first be allowed to the compiled kernel
-    (kernels/smem.py): before every launch through the dispatcher, once per key otherwise.
+    (kernels/smem.py): before every launch through Numba's dispatcher, once per key
+    otherwise.
     """
     direct_ok = types_key is not None and DIRECT_LAUNCH and not simulating()
     if direct_ok:
@@ -106,7 +108,7 @@ def device_id():
 class _DirectLaunch:
     """One compiled kernel with one launch configuration, launched by ``cuda.core``:
     Numba's launch steps 1 to 3 (module docstring) done once, at construction, right
-    after a launch through the dispatcher; steps 4 and 5 per call. ``functions`` holds the
+    after a launch through Numba's dispatcher; steps 4 and 5 per call. ``functions`` holds the
     kernel as loaded on each device it has run on (a kernel is loaded per device, and
     more than 48 KB of shared memory is allowed per device)."""
 
@@ -155,7 +157,7 @@ def launch_forward(plan, p, Q, K, V, O, L, slopes=None, attn_mask=None):
         tiles = tile_table(p, plan.Br, plan.Bc, attn_mask) if version.TILE_TABLE else None
         args += variant_arguments(p, slopes, attn_mask, tiles)
     # The argument types follow from the input dtype, unless the caller passed arrays of
-    # their own (slopes, attn_mask: any dtype and layout); then the dispatcher types them.
+    # their own (slopes, attn_mask: any dtype and layout); then Numba's dispatcher types them.
     types_key = (p.dtype, p.acc_dtype) if slopes is None and attn_mask is None else None
     launch(version.kernel(plan, p), plan.grid, plan.block, args, types_key,
            plan.shared_bytes if plan.dynamic_shared else 0)

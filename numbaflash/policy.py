@@ -5,8 +5,8 @@ rule that applies decides, and its reason is what ``explain()`` shows and the lo
 Everything else about a launch (tiles, shared memory, grid, what a version refuses)
 belongs to the version's own file, reached through the ladders' registries
 (``numbaflash.kernels.forward.module(version)``, ``numbaflash.kernels.backward.module``).
-The measurements behind each rule are cited in the version files and in
-docs/performance.md.
+The measurements behind each rule are in the version files' docstrings and in
+docs/performance.md, each cited by the lab/ file that holds it.
 
     import logging; logging.basicConfig(level=logging.INFO)   # every launch's plan
 """

@@ -3,7 +3,7 @@
 It materialises the full score matrix S = scale * Q K^T and the probabilities P, which is
 exactly what FlashAttention avoids; here that is the point: nothing is clever, so it is
 easy to trust. Computed in float64 by default. ``dtype`` lets the tests build the "naive
-same-precision" baseline of TESTING.md (e.g. the same formula in float32).
+same-precision" baseline of tests/tolerance.py (e.g. the same formula in float32).
 
 Shapes: q (..., Sq, d), k and v (..., Sk, d); any leading dims (batch, heads) broadcast
 as in NumPy. Returns O (..., Sq, d) and the row-wise logsumexp L (..., Sq).

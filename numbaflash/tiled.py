@@ -6,10 +6,11 @@ never forms the full Sq x Sk matrix: only one Br x Bc tile Sij at a time. Line r
 (``Alg.1 l.N``, ``Alg.2 l.N``) are to that paper; docs/algorithm.md has the table that
 maps them to code names.
 
-The kernels in ``numbaflash/kernels/forward.py`` and ``kernels/backward.py`` do exactly
-this, with the outer tile loop (``for i`` in the forward and the dQ pass, ``for j`` in
-the dK/dV pass) mapped to thread blocks and the rows of a tile mapped to threads. Diff
-them and only the mapping of work onto threads should differ.
+The kernels in ``numbaflash/kernels/forward/`` (v2_flash2.py is Algorithm 1 as written)
+and ``kernels/backward/`` (v1_two_kernels.py) do exactly this, with the outer tile loop
+(``for i`` in the forward and the dQ pass, ``for j`` in the dK/dV pass) mapped to thread
+blocks and the rows of a tile mapped to threads. Diff them and only the mapping of work
+onto threads should differ.
 
 Shapes: Q (Sq, d), K and V (Sk, d) for one head. ``forward`` returns O (Sq, d) and
 L (Sq,); ``backward`` takes dO, O (Sq, d) and L (Sq,) and returns dQ (Sq, d), dK and dV

@@ -1,4 +1,6 @@
-"""Tier 3: the @cuda.jit kernels, one file per pass, versions v1..vN inside each file.
+"""Tier 3: the @cuda.jit kernels, one package per pass (forward/, backward/), one file per
+version, named by lineage; the building blocks they share beside them (plan.py, ptx.py,
+warp.py, smem.py, bands.py, variants.py).
 
 Two things about how Numba compiles loops shape the register-blocked kernels (forward v4
 and v5, backward v3 and v4):
@@ -11,7 +13,7 @@ and v5, backward v3 and v4):
   (sm_90, d = 64, tiles (128, 64, 8, 4)) each step of its two loops took 59 and 57
   instructions for 32 FFMAs and 12 shared loads. A ``while`` loop's counter (``k += 1``,
   ``k != 64``) it can read, and it unrolls those loops four times: 186 and 185
-  instructions for 128 FFMAs and 48 loads (``python scripts/sass_loops.py``; 46 instead
+  instructions for 128 FFMAs and 48 loads (``python lab/sweeps/sass_loops.py``; 46 instead
   of 58 per 32 FFMAs). NVVM unrolls neither (the PTX has one step per loop either way),
   and how far ptxas unrolls depends on the loop: backward v4's dK/dV loops at d = 64
   stay single steps, with fewer instructions than before (63 and 62 instead of 70 and

@@ -31,8 +31,9 @@ STATIC_SHARED_LIMIT = 48 * 1024     # what every kernel may use without asking
 # around by that length (Python's a[-1]): an add and a select per load or store. In the
 # SASS of forward v5 (sm_90, d = 64) that doubled the integer instructions of the inner
 # loops against v4's static arrays (112 and 79 against 36 and 13 per loop), and v5 ran
-# 45 % slower than v4 with the same tiles (run 17). The indices are never negative; as
-# unsigned integers they need no wraparound, and the same loops compile to 23 and 12.
+# 45 % slower than v4 with the same tiles (lab/runs/2026-12-01/17_v5_sweep.txt). The
+# indices are never negative; as unsigned integers they need no wraparound, and the same
+# loops compile to 23 and 12 (lab/sweeps/sass_loops.py).
 U = uint64
 
 

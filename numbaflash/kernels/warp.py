@@ -12,9 +12,9 @@ FULL_WARP = 0xFFFFFFFF                  # the lane mask of a whole warp
 
 @cuda.jit(device=True, inline=True)
 def quad_max(x):
-    """The max over the 4 lanes of a quad (the lanes sharing a row of an mma fragment,
-    forward v3 and v6); '>' so that NaN does not win (as in v1/v2). Warp shuffles: GPU
-    only."""
+    """The max over the 4 lanes of a quad (the lanes sharing a row of an mma fragment in
+    the tensor-core kernels); '>' so that NaN does not win (as in v1/v2). Warp shuffles:
+    GPU only."""
     y = cuda.shfl_xor_sync(FULL_WARP, x, 1)
     x = y if y > x else x
     y = cuda.shfl_xor_sync(FULL_WARP, x, 2)

@@ -18,27 +18,29 @@ The ladder, by lineage: each file says its parent, what it changes and what that
           │  └─ v9_async_copy  the next K/V tile copied by cp.async (float32)
           └─ v7_float16      float16 inputs on the float16 tensor cores (m16n8k16)
 
+Defaults (numbaflash/policy.py decides, and explain() says why): v2 for variants,
+float64 and d > 128; on a GPU v7 for float16 inputs, v8 for float32 at d <= 64 and v9 at
+64 < d <= 128; on the simulator, which cannot run the tensor-core versions, v5.
+
 Building blocks: ``mma_rows`` (the per-row steps on mma fragments: the online softmax,
 the non-finite fix-ups, the write-out) and ``v6_tile_steps`` (v6's staging and products,
 which v8 and v9 reuse); ``kernels/warp.py`` (quad reductions), ``kernels/ptx.py`` (mma,
 TF32 splits, cp.async), ``kernels/smem.py``, ``kernels/bands.py``, ``kernels/variants.py``.
 
-Every version's file holds its kernel factory and its launch contract: ``plan(p, where,
+Each version's file holds its kernel factory and its launch contract: ``plan(p, where,
 tiles, reason)`` (tile rule, tile check, shared memory, grid and block, or a ValueError
-saying why it cannot run the input) and ``kernel(plan, p)`` (the compiled kernel), plus
+saying why it cannot run the input), ``kernel(plan, p)`` (the compiled kernel),
 ``VARIANTS`` (it takes the variant arguments) and ``TILE_TABLE`` (it skips the tiles a
-mask leaves empty). ``MODULES`` below is the registry: adding a version is its own file
-and one line there. Which version runs is numbaflash/policy.py's decision.
-
+mask leaves empty). ``MODULES`` below is the registry: a new version is its own file and
+one line there.
 
 Variants (kernels/variants.py, docs/variants.md): v1 and v2 take a compile-time
 ``variant`` and seven more run-time arguments after causal_offset (window_lo, Hq, group,
-softcap, slopes, attn_mask, tiles): sliding windows, GQA/MQA, softcap, ALiBi, boolean and
-additive masks, and the user's score_mod / mask_mod, all through two inlined device
-functions, visible() and score(). Masked entries are not computed; tiles a window leaves
-empty are not visited, and v2 skips the tiles a boolean attn_mask or a mask_mod leaves
-empty through the table of visible tiles (``tiles``, variants.make_tile_table). v3 to v9
-compute plain attention only (the dispatcher refuses variants).
+softcap, slopes, attn_mask, tiles), through two inlined device functions, visible() and
+score(). Masked entries are not computed, tiles a window leaves empty are not visited,
+and v2 skips the tiles a boolean attn_mask or a mask_mod leaves empty (the table of
+visible tiles, variants.make_tile_table). v3 to v9 compute plain attention only: their
+plans refuse variants.
 
 Fully masked rows (causal with Sq > Sk, or Sk = 0) end with l = 0: they write O = 0 and
 L = -inf. NaN in a visible input propagates to the rows that see it; masked keys are

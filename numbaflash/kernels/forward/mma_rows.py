@@ -1,4 +1,4 @@
-"""The per-row steps of the tensor-core forward kernels (v3, v6 to v9, v7).
+"""The per-row steps of the tensor-core forward kernels (v3, v6, v7, v8, v9).
 
 ``make_mma_row_steps`` builds the device functions that work on the rows a
 warp's mma fragments hold: the finite test, the online-softmax step over one
@@ -24,19 +24,18 @@ MmaRowSteps = namedtuple("MmaRowSteps", "finite add_nonfinite_scores softmax_ste
 
 @functools.lru_cache(maxsize=None)
 def make_mma_row_steps(d, causal, chunk, o_tiles):
-    """The steps forward v6 and v7 share, as inlined device functions: everything in their
-    chunk loop and after it except the two matrix products and the staging. Both keep a
+    """The steps forward v6 to v9 share, as inlined device functions: everything in their
+    chunk loop and after it except the two matrix products and the staging (v3 takes
+    write_rows only). Both keep a
     warp's 16 query rows in the m16n8 accumulator layout (lane (g, t) holds rows g and
     g + 8, keys or columns 2t and 2t + 1 of each n-tile of 8), so the same code serves
     v6's TF32 products and v7's float16 ones. ``chunk``: keys per online-softmax step
     (NT = chunk / 8 n-tiles of S); ``o_tiles``: n-tiles of 8 columns of O (d padded to
     the mma's k, over 8). Float32 accumulation.
 
-    Returns (finite, add_nonfinite_scores, softmax_step, add_nonfinite_values,
-    write_rows); each says what it does. The non-finite fix-ups are described in
-    make_forward_v6. (Moving these out of v6 changed its PTX only in the order of a few
-    independent instructions: the same instructions, and the same registers after ptxas
-    at d = 59, 64 and 128; run 47 timed and tested it on the H200.)"""
+    Returns a MmaRowSteps (finite, add_nonfinite_scores, softmax_step,
+    add_nonfinite_values, write_rows); each says what it does. The non-finite fix-ups are
+    described in make_forward_v6."""
     acc = acc_type("float32")
     ZERO = acc(0)
     NEG_INF = acc(-math.inf)

@@ -1,12 +1,16 @@
 """Forward v1: one thread per query row, the online softmax key by key.
 
-v1  One thread per query row, no shared memory. Each thread reads its q row into
-    registers and streams every key and value straight from global memory, updating the
-    online softmax (running max m, running sum l, accumulator o) one key at a time.
-    The online softmax in its purest form (the running sum is compensated, Kahan-style,
-    to stay accurate over long rows). Cost: every thread re-reads all of K and V from
-    HBM (Sq times in all), and every key pays a rescale exp(m_old - m_new).
-    H200, 2026-11-30, (2, 16, 4096, 64): 5.3 TFLOP/s (SDPA fp32: 34; docs/gpu-results.md).
+Parent: none; the first rung, numbaflash/tiled.py's loop with one thread per row. Each
+thread keeps its row of Q, the running max m, the running sum l and the accumulator o in
+registers, and streams every key and value straight from global memory, updating the
+online softmax one key at a time (the running sum compensated, Kahan-style, to stay
+accurate over long rows). No shared memory and no barriers.
+
+Cost: every thread re-reads all of K and V from HBM (Sq times in all), and every key
+pays a rescale exp(m_old - m_new). H200, (2, 16, 4096, 64), float32: 5.3 TFLOP/s against
+SDPA EFFICIENT's 34.4 (lab/runs/2026-11-30/05_gpu_check.txt).
+
+Runs on the GPU and the simulator; takes every variant (kernels/variants.py).
 """
 
 import functools

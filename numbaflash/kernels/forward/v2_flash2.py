@@ -1,14 +1,19 @@
 """Forward v2: FlashAttention-2's Algorithm 1, K/V tiles in shared memory.
 
-v2  FlashAttention-2 forward (Algorithm 1). One thread block per (Q tile i, head bh),
-    one thread per query row of the tile, holding its row of Qi in registers. It walks the K/V
-    tiles j: all threads copy Kj and Vj into shared memory together, then each thread
-    computes its row of Sij, takes the tile's max, rescales o once per tile (not once
-    per key), and accumulates Pij Vj; the tile's rowsum is added to l as one term
-    (Alg.1 l.9), which also keeps float32 rounding small. K and V now come from HBM
-    once per Q tile instead of once per row (Br times less traffic). Normalise by l
-    once at the end. Causal blocks stop at the last K/V tile they can see.
-    H200, 2026-11-30, (2, 16, 4096, 64): 8.5 TFLOP/s, 1.6x v1; the default version.
+Parent: v1 (v1_plain.py). One thread block per (Q tile i, head bh), one thread per query
+row of the tile, holding its row of Qi in registers. The block walks the K/V tiles j:
+all threads copy Kj and Vj into shared memory together, then each thread computes its
+row of Sij, takes the tile's max, rescales o once per tile instead of once per key, and
+accumulates Pij Vj; the tile's rowsum is added to l as one term (Alg.1 l.9), which also
+keeps float32 rounding small. Normalise by l once at the end. Causal and window blocks
+visit only the K/V tiles they can see (bands.py).
+
+What it buys: K and V come from HBM once per Q tile instead of once per row (Br times
+less traffic). H200, (2, 16, 4096, 64), float32: 8.3 TFLOP/s, 1.6x v1
+(lab/runs/2026-11-30/05_gpu_check.txt).
+
+Runs on the GPU and the simulator; takes every variant, and is the default for variants,
+float64 and d > 128 (numbaflash/policy.py).
 """
 
 import functools
@@ -37,7 +42,7 @@ def make_forward_v2(Br, Bc, d, causal, acc_dtype, variant=PLAIN):
     and registers are the fastest on-chip memory. No other thread reads that row, and
     reading it from shared memory instead (as the first draft of v2 did) costs a second
     shared-memory load per multiply-add in Sij = Qi Kj^T: that draft ran 1.7x slower than
-    v1 on the H200 at (2, 16, 4096, 64).
+    v1 on the H200 at (2, 16, 4096, 64) (lab/runs/2026-11-30/01_gpu_check_first_kernels.txt).
     """
     acc = acc_type(acc_dtype)
     ZERO = acc(0)

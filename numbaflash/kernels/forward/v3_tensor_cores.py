@@ -1,21 +1,23 @@
 """Forward v3: the tensor cores (3xTF32 mma.sync), GPU only.
 
-v3  Tensor cores (GPU only). The same Algorithm 1 with the two matrix products,
-    Sij = Qi Kj^T and P~ij Vj, on the tensor cores through inline-PTX ``mma.sync``
-    (m16n8k8, TF32 inputs, float32 sums; kernels/ptx.py). TF32 keeps 10 of float32's 23
-    mantissa bits, so every operand is split in two TF32 parts and three products are
-    summed ("3xTF32"), with the small products in their own accumulator and each chunk's
-    P~ij Vj summed from zero: with both, v3's error on the H200 is below that of a
-    float32 matmul. A warp owns 16 query rows; row max and sum are shared by the four
-    lanes of a quad with warp shuffles. The simulator cannot run it: there the
-    dispatcher uses v2. Measured on the H200 (docs/gpu-results.md): 9.3 TFLOP/s at
-    (2, 16, 4096, 64) against v2's 8.5 and PyTorch SDPA's 34; what holds it back is
-    register pressure (249 registers a thread, 2 blocks per SM), the TF32 splits done
-    on every load, and K/V tiles loaded without overlap with the math.
-    Contract: finite inputs. A NaN or inf in V at a key that a mask hides from some rows
-    of a tile reaches those rows (0 * NaN inside the product), and an inf in K turns that
-    key's TF32 split into NaN; v1 and v2 never read masked keys and keep +-inf scores.
-    So v3 runs only when asked for (version="v3"); v6 fixes both.
+Parent: v2 (v2_flash2.py). The same Algorithm 1 with both matrix products, Sij = Qi Kj^T
+and P~ij Vj, on the tensor cores through inline-PTX ``mma.sync`` (m16n8k8, TF32 inputs,
+float32 sums; kernels/ptx.py). TF32 keeps 10 of float32's 23 mantissa bits, so every
+operand is split into two TF32 parts and three products are summed ("3xTF32"), which
+keeps v3's error below that of a float32 matmul. A warp owns 16 query rows; the four
+lanes of a quad share a row's max and sum by warp shuffles.
+
+What it buys and costs: 9.4 TFLOP/s at (2, 16, 4096, 64) against v2's 8.3 and SDPA
+EFFICIENT's 34.4 (lab/runs/2026-11-30/05_gpu_check.txt). Held back by 249 registers a
+thread, the TF32 splits redone for every mma (lab/sweeps/sass_loops.py), and K/V tiles
+loaded with no overlap with the math; v6 removes the first two.
+
+Contract: finite inputs. A NaN or inf in V at a key a mask hides from some rows of a
+tile reaches them (0 * NaN inside the product), and an inf in K splits into NaN; so v3
+runs only when asked for (version="v3"); v6, its successor, is exact for every input.
+
+GPU only (inline PTX, warp shuffles). On the simulator v2 and v5 compute the same
+attention; the policy runs v5 there.
 """
 
 import functools
@@ -41,8 +43,8 @@ V3_CHUNK = 16                           # v3: keys per online-softmax step
 @functools.lru_cache(maxsize=None)
 def make_forward_v3(Bc, d, causal):
     """v3 (tensor cores, 3xTF32) kernel. GPU only: it emits inline PTX (``mma.sync``) and
-    warp shuffles, which the simulator cannot run; there, the dispatcher uses v2, which
-    computes the same thing. Float32 accumulation only (float16 and float32 inputs).
+    warp shuffles, which the simulator cannot run; there, v2 and v5 compute the same
+    thing. Float32 accumulation only (float16 and float32 inputs).
 
     Launch: grid (ceil(Sq / 64), BH), block (128,): four warps, warp w owning query rows
     i*64 + 16w .. +16 of the tile. Shared memory: Kj and Vj, (Bc, DP + 4) float32 each,

@@ -1,31 +1,22 @@
 """Forward v4: register-blocked SIMT, a TM x TN block of scores per thread.
 
-v4  Register-blocked SIMT FlashAttention-2 (runs on the GPU and the simulator; the default
-    for plain attention from run 14 until v5 replaced it after run 21). v2 is bound by
-    shared-memory loads: each FMA of q_i . Kj[c] and p * Vj[c, k] needs one shared load, and
-    no loaded value serves a second row. v4 gives each thread a TM x TN block of Sij and a
-    TM x DN block of O_i (DN = d / TX, TX = Bc / TN threads per row) in registers, like a
-    SIMT matmul: per k step of Sij it loads TM values of Qi and TN of Kj and does TM * TN
-    FMAs, and per key of P~ij Vj it loads TM values of P~ij and DN of Vj for TM * DN FMAs.
-    Default float32 tiles at d = 64: Br = 64, Bc = 32, 4 x 4 per thread, 128 threads: 0.5
-    loads per FMA in Sij and 0.375 in P~ij Vj instead of 1 (2x to 2.7x fewer loads). Qi is
-    staged in shared memory (transposed), Kj transposed, and P~ij goes through shared memory
-    (the threads of a row hold different keys); row max and row sum are shared by the TX
-    threads of a row through a small shared array (no warp shuffles, so the simulator runs
-    it). Costs: four barriers per K/V tile instead of two, and the 48 KB static
-    shared-memory limit (Qi, Kj, Vj and P~ij all staged) keeps tiles small at d = 128 (Br =
-    32, Bc = 16). Masked keys never reach O: on the causal diagonal the P~ij Vj loop skips
-    the hidden (row, key) pairs, so NaN or inf in a masked key has no effect, as in v2.
-    ptxas (sm_90, float32, no GPU): 128 registers at d = 64 (4 blocks = 16 warps per SM),
-    156 at d = 128 (6 blocks of 64 threads = 12 warps per SM), no spills, no stack. Measured
-    on the H200 in docs/performance.md (run 15: 0.34x SDPA EFFICIENT at (2, 16, 4096, 64)
-    against v2's 0.23x; faster than v2 in five of issue 5's six cases, tied at (2, 16, 4096,
-    128)). Run 14 passed its GPU property tests and compute-sanitizer's memcheck, racecheck
-    and synccheck, and it became the default. With unsigned tile indices (as v5, below; run
-    20): 10.50 ms against 11.65 before at (2, 16, 4096, 64); memcheck, racecheck and
-    synccheck 0 errors again (run 22). With while loops (kernels/__init__.py; run 26): 7.09
-    ms at d = 64 and 21.04 at d = 128; ptxas then reports 98 registers at d = 64 and 129 at
-    d = 128, no spills.
+Parent: v2 (v2_flash2.py), which is bound by shared-memory loads: each multiply-add of
+q_i . Kj[c] and p * Vj[c, k] needs one load, and no loaded value serves a second row.
+v4 gives each thread a TM x TN block of Sij and a TM x DN block of O_i in registers,
+like a SIMT matmul: per k step of Sij it loads TM values of Qi and TN of Kj for TM * TN
+FMAs. At d = 64, (64, 32, 4, 4) tiles: 0.5 loads per FMA in Sij and 0.375 in P~ij Vj
+instead of 1. Qi, Kj (both transposed) and P~ij are staged in shared memory, and the TX
+threads of a row share its max and sum through a small shared array (no warp shuffles).
+
+Costs: four barriers per K/V tile instead of two, and the 48 KB of static shared memory
+(Qi, Kj, Vj and P~ij all staged) keeps tiles small at d = 128. H200, float32, (2, 16,
+4096, 64): 0.343x SDPA EFFICIENT against v2's 0.226x; faster than v2 in five of the six
+bench cases, tied at (2, 16, 4096, 128) not causal (lab/runs/2026-12-01/15_bench_forward.txt);
+with the while loops of kernels/__init__.py, 7.09 ms at d = 64 and 21.04 ms at d = 128
+(lab/runs/2026-12-01/26_timing_branch.txt).
+
+Runs on the GPU and the simulator; plain attention only (version="v4"). v5 is this
+kernel with its tiles in dynamic shared memory.
 """
 
 import functools
@@ -43,7 +34,7 @@ from ..smem import U
 @functools.lru_cache(maxsize=None)
 def make_forward_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
     """v4 (register-blocked SIMT FlashAttention-2) kernel (opt-in, ``version="v4"``;
-    v5 is this kernel with dynamic shared memory, and the default).
+    v5 is this kernel with dynamic shared memory).
 
     Launch: grid (Tr, BH) with Tr = ceil(Sq / Br), block (TY * TX,) with TY = Br // TM and
     TX = Bc // TN: thread tid is (ty, tx) = (tid // TX, tid % TX) of a TY x TX grid.
@@ -59,7 +50,7 @@ def make_forward_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
     KjT (DP, Bc + 1), Kj transposed; Vj (Bc, DP); Pij (Br, Bc + 1), P~ij; red (Br, TX),
     partial row maxima and, at the end, partial row sums. The +1 pads make the
     transposing stores (consecutive k by consecutive threads) and the column reads of
-    Pij hit different banks. ``dispatch.v4_shared_bytes`` counts them.
+    Pij hit different banks. ``v4_shared_bytes`` counts them.
 
     Per K/V tile, four barriers: (1) the previous tile is done with; load Kj, Vj;
     (2) loaded; Sij in registers, masked, partial row max to red; (3) the partial maxima

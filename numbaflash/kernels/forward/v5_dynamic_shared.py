@@ -1,38 +1,22 @@
 """Forward v5: v4 with its tiles in dynamic shared memory.
 
-v5  v4 with dynamic shared memory (the default for plain attention in float32 and float16
-    with d <= 128 on the simulator, and on a GPU until v6; runs on both).
-    v4's static shared arrays are limited to 48 KB per block, which is what holds v4 to
-    (32, 16) tiles and 64-thread blocks at d = 128 (0.128x SDPA there against 0.342x at
-    d = 64). v5 runs v4's algorithm, thread layout, barriers and NaN-safety unchanged, but
-    its five tiles are slices of ONE dynamic shared array, ``cuda.shared.array(0, acc)``,
-    at compile-time offsets (Numba gives every dynamic shared array the same base), with
-    flat indices ([row * row_length + col]); the byte count goes with the launch,
-    ``kernel[grid, block, 0, nbytes]``, and above 48 KB the compiled kernel must first be
-    allowed it (kernels/smem.py sets CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES; up to
-    227 KB per block on the H200). Default float32 tiles: d = 64 as v4 (64, 32, 4, 4),
-    43776 bytes, so v4 against v5 there measures what dynamic shared memory costs; d = 128
-    (64, 32, 4, 4), 77056 bytes, 128 threads (two blocks per SM). ptxas (sm_90, float32,
-    with the unsigned indices below): 96 registers at d = 64 (v4: 114-128), 128 at d = 128
-    with the bigger tiles; no spills, no stack. Costs: fewer blocks per SM at d = 128 (two,
-    8 warps, against v4's 12 warps). Measured on the H200
-    (scripts/v5_sweep.py, run 17 in docs/gpu-results.md), (2, 16, 4096, d), float32:
-    d = 128: 38.6 ms against v4's 48.8 and v2's 48.1 (1.26x v4; v3, tensor cores: 33.8);
-    d = 64, the same tiles as v4: 17.6 ms against v4's 12.1. The cause, found in the SASS
-    afterwards (scripts/sass_loops.py): the tiles are slices whose length is a run-time
-    value, and Numba wraps every signed index that might be negative around by it, which
-    doubled the integer instructions of the inner loops. The tiles are now indexed with
-    unsigned integers (``U``, kernels/smem.py): the inner loops have fewer instructions
-    than v4's (76 and 61 against 90 and 41 for twice the FMAs, d = 64), and the results
-    are bitwise v4's on the simulator. Timed on the H200 since (runs 20 and 21,
-    scripts/dynamic_smem_timing.py and scripts/v5_sweep.py; v4 with unsigned indices as
-    well): d = 64, v4's tiles 10.28 ms against v4's 10.50, and (128, 64, 8, 4) 8.33 ms;
-    d = 128, (64, 32, 4, 2) 22.88 ms against v4's 43.36. v5 is now the default for plain
-    attention in float32 and float16 with d <= 128 (dispatch.default_v5_tiles). Its
-    multiply-add and tile-loading loops are while loops (kernels/__init__.py says why):
-    run 26 took 5.86 ms at d = 64 (8.33 before) and 15.50 ms at d = 128 (22.87 before),
-    0.659x PyTorch SDPA's float32 forward at (2, 16, 4096, 64) (docs/performance.md).
-    Since v6 (below) it is the default on the simulator only.
+Parent: v4 (v4_register_blocked.py), whose static shared arrays are limited to 48 KB a
+block, which holds it to (32, 16) tiles and 64-thread blocks at d = 128. v5 runs v4's
+algorithm, thread layout, barriers and NaN-safety unchanged, but carves its five tiles
+out of ONE dynamic shared array (``cuda.shared.array(0, acc)``) at compile-time offsets
+and indexes them with unsigned flat indices (``U``, kernels/smem.py); the byte count
+goes with the launch, and kernels/smem.py allows the kernel more than 48 KB (up to
+227 KB a block on the H200).
+
+What it buys: larger tiles, (128, 64, 8, 4) at d = 64 and (64, 32, 4, 2) at d = 128.
+With the while loops of kernels/__init__.py: 5.86 ms against v4's 7.09 at (2, 16, 4096,
+64) and 15.50 ms against 21.04 at d = 128 (lab/runs/2026-12-01/26_timing_branch.txt);
+0.684x SDPA EFFICIENT at (2, 16, 4096, 64), the fastest version without tensor cores
+(lab/runs/2026-12-01/48_bench_v5.txt). Costs: fewer blocks per SM at d = 128.
+
+Runs on the GPU and the simulator: the default on the simulator for plain float32 and
+float16 attention with d <= 128, where the tensor-core versions cannot run, and on a GPU
+whose per-block shared memory holds no v6 tile (numbaflash/policy.py).
 """
 
 import functools
@@ -61,7 +45,7 @@ def v5_shared_layout(Br, Bc, TM, TN, d):
     arrays, same shapes, stored back to back, each row by row), and the end, which is
     the array's length: (Q_AT, K_AT, V_AT, P_AT, R_AT, END). With TX = Bc // TN and DP
     = d rounded up to TX: QiT (DP, Br+1), KjT (DP, Bc+1), Vj (Bc, DP), Pij (Br, Bc+1),
-    red (Br, TX). ``dispatch.v5_shared_bytes`` is END times the itemsize."""
+    red (Br, TX). ``v5_shared_bytes`` is END times the itemsize."""
     TX = Bc // TN
     DP = (d + TX - 1) // TX * TX
     Q_AT = 0
@@ -89,8 +73,8 @@ def make_forward_v5(Br, Bc, TM, TN, d, causal, acc_dtype):
         kernel[grid, block, 0, nbytes](Q, K, V, O, L, softmax_scale, causal_offset)
 
     Up to 48 KB that is all; above it, the compiled kernel must first be allowed more
-    (kernels/smem.py, ``allow_dynamic_shared_memory``, which dispatch.launch_forward
-    calls), up to the GPU's per-block maximum (227 KB on the H100/H200).
+    (kernels/smem.py, ``allow_dynamic_shared_memory``, which numbaflash/launcher.py's
+    ``launch`` calls), up to the GPU's per-block maximum (227 KB on the H100/H200).
 
     Numba gives every ``cuda.shared.array(0, ...)`` of a kernel the same base address,
     so the tiles are carved out of the one array by hand: ``v5_shared_layout`` places
@@ -305,8 +289,8 @@ def make_forward_v5(Br, Bc, TM, TN, d, causal, acc_dtype):
 # maximum (kernels/smem.py checks the device's own maximum again before the launch).
 # GPU, float32: d <= 64 -> (128, 64, 8, 4), 107520 bytes at d = 64, 256 threads;
 # 64 < d <= 128 -> (64, 32, 4, 2), 79104 bytes at d = 128, 256 threads; d = 256 ->
-# (16, 16, 2, 2), 52800 bytes. The order is measured: scripts/v5_sweep.py, run 21
-# (unsigned tile indices), at (2, 16, 4096, d): d = 64, (128, 64, 8, 4) 8.33 ms,
+# (16, 16, 2, 2), 52800 bytes. The order is measured (lab/sweeps/v5_sweep.py, with
+# unsigned tile indices, lab/runs/2026-12-01/21_v5_sweep.txt), at (2, 16, 4096, d): d = 64, (128, 64, 8, 4) 8.33 ms,
 # (64, 64, 4, 4) 9.90, (64, 32, 4, 4) 10.23, v4 11.88; d = 128, (64, 32, 4, 2) 22.88 ms,
 # (64, 32, 4, 4) 30.64, the larger tiles 31.6-50.8, v4 46.46. On the simulator,
 # V5_SIM_TILES, as v4's.

@@ -1,23 +1,24 @@
 """Forward v6: v3 with each K/V element split once, exact for every input.
 
-v6  v3 made fast and exact (GPU only; the default for plain attention in float32 with
-    d <= 128 on a GPU before v8, and in float16 before v7; on the simulator the
-    dispatcher runs v5). v3 split
-    every K and V operand into TF32 parts again for every mma, in every warp (1162
-    instructions per 16-key chunk for 96 mma: scripts/sass_loops.py). v6 splits each
-    element once, while the block stages the tile, into (big, small) pairs in dynamic
-    shared memory that one 8-byte load fetches; stages the tile one column per thread
-    with four loads in flight and flat addresses; keeps three independent sums per score
-    tile; masks only the edge and diagonal tiles; and uses exp2 with log2(e) folded in:
-    659 instructions per chunk on the path a finite input takes. It is exact for every
-    input, which v3 is not: non-finite values are staged as 0 and, in the rare tiles
-    that hold one, the terms they were left out of are added back in float32, so NaN and
-    inf land exactly where v1/v2 and the reference put them. H200, 2026-12-01 (runs
-    27-32, docs/performance.md): (2, 16, 4096, 64) 5.98 ms against v5's 6.75 in the same
-    bench, 0.672x SDPA EFFICIENT (v3: 14.7 ms); d = 128, 13.25 ms against 15.92; 0.77x at
-    (1, 16, 16384, 64). What holds it back (ncu, run 32): 172 registers and one block of
-    eight warps per SM, issue slots busy 38 %, and the K/V tile loaded while no warp of
-    the block computes.
+Parent: v3 (v3_tensor_cores.py), which splits every K and V operand into TF32 parts
+again for every mma, in every warp. v6 splits each element once, while the block stages
+the tile, into (big, small) pairs in dynamic shared memory that one 8-byte load fetches;
+it stages one column per thread with four loads in flight, keeps three independent sums
+per score tile, masks only the edge and diagonal tiles, and uses exp2. A 16-key chunk
+takes 659 instructions on the path a finite input takes, against v3's 1162
+(lab/sweeps/sass_loops.py). And it is exact for every input, which v3 is not:
+non-finite values are staged as 0 and added back in float32 in the rare tiles that hold
+one, so NaN and inf land where v1, v2 and the reference put them.
+
+What it buys: (2, 16, 4096, 64), float32, 5.98 ms against v5's 6.75 in the same bench,
+0.672x SDPA EFFICIENT; d = 128, 13.25 ms (lab/runs/2026-12-01/32_bench.txt). What holds
+it back: 172 registers and one block of eight warps per SM, issue slots busy 38 %, and
+the K/V tile loaded while no warp of the block computes
+(lab/runs/2026-12-01/32_v6_ncu.txt); v8 and v9 work on the last two.
+
+GPU only (inline PTX, warp shuffles); plain attention, float32 accumulation, d <= 128;
+opt-in (version="v6"), its descendants v7, v8 and v9 being the GPU defaults. On the
+simulator v5 computes the same attention.
 """
 
 import functools
@@ -41,13 +42,13 @@ from .v6_tile_steps import (
 def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
     """v6: v3's tensor-core forward with each K/V tile split into TF32 parts once, in
     shared memory, and exact for every input (GPU only; float32 accumulation, float16
-    and float32 inputs, d <= 128). On the simulator the dispatcher runs v5 instead.
+    and float32 inputs, d <= 128). On the simulator, v5 computes the same attention.
 
     What changes against v3:
 
     * Split once per tile. v3 splits every K and V operand into its TF32 big and small
-      parts again for every mma, in every warp (most of its instructions: docs/
-      performance.md). v6 splits each element once, while the block stages the tile, and
+      parts again for every mma, in every warp (most of its instructions:
+      lab/sweeps/sass_loops.py). v6 splits each element once, while the block stages the tile, and
       stores both parts side by side, so that one 8-byte shared load (ptx.load_pair)
       fetches both: KP and VP in dynamic shared memory (as forward v5: one
       ``cuda.shared.array(0, float32)`` cut into slices; kernels/smem.py allows more than
@@ -76,7 +77,7 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
 
     ``chunk`` (the keys of one online-softmax step, a multiple of 8 dividing Bc) and
     ``max_registers`` (ptxas's limit, None for none) are there to be measured
-    (scripts/v6_sweep.py --configs); the dispatcher uses the defaults.
+    (lab/sweeps/v6_sweep.py --configs); the plans use the defaults.
 
     Launch: grid (ceil(Sq / Br), BH), block (2 * Br,): Br / 16 warps of 16 query rows
     each (v3's fragment layout; see make_forward_v3), and
@@ -92,7 +93,7 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
     QO_FRAGS = KS * 4                       # fragment registers of Q and of O per lane
     S_FRAGS = CHUNK // 8 * 4                # fragment registers of S per lane
     Q_FRAGS = QO_FRAGS if DP <= V6_Q_REGISTERS_MAX_DP else 1
-    assert 2 * Br % v6_staging_width(d) == 0, (Br, d)   # dispatch.check_v6_tiles refuses these
+    assert 2 * Br % v6_staging_width(d) == 0, (Br, d)   # check_v6_tiles refuses these
     layout = v6_shared_layout(Br, Bc, d)
     KP_AT, VP_AT, QP_AT, END = layout.KP_AT, layout.VP_AT, layout.QP_AT, layout.END
     kv_tile_range = make_kv_tile_range(Br, Bc, causal, False)
@@ -192,8 +193,8 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
 # into TF32 parts once per tile in dynamic shared memory, and Qi's parts too when d > 64.
 # Tile rule: the first (Br, Bc) of V6_CANDIDATES whose shared memory (v6_shared_bytes)
 # fits the current GPU's per-block maximum (device_dynamic_shared_limit). The order is
-# measured (scripts/v6_sweep.py --configs, run 31, (2, 16, 4096, d), float32, ms not
-# causal / causal): d = 64, (128, 64) 5.80 / 3.57, (128, 32) 6.01 / 3.86, (64, 64)
+# measured (lab/sweeps/v6_sweep.py --configs, lab/runs/2026-12-01/31_v6_configs.txt,
+# (2, 16, 4096, d), float32, ms not causal / causal): d = 64, (128, 64) 5.80 / 3.57, (128, 32) 6.01 / 3.86, (64, 64)
 # 7.19 / 4.57; d = 128, (128, 32) 13.28 / 7.35, (64, 32) with 32-key chunks 24.76 /
 # 14.07, (64, 16) 16.59 / 9.07 (with a 168-register limit). At d = 64 (128, 64) takes
 # 68.6 KB, at d = 128 (128, 32) 202 KB (one block per SM). A caller's tiles: Br a

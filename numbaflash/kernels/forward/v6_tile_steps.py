@@ -16,14 +16,8 @@ from ..smem import U
 from .mma_rows import make_mma_row_steps
 
 V6_CHUNK = 16                           # v6: keys per online-softmax step, by default
-
-
 V6_Q_REGISTERS_MAX_DP = 64              # v6: Q's fragments stay in registers up to this DP
-
-
 V6_LOAD_BATCH = 4                       # v6: K and V elements a thread loads at once (8: 253
-
-
                                         # registers at d = 64 instead of 179)
 
 
@@ -40,7 +34,7 @@ def v6_shared_layout(Br, Bc, d):
     float after it (small). DP is d rounded up to the mma's k = 8; the rows are padded,
     K_ROW = 2 DP + 8 (Qi's too) and V_ROW = 2 DP + 4, so that the fragment reads of a
     half-warp hit 16 different bank pairs (make_forward_v6). Without a Qi tile, QP_AT =
-    END. ``dispatch.v6_shared_bytes`` is END * 4."""
+    END. ``v6_split_once.v6_shared_bytes`` is END * 4."""
     DP = (d + 7) // 8 * 8
     K_ROW = 2 * DP + 8
     V_ROW = 2 * DP + 4
@@ -68,14 +62,15 @@ V6TileSteps = namedtuple("V6TileSteps", "load_q stage_kv scores scores_q_once va
 
 @functools.lru_cache(maxsize=None)
 def make_v6_tile_steps(Br, Bc, d, chunk):
-    """The steps of forward v6 that v8 reuses, as inlined device functions: Qi into
+    """The steps of forward v6 that v8 and v9 reuse, as inlined device functions: Qi into
     registers (or QP), a K/V tile staged as split pairs, and the two products of one
     chunk. Float32 accumulation; the arguments are make_forward_v6's.
 
-    Returns (load_q, stage_kv, scores, scores_q_once, values, finite_or_zero,
-    load_finite, scores_head_dim_outside); make_forward_v6's docstring explains what they
-    do, and each says which line of Algorithm 1 it is. The last three are for v9: v6's
-    non-finite guards, and the factory of scores_q_once for another way of reading Qi."""
+    Returns a V6TileSteps (load_q, stage_kv, scores, scores_q_once, values,
+    finite_or_zero, load_finite, scores_head_dim_outside); make_forward_v6's docstring
+    explains what they do, and each says which line of Algorithm 1 it is. The last three
+    are for v9: v6's non-finite guards, and the factory of scores_q_once for another way
+    of reading Qi."""
     from ..ptx import flat_load, load_pair, mma_tf32  # GPU only
     from ..ptx import split_tf32 as split
     from ..ptx import split_tf32_finite as split_finite

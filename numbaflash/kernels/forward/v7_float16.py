@@ -1,16 +1,20 @@
 """Forward v7: v6 on the float16 tensor cores (m16n8k16).
 
-v7  v6 for float16 inputs on the float16 tensor cores (GPU only; the default for plain
-    float16 attention with d <= 128 on a GPU; on the simulator, v5). A float16 value has
-    11 significant bits, so the tensor cores' float16 mma (m16n8k16) multiplies two of
-    them exactly and sums in float32: one product where v6 needs three TF32 ones, over
-    16 of the head dim instead of 8. Kj and Vj (transposed) stay float16 in shared
-    memory, two neighbours per 32-bit word; the S accumulators are, as they stand, the
-    A fragments of P~ Vj, with P~ rounded to float16 there (as flash-attention's float16
-    kernels do; l sums the float32 P~). NaN and inf are handled as in v6. H200,
-    2026-12-01 (run 43, scripts/v7_sweep.py, float16 inputs): (2, 16, 4096, 64) 2.47 ms
-    against v6's 6.04 on the same inputs, 53-56 TFLOP/s; d = 128, 5.34 ms against 12.86;
-    PyTorch SDPA's float16 EFFICIENT kernel took 1.23 and 1.75 ms.
+Parent: v6 (v6_split_once.py). A float16 value has 11 significant bits, so the tensor
+cores' float16 mma (m16n8k16) multiplies two of them exactly and sums in float32: one
+product where v6 needs three TF32 ones, over 16 of the head dim instead of 8. Kj and Vj
+(transposed) stay float16 in shared memory, two neighbours per 32-bit word; the S
+accumulators are, as they stand, the A fragments of P~ Vj, with P~ rounded to float16
+there (as flash-attention's float16 kernels do; l sums the float32 P~). NaN and inf are
+handled as in v6, and everything after the products is v6's code (mma_rows.py).
+
+What it buys: float16 inputs at (2, 16, 4096, 64), 2.47 ms against v6's 6.04 on the same
+inputs; d = 128, 5.34 ms against 12.86 (lab/runs/2026-12-01/43_v7_sweep.txt). SDPA's
+float16 EFFICIENT kernel is still 2x to 3x faster (0.468x at d = 64,
+lab/runs/2026-12-01/44_bench_f16.txt).
+
+GPU only (inline PTX, warp shuffles); float16 inputs, d <= 128: the default for plain
+float16 attention on a GPU. On the simulator v5 computes the same attention.
 """
 
 import functools
@@ -43,7 +47,7 @@ def v7_shared_layout(Bc, d):
     operands of the mma read two neighbouring float16 values as one 32-bit word. DP is d
     rounded up to the mma's k = 16. The rows are padded to an odd multiple of four words
     (K_ROW = DP + 8, V_ROW = Bc + 8 halves), so that the eight groups of a warp's fragment
-    read hit different banks (make_forward_v7). ``dispatch.v7_shared_bytes`` is END * 2."""
+    read hit different banks (make_forward_v7). ``v7_shared_bytes`` is END * 2."""
     DP = (d + 15) // 16 * 16
     K_ROW = DP + 8
     V_ROW = Bc + 8
@@ -57,15 +61,15 @@ def v7_staging_width(d):
     column each): v6's width, but at least the head dim padded to the mma's k = 16. Every
     column of the padded tile needs a thread to write it (0 past d): a column no thread
     writes holds stale shared memory, and a stale NaN times the 0 of the other operand is
-    NaN in the mma. (v6's width alone is 8 at d <= 8, where v7 pads to 16: found by
-    reading the kernel in session 8; tests/test_forward_kernels.py checks the rule.)"""
+    NaN in the mma. (v6's width alone is 8 at d <= 8, where v7 pads to 16;
+    tests/test_forward_kernels.py checks the rule.)"""
     return max(v6_staging_width(d), (d + 15) // 16 * 16)
 
 
 @functools.lru_cache(maxsize=None)
 def make_forward_v7(Br, Bc, d, causal, chunk=V7_CHUNK):
     """v7: float16 inputs on the float16 tensor cores (GPU only; float32 sums, d <= 128).
-    On the simulator the dispatcher runs v5 instead.
+    On the simulator, v5 computes the same attention.
 
     v6 multiplies float32 values to float32 accuracy with three TF32 products (3xTF32).
     A float16 value needs none of that: it has 11 significant bits, and the tensor cores'
@@ -95,7 +99,7 @@ def make_forward_v7(Br, Bc, d, causal, chunk=V7_CHUNK):
     accumulators is the same.
 
     ``chunk`` (keys per online-softmax step, a multiple of 16 dividing Bc) is there to be
-    measured; the dispatcher uses the default.
+    measured; the plans use the default (v7_chunk).
 
     Launch: grid (ceil(Sq / Br), BH), block (2 * Br,): Br / 16 warps of 16 query rows, and
     ``v7_shared_layout(Bc, d).END * 2`` bytes of dynamic shared memory.
@@ -120,7 +124,7 @@ def make_forward_v7(Br, Bc, d, causal, chunk=V7_CHUNK):
     O_FRAGS = ND * 4                        # O's fragments per lane
     S_FRAGS = NT * 4                        # S, then P~, fragments of a chunk per lane
     W = v7_staging_width(d)                 # the staging loops' row width (<= THREADS)
-    assert THREADS % W == 0, (Br, d)        # dispatch.check_v7_tiles refuses these
+    assert THREADS % W == 0, (Br, d)        # check_v7_tiles refuses these
     RSTEP = THREADS // W                    # rows a pass of the block stages
     VT_AT, END, K_ROW, V_ROW = v7_shared_layout(Bc, d)
     kv_tile_range = make_kv_tile_range(Br, Bc, causal, False)
@@ -288,12 +292,13 @@ def make_forward_v7(Br, Bc, d, causal, chunk=V7_CHUNK):
 #
 # Tile rule: the first (Br, Bc) of V7_CANDIDATES that fits the current GPU's per-block
 # maximum, with V7_CHUNK keys a softmax step; d > 64 starts at (128, 64) with 16-key
-# chunks. Measured (scripts/v7_sweep.py, run 43, (2, 16, 4096, d), float16, ms not
-# causal / causal): d = 64, (128, 128) 2.47 / 1.69, (128, 64) 2.58 / 1.83, (64, 64)
-# 3.04 / 2.03, 16-key chunks at (128, 64) 3.58 / 2.27; d = 128, (128, 64) with 16-key
-# chunks 5.34 / 3.12, with 32-key chunks 5.60 / 3.25, (64, 64) 6.26 / 3.55 ((128, 128)
-# with 16-key chunks read 4.97 / 3.01 in run 44, another run: not taken into the rule
-# without a side-by-side). Forward v6 on the same inputs: 6.04 / 3.77 and 12.86 / 7.16.
+# chunks. Measured (lab/sweeps/v7_sweep.py, lab/runs/2026-12-01/43_v7_sweep.txt,
+# (2, 16, 4096, d), float16, ms not causal / causal): d = 64, (128, 128) 2.47 / 1.69,
+# (128, 64) 2.58 / 1.83, (64, 64) 3.04 / 2.03, 16-key chunks at (128, 64) 3.58 / 2.27;
+# d = 128, (128, 64) with 16-key chunks 5.34 / 3.12, with 32-key chunks 5.60 / 3.25,
+# (64, 64) 6.26 / 3.55. (At d = 128, (128, 128) with 16-key chunks read 4.97 / 3.01 in a
+# later sweep, lab/runs/2026-12-01/44_v7_sweep_d128.txt: not taken into the rule without
+# a side-by-side.) Forward v6 on the same inputs: 6.04 / 3.77 and 12.86 / 7.16.
 # (128, 128) takes 35 KB at d = 64, (128, 64) 35 KB at d = 128. A caller's tiles: Br a
 # multiple of 16 up to 256, Bc a multiple of 32.
 
@@ -334,7 +339,8 @@ def tiles_within(d, limit):
 
 def v7_chunk(d, Bc):
     """Keys per online-softmax step of forward v7: 32 up to V7_WIDE_MAX_HEAD_DIM, 16 above
-    (run 43: 5.34 against 5.60 ms at d = 128), and never more than Bc."""
+    (5.34 against 5.60 ms at d = 128, lab/runs/2026-12-01/43_v7_sweep.txt), and never more
+    than Bc."""
     return min(V7_CHUNK if d <= V7_WIDE_MAX_HEAD_DIM else 16, Bc)
 
 

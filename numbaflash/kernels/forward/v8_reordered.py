@@ -1,15 +1,21 @@
 """Forward v8: v6 with the next chunk's scores issued before this chunk's softmax.
 
-v8  v6 with its chunk loop reordered (GPU only; the default for plain float32 attention
-    with d <= 64 on a GPU; on the simulator, v5). Each chunk's online softmax is a
-    chain of dependent steps, and with two warps per scheduler the tensor cores idled
-    while it ran. v8 starts the next chunk's S = Qi Kj^T before this chunk's softmax, so
-    that the scheduler has independent mma to issue between the softmax's steps. The
-    same operations on the same values: its results are bitwise v6's (run 50 compared
-    them). H200, 2026-12-01 (run 50, scripts/v6_sweep.py --configs, (2, 16, 4096, d),
-    float32, ms not causal / causal): d = 64, 5.50 / 3.28 against v6's 6.04 / 3.65;
-    d = 128, where Qi is read from shared memory, 13.75 / 7.63 against 13.53 / 8.08.
-    (The default up to d = 64; from d = 65 on, v9.)
+Parent: v6 (v6_split_once.py). Each chunk's online softmax is a chain of dependent steps,
+and with two warps per scheduler the tensor cores idled while it ran. v8 starts the next
+chunk's S = Qi Kj^T before this chunk's softmax, so that the scheduler has independent
+mma to issue between the softmax's steps; with Qi in shared memory (d > 64) it reads
+each Qi fragment once per chunk, and takes 32-key chunks there (v8_chunk). The same
+operations on the same values: for the same chunk, its results are v6's bit for bit.
+
+What it buys: (2, 16, 4096, d), float32, ms not causal / causal: d = 64, 5.50 / 3.28
+against v6's 6.04 / 3.65 (lab/runs/2026-12-01/50_v8_sweep.txt); d = 128, 11.24 / 6.61
+against 13.51 / 7.63 (lab/runs/2026-12-01/52_v8_sweep.txt). In the bench, 0.729x SDPA
+EFFICIENT at (2, 16, 4096, 64) (lab/runs/2026-12-01/65_bench.txt). Still two warps per
+scheduler, issuing in 38 % of cycles (lab/runs/2026-12-01/54_v8_ncu_d64.txt).
+
+GPU only (inline PTX, warp shuffles); plain attention, d <= 128: the default for plain
+float32 attention with d <= 64 on a GPU (v9 above). On the simulator v5 computes the
+same attention.
 """
 
 import functools
@@ -39,8 +45,9 @@ def make_forward_v8(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
     * The next chunk's S first. v6 does each chunk's steps one after the other: S = Qi
       Kj^T on the tensor cores, then the online softmax, then P~ Vj. The softmax is a
       chain of dependent steps (scale, the quad's max by shuffles, exp2, the sums), and
-      with only two warps per scheduler (docs/performance.md: 172 registers a thread,
-      one block of eight warps per SM) the tensor cores wait while it runs. v8 starts
+      with only two warps per scheduler (v6: 172 registers a thread, one block of eight
+      warps per SM, lab/runs/2026-12-01/32_v6_ncu.txt) the tensor cores wait while it
+      runs. v8 starts
       the next chunk's S before this chunk's softmax: its mma depend on nothing the
       softmax computes, so the scheduler can issue them between the softmax's steps.
       It costs the registers of a second S (chunk / 2 a lane, and its accumulators
@@ -51,9 +58,9 @@ def make_forward_v8(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
       (``scores_q_once``: the head dim outside, the n-tiles inside) instead of once per
       n-tile. Every score's sum still runs over the head dim in the same order.
 
-    The dispatcher gives it 32-key chunks at d > 64 (dispatch.v8_chunk), where v6 runs
-    16: there v8's default results differ from v6's default by rounding (the online
-    softmax takes other steps), and equal v6's bit for bit with v6 at 32-key chunks.
+    Its plans give it 32-key chunks at d > 64 (v8_chunk), where v6 takes 16-key chunks:
+    there v8's default results differ from v6's default by rounding (the online softmax
+    takes other steps), and equal v6's bit for bit with v6 at 32-key chunks.
     """
     acc = acc_type("float32")
     ZERO = acc(0)
@@ -180,9 +187,9 @@ TILE_TABLE = False
 def v8_chunk(d, Bc):
     """Keys per online-softmax step of forward v8: 32 where Qi is staged in shared memory
     (d > 64, V6_Q_REGISTERS_MAX_DP) and Bc is a multiple of 32, else v6's 16.
-    Measured (scripts/v6_sweep.py --configs, run 52, (2, 16, 4096, 128), (128, 32) tiles,
-    ms not causal / causal): v8 with 32-key chunks 11.24 / 6.61, with 16-key chunks
-    12.56 / 7.21; v6 13.08 / 7.25 and 13.51 / 7.63. With Qi in registers (d <= 64) a
+    Measured (lab/sweeps/v6_sweep.py --configs, lab/runs/2026-12-01/52_v8_sweep.txt,
+    (2, 16, 4096, 128), (128, 32) tiles, ms not causal / causal): v8 with 32-key chunks
+    11.24 / 6.61, with 16-key chunks 12.56 / 7.21; v6 13.08 / 7.25 and 13.51 / 7.63. With Qi in registers (d <= 64) a
     32-key chunk of v8 spills (CUDA 13.5's ptxas: 255 registers and 36 bytes stored at
     (128, 64)), so it stays at 16."""
     wide = d > V6_Q_REGISTERS_MAX_DP and Bc % 32 == 0

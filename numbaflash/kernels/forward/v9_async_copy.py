@@ -1,14 +1,22 @@
 """Forward v9: v8 with the next K/V tile copied asynchronously (cp.async).
 
-v9  v8 with the next K/V tile on its way (GPU only, float32 inputs; the default for
-    plain float32 attention with 64 < d <= 128 on a GPU; on the simulator, v5). While
-    the block computes tile j, each thread's copies of tile j + 1 travel from global to
-    shared memory by cp.async (ptx.cp_async: no register, no wait); at the next tile it
-    waits for its own copies and splits them as v6 does. At d > 64 Qi is kept plain and
-    split as read, which makes room for the landing slots. The same values into the
-    same operations: bitwise v8's results. H200, 2026-12-01 (run 60, scripts/v6_sweep.py
-    --configs, (2, 16, 4096, d), float32, ms not causal / causal): d = 128, 10.11 / 5.74
-    against v8's 10.92 / 6.08; d = 64, 5.41 / 3.76 against 5.43 / 3.15 (255 registers).
+Parent: v8 (v8_reordered.py), whose eight warps wait together at every K/V tile, first
+at a barrier and then for their loads. In v9, while the block computes tile j, each
+thread's copies of tile j + 1 travel from global to shared memory by cp.async
+(ptx.cp_async: no register, no wait); at the next tile it waits for its own copies and
+splits them as v6 does. At d > 64 Qi is kept plain and split as read, which makes room
+for the landing slots. The same values into the same operations: v8's results, bit for
+bit.
+
+What it buys: (2, 16, 4096, d), float32, ms not causal / causal: d = 128, 10.11 / 5.74
+against v8's 10.92 / 6.08; d = 64, no gain, and a loss with the mask (5.41 / 3.76
+against 5.43 / 3.15, at 255 registers) (lab/runs/2026-12-01/60_v9_sweep.txt). In the bench, 0.621x SDPA EFFICIENT at
+(2, 16, 4096, 128) (lab/runs/2026-12-01/65_bench.txt).
+
+GPU only (sm_80 and later: inline PTX, warp shuffles, cp.async); plain attention,
+float32 inputs, d <= 128: the default for plain float32 attention with 64 < d <= 128 on
+a GPU (numbaflash/policy.py, V9_MIN_HEAD_DIM). On the simulator v5 computes the same
+attention.
 """
 
 import functools
@@ -39,7 +47,7 @@ def v9_shared_layout(Br, Bc, d):
     Q_ROW = DP + 4 (conflict-free fragment reads, as backward v5's tiles), present only
     when Qi does not stay in registers (DP > V6_Q_REGISTERS_MAX_DP). RK and RV are the
     landing places of the asynchronous copies of the next Kj and Vj, Bc rows of d floats
-    each. ``dispatch.v9_shared_bytes`` is END * 4."""
+    each. ``v9_shared_bytes`` is END * 4."""
     DP = (d + 7) // 8 * 8
     v6 = v6_shared_layout(Br, Bc, d)     # v6's KP and VP first
     KP_AT, VP_AT, QT_AT = v6.KP_AT, v6.VP_AT, v6.QP_AT
@@ -56,8 +64,8 @@ def make_forward_v9(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
     (GPU only, sm_80 and later; float32 inputs, d <= 128; for the same ``chunk`` the
     same results as v8 and v6, bit for bit).
 
-    What it addresses: v8 runs one block of eight warps per SM (docs/performance.md, run
-    54), and at every K/V tile all eight wait together, first at a barrier and then for
+    What it addresses: v8 runs one block of eight warps per SM
+    (lab/runs/2026-12-01/54_v8_ncu_d64.txt), and at every K/V tile all eight wait together, first at a barrier and then for
     their loads from global memory (V6_LOAD_BATCH at a time, held in registers) before
     any can compute. v9 changes how a tile arrives, nothing else:
 
@@ -74,11 +82,11 @@ def make_forward_v9(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
       fragment as it reads it, once per chunk (v8 reads each fragment once per chunk
       too): that makes room for RK and RV.
 
-    What it bought (run 60, (2, 16, 4096, d), ms not causal / causal): at d = 128 10.11 /
-    5.74 against v8's 10.92 / 6.08; at d = 64 5.41 / 3.76 against 5.43 / 3.15 (255
-    registers; CUDA 13.5's ptxas spills it), so the loads' wait is not what holds v8 back
-    at d = 64, and the dispatcher runs v9 from d = 65 on only
-    (dispatch.V9_DEFAULT_MIN_HEAD_DIM).
+    What it bought (lab/runs/2026-12-01/60_v9_sweep.txt, (2, 16, 4096, d), ms not causal
+    / causal): at d = 128 10.11 / 5.74 against v8's 10.92 / 6.08; at d = 64 5.41 / 3.76
+    against 5.43 / 3.15 (255 registers; CUDA 13.5's ptxas spills it), so the loads' wait
+    is not what holds v8 back at d = 64, and the policy runs v9 from d = 65 on only
+    (numbaflash/policy.py, V9_MIN_HEAD_DIM).
 
     Float32 inputs only: a copy moves 4 bytes unchanged (float16 inputs run v7 or v8).
     ``chunk`` and ``max_registers`` as for v8. Launch: as v6, with
