@@ -16,32 +16,56 @@ from the saved L. The math, per visible (row, col) entry:
 (The paper's S has no scale; ours is scale * Q K^T, so dQ and dK carry one factor of it.)
 Kernels are built by cached factories whose arguments are compile-time constants (tile
 sizes, head dim, causal or not, accumulator dtype); run-time arguments are
-``softmax_scale`` and ``causal_offset``, as in forward.py: key column c is visible from
-query row r iff c <= r + causal_offset.
+``softmax_scale`` and ``causal_offset``, as in the forward kernels: key column c is
+visible from query row r iff c <= r + causal_offset (see numbaflash/masks.py).
 
-The version ladder (each step says what changes against the previous one):
+The ladder, by lineage: each file says its parent, what it changes and what that buys.
+
+    preprocess               D = rowsum(dO * O) (Alg.2 l.4), which every version runs first
+    v1_two_kernels           Algorithm 2 without atomics: a dK/dV kernel, then a dQ kernel
+    ├─ v2_atomic_dq          one kernel, dQ by atomic adds (a lesson: not reproducible)
+    └─ v3_register_blocked   a TM x TN block of (row, key) pairs per thread (SIMT)
+       └─ v4_dynamic_shared  v3's tiles in dynamic shared memory (the simulator's default)
+          └─ v5_tensor_cores the tile products on the tensor cores, 3xTF32 (GPU only)
+             └─ v6_split_pairs  cheaper splits and staging, streamed tiles split once
+    nonfinite                the check that v5's and v6's inputs are finite
+
+Defaults (numbaflash/policy.py decides, and explain_backward() says why): v1 for
+variants; v3 in float64 and at d > 128; on a GPU v6 for plain float32 and float16
+attention with d <= 128 and finite inputs (v4 when an input holds NaN or inf, or when no
+v6 tile fits the GPU's shared memory); on the simulator, which cannot run the tensor-core
+versions, v4. Every default is deterministic: no atomics, so repeated runs give bitwise
+identical gradients (v2, which adds dQ with atomics, runs only when asked for).
+
+Each version's file holds its kernel factories and its launch contract: ``plan(p, where,
+tiles, reason, preprocess)`` (the Plans of D, dK/dV and dQ: tile rule, tile check, shared
+memory, grid and block, or a ValueError saying why it cannot run the input),
+``kernel(plan, p)`` (the compiled kernel of one plan), ``VARIANTS`` (it takes the variant
+arguments) and ``TILE_TABLE`` (it skips the tiles a mask leaves empty). ``MODULES`` below
+is the registry: a new version is its own file and one line there.
 
 Float32 sums: every accumulator (dKj, dVj over the Q tiles; dQi over the K/V tiles) adds
 one tile's terms into a fresh partial first and then adds the partial, as the forward does
-with l. Adding Sq terms one by one made dK's error 3x a float32 matmul's on the H200 at
-Sq = 1024 (the bound of TESTING.md's rule). The price is d more registers per
-accumulator: from d = 64 on, v1's and v2's dK/dV kernels spill (tests/ptx_check.py reports
-it); v3 keeps them in registers without spills up to d = 128 (each thread holds a block).
+with l: adding Sq terms one by one into dK loses float32 accuracy over long sequences
+(lab/journal.md, "Backward kernel notes moved from the code"). The price is d more
+registers per accumulator: from d = 64 on, v1's and v2's dK/dV kernels spill, while v3 and
+v4 keep their blocks in registers without spills up to d = 128 (``tests/ptx_check.py
+--link`` prints each kernel's registers and spills).
 
 Variants (kernels/variants.py, docs/variants.md): the v1 kernels take a compile-time
 ``variant`` and seven more run-time arguments after causal_offset (window_lo, Hq, group,
-softcap, slopes, attn_mask, tiles). dS is multiplied by d score / d s (softcap, score_mod_grad).
-With GQA the dK/dV kernel runs one block per K/V head and tile, and walks the Q tiles of
-every query head of its group in a fixed order: dK, dV summed without atomics. Tiles
-that a boolean attn_mask or a mask_mod leaves empty are skipped through the table of
-visible tiles (``tiles``, variants.make_tile_table). v2, v3 and v4 compute plain
-attention only (the dispatcher refuses variants); so do v5 and v6.
+softcap, slopes, attn_mask, tiles). dS is multiplied by d score / d s (softcap,
+score_mod_grad). With GQA the dK/dV kernel runs one block per K/V head and tile, and walks
+the Q tiles of every query head of its group in a fixed order: dK, dV summed without
+atomics. Tiles that a boolean attn_mask or a mask_mod leaves empty are skipped through the
+table of visible tiles (``tiles``, variants.make_tile_table). v2 to v6 compute plain
+attention only: their plans refuse variants.
 
-Timed on the H200 in docs/performance.md (v1: 0.054x SDPA EFFICIENT at (2, 16,
-4096, 64)). Fully masked rows (causal with Sq > Sk, where L = -inf) have P = 0:
-the kernels skip them before computing exp, so they give a zero dQ row, add nothing to
-dK and dV, and no exp(-inf - (-inf)) is ever evaluated. Masked keys are never read into
-a sum, so NaN there has no effect; NaN in a visible input propagates.
+Fully masked rows (causal with Sq > Sk, where L = -inf) have P = 0: the kernels skip them
+before computing exp, so they give a zero dQ row, add nothing to dK and dV, and no
+exp(-inf - (-inf)) is ever evaluated. Masked keys are never read into a sum, so NaN there
+has no effect; NaN in a visible input propagates (v5 and v6 refuse non-finite inputs, see
+nonfinite.py). Speed against PyTorch SDPA: docs/performance.md.
 """
 
 

@@ -15,8 +15,9 @@ F32_MAX = 3.4028234663852886e38
 @cuda.jit(**jit_options())
 def nonfinite_check(Q, K, V, O, dO, L, flag):
     """flag[0] = 1 if any element of the 1D arrays Q, K, V, O, dO is NaN or +-inf, or any
-    of L is NaN or +inf (L = -inf is a row that sees no key). The dispatcher runs it
-    before backward v5, which needs finite inputs (grid-stride loop; GPU and simulator)."""
+    of L is NaN or +inf (L = -inf is a row that sees no key). policy.finite_inputs_plans
+    runs it before backward v5 and v6, which need finite inputs (grid-stride loop; GPU and
+    simulator)."""
     n = cuda.grid(1)
     step = cuda.gridsize(1)
     bad = False

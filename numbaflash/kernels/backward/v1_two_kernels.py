@@ -1,25 +1,21 @@
 """Backward v1: a dK/dV kernel and a dQ kernel, one thread per row, no atomics.
 
-v1  Three kernels, no atomics; the default for variants (windows, GQA, masks, ...).
-    backward_preprocess: D = rowsum(dO * O) (Alg.2 l.4), one thread per query row.
-    backward_dkdv_v1: Alg.2 l.5-19 without l.15. One thread block per (K/V tile j,
-        head bh), one thread per key row of the tile (the mirror image of forward v2's
-        one thread per query row). The block stages Kj and Vj in shared memory once, then
-        walks the Q tiles i: all threads copy Qi, dOi, L_i, D_i in together, then each
-        thread recomputes its column of Pij and dSij and accumulates its rows of dKj and
-        dVj in registers. Causal blocks skip the leading Q tiles whose rows see none of
-        their columns.
-    backward_dq_v1: Alg.2 l.15 in its own pass. One block per (Q tile i, head), one
-        thread per query row, walking the K/V tiles like forward v2 and accumulating its
-        row of dQi in registers.
-    Cost: Sij, Pij and dPij are computed twice, once per pass: 7 tile products per
-    (i, j) pair (S, dV, dP, dK; S, dP, dQ) instead of Alg.2's 5, 40% more arithmetic.
-    What it buys: every element of dQ, dK, dV has one owner thread that sums in a fixed
-    order, so repeated runs are bitwise identical, and no zero-filled dQ is needed.
-    Registers (ptxas for sm_90, default tiles, float32): the dQ kernel does not spill up
-    to d = 64; the dK/dV kernel, with four rows of d accumulators per thread (dKj, dVj and
-    their per-tile partials, below), spills from d = 64 on (164-284 bytes at d = 64, about
-    2.4 KB at d = 128). tests/ptx_check.py prints the table.
+Parent: the algorithm itself, FlashAttention-2's Algorithm 2, laid out as the mirror image
+of forward v2 (forward/v2_flash2.py). After preprocess.py's D = rowsum(dO * O), the dK/dV
+kernel runs one block per K/V tile with one thread per key row and walks the Q tiles; the
+dQ kernel, Alg.2 l.15 in its own pass, runs one block per Q tile with one thread per
+query row and walks the K/V tiles, as forward v2 does.
+
+What it costs: Sij, Pij and dPij are computed in both passes, 7 tile products per (i, j)
+pair (S, dV, dP, dK; S, dP, dQ) instead of Algorithm 2's 5, 40% more arithmetic; each
+thread holds rows of d accumulators, so from d = 64 on the dK/dV kernel spills.
+What it buys: every element of dQ, dK, dV has one owner thread that sums in a fixed
+order, so the gradients are deterministic (repeated runs are bitwise identical), and dQ
+needs no zero fill. It is the one backward that takes the variants (windows, GQA, masks,
+softcap, ALiBi, score_mod), and the default for them.
+
+Measured on the H200: 0.054x PyTorch SDPA EFFICIENT at (2, 16, 4096, 64) and 0.019x at
+d = 128 (lab/runs/2026-11-30/07_run7_tests_bench_sanitize.txt). GPU and simulator.
 """
 
 import functools
@@ -43,10 +39,19 @@ def make_backward_dkdv_v1(Br, Bc, d, causal, acc_dtype, variant=PLAIN):
     Launch: grid (Tc, B * Hkv) with Tc = ceil(Sk / Bc), block (Bc,): thread c owns key row
     j*Bc + c of one K/V head. With GQA (Hkv < Hq) the block walks the Q tiles of each query
     head of its group in turn, in a fixed order, adding into the same registers: dK and dV
-    are summed over the group without atomics. Shared memory: Kj, Vj (Bc, d+1) and Qi, dOi (Br, d) in the accumulator
-    dtype, plus L_i, D_i (Br,). The +1 pads Kj's and Vj's rows so that threads reading
-    Kj[c, k] for the same k hit different banks; all threads read the same Qi[r, k] at
-    once (a broadcast), so Qi needs no padding.
+    are summed over the group without atomics.
+
+    The block stages Kj and Vj once, then walks the Q tiles i: all threads copy Qi, dOi,
+    L_i, D_i in together, then each thread recomputes its column of Pij and dSij and
+    accumulates its rows of dKj and dVj in registers. Causal and windowed blocks skip the
+    Q tiles whose rows see none of their keys (bands.py).
+
+    Shared memory: Kj, Vj (Bc, d+1) and Qi, dOi (Br, d) in the accumulator dtype, plus
+    L_i, D_i (Br,). The +1 pads Kj's and Vj's rows so that threads reading Kj[c, k] for
+    the same k hit different banks; all threads read the same Qi[r, k] at once (a
+    broadcast), so Qi needs no padding. Registers: four rows of d accumulators per thread
+    (dKj, dVj and their per-tile partials), so the kernel spills from d = 64 on
+    (``tests/ptx_check.py --link`` prints how much).
     """
     acc = acc_type(acc_dtype)
     ZERO = acc(0)
@@ -122,9 +127,9 @@ def make_backward_dkdv_v1(Br, Bc, d, causal, acc_dtype, variant=PLAIN):
                 # Wait until the Q-side tiles are complete before any thread reads them.
                 cuda.syncthreads()
                 if active:
-                    # This Q tile's terms are summed on their own, then added to dKj and dVj:
-                    # in float32, adding Sq terms one by one into dKj made its error 3x that of
-                    # a float32 matmul on the H200 at Sq = 1024 (as l in the forward, v2).
+                    # This Q tile's terms are summed on their own, then added to dKj and
+                    # dVj, as l in forward v2: Sq terms added one by one into dKj lose
+                    # float32 accuracy over long sequences (kernels/backward/__init__.py).
                     for k in range(d):
                         dk_t[k] = ZERO
                         dv_t[k] = ZERO
@@ -160,8 +165,10 @@ def make_backward_dq_v1(Br, Bc, d, causal, acc_dtype, variant=PLAIN):
     ``variant`` (kernels/variants.py) adds masks and score modifiers.
 
     Launch: grid (Tr, B * Hq) with Tr = ceil(Sq / Br), block (Br,): thread r owns query row
-    i*Br + r. Shared memory: Qi, dOi (Br, d+1) and Kj, Vj (Bc, d) in the accumulator
-    dtype, laid out like forward v2 (Qi and dOi padded: thread r reads row r).
+    i*Br + r, walks the K/V tiles as forward v2 does and accumulates its row of dQi in
+    registers (no spills up to d = 64). Shared memory: Qi, dOi (Br, d+1) and Kj, Vj (Bc, d)
+    in the accumulator dtype, laid out like forward v2 (Qi and dOi padded: thread r reads
+    row r).
     """
     acc = acc_type(acc_dtype)
     ZERO = acc(0)

@@ -1,16 +1,19 @@
-"""Backward v2: one kernel, dQ added with atomics (a lesson).
+"""Backward v2: one kernel, dQ added with atomics (a lesson, not a default).
 
-v2  A lesson, not the default: Alg.2 l.15 as the paper writes it. backward_dkdv_dq_v2 is
-    backward_dkdv_v1 plus, inside the loop over Q tiles, cuda.atomic.add of
-    scale * ds * Kj[c] into dQ in HBM; there is no dQ pass (5 tile products per pair).
-    Why it is not the default: (1) floating-point addition is not associative and the
-    order in which blocks and threads add into dQ changes from run to run on a GPU, so
-    dQ is not bitwise reproducible (TESTING.md requires it of the default path); (2) all
-    Bc threads of a block add into the same dQ row at once, Br * Bc * d contended atomics
-    per tile pair; (3) dQ must be zero-filled before the launch; (4) it accumulates in
-    dQ itself, so it needs dQ in the accumulator dtype: float32 or float64 inputs only
-    (flash-attention adds into a float32 scratch buffer and converts it afterwards, and
-    offers a deterministic mode for the reason in (1)).
+Parent: v1 (v1_two_kernels.py). backward_dkdv_dq_v2 is v1's dK/dV kernel plus, inside
+its loop over Q tiles, cuda.atomic.add of scale * ds * Kj[c] into dQ in HBM: Alg.2 l.15
+as the paper writes it, with no dQ pass, so 5 tile products per (i, j) pair instead of
+v1's 7.
+
+What it costs, and why no default runs it: (1) floating-point addition is not
+associative, and the order in which blocks and threads add into dQ changes from run to
+run on a GPU, so dQ is not deterministic (repeated runs are not bitwise identical, which
+TESTING.md requires of the default path); (2) all Bc threads of a block add into the same
+dQ row at once, Br * Bc * d contended atomics per tile pair; (3) dQ must be zero-filled
+before the launch; (4) it accumulates in dQ itself, so it needs dQ in the accumulator
+dtype: float32 or float64 inputs only. (flash-attention adds into a float32 scratch
+buffer and converts it afterwards, and offers a deterministic mode for the reason in
+(1).) Plain attention only; GPU and simulator; runs only when asked for (version="v2").
 """
 
 import functools

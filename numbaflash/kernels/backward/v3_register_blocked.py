@@ -1,44 +1,26 @@
-"""Backward v3: register-blocked SIMT.
+"""Backward v3: v1's kernels register-blocked (SIMT), a TM x TN block per thread.
 
-v3  Register-blocked SIMT, the default for plain attention in float64 and at d > 128
-    (causal or not; runs on the GPU and the simulator; v4 elsewhere). The same three
-    kernels and order of work as v1 (backward_preprocess is reused), with the work of a
-    block spread the way forward v4 spreads it. v1 is bound by
-    shared-memory loads and by occupancy: each FMA of s, dp, dKj and dVj needs one or two
-    shared loads and no loaded value serves a second key, and its 32-thread blocks (16 at
-    d = 128) with 255 registers and spills leave about 6 warps per SM. In v3 the (Br, Bc)
-    tile pair is covered by a TY x TX grid of threads (TY = Br / TM, TX = Bc / TN); thread
-    (ty, tx) owns a TM x TN block of Sij, Pij, dPij and dSij (rows ty + TY*a, keys
-    tx + TX*b) in registers, and a block of the accumulators: in backward_dkdv_v3 its TN
-    keys x d / TY head-dim columns of dKj and dVj, in backward_dq_v3 its TM rows x d / TX
-    columns of dQi. Per k step of Sij and dPij a thread loads 2 (TM + TN) values for
-    2 TM TN FMAs; per row of dVj += Pij^T dOi and dKj += dSij^T Qi, 2 (TN + d/TY) values
-    for 2 TN d/TY FMAs; per key of dQi += dSij Kj, TM + d/TX for TM d/TX FMAs. Default
-    float32 tiles at d = 64: (Br, Bc, TM, TN) = (32, 32, 4, 2), 128 threads: 0.75, 0.625
-    and 0.5 loads per FMA instead of v1's 2 (in Sij, dPij) and 1. Qi, dOi, Kj and Vj are
-    staged transposed, with rows padded to an odd length, so that every read is
-    conflict-free or a broadcast; Pij and dSij go through shared memory (the threads of a
-    key hold different rows). P = exp2(S * scale * log2(e) - L * log2(e)): log2(e) is
-    folded into the scale and into L_i once per row, so each entry costs one FMA and an
-    exp2. Causal blocks skip fully masked tiles as in v1 and test (row, key) pairs only on
-    tiles the mask cuts through; rows with L = -inf (they see no key) are staged as zeros
-    in the dK/dV kernel and written as zeros by the dQ kernel, so NaN in a masked key, or
-    in the q or dO of a row that sees no key, has no effect, as in v1. No atomics: every
-    element of dQ, dK, dV has one owner thread that sums in a fixed order (the same order
-    for any (TM, TN)), so repeated runs are bitwise identical.
-    Costs: three barriers per tile instead of two (load; Pij and dSij written; read), and
-    the 48 KB of static shared memory, which now holds Pij and dSij as well: (32, 32) at
-    d = 64, (16, 16) at d = 128 (2 TM TN and the accumulators keep 0 spills there). As in
-    v1, S, P and dP are computed in both passes (7 tile products per pair).
-    ptxas (sm_90, float32, default tiles, no GPU): d = 64, (32, 32, 4, 2): dK/dV 157
-    registers (116 causal), dQ 95 (109 causal); d = 128, (16, 16, 2, 1): dK/dV 128, dQ 78;
-    no spills, no stack; shared memory 43520 / 39040 bytes (d = 64), 38144 / 36928
-    (d = 128). What it should buy: 2-3x fewer shared loads per FMA and 2-3x more resident
-    warps than v1 (dK/dV: 3 blocks of 4 warps per SM at d = 64, limited by registers);
-    the prediction is a few times v1's speed at d = 64, less at d = 128, where the tiles
-    are 16 x 16. Measured on the H200 (scripts/bwd_v3_sweep.py, docs/gpu-results.md run
-    11): 3.7x to 4.0x v1 at d = 64, 7.0x to 7.4x at d = 128 (where v1's 16-thread blocks
-    were the worst), all within the tolerance rule.
+Parent: v1 (v1_two_kernels.py): the same D, dK/dV and dQ kernels in the same order of
+work, with the work of a block spread the way forward v4 (forward/v4_register_blocked.py)
+spreads it. v1 is bound by shared-memory loads (no loaded value serves a second key) and
+by occupancy (blocks of 32 threads, 16 at d = 128, with spills). In v3 a TY x TX grid of
+threads covers the (Br, Bc) tile pair, and thread (ty, tx) owns a TM x TN block of Sij,
+Pij, dPij and dSij in registers, plus a block of the accumulators (make_backward_dkdv_v3,
+make_backward_dq_v3 say which). Qi, dOi, Kj and Vj are staged transposed with padded
+rows, so every read is conflict-free or a broadcast; Pij and dSij go through shared memory.
+
+What it buys: with the float32 tiles at d = 64, (Br, Bc, TM, TN) = (32, 32, 4, 2),
+0.75, 0.625 and 0.5 shared loads per FMA (Sij and dPij; dKj and dVj; dQi) instead of v1's
+2 and 1, and no spills up to d = 128. Measured on the H200: 3.7x-4.0x v1 at d = 64,
+7.0x-7.4x at d = 128 (lab/runs/2026-12-01/11_bwd_v3_sweep.txt, lab/sweeps/bwd_v3_sweep.py).
+What it costs: three barriers per tile instead of two, and its shared arrays are static,
+at most 48 KB a block, which now also holds Pij and dSij: tiles stay small, (32, 32) at
+d = 64 and (16, 16) at d = 128 (v4 lifts that). S, P and dP are still computed in both
+passes, as in v1.
+
+The default for plain attention in float64 and at d > 128. Deterministic (one owner
+thread per gradient element, summing in the same order for any (TM, TN)); GPU and
+simulator.
 """
 
 import functools
@@ -96,7 +78,8 @@ def make_backward_dkdv_v3(Br, Bc, TM, TN, d, causal, acc_dtype):
 
     Rows whose L is -inf (they see no key) and rows past Sq are staged as zeros, so that a
     NaN in their q or dO can never meet a zero P: the sums over rows below have no test
-    except on the causal diagonal.
+    except on the causal diagonal. Causal blocks skip the Q tiles whose rows see none of
+    their keys, as v1's do, and test (row, key) pairs only on the tiles the diagonal cuts.
     """
     acc = acc_type(acc_dtype)
     ZERO = acc(0)
@@ -273,7 +256,7 @@ def make_backward_dkdv_v3(Br, Bc, TM, TN, d, causal, acc_dtype):
                     dk[b, e] += dk_t[b, e]
                     dv[b, e] += dv_t[b, e]
 
-        # Alg.2 l.18: write dKj (times the scale, see the module docstring) and dVj.
+        # Alg.2 l.18: write dKj (times the scale: kernels/backward/__init__.py) and dVj.
         for b in range(TN):
             col = j * Bc + tx + TX * b
             if col < Sk:
@@ -575,7 +558,8 @@ def plan(p, where, tiles, reason, preprocess):
     return plan_register_blocked(
         p, where, tiles, reason, preprocess, "v3", default_backward_v3_tiles,
         check_backward_v3_tiles, dkdv_v3_shared_bytes, dq_v3_shared_bytes,
-        "measured on the H200: 3.7x to 7.4x faster than v1 (docs/gpu-results.md)")
+        "measured on the H200: 3.7x to 7.4x faster than v1 "
+        "(lab/runs/2026-12-01/11_bwd_v3_sweep.txt)")
 
 
 def kernel(plan, p):

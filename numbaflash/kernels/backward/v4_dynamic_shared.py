@@ -1,39 +1,25 @@
 """Backward v4: v3 with its tiles in dynamic shared memory.
 
-v4  v3 with dynamic shared memory (the default for plain float32 attention with d <= 128;
-    GPU and simulator).
-    v3's shared arrays are static, at most 48 KB per block, and at d = 128 that is what
-    holds it to (16, 16, 2, 1) tiles (0.13x PyTorch SDPA there against 0.21x at d = 64 with
-    (32, 32, 4, 2)). v4 runs v3's two kernels with the algorithm, thread layout, barriers
-    and NaN-safety unchanged line for line, as forward v5 does forward v4: each kernel's
-    arrays are slices of ONE dynamic shared array, ``cuda.shared.array(0, acc)``, at
-    compile-time offsets (dkdv_v4_shared_layout, dq_v4_shared_layout), with flat indices
-    ([row * row_length + col]); the byte count goes with each launch,
-    ``kernel[grid, block, 0, nbytes]``, and above 48 KB the compiled kernel is first
-    allowed it (kernels/smem.py; up to 227 KB per block on the H200). With the same tiles
-    v4's gradients are bitwise v3's on the simulator. Default float32 tiles: d <= 64
-    (64, 64, 4, 4), 256 threads, 100352 / 83200 bytes (dK/dV / dQ; v3: (32, 32, 4, 2),
-    128 threads); d = 128 (32, 32, 2, 2), 256 threads, 76288 / 71808 bytes
-    (two blocks per SM): per k step of Sij and dPij 1 load per FMA (v3 at d = 128: 1.5),
-    per row of dVj, dKj 0.625 (v3: 1.06). (32, 32, 4, 2) at d = 128 would need 128 dK/dV
-    accumulators a thread, twice v3's register bound. ptxas (sm_90, float32, default
-    tiles, no GPU, with the unsigned indices of kernels/smem.py): d = 64: dK/dV 101
-    registers (103 causal; v3: 157 and 116), dQ 72; d = 128: dK/dV 101 (105 causal), dQ 64
-    (72 causal); no spills, no stack. Measured on the H200
-    (scripts/bwd_v4_sweep.py, run 18 in docs/gpu-results.md; all checks against float64
-    passed), before its tiles were indexed with unsigned integers: slower than v3
-    everywhere. With v3's own tiles the
-    dynamic array costs a third of the speed (d = 64: 73.3 ms against v3's 48.1; d = 128
-    at (16, 16, 2, 1): 267.8 against 144.7), as in forward v5; larger tiles at d = 128
-    win some of it back but not all ((32, 32, 4, 2): 152.6 ms, 0.95x v3; the default
-    (32, 32, 2, 2): 164.3 ms, 0.88x). The same sweep after the change (run 21; v3 without
-    them, 47.93 and 146.04 ms): d = 64, v3's tiles 38.03 ms, (64, 64, 4, 4) 30.71 (causal
-    17.26); d = 128, (32, 32, 2, 2) 84.28 (causal 45.87), (64, 64, 4, 4) 81.29 at one block
-    per SM. v3 with unsigned indices (run 20): 37.89 and 119.44 ms. So v4 is the default
-    for plain float32 attention with d <= 128 (numbaflash/policy.py). With
-    while loops (kernels/__init__.py; run 26): v4 24.13 ms at d = 64 (29.91 before) and
-    65.41 at d = 128 (83.66), v3 28.68 and 89.33; causal at d = 64 the two tie (15.63 and
-    15.56 ms).
+Parent: v3 (v3_register_blocked.py). v4 runs v3's two kernels with the algorithm, thread
+layout, barriers and NaN-safety unchanged line for line, as forward v5 does forward v4:
+each kernel's shared arrays are slices of one dynamic shared array at compile-time
+offsets (dkdv_v4_shared_layout, dq_v4_shared_layout), indexed flat and unsigned
+(kernels/smem.py's U). The byte count goes with each launch, and above 48 KB the kernel
+is first allowed it (kernels/smem.py; up to 227 KB a block on the H200).
+
+What it buys: tiles past v3's 48 KB. Float32 defaults: (64, 64, 4, 4) up to d = 64 and
+(32, 32, 2, 2) up to d = 128, 256 threads each, against v3's (32, 32, 4, 2) and
+(16, 16, 2, 1) with 128; at d = 128 that is 1 shared load per FMA in Sij and dPij
+(v3: 1.5). Measured on the H200 at (2, 16, 4096, d): 24.13 ms against v3's 28.68 at
+d = 64 (causal, the two tie), 65.41 against 89.33 at d = 128
+(lab/runs/2026-12-01/26_timing_branch.txt): as fast as v3 to 1.4x faster. What it costs:
+with signed indices, the slices' negative-index wraparound made v4 slower than v3 with
+every tile (lab/runs/2026-12-01/18_bwd_v4_sweep.txt); hence U.
+
+The default on the simulator for plain float32 and float16 attention with d <= 128, and
+on a GPU where v6 cannot run (an input holds NaN or inf, or no v6 tile fits). With the
+same tiles its gradients are bitwise v3's on the simulator. Deterministic; GPU and
+simulator.
 """
 
 import functools
@@ -102,8 +88,8 @@ def dq_v4_shared_layout(Br, Bc, TM, TN, d):
 @functools.lru_cache(maxsize=None)
 def make_backward_dkdv_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
     """v4 dK/dV kernel: ``make_backward_dkdv_v3``'s kernel with its shared memory taken
-    from dynamic shared memory (the default for plain float32 attention, d <= 128; GPU
-    and simulator).
+    from dynamic shared memory (GPU and simulator; the module docstring says where it is
+    the default).
 
     The algorithm, thread layout, barriers and NaN-safety are v3's line for line (see
     make_backward_dkdv_v3 for what each thread owns and why); only where the eight shared
@@ -113,7 +99,8 @@ def make_backward_dkdv_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
     ``cuda.shared.array(0, acc)``, and cuts it into v3's arrays at the compile-time
     offsets of ``dkdv_v4_shared_layout``: each is a 1D slice (a view), and v3's 2D index
     [row, col] becomes [row * row_length + col] (why slices and not reshape: see
-    forward.make_forward_v5). Under the simulator each slice is bounds-checked on its own.
+    forward/v5_dynamic_shared.py). Under the simulator each slice is bounds-checked on its
+    own.
 
     Launch: as v3, grid (Tc, BH), block (TY * TX,), plus END * itemsize bytes of dynamic
     shared memory (END from ``dkdv_v4_shared_layout``; ``dkdv_v4_shared_bytes``):
@@ -309,7 +296,7 @@ def make_backward_dkdv_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
                     dk[b, e] += dk_t[b, e]
                     dv[b, e] += dv_t[b, e]
 
-        # Alg.2 l.18: write dKj (times the scale, see the module docstring) and dVj.
+        # Alg.2 l.18: write dKj (times the scale: kernels/backward/__init__.py) and dVj.
         for b in range(TN):
             col = j * Bc + tx + TX * b
             if col < Sk:
@@ -517,12 +504,11 @@ def make_backward_dq_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
 # 2, 2), 256 threads, 76288 / 71808 bytes at d = 128 (v3: (16, 16, 2, 1), 128 threads;
 # (64, 64, 4, 4) needs 167 KB and (32, 32, 4, 2) 128 dK/dV accumulators a thread);
 # d = 256 -> (16, 16, 1, 1), 71936 / 69696 bytes, within the register bound (v3: (8, 8,
-# 1, 1), over it). Measured (scripts/bwd_v4_sweep.py, run 21, unsigned tile indices,
-# (2, 16, 4096, d), not causal / causal): d = 64, (64, 64, 4, 4) 30.71 / 17.26 ms, v3's
-# tiles 38.03 / 20.85; d = 128, (32, 32, 2, 2) 84.28 / 45.87 ms, (64, 64, 4, 4) 81.29 /
-# 42.44 at one block per SM, the others 94-124 / 55-67. Run 18, before the unsigned
-# indices, had v4 slower than v3 with every tile. Under the simulator, BWD_V4_SIM_TILES,
-# as v3's.
+# 1, 1), over it). The tile sweep behind the rule (lab/sweeps/bwd_v4_sweep.py,
+# lab/runs/2026-12-01/21_bwd_v4_sweep.txt, (2, 16, 4096, d), not causal / causal): d = 64,
+# (64, 64, 4, 4) 30.71 / 17.26 ms, v3's tiles 38.03 / 20.85; d = 128, (32, 32, 2, 2)
+# 84.28 / 45.87 ms, (64, 64, 4, 4) 81.29 / 42.44 at one block per SM, the others 94-124 /
+# 55-67. Under the simulator, BWD_V4_SIM_TILES, as v3's.
 BWD_V4_CANDIDATES = ((64, 64, 4, 4), (32, 32, 4, 2), (32, 32, 2, 2), (16, 16, 2, 1),
                      (16, 16, 1, 1), (8, 8, 1, 1), (4, 4, 1, 1))
 BWD_V4_SHARED_MEM_TARGET = 100 * 1024
@@ -587,7 +573,8 @@ def plan(p, where, tiles, reason, preprocess):
         p, where, tiles, reason, preprocess, "v4", default_backward_v4_tiles,
         check_backward_v4_tiles, dkdv_v4_shared_bytes, dq_v4_shared_bytes,
         "v3's kernels with their shared memory taken from dynamic shared memory (may "
-        "exceed 48 KB); measured on the H200: as fast as v3 to 1.4x faster (runs 20-26)",
+        "exceed 48 KB); measured on the H200: as fast as v3 to 1.4x faster "
+        "(lab/runs/2026-12-01/26_timing_branch.txt)",
         dynamic_shared=True)
 
 

@@ -1,20 +1,26 @@
-"""Backward v5: the tensor cores (3xTF32 mma.sync), GPU only.
+"""Backward v5: the tile products on the tensor cores (3xTF32 mma.sync), GPU only.
 
-v5  Tensor cores, plain (GPU only; opt-in). The same two kernels and order of work as v4,
-    with the tile products on the tensor cores as 3xTF32 ``mma.sync`` (forward v3's
-    split; ptx.py): in the dK/dV kernel warp w owns 16 keys and computes S^T = Kj Qi^T
-    and dP^T = Vj dOi^T as mma fragments whose rows are its keys, then dVj += P^T dOi and
-    dKj += dS^T Qi with the S fragments as the A operand (forward v3's relabelling of k);
-    the dQ kernel is its mirror image (warp w owns 16 query rows). All four tiles in
-    dynamic shared memory, rows of DP + 4 floats (both read patterns conflict-free).
-    Every operand is split into its TF32 parts where it is read, as in forward v3.
-    Finite inputs only: a tensor core cannot skip a product, so a NaN in the q or dO of a
-    query would reach the keys it does not see as 0 * NaN. The dispatcher checks the six
-    inputs with one small kernel (``nonfinite_check``) before the launch: version="v5"
-    with a NaN or inf is a ValueError, and the default runs v4 instead, logging why.
-    Measured (scripts/bwd_v5_sweep.py, run 35, (2, 16, 4096, d), float32, ms not causal /
-    causal): d = 64 26.63 / 14.43 (v4 24.53 / 15.43), d = 128 74.36 / 39.33 with (64, 64)
-    tiles (v4 64.96 / 34.05): as fast as v4, no faster; every check within the rule.
+Parent: v4 (v4_dynamic_shared.py), with forward v3's tensor-core split
+(forward/v3_tensor_cores.py). The same D, dK/dV and dQ kernels, order of work and
+determinism as v4, but every tile product runs as 3xTF32 ``mma.sync`` (ptx.py): in the
+dK/dV kernel each warp owns 16 keys and computes S^T = Kj Qi^T and dP^T = Vj dOi^T as
+fragments whose rows are its keys, then dVj += P^T dOi and dKj += dS^T Qi with the S
+fragments as the A operand (forward v3's relabelling of k); the dQ kernel is its mirror
+image, each warp 16 query rows. All four tiles sit in dynamic shared memory in rows of
+DP + 4 floats, and every operand is split into its TF32 parts where it is read.
+
+What it costs: finite inputs only. A tensor core cannot skip a product, so a NaN in the q
+or dO of a query would reach the keys it does not see as 0 * NaN; nonfinite.py checks the
+six inputs before the launch (numbaflash/policy.py, finite_inputs_plans), and
+version="v5" with a NaN or inf is a ValueError. What it buys: about v4's speed and no
+more, the plain rung of the tensor-core ladder: at (2, 16, 4096, 64) 26.63 / 14.43 ms
+(not causal / causal) against v4's 24.53 / 15.43, at d = 128 with (64, 64) tiles
+74.36 / 39.33 against 64.96 / 34.05 (lab/runs/2026-12-01/35_bwd_v5_sweep.txt). v6 makes
+it pay.
+
+Runs only when asked for (version="v5"). Deterministic; GPU only (the simulator cannot
+run inline PTX; there v4 computes the same thing); float32 accumulation, float16 and
+float32 inputs, d <= 128.
 """
 
 import functools
@@ -89,8 +95,8 @@ def dq_v5_shared_layout(Br, Bc, d, pairs=False):
 @functools.lru_cache(maxsize=None)
 def make_backward_dkdv_v5(Br, Bc, d, causal):
     """v5 dK/dV kernel: tensor cores (3xTF32 ``mma.sync``, as forward v3), GPU only;
-    float32 accumulation, float16 and float32 inputs. On the simulator the dispatcher
-    runs v4, which computes the same thing.
+    float32 accumulation, float16 and float32 inputs. On the simulator the default is v4,
+    which computes the same thing.
 
     The work is v4's (one block per K/V tile j, walking the Q tiles i; no atomics), laid
     out for the tensor cores the way forward v3 lays out the forward, with keys where the
@@ -117,8 +123,9 @@ def make_backward_dkdv_v5(Br, Bc, d, causal):
     in ordinary float32 arithmetic (as forward v3 and backward v4 do per tile).
 
     Finite inputs only: a tensor core cannot skip a product, so a NaN or inf in the q or
-    dO of a query would reach keys that query does not see as 0 * NaN. The dispatcher
-    checks the inputs first and runs v4 if any is not finite (finite_inputs_plans).
+    dO of a query would reach keys that query does not see as 0 * NaN. The call checks
+    the inputs first (nonfinite.py; policy.finite_inputs_plans runs v4 if any is not
+    finite, or raises ValueError if v5 was asked for).
     Rows that see no key (L = -inf) are staged as zeros, so their q and dO play no part.
 
     Launch: grid (ceil(Sk / Bc), BH), block (2 * Bc,): Bc / 16 warps; END * 4 bytes of

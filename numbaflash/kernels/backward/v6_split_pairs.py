@@ -1,25 +1,28 @@
-"""Backward v6: v5 made cheaper: splits on the bits, streamed tiles as split pairs.
+"""Backward v6: v5 made cheaper: splits on the bits, per-kernel tiles, split-pair tiles.
 
-v6  v5, cheaper (GPU only; the default for plain float32/float16 attention with d <= 128
-    on a GPU, finite inputs). Three changes, each where v5 spends instructions rather
-    than tensor-core time: splits on the bits (ptx.tf32_round_finite, two integer
-    instructions, where the cvt takes about five: the inputs were checked finite); the
-    head dim on the outside of S^T and dP^T, so each A fragment is loaded and split once
-    per chunk and serves its n-tiles; staging with one flat address per element
-    (ptx.flat_load) and no L test per element. exp2 with log2(e) folded in. The dQ
-    kernel takes 32 keys a step where its tile allows (V6_CHUNKS). Measured (runs 37-38):
-    d = 64 18.99-19.33 / 11.72-12.15 ms (1.25x-1.39x v4), d = 128 with (64, 64) tiles
-    60.52 / 33.69 (1.04x-1.07x v4). Each kernel takes its own tiles from the dispatcher
-    (default_backward_v6_plan): at d > 64 the dK/dV kernel (64, 128) and the dQ
-    kernel (128, 64), eight warps a block where (64, 64) gave four at one block per SM:
-    d = 128 37.60 / 21.32 ms (run 58). Tried and dropped (run 36): storing every tile as
-    TF32 pairs split once as staged (forward v6's way): twice the shared memory, fewer
-    warps per SM, 0.66x v5. Kept (run 63, the float32 default): pairs for the streamed
-    tiles only (which every warp reads), with that side of the tile halved to keep the
-    shared memory: at d = 128 (32, 128) and (128, 32), 8-10 % faster; at d = 64 (32, 64)
-    and (64, 32), about 6 % without the mask (with it, dK/dV keeps (64, 64) plain).
-    compute-sanitizer memcheck, racecheck, synccheck and initcheck: 0 errors (run 40;
-    with the pairs, memcheck and racecheck: run 65). What limits it: docs/performance.md.
+Parent: v5 (v5_tensor_cores.py): its layout, its two kernels and their order of work.
+v6 changes what v5 spends instructions on rather than tensor-core time: TF32 splits on
+the bits (the inputs were checked finite), each A fragment loaded and split once per
+chunk instead of once per n-tile, staging with one flat address per element, exp2 with
+log2(e) folded in, and 32 keys a step in the dQ kernel (make_backward_dkdv_v6 says how).
+Its plan gives each kernel its own tiles, eight warps a block above d = 64, and, in
+float32, keeps the streamed tiles (Qi, dOi for dK/dV; Kj, Vj for dQ) as TF32 pairs split
+once as staged, with that side of the tile halved to keep the shared memory.
+
+What it buys, on the H200 at (2, 16, 4096, d): 1.25x-1.39x v4 at d = 64
+(lab/runs/2026-12-01/37_bwd_v6_sweep.txt, 38_bwd_v6_chunks.txt), 1.59x-1.71x at d = 128
+with the per-kernel tiles (lab/runs/2026-12-01/58_bwd_v6_sweep.txt); the pairs then took
+d = 128 from 34.43 / 18.60 ms to 30.98 / 17.03 (not causal / causal;
+lab/runs/2026-12-01/63_bwd_pairs_d128.txt). The whole backward runs at 0.54x-0.66x
+PyTorch SDPA EFFICIENT (lab/runs/2026-12-01/65_bench.txt; what limits it:
+docs/performance.md). What it costs: v5's finite-input contract, and 255 registers a
+thread above d = 64.
+
+The default on a GPU for plain float32 and float16 attention with d <= 128 and finite
+inputs. Deterministic: the gradients are the same bits with any of its tiles, with or
+without pairs. GPU only (on the simulator v4 computes the same thing). compute-sanitizer's
+four tools: 0 errors (lab/runs/2026-12-01/65_bwd_v6_memcheck.txt, 65_bwd_v6_racecheck.txt,
+68_bwd_v6_pairs_synccheck.txt, 68_bwd_v6_pairs_initcheck.txt).
 """
 
 import functools
@@ -46,8 +49,11 @@ from .v5_tensor_cores import (bwd_v5_target, bwd_v5_tiles_within, check_backward
 V6_CHUNK = 16           # backward v6: streamed rows per step, by default
 
 
-# the chunk the dispatcher gives each v6 kernel (scripts/bwd_v5_sweep.py measures others)
-V6_CHUNKS = {"dkdv": V6_CHUNK, "dq": 32}    # dQ: 32 keys, 7% faster at d = 128 (run 38)
+# the chunk v6's plan gives each kernel (scripts/bwd_kernels.py --chunks times others). dQ
+# takes 32 keys: its kernel 12.82 ms against 15.05 with 16 at (2, 16, 4096, 128)
+# (lab/runs/2026-12-01/64_bwd_chunks_d128.txt); at d = 64, dK/dV 16 and dQ 32 were the
+# fastest of the three pairs tried (64_bwd_chunks_d64.txt).
+V6_CHUNKS = {"dkdv": V6_CHUNK, "dq": 32}
 
 
 # What _make_v6_helpers and _streamed_tile_steps return: device functions, by name.
@@ -145,8 +151,8 @@ def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None, pairs=False):
 
     * Splits on the bits. Every operand is still split into its TF32 parts where it is
       read, but with ``tf32_round_finite`` (two integer instructions where the cvt takes
-      about five): the dispatcher has checked that the inputs are finite, and P^T and
-      dS^T are then finite too.
+      about five): the call has checked that the inputs are finite (nonfinite.py), and
+      P^T and dS^T are then finite too.
     * Each A fragment serves the whole chunk. S^T and dP^T run over the head dim on the
       outside and the chunk's n-tiles (chunk / 8) inside, so a fragment of Kj and Vj is
       loaded and split once per chunk instead of once per n-tile, and the n-tiles' sums
@@ -157,15 +163,17 @@ def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None, pairs=False):
     * exp2 with log2(e) folded into the scale and into L_i (as backward v4).
 
     ``chunk``: the query rows of Qi a step takes (a multiple of 8 dividing Br; None:
-    V6_CHUNK); the dispatcher gives V6_CHUNKS (backward_v6_chunk).
+    V6_CHUNK); v6's plan gives V6_CHUNKS (backward_v6_chunk).
     ``pairs``: Qi and dOi, which every warp reads, are split once as they are staged
     and kept as (big, small) pairs: twice their shared memory.
 
-    What was tried and dropped (run 36, docs/gpu-results.md): storing every tile as
-    (big, small) pairs, split once as it is staged (forward v6's way). It doubles the
-    shared memory, so fewer warps fit an SM, and it ran at 0.66x v5's speed. ``pairs``
-    does it for Qi and dOi only, the tiles all the block's warps read (each warp reads
-    its own rows of Kj and Vj): with Br halved, in the same shared memory (run 63).
+    What was tried and dropped (lab/runs/2026-12-01/36_bwd_v6_sweep.txt): storing every
+    tile as (big, small) pairs, split once as it is staged (forward v6's way). It doubles
+    the shared memory, so fewer warps fit an SM, and it ran at 0.66x v4's speed at best
+    (d = 64; 0.39x at d = 128). ``pairs`` does it for Qi and dOi only, the tiles all the
+    block's warps read (each warp reads its own rows of Kj and Vj): with Br halved, in
+    the same shared memory (lab/runs/2026-12-01/63_bwd_pairs_d64.txt,
+    63_bwd_pairs_d128.txt).
 
     Launch as v5: grid (ceil(Sk / Bc), BH), block (2 * Bc,), END * 4 bytes of dynamic
     shared memory (``dkdv_v5_shared_layout(Br, Bc, d, pairs)``).
@@ -476,24 +484,25 @@ def make_backward_dq_v6(Br, Bc, d, causal, chunk=None, pairs=False):
 
 # --- the launch contract ------------------------------------------------------------
 
-# v6: v5's layout and candidates, within the device's own maximum instead (227 KB on the
-# H200): (64, 64) at d <= 128 there (70 KB at d = 64; 135 KB, one block per SM, at
-# d = 128: faster than (64, 32) at two blocks per SM, runs 37-38).
+# v6's fallback rule (default_backward_v6_plan, when its table's tiles do not fit): v5's
+# layout and candidates, within the device's own maximum instead (227 KB on the H200):
+# (64, 64) at d <= 128 there (70 KB at d = 64; 135 KB, one block per SM, at d = 128,
+# still faster than (64, 32) at two blocks per SM: lab/runs/2026-12-01/37_bwd_v6_sweep.txt).
 # v6's default plan, per kernel: (Br, Bc, pairs), pairs meaning its streamed tiles (the
 # dK/dV kernel's Qi and dOi, the dQ kernel's Kj and Vj) are split once as staged and kept
-# as TF32 pairs (make_backward_dkdv_v6).
+# as TF32 pairs (make_backward_dkdv_v6). Each kernel timed alone (scripts/bwd_kernels.py):
 # * d > 64 (BWD_V6_WIDE): one block of 8 warps per SM (255 registers a thread). Wide
-#   tiles first (run 57, (2, 16, 4096, 128), scripts/bwd_kernels.py): dK/dV (64, 128)
-#   20.04 ms against (64, 64)'s 34.58, dQ (128, 64) 14.16 against 23.76. Then the
-#   streamed side narrowed to 32 to make room for the pairs (run 63): dK/dV (32, 128)
-#   with pairs 18.06 / 9.70 ms (not causal / causal) against (64, 128)'s 20.08 / 10.76,
-#   dQ (128, 32) with pairs 12.72 / 7.13 against (128, 64)'s 14.15 / 7.66.
+#   tiles first (lab/runs/2026-12-01/57_bwd_kernels.txt, (2, 16, 4096, 128)): dK/dV
+#   (64, 128) 20.04 ms against (64, 64)'s 34.58, dQ (128, 64) 14.16 against 23.76. Then
+#   the streamed side narrowed to 32 to make room for the pairs (63_bwd_pairs_d128.txt):
+#   dK/dV (32, 128) with pairs 18.06 / 9.70 ms (not causal / causal) against (64, 128)'s
+#   20.08 / 10.76, dQ (128, 32) with pairs 12.72 / 7.13 against (128, 64)'s 14.15 / 7.66.
 # * d <= 64 (BWD_V6_NARROW, by causal): three blocks of 4 warps per SM at 70 KB (168
-#   registers); every wider tile was slower (run 57). With pairs at the same 70 KB (run
-#   63, (2, 16, 4096, 64)): the dQ kernel (64, 32) 6.50 / 3.77 ms against (64, 64)'s
-#   6.90 / 3.97; the dK/dV kernel (32, 64) 9.26 ms against 9.82 without the mask, but
-#   5.99 against 5.46 with it, so causal keeps (64, 64) plain. (64, 64) with pairs (105
-#   KB, two blocks per SM) was slower for both kernels: 10.86 and 7.63.
+#   registers); every wider tile was slower (57_bwd_kernels.txt). With pairs at the same
+#   70 KB (63_bwd_pairs_d64.txt, (2, 16, 4096, 64)): the dQ kernel (64, 32) 6.50 / 3.77 ms
+#   against (64, 64)'s 6.90 / 3.97; the dK/dV kernel (32, 64) 9.26 ms against 9.82 without
+#   the mask, but 5.99 against 5.46 with it, so causal keeps (64, 64) plain. (64, 64) with
+#   pairs (105 KB, two blocks per SM) was slower for both kernels: 10.86 and 7.63.
 # Float32 on the H200: at d <= 64 dQ (64, 32) with pairs, dK/dV (32, 64) with pairs,
 # causal (64, 64) without; at d > 64 (32, 128) for dK/dV and (128, 32) for dQ, both with
 # pairs (8 warps a block). Float16 inputs: (64, 64) at d <= 64, (64, 128) and (128, 64)
@@ -502,7 +511,7 @@ BWD_V6_WIDE = {"dkdv": (32, 128, True), "dq": (128, 32, True)}
 BWD_V6_WIDE_MIN_HEAD_DIM = 65
 BWD_V6_NARROW = {False: {"dkdv": (32, 64, True), "dq": (64, 32, True)},
                  True: {"dkdv": (64, 64, False), "dq": (64, 32, True)}}
-# Float16 inputs keep run 57's tiles without pairs (by width, as above): the pairs were
+# Float16 inputs keep 57_bwd_kernels.txt's tiles without pairs (by width): the pairs were
 # timed with float32 inputs only, and the float16 dQ kernel with pairs at d = 128, causal,
 # needs 8 bytes of spill under CUDA 13.5's ptxas (tests/ptx_check.py), where its tiles
 # without pairs need none.
