@@ -54,8 +54,8 @@ def _forward_problem_and_plan(q, k, v, causal, scale, variants, version, tiles):
 
     Both depend only on shapes, dtypes and options, not on the data, so a repeated call
     (the same shapes, as in a training loop) skips them: at (1, 1, 128, 64) on the H200
-    they were a large part of the Python around a small kernel (issue 5,
-    scripts/overhead.py --profile). Calls that raise are not remembered, so bad input
+    they were a large part of the Python around a small kernel
+    (``scripts/overhead.py --profile``; lab/runs/2026-12-01/11_overhead_profile.txt). Calls that raise are not remembered, so bad input
     still gets its error before any launch, every time.
     """
     key = _call_key(q, k, v, causal, scale, variants, version, tiles)
