@@ -215,7 +215,7 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, win
             attention on a GPU. v5 and v6 take finite inputs only: the call checks them
             first and, if one is NaN or inf, runs v4 and logs why for the default, or
             raises ValueError if v5 or v6 was asked for); None picks the default; see
-            ``explain_backward`` and numbaflash/kernels/backward.py.
+            ``explain_backward`` and numbaflash/kernels/backward/ (one file per version).
         tiles: (Br, Bc) for the backward kernels (v3 and v4 also take (Br, Bc, TM, TN);
             v5 and v6 take multiples of 16, and v6 also ((Br, Bc), (Br, Bc)): the dK/dV
             kernel's tiles, then the dQ kernel's; given tiles run without v6's split

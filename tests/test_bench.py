@@ -33,7 +33,7 @@ def test_flops_follow_the_convention():
     assert bench.flops(2, 16, 4096, 4096, 64, True, "forward") == fwd / 2
     assert bench.flops(2, 16, 4096, 4096, 64, False, "backward") == 2.5 * fwd
     assert bench.flops(2, 16, 4096, 4096, 64, True, "fwd+bwd") == 3.5 * fwd / 2
-    # docs/gpu/2026-11-30/05_gpu_check.txt: SDPA EFFICIENT forward 3.999 ms = 34.37 TFLOP/s
+    # lab/runs/2026-11-30/05_gpu_check.txt: SDPA EFFICIENT forward 3.999 ms = 34.37 TFLOP/s
     assert fwd / 3.999e-3 / 1e12 == pytest.approx(34.37, abs=0.01)
 
 
@@ -72,8 +72,8 @@ def test_extra_memory_counts_scratch_not_outputs():
         scratch[:1].copy_to_device(np.zeros(1, np.uint8))
         return cuda.device_array(8 * mib, dtype=np.uint8)          # the output
     # The driver's free memory is the whole GPU's: other processes on the same GPU (such as
-    # pytest-xdist workers) allocating or freeing in between move the reading (run 16: 504
-    # MiB under 15 workers). So a few tries; a real error (the output not subtracted: 24
+    # pytest-xdist workers) allocating or freeing in between move the reading (504
+    # MiB under 15 workers, lab/runs/2026-12-01/16_tests_arrays_api_bench.txt). So a few tries; a real error (the output not subtracted: 24
     # MiB; the scratch not seen: 0) is off on every one of them.
     readings = [bench.extra_memory_bytes(fn) for _ in range(5)]
     assert any(16 * mib <= extra < 20 * mib for extra in readings), readings
