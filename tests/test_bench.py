@@ -72,9 +72,10 @@ def test_extra_memory_counts_scratch_not_outputs():
         scratch[:1].copy_to_device(np.zeros(1, np.uint8))
         return cuda.device_array(8 * mib, dtype=np.uint8)          # the output
     # The driver's free memory is the whole GPU's: other processes on the same GPU (such as
-    # pytest-xdist workers) allocating or freeing in between move the reading (504
-    # MiB under 15 workers, lab/runs/2026-12-01/16_tests_arrays_api_bench.txt). So a few tries; a real error (the output not subtracted: 24
-    # MiB; the scratch not seen: 0) is off on every one of them.
+    # pytest-xdist workers) allocating or freeing in between move the reading (504 MiB
+    # under 15 workers, lab/runs/2026-12-01/16_tests_arrays_api_bench.txt). So a few
+    # tries; a real error (the output not subtracted: 24 MiB; the scratch not seen: 0) is
+    # off on every one of them.
     readings = [bench.extra_memory_bytes(fn) for _ in range(5)]
     assert any(16 * mib <= extra < 20 * mib for extra in readings), readings
 
