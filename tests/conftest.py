@@ -32,8 +32,9 @@ small FlashAttention forward 5x faster with it. It is set in each test process (
 workers import this file too).
 
 Simulator race: numba-cuda 0.30.4's simulator can hand the threads of a launch's first
-block different copies of a ``cuda.shared.array`` (an unlocked check-then-set); this file
-patches that under the simulator (see _make_simulator_shared_arrays_race_free).
+block different copies of a ``cuda.shared.array`` (an unlocked check-then-set); numbaflash
+itself replaces that lookup with a locked one when the simulator is on
+(numbaflash/kernels/simulated.py, ``_shared_array``), for users' runs as well as these.
 
 Fixtures:
     nan_prefilled_outputs (module scope): while active, the arrays that numbaflash
