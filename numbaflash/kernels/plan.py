@@ -209,8 +209,3 @@ def tensor_core_refusal(version, p, where, max_d, kept, sibling=""):
     if p.d > max_d:
         return f"{version} keeps {kept} in registers, which holds head dims up to {max_d}"
     return None
-
-
-def blocks(n, rows):
-    """Blocks of ``rows`` that cover ``n`` rows: ceil(n / rows)."""
-    return -(-n // rows)
