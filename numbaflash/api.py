@@ -108,11 +108,11 @@ def attention(q, k, v, *, causal=False, scale=None, window_size=None, alibi_slop
             last query row sees all keys), or "top_left" (PyTorch's ``is_causal``).
         scale: softmax scale, default 1/sqrt(d). Must be finite.
         return_lse: also return the logsumexp L of each row (the backward pass needs it).
-        version: forward kernel version ("v1", "v2", "v3" GPU-only tensor cores, "v4"
+        version: forward kernel version ("v1", "v2", "v3" tensor cores, "v4"
             register-blocked; "v5" v4 with dynamic shared memory for larger tiles, the
             default for plain attention in float32 and float16 with d <= 128 on the
-            simulator; "v6" GPU-only tensor cores with the splits done once; "v7"
-            GPU-only float16 tensor cores for float16 inputs, the default on a GPU for
+            simulator; "v6" tensor cores with the splits done once; "v7"
+            float16 tensor cores for float16 inputs, the default on a GPU for
             float16; "v8" v6 with the next chunk's scores computed during this chunk's
             softmax (v6's arithmetic reordered), the default on a GPU for float32 with
             d <= 64; "v9" v8 with the next K/V tile copied asynchronously (float32 only),
@@ -211,7 +211,7 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, win
             deterministic, the default for plain attention in float64 and at d > 128;
             "v4": v3 with dynamic shared memory for larger tiles, the default for plain
             attention in float32 and float16 with d <= 128 on the simulator; "v5":
-            tensor cores (3xTF32), GPU only; "v6": v5 made cheaper, the default for that
+            tensor cores (3xTF32); "v6": v5 made cheaper, the default for that
             attention on a GPU. v5 and v6 take finite inputs only: the call checks them
             first and, if one is NaN or inf, runs v4 and logs why for the default, or
             raises ValueError if v5 or v6 was asked for); None picks the default; see

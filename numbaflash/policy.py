@@ -62,9 +62,11 @@ def default_forward_version(p, where):
                       f"were measured faster at d <= {SIMT_MAX_HEAD_DIM} only)")
     if where != "gpu":
         return "v5", ("v5 is the default for plain attention in float32 with d <= "
-                      f"{SIMT_MAX_HEAD_DIM} on the simulator, which cannot run v8 "
-                      "(tensor cores, inline PTX): register-blocked, its tiles in dynamic "
-                      "shared memory, exact for every input; on a GPU, v8 runs instead")
+                      f"{SIMT_MAX_HEAD_DIM} on the simulator: register-blocked, its tiles in "
+                      "dynamic shared memory, exact for every input, and the fastest there "
+                      "(v8, the GPU's default, runs on the simulator too, through "
+                      "kernels/simulated.py, but each of its mma is a rendezvous of a warp's "
+                      "32 Python threads); on a GPU, v8 runs instead")
     limit = device_dynamic_shared_limit(where)
     v6, v7, v9 = forward.module("v6"), forward.module("v7"), forward.module("v9")
     if v7.refusal(p, where) is None and v7.tiles_within(p.d, limit) is not None:
@@ -105,7 +107,9 @@ def default_backward_version(p, where):
                       "H200 (1.25x-1.39x v4 at d = 64, 1.59x-1.71x at d = 128)")
     if p.acc_dtype == "float32" and p.d <= SIMT_MAX_HEAD_DIM:
         if where != "gpu":
-            why = "; v6, the GPU default, uses the tensor cores, which the simulator cannot run"
+            why = ("; v6, the GPU default, runs on the simulator too (kernels/simulated.py), "
+                   "but slower there: each of its mma is a rendezvous of a warp's 32 Python "
+                   "threads")
         else:
             why = (f"; no v6 tile fits this GPU's {device_dynamic_shared_limit(where)} bytes of "
                    "shared memory")

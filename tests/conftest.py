@@ -32,8 +32,9 @@ small FlashAttention forward 5x faster with it. It is set in each test process (
 workers import this file too).
 
 Simulator race: numba-cuda 0.30.4's simulator can hand the threads of a launch's first
-block different copies of a ``cuda.shared.array`` (an unlocked check-then-set); this file
-patches that under the simulator (see _make_simulator_shared_arrays_race_free).
+block different copies of a ``cuda.shared.array`` (an unlocked check-then-set); numbaflash
+itself replaces that lookup with a locked one when the simulator is on
+(numbaflash/kernels/simulated.py, ``_shared_array``), for users' runs as well as these.
 
 Fixtures:
     nan_prefilled_outputs (module scope): while active, the arrays that numbaflash
@@ -87,52 +88,6 @@ if simulating():
     sys.setswitchinterval(2e-4)
 
 
-def _make_simulator_shared_arrays_race_free():
-    """Work around a race in numba-cuda 0.30.4's simulator (FakeCUDAShared.array).
-
-    The simulator gives each ``cuda.shared.array`` call site one NumPy array per launch,
-    looked up in a dict keyed by (file, line): ``get``, and if missing ``np.empty`` and
-    store. That check-then-set has no lock, and the threads of the first block all call
-    it at once: when the interpreter switches threads between one thread's ``get`` and
-    its store, two threads of the block get *different* arrays, each sees only its own
-    writes, and the block computes from uninitialised memory. It shows as a rare wrong
-    answer of the first block (here about 1 launch in 1000 of forward v2, more often with
-    the short switch interval above), which a derandomized CI run would report as a
-    random failure. This replaces the method with the same logic under a lock (and the
-    same (file, line) key, taken from the caller's frame). Kernels are unaffected; only
-    the simulator's bookkeeping changes. test_forward_kernels.py checks that it works.
-    """
-    import threading
-
-    from numba.core import types
-    from numba.cuda.simulator import kernelapi
-    from numba.np import numpy_support
-
-    original = kernelapi.FakeCUDAShared.array
-    if getattr(original, "_numbaflash_locked", False):
-        return
-    lock = threading.Lock()
-
-    def array(self, shape, dtype, alignment=None):
-        if alignment is not None or shape == 0:      # errors and dynamic shared memory:
-            return original(self, shape, dtype, alignment)   # no lookup there
-        if isinstance(dtype, types.Type):
-            dtype = numpy_support.as_dtype(dtype)
-        frame = sys._getframe(1)
-        caller = (frame.f_code.co_filename, frame.f_lineno)
-        with lock:
-            res = self._allocations.get(caller)
-            if res is None:
-                res = np.empty(shape, dtype)
-                self._allocations[caller] = res
-        return res
-
-    array._numbaflash_locked = True
-    kernelapi.FakeCUDAShared.array = array
-
-
-if simulating():
-    _make_simulator_shared_arrays_race_free()
 
 
 def pytest_report_header(config):

@@ -94,16 +94,30 @@ def refusal(explain, version, dtype="float32"):
     return None
 
 
+# The tensor-core versions run on the simulator too (numbaflash/kernels/simulated.py),
+# but each of their mma is a rendezvous of a warp's 32 Python threads, and a Hypothesis
+# example of them costs seconds there. The property suites draw them on a GPU; on the
+# simulator tests/test_simulated_kernels.py runs each at fixed small shapes, through the
+# same checks and the same bitwise ladder.
+SIMULATOR_FIXED_SHAPES_ONLY = {"explain": ("v3", "v6", "v7", "v8", "v9"),
+                               "explain_backward": ("v5", "v6")}
+
+
 def version_params(versions, explain, dtype="float32"):
     """``versions`` as pytest params; one the library says cannot run here at all for
     ``dtype`` (a name, or a tuple of names: refused for every one of them) becomes a
-    visible skip carrying its (first) reason, never a silent omission."""
+    visible skip carrying its (first) reason, never a silent omission. On the simulator
+    the tensor-core versions are skipped with the reason above."""
     import pytest
     params = []
     for version in versions:
         whys = [refusal(explain, version, t) for t in
                 ((dtype,) if isinstance(dtype, str) else dtype)]
         why = None if None in whys else whys[0]
+        if why is None and not on_gpu() and version in SIMULATOR_FIXED_SHAPES_ONLY.get(
+                explain.__name__, ()):
+            why = (f"{version} runs on the simulator in tests/test_simulated_kernels.py, at "
+                   "fixed shapes (every mma a rendezvous of 32 Python threads)")
         params.append(version if why is None else
                       pytest.param(version, marks=pytest.mark.skip(reason=why)))
     return params

@@ -564,7 +564,7 @@ def test_explain_backward_names_each_kernel():
     assert all(p.causal == "bottom_right" for p in plans)
     assert f"{default} is the default" in str(plans)
     if not on_gpu():
-        assert "the simulator cannot run" in str(plans)
+        assert "runs on the simulator too" in str(plans)
     plans = numbaflash.explain_backward(q.astype(np.float64), q.astype(np.float64),
                                         q.astype(np.float64))    # float64: v3
     assert [p.kernel for p in plans][1:] == ["backward_dkdv_v3", "backward_dq_v3"]
@@ -699,8 +699,7 @@ def test_bitwise_identical_over_50_reruns_on_the_gpu(version):
 
 
 
-@pytest.mark.skipif(not on_gpu(), reason="backward v6 uses the tensor cores through inline "
-                                         "PTX, which the simulator cannot run")
+@pytest.mark.skipif(not on_gpu(), reason="at GPU sizes; on the simulator tests/test_simulated_kernels.py runs the same check at small shapes")
 @pytest.mark.parametrize("d", [1, 59, 64, 100, 128])
 @pytest.mark.parametrize("causal", [None, "top_left", "bottom_right"])
 def test_backward_v6_pairs_are_bitwise_its_plain_tiles(d, causal):

@@ -636,8 +636,7 @@ def test_v7_stages_every_column_of_its_padded_tiles():
 
 # --- forward v8 is v6 reordered -------------------------------------------------------------
 
-@pytest.mark.skipif(not GPU, reason="v6 and v8 use the tensor cores through inline PTX, "
-                                    "which the simulator cannot run")
+@pytest.mark.skipif(not GPU, reason="at GPU sizes; on the simulator tests/test_simulated_kernels.py runs the same check at small shapes")
 @pytest.mark.parametrize("d", [1, 59, 64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
@@ -667,8 +666,7 @@ def test_v8_is_bitwise_v6(d, causal, dtype, monkeypatch):
             assert_bitwise_equal(f"{name} at {(Sq, Sk)}", x8, x6)
 
 
-@pytest.mark.skipif(not GPU, reason="v8 and v9 use the tensor cores through inline PTX, "
-                                    "which the simulator cannot run")
+@pytest.mark.skipif(not GPU, reason="at GPU sizes; on the simulator tests/test_simulated_kernels.py runs the same check at small shapes")
 @pytest.mark.parametrize("d", [1, 59, 64, 100, 128])
 @pytest.mark.parametrize("causal", [None, "top_left", "bottom_right"])
 @pytest.mark.parametrize("tiles", [None, (64, 32)])
@@ -694,9 +692,9 @@ def test_v9_is_bitwise_v8(d, causal, tiles):
 
 # --- the simulator itself -------------------------------------------------------------------
 
-@pytest.mark.skipif(GPU, reason="checks a simulator workaround (conftest.py); no simulator here")
+@pytest.mark.skipif(GPU, reason="checks a simulator workaround (kernels/simulated.py); no simulator here")
 def test_simulator_shared_arrays_are_shared_by_the_whole_block(monkeypatch):
-    """conftest.py patches numba-cuda's simulator so that every thread of a block gets the
+    """kernels/simulated.py patches numba-cuda's simulator so that every thread of a block gets the
     same cuda.shared.array. Widen the race window (a sleep between the lookup and the
     store, where a thread switch causes the bug) and check that all threads still see
     each other's writes."""

@@ -51,3 +51,11 @@ def jit_options():
 def acc_type(acc_dtype):
     """The numba scalar type kernels accumulate in: "float32" or "float64"."""
     return {"float32": numba.float32, "float64": numba.float64}[acc_dtype]
+
+
+if simulating():
+    # The simulator has no warp shuffles of its own; kernels/simulated.py supplies them
+    # (and kernels/ptx.py its tensor-core instructions), so the GPU's kernels run there.
+    from .simulated import install
+
+    install()

@@ -197,13 +197,10 @@ def refuse_backward_variants(version, p):
                          f"use v1 (the default for variants)")
 
 
-def tensor_core_refusal(version, p, where, max_d, kept, sibling=""):
-    """Why the 3xTF32 tensor-core ``version`` cannot run Problem ``p`` here (``where``),
-    or None: it needs a GPU, float32 accumulation and d <= ``max_d`` (``kept``: what
-    it keeps in registers; ``sibling``: what the simulator runs instead)."""
-    if where != "gpu":
-        return (f"{version} uses the tensor cores through inline PTX and warp shuffles, which "
-                f"the simulator cannot run{sibling}")
+def tensor_core_refusal(version, p, where, max_d, kept):
+    """Why the 3xTF32 tensor-core ``version`` cannot run Problem ``p`` (on a GPU, or on
+    the simulator through kernels/simulated.py), or None: it needs float32 accumulation
+    and d <= ``max_d`` (``kept``: what it keeps in registers)."""
     if p.acc_dtype != "float32":
         return f"{version} computes in float32 (3xTF32); float64 inputs run on v2"
     if p.d > max_d:

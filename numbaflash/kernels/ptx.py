@@ -1,4 +1,4 @@
-"""Inline-PTX helpers for the tensor-core kernels (GPU only: the simulator cannot run PTX).
+"""Inline-PTX helpers for the tensor-core kernels (on the simulator: kernels/simulated.py).
 
 numba-cuda has no API for the tensor cores' ``mma`` instructions, but an ``@intrinsic``
 can emit any PTX through ``llvmlite.ir.InlineAsm``. Two helpers are enough:
@@ -48,7 +48,7 @@ column of B:
     B (16 x 8):  b0 = B[2t:2t+2, g]     b1 = B[2t+8:2t+10, g]
     C, D (16x8): as for m16n8k8 above.
 
-Three more GPU-only helpers, plain LLVM IR rather than PTX:
+Three more helpers, plain LLVM IR rather than PTX (simulated there too):
 
     flat_load(A, n) the element at flat position n of a C-contiguous array A of any
                     number of dimensions (A.ravel()[n] without making a view): one
@@ -87,6 +87,8 @@ one; this is what PyTorch's float32 "efficient" attention does on sm80+.
 from llvmlite import ir
 from numba import cuda, types
 from numba.cuda.extending import intrinsic
+
+from . import simulating
 
 _F32 = ir.FloatType()
 _I32 = ir.IntType(32)
@@ -320,3 +322,11 @@ def cp_async_wait_all(typingctx):
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+if simulating():
+    # The simulator has no inline PTX: it runs kernels/simulated.py's stand-ins, with
+    # the same names and semantics (the device functions above call them there).
+    from .simulated import (  # noqa: E402,F811
+        cp_async, cp_async_wait_all, flat_load, load_b32, load_pair, mma_f16, mma_tf32,
+        pack_f16x2, store_pair, tf32_round, tf32_round_finite)

@@ -2,7 +2,7 @@
 
 In an mma.sync fragment the four lanes of a quad (lanes 4g to 4g + 3) hold the
 columns of the same two rows, so a row's max or sum is two shuffles away.
-GPU only: the simulator has no warp shuffles.
+Warp shuffles on a GPU; on the simulator kernels/simulated.py supplies them.
 """
 
 from numba import cuda
@@ -13,8 +13,8 @@ FULL_WARP = 0xFFFFFFFF                  # the lane mask of a whole warp
 @cuda.jit(device=True, inline=True)
 def quad_max(x):
     """The max over the 4 lanes of a quad (the lanes sharing a row of an mma fragment in
-    the tensor-core kernels); '>' so that NaN does not win (as in v1/v2). Warp shuffles:
-    GPU only."""
+    the tensor-core kernels); '>' so that NaN does not win (as in v1/v2). Warp shuffles
+    (on the simulator, kernels/simulated.py's)."""
     y = cuda.shfl_xor_sync(FULL_WARP, x, 1)
     x = y if y > x else x
     y = cuda.shfl_xor_sync(FULL_WARP, x, 2)

@@ -26,7 +26,7 @@ The ladder, by lineage: each file says its parent, what it changes and what that
     ├─ v2_atomic_dq          one kernel, dQ by atomic adds (a lesson: not reproducible)
     └─ v3_register_blocked   a TM x TN block of (row, key) pairs per thread (SIMT)
        └─ v4_dynamic_shared  v3's tiles in dynamic shared memory (the simulator's default)
-          └─ v5_tensor_cores the tile products on the tensor cores, 3xTF32 (GPU only)
+          └─ v5_tensor_cores the tile products on the tensor cores, 3xTF32
              └─ v6_split_pairs  cheaper splits and staging, streamed tiles split once
     nonfinite                the check that v5's and v6's inputs are finite
 

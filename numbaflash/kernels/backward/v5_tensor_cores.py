@@ -1,4 +1,4 @@
-"""Backward v5: the tile products on the tensor cores (3xTF32 mma.sync), GPU only.
+"""Backward v5: the tile products on the tensor cores (3xTF32 mma.sync).
 
 Parent: v4 (v4_dynamic_shared.py), with forward v3's tensor-core split
 (forward/v3_tensor_cores.py). The same D, dK/dV and dQ kernels, order of work and
@@ -18,9 +18,9 @@ more, the plain rung of the tensor-core ladder: at (2, 16, 4096, 64) 26.63 / 14.
 74.36 / 39.33 against 64.96 / 34.05 (lab/runs/2026-12-01/35_bwd_v5_sweep.txt). v6 makes
 it pay.
 
-Runs only when asked for (version="v5"). Deterministic; GPU only (the simulator cannot
-run inline PTX; there v4 computes the same thing); float32 accumulation, float16 and
-float32 inputs, d <= 128.
+Runs only when asked for (version="v5"). Deterministic; inline PTX on a GPU, on the
+simulator kernels/simulated.py's stand-ins (slow; the default there stays v4); float32
+accumulation, float16 and float32 inputs, d <= 128.
 """
 
 import functools
@@ -37,7 +37,7 @@ from ..smem import U
 
 
 # ---------------------------------------------------------------------------------------
-# v5: tensor cores (3xTF32), GPU only
+# v5: tensor cores (3xTF32)
 
 V5_CHUNK = 16           # backward v5: streamed rows (queries in dK/dV, keys in dQ) per step
 
@@ -94,9 +94,9 @@ def dq_v5_shared_layout(Br, Bc, d, pairs=False):
 
 @functools.lru_cache(maxsize=None)
 def make_backward_dkdv_v5(Br, Bc, d, causal):
-    """v5 dK/dV kernel: tensor cores (3xTF32 ``mma.sync``, as forward v3), GPU only;
-    float32 accumulation, float16 and float32 inputs. On the simulator the default is v4,
-    which computes the same thing.
+    """v5 dK/dV kernel: tensor cores (3xTF32 ``mma.sync``, as forward v3);
+    float32 accumulation, float16 and float32 inputs. On the simulator it runs through
+    kernels/simulated.py (slowly; the default there stays v4).
 
     The work is v4's (one block per K/V tile j, walking the Q tiles i; no atomics), laid
     out for the tensor cores the way forward v3 lays out the forward, with keys where the
@@ -133,7 +133,7 @@ def make_backward_dkdv_v5(Br, Bc, d, causal):
 
         kernel[grid, block, 0, nbytes](Q, K, V, dO, L, D, dK, dV, softmax_scale, causal_offset)
     """
-    from ..ptx import mma3_split_b as mma3, split_tf32 as split   # GPU only: inline PTX
+    from ..ptx import mma3_split_b as mma3, split_tf32 as split   # inline PTX (simulator: simulated.py)
     acc = acc_type("float32")
     ZERO = acc(0)
     NEG_INF = acc(-math.inf)
@@ -322,8 +322,8 @@ def make_backward_dkdv_v5(Br, Bc, d, causal):
 
 @functools.lru_cache(maxsize=None)
 def make_backward_dq_v5(Br, Bc, d, causal):
-    """v5 dQ kernel: the tensor-core sibling of make_backward_dkdv_v5 (GPU only, finite
-    inputs; v4 on the simulator), laid out as forward v3: warp w owns the query rows
+    """v5 dQ kernel: the tensor-core sibling of make_backward_dkdv_v5 (finite inputs;
+    the simulator's default stays v4), laid out as forward v3: warp w owns the query rows
     i*Br + 16w .. +16, lane ``lane`` the rows 16w + g and 16w + g + 8. Per chunk of
     V5_CHUNK keys of Kj, in mma fragments (rows = its queries, columns = the keys):
 
@@ -338,7 +338,7 @@ def make_backward_dq_v5(Br, Bc, d, causal):
 
         kernel[grid, block, 0, nbytes](Q, K, V, dO, L, D, dQ, softmax_scale, causal_offset)
     """
-    from ..ptx import mma3_split_b as mma3, split_tf32 as split   # GPU only: inline PTX
+    from ..ptx import mma3_split_b as mma3, split_tf32 as split   # inline PTX (simulator: simulated.py)
     acc = acc_type("float32")
     ZERO = acc(0)
     NEG_INF = acc(-math.inf)
@@ -510,6 +510,10 @@ def make_backward_dq_v5(Br, Bc, d, causal):
 # to 256, within 227 KB. (v6 uses the same layout and candidates: v6_split_pairs.py.)
 BWD_V5_CANDIDATES = ((64, 64), (64, 32), (32, 32), (32, 16), (16, 16))
 BWD_V5_SHARED_MEM_TARGET = 113 * 1024
+# On the simulator (kernels/simulated.py), small tiles: every thread is a Python thread
+# and every mma a rendezvous of a warp's 32 lanes, so fewer warps a block and a tile
+# boundary crossed at the simulator's short sequences.
+BWD_V5_SIM_TILES = (32, 32)
 BWD_V5_MAX_HEAD_DIM = 128     # dKj and dVj fragments (d / 2 each a lane) in registers
 
 
@@ -533,9 +537,6 @@ def bwd_v5_bytes(Br, Bc, d):
 def backward_tensor_core_refusal(version, p, where):
     """Why backward ``version`` ("v5" or "v6", the tensor-core versions) cannot run
     Problem ``p`` here, or None if it can."""
-    if where != "gpu":
-        return (f"{version} uses the tensor cores through inline PTX, which the simulator "
-                f"cannot run (there, v4 computes the same thing)")
     if p.acc_dtype != "float32":
         return f"{version} computes in float32 (3xTF32); float64 inputs run on v3"
     if p.d > BWD_V5_MAX_HEAD_DIM:
@@ -567,7 +568,10 @@ def bwd_v5_tiles_within(d, limit):
 
 
 def default_backward_v5_tiles(d, where, version="v5"):
-    """The backward v5 / v6 tile rule (above), (Br, Bc), for ``where``."""
+    """The backward v5 / v6 tile rule (above), (Br, Bc), for ``where`` (the simulator:
+    BWD_V5_SIM_TILES)."""
+    if where == "simulator":
+        return BWD_V5_SIM_TILES
     target = bwd_v5_target(version, where)
     tiles = bwd_v5_tiles_within(d, target)
     if tiles is not None:

@@ -20,7 +20,8 @@ thread above d = 64.
 
 The default on a GPU for plain float32 and float16 attention with d <= 128 and finite
 inputs. Deterministic: the gradients are the same bits with any of its tiles, with or
-without pairs. GPU only (on the simulator v4 computes the same thing). compute-sanitizer's
+without pairs. Inline PTX and warp shuffles on a GPU; on the simulator
+kernels/simulated.py's stand-ins (slow; the default there stays v4). compute-sanitizer's
 four tools: 0 errors (lab/runs/2026-12-01/65_bwd_v6_memcheck.txt, 65_bwd_v6_racecheck.txt,
 68_bwd_v6_pairs_synccheck.txt, 68_bwd_v6_pairs_initcheck.txt).
 """
@@ -43,7 +44,7 @@ from .v5_tensor_cores import (bwd_v5_target, bwd_v5_tiles_within, check_backward
 
 
 # ---------------------------------------------------------------------------------------
-# v6: v5 with cheaper splits and staging, each A fragment used for a whole chunk (GPU only)
+# v6: v5 with cheaper splits and staging, each A fragment used for a whole chunk
 
 
 V6_CHUNK = 16           # backward v6: streamed rows per step, by default
@@ -64,7 +65,7 @@ StreamedTileSteps = namedtuple("StreamedTileSteps", "stage load")
 def _make_v6_helpers(d):
     """Device functions shared by backward v6's two kernels: staging a tile, loading a
     split A fragment or B element, and the 3xTF32 product of split operands."""
-    from ..ptx import flat_load, mma_tf32, split_tf32_finite as split_finite   # GPU only
+    from ..ptx import flat_load, mma_tf32, split_tf32_finite as split_finite   # inline PTX
 
     acc = acc_type("float32")
     ZERO = acc(0)
@@ -145,8 +146,8 @@ def _streamed_tile_steps(d, pairs, rows):
 
 @functools.lru_cache(maxsize=None)
 def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None, pairs=False):
-    """v6 dK/dV kernel: v5's, made cheaper where v5 spends its instructions (GPU only;
-    finite inputs, float32 accumulation, d <= 128; v5's shared memory, or with ``pairs``
+    """v6 dK/dV kernel: v5's, made cheaper where v5 spends its instructions (finite
+    inputs, float32 accumulation, d <= 128; v5's shared memory, or with ``pairs``
     Qi and dOi twice as long).
 
     * Splits on the bits. Every operand is still split into its TF32 parts where it is
@@ -341,8 +342,8 @@ def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None, pairs=False):
 
 @functools.lru_cache(maxsize=None)
 def make_backward_dq_v6(Br, Bc, d, causal, chunk=None, pairs=False):
-    """v6 dQ kernel: v5's with v6's changes (see make_backward_dkdv_v6; GPU only,
-    finite inputs); ``chunk``: the keys of Kj a step takes; ``pairs``: Kj and Vj split
+    """v6 dQ kernel: v5's with v6's changes (see make_backward_dkdv_v6; finite
+    inputs); ``chunk``: the keys of Kj a step takes; ``pairs``: Kj and Vj split
     once as staged (as make_backward_dkdv_v6's Qi and dOi). Launch as v5: grid
     (ceil(Sq / Br), BH), block (2 * Br,), END * 4 bytes (``dq_v5_shared_layout(Br, Bc, d,
     pairs)``)."""
@@ -509,6 +510,10 @@ def make_backward_dq_v6(Br, Bc, d, causal, chunk=None, pairs=False):
 # above, without pairs. A caller's tiles (check_backward_v6_tiles) run without pairs.
 BWD_V6_WIDE = {"dkdv": (32, 128, True), "dq": (128, 32, True)}
 BWD_V6_WIDE_MIN_HEAD_DIM = 65
+# On the simulator (kernels/simulated.py) each kernel streams tiles of 16 rows past 32
+# of its own: fewer warps a block (every mma is a rendezvous of Python threads), and the
+# GPU rule's choice of split pairs, so the simulator runs the pairs' code too.
+BWD_V6_SIM = {"dkdv": (16, 32), "dq": (32, 16)}
 BWD_V6_NARROW = {False: {"dkdv": (32, 64, True), "dq": (64, 32, True)},
                  True: {"dkdv": (64, 64, False), "dq": (64, 32, True)}}
 # Float16 inputs keep 57_bwd_kernels.txt's tiles without pairs (by width): the pairs were
@@ -536,6 +541,8 @@ def default_backward_v6_plan(d, causal, dtype, where):
         rule = BWD_V6_FLOAT16["wide" if wide else "narrow"]
     else:
         rule = BWD_V6_WIDE if wide else BWD_V6_NARROW[bool(causal)]
+    if where == "simulator":    # the GPU's choice of pairs, on small tiles (BWD_V6_SIM)
+        return {kind: BWD_V6_SIM[kind] + (rule[kind][2],) for kind in rule}
     limit = device_dynamic_shared_limit(where)
     if (dkdv_v5_shared_bytes(*rule["dkdv"][:2], d, rule["dkdv"][2]) <= limit
             and dq_v5_shared_bytes(*rule["dq"][:2], d, rule["dq"][2]) <= limit):

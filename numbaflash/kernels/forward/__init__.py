@@ -12,7 +12,7 @@ The ladder, by lineage: each file says its parent, what it changes and what that
     v2_flash2            FlashAttention-2 (Algorithm 1): K/V tiles in shared memory
     ├─ v4_register_blocked   a TM x TN block of scores per thread (SIMT)
     │  └─ v5_dynamic_shared  v4's tiles in dynamic shared memory (the simulator's default)
-    └─ v3_tensor_cores       the tensor cores, 3xTF32 mma.sync (GPU only)
+    └─ v3_tensor_cores       the tensor cores, 3xTF32 mma.sync
        └─ v6_split_once      each K/V element split once as staged; exact for every input
           ├─ v8_reordered    the next chunk's scores before this chunk's softmax
           │  └─ v9_async_copy  the next K/V tile copied by cp.async (float32)

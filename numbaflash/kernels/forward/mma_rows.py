@@ -4,7 +4,7 @@
 warp's mma fragments hold: the finite test, the online-softmax step over one
 chunk of keys (Alg.1 l.8-10 on fragments, row max and sum by quad shuffles),
 the fix-ups that put NaN and inf where the reference has them, and the
-write-out of O and L (Alg.1 l.12-13). GPU only.
+write-out of O and L (Alg.1 l.12-13). On the simulator through kernels/simulated.py.
 """
 
 import functools

@@ -1,4 +1,4 @@
-"""Forward v3: the tensor cores (3xTF32 mma.sync), GPU only.
+"""Forward v3: the tensor cores (3xTF32 mma.sync).
 
 Parent: v2 (v2_flash2.py). The same Algorithm 1 with both matrix products, Sij = Qi Kj^T
 and P~ij Vj, on the tensor cores through inline-PTX ``mma.sync`` (m16n8k8, TF32 inputs,
@@ -16,8 +16,8 @@ Contract: finite inputs. A NaN or inf in V at a key a mask hides from some rows 
 tile reaches them (0 * NaN inside the product), and an inf in K splits into NaN; so v3
 runs only when asked for (version="v3"); v6, its successor, is exact for every input.
 
-GPU only (inline PTX, warp shuffles). On the simulator v2 and v5 compute the same
-attention; the policy runs v5 there.
+Inline PTX and warp shuffles on a GPU; on the simulator kernels/simulated.py's stand-ins
+(slow; the policy's default there stays v5).
 """
 
 import functools
@@ -27,7 +27,9 @@ from numba import cuda
 
 from .. import acc_type, jit_options
 from ..bands import make_kv_tile_range
-from ..plan import SHARED_MEM_LIMIT, Plan, parse_tiles, refuse_variants, tensor_core_refusal
+from ..plan import (
+    SHARED_MEM_LIMIT, Plan, here, parse_tiles, refuse_variants, tensor_core_refusal
+)
 from ..warp import quad_max
 from .mma_rows import make_mma_row_steps
 
@@ -42,9 +44,9 @@ V3_CHUNK = 16                           # v3: keys per online-softmax step
 
 @functools.lru_cache(maxsize=None)
 def make_forward_v3(Bc, d, causal):
-    """v3 (tensor cores, 3xTF32) kernel. GPU only: it emits inline PTX (``mma.sync``) and
-    warp shuffles, which the simulator cannot run; there, v2 and v5 compute the same
-    thing. Float32 accumulation only (float16 and float32 inputs).
+    """v3 (tensor cores, 3xTF32) kernel. It emits inline PTX (``mma.sync``) and warp
+    shuffles; on the simulator kernels/simulated.py's stand-ins run them (slowly; the
+    default there stays v5). Float32 accumulation only (float16 and float32 inputs).
 
     Launch: grid (ceil(Sq / 64), BH), block (128,): four warps, warp w owning query rows
     i*64 + 16w .. +16 of the tile. Shared memory: Kj and Vj, (Bc, DP + 4) float32 each,
@@ -68,7 +70,7 @@ def make_forward_v3(Bc, d, causal):
     completely by NVVM, which keeps every fragment array in registers (over a whole
     64-key tile NVVM left S and O in local memory, and v3 ran at 9 TFLOP/s instead).
     """
-    from ..ptx import mma3_split_b as mma3  # GPU only: inline PTX
+    from ..ptx import mma3_split_b as mma3  # inline PTX (the simulator: kernels/simulated.py)
     from ..ptx import split_tf32 as split
 
     acc = acc_type("float32")
@@ -238,8 +240,17 @@ def v3_shared_bytes(Bc, d):
     return 2 * Bc * ((d + 7) // 8 * 8 + 4) * 4
 
 
-def default_v3_tiles(d):
-    """v3 tile rule: Br = 64 (four warps of 16 rows); Bc the largest of 64, 32, 16 that fits."""
+# On the simulator (kernels/simulated.py), small tiles: every thread is a Python thread
+# and every mma a rendezvous of a warp's 32 lanes, so fewer warps a block and a tile
+# boundary crossed at the simulator's short sequences.
+V3_SIM_TILES = (V3_BR, 16)
+
+
+def default_v3_tiles(d, where=None):
+    """v3 tile rule: Br = 64 (four warps of 16 rows); Bc the largest of 64, 32, 16 that
+    fits; on the simulator V3_SIM_TILES."""
+    if here(where) == "simulator":
+        return V3_SIM_TILES
     for Bc in (64, 32, 16):
         if v3_shared_bytes(Bc, d) <= SHARED_MEM_LIMIT:
             return V3_BR, Bc
@@ -272,7 +283,7 @@ def plan(p, where, tiles, reason):
     if why is not None:
         raise ValueError(f"forward v3 cannot run this input: {why}")
     if tiles is None:
-        Br, Bc = default_v3_tiles(p.d)
+        Br, Bc = default_v3_tiles(p.d, where)
         reason += f"; tiles by the v3 rule for d={p.d}"
     else:
         Br, Bc = check_v3_tiles(tiles, p.d)

@@ -16,9 +16,9 @@ it back: 172 registers and one block of eight warps per SM, issue slots busy 38 
 the K/V tile loaded while no warp of the block computes
 (lab/runs/2026-12-01/32_v6_ncu.txt); v8 and v9 work on the last two.
 
-GPU only (inline PTX, warp shuffles); plain attention, float32 accumulation, d <= 128;
-opt-in (version="v6"), its descendants v7, v8 and v9 being the GPU defaults. On the
-simulator v5 computes the same attention.
+Inline PTX and warp shuffles on a GPU; on the simulator kernels/simulated.py's stand-ins
+(the default there stays v5). Plain attention, float32 accumulation, d <= 128; opt-in
+(version="v6"), its descendants v7, v8 and v9 being the GPU defaults.
 """
 
 import functools
@@ -29,7 +29,8 @@ from numba import cuda, int32
 from .. import acc_type, jit_options
 from ..bands import make_kv_tile_range
 from ..plan import (
-    Plan, check_warp_tiles, device_dynamic_shared_limit, refuse_variants, tensor_core_refusal
+    Plan, check_warp_tiles, device_dynamic_shared_limit, here, refuse_variants,
+    tensor_core_refusal
 )
 from .mma_rows import make_mma_row_steps
 from .v6_tile_steps import (
@@ -41,8 +42,9 @@ from .v6_tile_steps import (
 @functools.lru_cache(maxsize=None)
 def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
     """v6: v3's tensor-core forward with each K/V tile split into TF32 parts once, in
-    shared memory, and exact for every input (GPU only; float32 accumulation, float16
-    and float32 inputs, d <= 128). On the simulator, v5 computes the same attention.
+    shared memory, and exact for every input (float32 accumulation, float16 and
+    float32 inputs, d <= 128). On the simulator kernels/simulated.py's stand-ins run it
+    (slowly; the default there stays v5).
 
     What changes against v3:
 
@@ -104,7 +106,7 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
     load_q, stage_kv, scores, values = steps.load_q, steps.stage_kv, steps.scores, steps.values
 
     options = jit_options()
-    if max_registers:       # ptxas's register limit (GPU-only kernel: no simulator concern)
+    if max_registers:       # ptxas's register limit (ptxas only; the simulator ignores it)
         options["max_registers"] = max_registers
 
     @cuda.jit(**options)
@@ -202,8 +204,11 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
 # H100/H200's 227 KB. v8 and v9 take the same rule (v9 with its own shared memory).
 
 V6_CANDIDATES = ((128, 64), (128, 32), (64, 32), (64, 16))
+# On the simulator (kernels/simulated.py), small tiles: every thread is a Python thread
+# and every mma a rendezvous of a warp's 32 lanes, so fewer warps a block and a tile
+# boundary crossed at the simulator's short sequences.
+V6_SIM_TILES = (32, 16)
 V6_MAX_HEAD_DIM = 128         # the O fragments (d / 2 a lane) stay in registers up to here
-SIMULATOR_SIBLING = " (there, v5 computes the same thing)"
 VARIANTS = False
 TILE_TABLE = False
 
@@ -216,8 +221,7 @@ def v6_shared_bytes(Br, Bc, d):
 def refusal(p, where, version="v6"):
     """Why forward ``version`` (v6, or v8: the same kernel reordered) cannot run Problem
     ``p`` here, or None if it can."""
-    return tensor_core_refusal(version, p, where, V6_MAX_HEAD_DIM, "its O fragments",
-                               SIMULATOR_SIBLING)
+    return tensor_core_refusal(version, p, where, V6_MAX_HEAD_DIM, "its O fragments")
 
 
 def tiles_within(d, limit, shared_bytes=v6_shared_bytes):
@@ -231,6 +235,8 @@ def default_v6_tiles(d, version="v6", shared_bytes=v6_shared_bytes, where=None):
     """v6 tile rule (above), (Br, Bc): d <= 64 -> (128, 64); d = 128 -> (128, 32) on the
     H200, (64, 16) on a GPU that allows a block 99 KB. v9 takes the same rule with its own
     shared memory (``shared_bytes``): on the H200 the same tiles."""
+    if here(where) == "simulator":
+        return max(V6_SIM_TILES[0], v6_staging_width(d) // 2), V6_SIM_TILES[1]
     limit = device_dynamic_shared_limit(where)
     tiles = tiles_within(d, limit, shared_bytes)
     if tiles is not None:
@@ -243,7 +249,7 @@ def check_v6_tiles(tiles, d, version="v6", shared_bytes=v6_shared_bytes):
     """A caller's forward v6 (or v8, or v9 with its own ``shared_bytes``) tiles;
     ValueError names the limit."""
     return check_warp_tiles(version, tiles, d, V6_CHUNK, shared_bytes, v6_staging_width,
-                            f". ({version} runs on a GPU only; version='v5' takes other tiles)")
+                            f". (version='v5' takes other tiles)")
 
 
 def plan_warps(p, where, tiles, reason, version, why_not, shared_bytes, chunk=None):

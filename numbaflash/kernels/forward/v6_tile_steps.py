@@ -3,7 +3,7 @@
 ``make_v6_tile_steps`` builds the device functions that stage Qi, Kj and Vj
 (each element split once into its TF32 pair, in dynamic shared memory) and
 compute a chunk's scores S = Qi Kj^T and its P~ Vj on the tensor cores.
-GPU only.
+On the simulator through kernels/simulated.py.
 """
 
 import functools
@@ -71,7 +71,7 @@ def make_v6_tile_steps(Br, Bc, d, chunk):
     explains what they do, and each says which line of Algorithm 1 it is. The last three
     are for v9: v6's non-finite guards, and the factory of scores_q_once for another way
     of reading Qi."""
-    from ..ptx import flat_load, load_pair, mma_tf32  # GPU only
+    from ..ptx import flat_load, load_pair, mma_tf32  # inline PTX (simulator: simulated.py)
     from ..ptx import split_tf32 as split
     from ..ptx import split_tf32_finite as split_finite
     from ..ptx import store_pair

@@ -13,8 +13,9 @@ inputs; d = 128, 5.34 ms against 12.86 (lab/runs/2026-12-01/43_v7_sweep.txt). SD
 float16 EFFICIENT kernel is still 2x to 3x faster (0.468x at d = 64,
 lab/runs/2026-12-01/44_bench_f16.txt).
 
-GPU only (inline PTX, warp shuffles); float16 inputs, d <= 128: the default for plain
-float16 attention on a GPU. On the simulator v5 computes the same attention.
+Inline PTX and warp shuffles on a GPU; on the simulator kernels/simulated.py's stand-ins
+(the default there stays v5). Float16 inputs, d <= 128: the default for plain float16
+attention on a GPU.
 """
 
 import functools
@@ -68,8 +69,8 @@ def v7_staging_width(d):
 
 @functools.lru_cache(maxsize=None)
 def make_forward_v7(Br, Bc, d, causal, chunk=V7_CHUNK):
-    """v7: float16 inputs on the float16 tensor cores (GPU only; float32 sums, d <= 128).
-    On the simulator, v5 computes the same attention.
+    """v7: float16 inputs on the float16 tensor cores (float32 sums, d <= 128).
+    On the simulator kernels/simulated.py's stand-ins (the default there stays v5).
 
     v6 multiplies float32 values to float32 accuracy with three TF32 products (3xTF32).
     A float16 value needs none of that: it has 11 significant bits, and the tensor cores'
@@ -106,7 +107,7 @@ def make_forward_v7(Br, Bc, d, causal, chunk=V7_CHUNK):
     """
     from numba.types import float16, uint32
 
-    from ..ptx import flat_load, load_b32, mma_f16, pack_f16x2  # GPU only
+    from ..ptx import flat_load, load_b32, mma_f16, pack_f16x2  # inline PTX (simulator: simulated.py)
 
     acc = acc_type("float32")
     ZERO = acc(0)
@@ -303,6 +304,10 @@ def make_forward_v7(Br, Bc, d, causal, chunk=V7_CHUNK):
 # multiple of 16 up to 256, Bc a multiple of 32.
 
 V7_CANDIDATES = ((128, 128), (128, 64), (64, 64), (64, 32))
+# On the simulator (kernels/simulated.py), small tiles: every thread is a Python thread
+# and every mma a rendezvous of a warp's 32 lanes, so fewer warps a block and a tile
+# boundary crossed at the simulator's short sequences.
+V7_SIM_TILES = (32, 32)
 V7_WIDE_MAX_HEAD_DIM = 64     # (128, 128) and 32-key chunks up to here (measured best)
 V7_MAX_HEAD_DIM = 128         # the O fragments (d / 2 a lane) stay in registers up to here
 VARIANTS = False
@@ -316,9 +321,6 @@ def v7_shared_bytes(Br, Bc, d):
 
 def refusal(p, where):
     """Why forward v7 cannot run Problem ``p`` here, or None if it can."""
-    if where != "gpu":
-        return ("v7 uses the tensor cores through inline PTX and warp shuffles, which the "
-                "simulator cannot run (there, v5 computes the same thing)")
     if p.dtype != "float16":
         return (f"v7 multiplies float16 inputs on the float16 tensor cores; {p.dtype} inputs "
                 f"run on v8 (float32) or v2 (float64)")
@@ -355,7 +357,10 @@ def plan(p, where, tiles, reason):
     why = refusal(p, where)
     if why is not None:
         raise ValueError(f"forward v7 cannot run this input: {why}")
-    if tiles is None:
+    if tiles is None and where == "simulator":
+        Br, Bc = max(V7_SIM_TILES[0], v7_staging_width(p.d) // 2), V7_SIM_TILES[1]
+        reason += f"; tiles by the v7 rule for d={p.d} on the simulator"
+    elif tiles is None:
         limit = device_dynamic_shared_limit(where)
         found = tiles_within(p.d, limit)
         if found is None:

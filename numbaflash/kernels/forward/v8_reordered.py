@@ -13,9 +13,9 @@ against 13.51 / 7.63 (lab/runs/2026-12-01/52_v8_sweep.txt). In the bench, 0.729x
 EFFICIENT at (2, 16, 4096, 64) (lab/runs/2026-12-01/65_bench.txt). Still two warps per
 scheduler, issuing in 38 % of cycles (lab/runs/2026-12-01/54_v8_ncu_d64.txt).
 
-GPU only (inline PTX, warp shuffles); plain attention, d <= 128: the default for plain
-float32 attention with d <= 64 on a GPU (v9 above). On the simulator v5 computes the
-same attention.
+Inline PTX and warp shuffles on a GPU; on the simulator kernels/simulated.py's stand-ins
+(the default there stays v5). Plain attention, d <= 128: the default for plain float32
+attention with d <= 64 on a GPU (v9 above).
 """
 
 import functools
@@ -36,7 +36,7 @@ from .v6_tile_steps import (
 @functools.lru_cache(maxsize=None)
 def make_forward_v8(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
     """v8: v6 with the scores of the next chunk computed while this chunk's softmax runs
-    (GPU only; float32 accumulation, float16 and float32 inputs, d <= 128; the same
+    (float32 accumulation, float16 and float32 inputs, d <= 128; the same
     arguments, launch and shared memory as v6, and for the same ``chunk`` the same
     results, bit for bit).
 

@@ -13,10 +13,10 @@ against v8's 10.92 / 6.08; d = 64, no gain, and a loss with the mask (5.41 / 3.7
 against 5.43 / 3.15, at 255 registers) (lab/runs/2026-12-01/60_v9_sweep.txt). In the bench, 0.621x SDPA EFFICIENT at
 (2, 16, 4096, 128) (lab/runs/2026-12-01/65_bench.txt).
 
-GPU only (sm_80 and later: inline PTX, warp shuffles, cp.async); plain attention,
-float32 inputs, d <= 128: the default for plain float32 attention with 64 < d <= 128 on
-a GPU (numbaflash/policy.py, V9_MIN_HEAD_DIM). On the simulator v5 computes the same
-attention.
+Inline PTX, warp shuffles and cp.async on a GPU (sm_80 and later); on the simulator
+kernels/simulated.py's stand-ins (the default there stays v5). Plain attention, float32
+inputs, d <= 128: the default for plain float32 attention with 64 < d <= 128 on a GPU
+(numbaflash/policy.py, V9_MIN_HEAD_DIM).
 """
 
 import functools
@@ -61,7 +61,7 @@ def v9_shared_layout(Br, Bc, d):
 @functools.lru_cache(maxsize=None)
 def make_forward_v9(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
     """v9: v8 with the next K/V tile copied into shared memory while this one is used
-    (GPU only, sm_80 and later; float32 inputs, d <= 128; for the same ``chunk`` the
+    (sm_80 and later on a GPU; float32 inputs, d <= 128; for the same ``chunk`` the
     same results as v8 and v6, bit for bit).
 
     What it addresses: v8 runs one block of eight warps per SM
@@ -92,7 +92,7 @@ def make_forward_v9(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
     ``chunk`` and ``max_registers`` as for v8. Launch: as v6, with
     ``v9_shared_layout(Br, Bc, d).END * 4`` bytes of dynamic shared memory (END).
     """
-    from ..ptx import cp_async, cp_async_wait_all  # GPU only
+    from ..ptx import cp_async, cp_async_wait_all  # inline PTX (simulator: simulated.py)
     from ..ptx import split_tf32_finite as split_finite
     from ..ptx import store_pair
 

@@ -1,0 +1,228 @@
+"""The tensor-core kernels' primitives against NumPy: on the simulator its stand-ins
+(numbaflash/kernels/simulated.py), on a GPU the real instructions (kernels/ptx.py and
+Numba's warp shuffles), through the same kernels and the same checks.
+
+Each test launches one block of two warps that hold different data, so a stand-in that
+mixed up warps, lanes or fragment positions fails. What is checked:
+
+- ``mma_tf32`` (m16n8k8) and ``mma_f16`` (m16n8k16): D = A B + C for the fragment layouts
+  of kernels/ptx.py, against a float64 product of the operands as the tensor cores read
+  them (TF32: the top 19 bits of each float32; float16 exactly), within a bound of a few
+  float32 roundings of the sum (the GPU adds in its own order; the stand-in once);
+- ``tf32_round`` (ties away from zero, NaN and inf kept) and ``tf32_round_finite``
+  bit for bit against a NumPy model, ``pack_f16x2`` / ``load_b32`` against NumPy's
+  float16 rounding and layout;
+- ``shfl_sync`` and ``shfl_xor_sync``: every lane gets the lane it asked for;
+- ``flat_load``, ``load_pair``, ``store_pair``, ``cp_async`` (then ``cp_async_wait_all``
+  and a barrier): the elements they name, bit for bit.
+"""
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from numbaflash.kernels import ptx
+from tolerance import to_host
+
+WARPS = 2
+FULL = 0xFFFFFFFF
+
+
+def launch(kernel, *arrays):
+    """Run ``kernel`` on one block of WARPS warps; NumPy arrays in, NumPy arrays out."""
+    dev = [cuda.to_device(a) for a in arrays]
+    kernel[1, 32 * WARPS](*dev)
+    return [to_host(a) for a in dev]
+
+
+def tf32_read(x):
+    """What the tensor cores read of float32 operands: their top 19 bits, as float64."""
+    return (np.asarray(x, np.float32).view(np.uint32) & np.uint32(0xFFFFE000)).view(
+        np.float32).astype(np.float64)
+
+
+def rna_tf32(x):
+    """cvt.rna.tf32.f32 modelled in NumPy: add half of TF32's last place to the bits,
+    clear the 13 low bits; NaN and inf stay."""
+    x = np.asarray(x, np.float32)
+    bits = (x.view(np.uint32) + np.uint32(0x1000)) & np.uint32(0xFFFFE000)
+    return np.where(np.isfinite(x), bits.view(np.float32), x)
+
+
+def sum_bound(A, B, C):
+    """A few float32 roundings of each entry of A B + C, whatever the order of the sum."""
+    k = A.shape[1]
+    return (k + 2) * np.finfo(np.float32).eps * (np.abs(A) @ np.abs(B) + np.abs(C)) + 1e-30
+
+
+@cuda.jit
+def _mma_tf32_kernel(A, B, C, D):
+    tid = cuda.threadIdx.x
+    w = tid // 32
+    lane = tid % 32
+    g = lane // 4
+    t = lane % 4
+    d0, d1, d2, d3 = ptx.mma_tf32(A[w, g, t], A[w, g + 8, t], A[w, g, t + 4], A[w, g + 8, t + 4],
+                                  B[w, t, g], B[w, t + 4, g],
+                                  C[w, g, 2 * t], C[w, g, 2 * t + 1], C[w, g + 8, 2 * t],
+                                  C[w, g + 8, 2 * t + 1])
+    D[w, g, 2 * t] = d0
+    D[w, g, 2 * t + 1] = d1
+    D[w, g + 8, 2 * t] = d2
+    D[w, g + 8, 2 * t + 1] = d3
+
+
+def test_mma_tf32_is_the_m16n8k8_product():
+    rng = np.random.default_rng(1)
+    A = rng.standard_normal((WARPS, 16, 8)).astype(np.float32)
+    B = rng.standard_normal((WARPS, 8, 8)).astype(np.float32)
+    C = rng.standard_normal((WARPS, 16, 8)).astype(np.float32)
+    A[1] *= 1000                                    # warp 1: another magnitude
+    D = launch(_mma_tf32_kernel, A, B, C, np.full((WARPS, 16, 8), np.nan, np.float32))[3]
+    for w in range(WARPS):
+        ref = tf32_read(A[w]) @ tf32_read(B[w]) + C[w].astype(np.float64)
+        err = np.abs(D[w] - ref)
+        assert np.all(err <= sum_bound(tf32_read(A[w]), tf32_read(B[w]), C[w])), (w, err.max())
+    # the low 13 bits of an operand are not read: A + (those bits) gives the same D
+    A2 = (A.view(np.uint32) | np.uint32(0x1FFF)).view(np.float32)
+    D2 = launch(_mma_tf32_kernel, A2, B, C, np.zeros((WARPS, 16, 8), np.float32))[3]
+    np.testing.assert_array_equal(D2, D)
+
+
+@cuda.jit
+def _mma_f16_kernel(A, B, C, D):
+    tid = cuda.threadIdx.x
+    w = tid // 32
+    lane = tid % 32
+    g = lane // 4
+    t = lane % 4
+    a0 = ptx.pack_f16x2(A[w, g, 2 * t], A[w, g, 2 * t + 1])
+    a1 = ptx.pack_f16x2(A[w, g + 8, 2 * t], A[w, g + 8, 2 * t + 1])
+    a2 = ptx.pack_f16x2(A[w, g, 2 * t + 8], A[w, g, 2 * t + 9])
+    a3 = ptx.pack_f16x2(A[w, g + 8, 2 * t + 8], A[w, g + 8, 2 * t + 9])
+    b0 = ptx.pack_f16x2(B[w, 2 * t, g], B[w, 2 * t + 1, g])
+    b1 = ptx.pack_f16x2(B[w, 2 * t + 8, g], B[w, 2 * t + 9, g])
+    d0, d1, d2, d3 = ptx.mma_f16(a0, a1, a2, a3, b0, b1,
+                                 C[w, g, 2 * t], C[w, g, 2 * t + 1], C[w, g + 8, 2 * t],
+                                 C[w, g + 8, 2 * t + 1])
+    D[w, g, 2 * t] = d0
+    D[w, g, 2 * t + 1] = d1
+    D[w, g + 8, 2 * t] = d2
+    D[w, g + 8, 2 * t + 1] = d3
+
+
+def test_mma_f16_is_the_m16n8k16_product():
+    rng = np.random.default_rng(2)
+    A = rng.standard_normal((WARPS, 16, 16)).astype(np.float32)
+    B = rng.standard_normal((WARPS, 16, 8)).astype(np.float32)
+    C = rng.standard_normal((WARPS, 16, 8)).astype(np.float32)
+    B[1] *= 50
+    D = launch(_mma_f16_kernel, A, B, C, np.full((WARPS, 16, 8), np.nan, np.float32))[3]
+    for w in range(WARPS):
+        a16 = A[w].astype(np.float16).astype(np.float64)    # pack_f16x2 rounds to nearest even
+        b16 = B[w].astype(np.float16).astype(np.float64)
+        ref = a16 @ b16 + C[w].astype(np.float64)
+        err = np.abs(D[w] - ref)
+        assert np.all(err <= sum_bound(a16, b16, C[w])), (w, err.max())
+
+
+@cuda.jit
+def _round_kernel(X, R, F):
+    i = cuda.threadIdx.x
+    R[i] = ptx.tf32_round(X[i])
+    F[i] = ptx.tf32_round_finite(X[i])
+
+
+def test_tf32_rounding_bit_for_bit():
+    eps = np.float32(2.0 ** -11)        # a tie at 1 + 2^-11 (TF32's half ulp at 1)
+    special = np.array([0.0, -0.0, 1.0, 1 + eps, -(1 + eps), 1 + 3 * eps, 1 + eps / 2,
+                        3.0e38, -3.4e38, 1e-40, -1e-45, np.inf, -np.inf, np.nan],
+                       np.float32)
+    rng = np.random.default_rng(3)
+    X = np.concatenate([special, rng.standard_normal(32 * WARPS - special.size).astype(
+        np.float32) * np.float32(10) ** rng.integers(-30, 30, 32 * WARPS - special.size)])
+    X = X.astype(np.float32)
+    _, R, F = launch(_round_kernel, X, np.zeros_like(X), np.zeros_like(X))
+    want = rna_tf32(X)
+    np.testing.assert_array_equal(np.isnan(R), np.isnan(want))
+    finite = ~np.isnan(want)
+    np.testing.assert_array_equal(R[finite].view(np.uint32), want[finite].view(np.uint32))
+    ok = np.isfinite(X) & (np.abs(X) < 3.39e38)         # the bit trick's domain
+    np.testing.assert_array_equal(F[ok].view(np.uint32), want[ok].view(np.uint32))
+
+
+@cuda.jit
+def _pack_kernel(X, W, Y):
+    i = cuda.threadIdx.x
+    W[i] = ptx.pack_f16x2(X[2 * i], X[2 * i + 1])
+    S = cuda.shared.array(128, np.float16)
+    S[2 * i] = X[2 * i]
+    S[2 * i + 1] = X[2 * i + 1]
+    cuda.syncthreads()
+    Y[i] = ptx.load_b32(S, 2 * i)
+
+
+def test_pack_f16x2_and_load_b32():
+    rng = np.random.default_rng(4)
+    X = (rng.standard_normal(2 * 32 * WARPS) * 100).astype(np.float32)
+    X[:4] = [65519.0, 65520.0, 1e-8, -2.5]          # round to 65504 / overflow to inf / 0
+    _, W, Y = launch(_pack_kernel, X, np.zeros(32 * WARPS, np.uint32),
+                     np.zeros(32 * WARPS, np.uint32))
+    want = X.astype(np.float16).view(np.uint32)     # low half first, as the GPU packs
+    np.testing.assert_array_equal(W, want)
+    np.testing.assert_array_equal(Y, want)
+
+
+@cuda.jit
+def _shuffle_kernel(X, Src, Xor, OutSrc, OutXor):
+    i = cuda.threadIdx.x
+    OutSrc[i] = cuda.shfl_sync(FULL, X[i], Src[i])
+    OutXor[i] = cuda.shfl_xor_sync(FULL, X[i], Xor[i // 32])
+
+
+def test_warp_shuffles():
+    rng = np.random.default_rng(5)
+    n = 32 * WARPS
+    X = rng.standard_normal(n).astype(np.float32)
+    Src = rng.integers(0, 32, n).astype(np.int32)
+    Xor = np.array([1, 6], np.int32)[:WARPS]
+    out = launch(_shuffle_kernel, X, Src, Xor, np.zeros(n, np.float32), np.zeros(n, np.float32))
+    lane = np.arange(n) % 32
+    warp0 = np.arange(n) // 32 * 32
+    np.testing.assert_array_equal(out[3], X[warp0 + Src])
+    np.testing.assert_array_equal(out[4], X[warp0 + (lane ^ Xor[np.arange(n) // 32])])
+
+
+@cuda.jit
+def _memory_kernel(A, P, Out, Pairs, Copied):
+    i = cuda.threadIdx.x
+    n = cuda.blockDim.x
+    Out[i] = ptx.flat_load(A, 3 * i + 1)
+    x, y = ptx.load_pair(P, 2 * i)
+    Pairs[2 * i] = y
+    Pairs[2 * i + 1] = x
+    S = cuda.shared.array(128, np.float32)
+    ptx.store_pair(S, 2 * i, y, x)
+    R = cuda.shared.array(64, np.float32)
+    ptx.cp_async(R, i, A, i)
+    ptx.cp_async_wait_all()
+    # Wait until every thread's copy has landed and every pair is stored.
+    cuda.syncthreads()
+    Copied[2 * i] = R[(i + 1) % n]
+    Copied[2 * i + 1] = S[2 * ((i + 1) % n)]
+
+
+def test_loads_stores_and_asynchronous_copies():
+    rng = np.random.default_rng(6)
+    n = 32 * WARPS
+    A = rng.standard_normal((2, n, 3)).astype(np.float32)       # C-contiguous, 3D
+    P = rng.standard_normal(2 * n).astype(np.float32)
+    out = launch(_memory_kernel, A, P, np.zeros(n, np.float32), np.zeros(2 * n, np.float32),
+                 np.zeros(2 * n, np.float32))
+    flat = A.reshape(-1)
+    i = np.arange(n)
+    np.testing.assert_array_equal(out[2], flat[3 * i + 1])
+    np.testing.assert_array_equal(out[3].reshape(-1, 2), P.reshape(-1, 2)[:, ::-1])
+    # another thread's copy (cp_async) and another thread's stored pair (its y first)
+    np.testing.assert_array_equal(out[4][0::2], flat[(i + 1) % n])
+    np.testing.assert_array_equal(out[4][1::2], P[2 * ((i + 1) % n) + 1])
