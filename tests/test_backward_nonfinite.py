@@ -5,7 +5,8 @@ only; no silent repair" and "NaN in masked or padded positions: no effect". Each
 the default forward and then ``attention_backward`` with every version in
 numbaflash.kernels.backward.VERSIONS (a version that refuses a dtype is a visible skip
 with the library's reason), once on clean inputs and once with NaN put in (the forward is
-rerun on the NaN inputs, as a user would), in float64 and float32.
+rerun on the NaN inputs, as a user would), in float64, float32 and float16 (float16's
+infinities and its range: tests/test_float16_range.py).
 
 Where NaN must go, from the math. The backward of row r, per visible pair (r, c):
 
@@ -59,7 +60,7 @@ from tolerance import (assert_bitwise_equal, assert_close_f64, fully_masked_rows
 
 pytestmark = pytest.mark.usefixtures("nan_prefilled_outputs")
 
-DTYPES = ("float64", "float32")
+DTYPES = ("float64", "float32", "float16")
 # v2's dQ is summed by atomics in a varying order: non-NaN elements equal to rounding.
 V2_DQ_RTOL = {"float64": 1e-12, "float32": 1e-5}
 

@@ -4,12 +4,19 @@ Backward v5 and v6 need finite inputs (a tensor core cannot skip a product);
 one small kernel looks at the six inputs and raises a flag.
 """
 
-from numba import cuda
+from numba import cuda, float32
 
 from .. import jit_options
 
 
 F32_MAX = 3.4028234663852886e38
+
+
+@cuda.jit(device=True, inline=True)
+def finite(x):
+    """x is neither NaN nor +-inf. Compared in float32: float16 cannot hold F32_MAX (the
+    simulator, which compares a float16 in float16, made it inf, and let +-inf through)."""
+    return abs(float32(x)) <= F32_MAX
 
 
 @cuda.jit(**jit_options())
@@ -23,10 +30,9 @@ def nonfinite_check(Q, K, V, O, dO, L, flag):
     bad = False
     while n < Q.size or n < K.size or n < L.size:
         if n < Q.size:
-            bad = bad or not (abs(Q[n]) <= F32_MAX and abs(O[n]) <= F32_MAX
-                              and abs(dO[n]) <= F32_MAX)
+            bad = bad or not (finite(Q[n]) and finite(O[n]) and finite(dO[n]))
         if n < K.size:
-            bad = bad or not (abs(K[n]) <= F32_MAX and abs(V[n]) <= F32_MAX)
+            bad = bad or not (finite(K[n]) and finite(V[n]))
         if n < L.size:
             bad = bad or not (L[n] <= F32_MAX)
         n += step
