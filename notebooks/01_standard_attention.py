@@ -77,6 +77,8 @@ O, L = reference.forward(Q, K, V)
 
 print("rows of P sum to", P.sum(axis=1))
 print("O == P @ V:", np.allclose(O, P @ V))
+assert np.abs(P.sum(axis=1) - 1).max() <= 1e-12, "a row of P does not sum to 1"
+assert np.allclose(O, P @ V, rtol=1e-12, atol=1e-12), "reference.forward's O is not P @ V"
 
 fig, axes = plt.subplots(1, 3, figsize=(10, 3))
 for ax, (title, M) in zip(axes, [("S = Q K^T / sqrt(d)", S), ("P = softmax(S)", P),
@@ -216,6 +218,10 @@ def check_my_attention(fn):
         "large scores (inputs x 40)": (40 * rng.standard_normal((4, 8)),
                                        40 * rng.standard_normal((6, 8)),
                                        rng.standard_normal((6, 8))),
+        # row 0's largest score is about 1400, row 1's about 1: one maximum for all rows
+        # would leave row 1 with exp(-1400) = 0 everywhere
+        "rows of very different scores": (np.array([[100.0] + [0.0] * 7, [0.0, 0.1] + [0.0] * 6]),
+                                          40 * np.eye(8)[:6], rng.standard_normal((6, 8))),
     }
     for name, (q, k, v) in cases.items():
         try:
@@ -229,9 +235,10 @@ def check_my_attention(fn):
             raise AssertionError(f"[{name}] O has shape {out.shape}, expected {want.shape} "
                                  f"(Nq, d): S = Q K^T is (Nq, Nk) and O = P V")
         if not np.isfinite(out).all():
-            raise AssertionError(f"[{name}] inf or NaN in O: exp overflows for large scores; "
-                                 f"subtract each row's maximum before exp (notebook 02 shows "
-                                 f"why that does not change the result)")
+            raise AssertionError(f"[{name}] inf or NaN in O: exp overflows for large scores, "
+                                 f"or a whole row underflows to 0 (then 0 / 0) when one maximum "
+                                 f"serves every row; subtract each row's own maximum before exp "
+                                 f"(notebook 02 shows why that does not change the result)")
         if np.allclose(out, want, rtol=1e-10, atol=1e-12):
             continue
         if np.allclose(out, reference.forward(q, k, v, scale=1.0)[0]):

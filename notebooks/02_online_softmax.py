@@ -141,11 +141,13 @@ for t, m, l in osm.online_softmax_steps(x):
     alpha = np.exp(m_prev - m)
     direct = np.exp(x[:t] - m).sum()
     print(f"{t:3d} {x[t - 1]:5.1f} {m:7.2f} {l:8.4f} {alpha:8.4f} {direct:10.4f}")
+    assert np.isclose(l, direct, rtol=1e-12), f"step {t}: l = {l!r}, the direct sum {direct!r}"
     m_prev = m
 
 p, m, l = osm.online_softmax(x)
 two_pass = np.exp(x - x.max()) / np.exp(x - x.max()).sum()
 print("max |online - two-pass softmax| =", np.abs(p - two_pass).max())
+assert np.abs(p - two_pass).max() <= 1e-12, "the online softmax differs from the two-pass one"
 
 # %% [markdown]
 # Each time the max grows (steps 2, 4 and 7) $\alpha < 1$ and the running sum drops
@@ -191,6 +193,8 @@ for block in (1, 2, 3, 7, 16, 64):
     p, m, l = osm.online_softmax(x, block=block)
     ref = np.exp(x - x.max()) / np.exp(x - x.max()).sum()
     print(f"block {block:2d}: m = {m:.6f}, l = {l:.12f}, max |p - two-pass| = {np.abs(p - ref).max():.1e}")
+    assert m == x.max(), f"block {block}: the final m is {m!r}, not the row's max {x.max()!r}"
+    assert np.abs(p - ref).max() <= 1e-12, f"block {block}: p differs from the two-pass softmax"
 
 # %% [markdown]
 # ## Exercise: one step of the online softmax

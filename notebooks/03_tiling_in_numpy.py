@@ -219,6 +219,8 @@ steps = list(online_softmax_steps(S[r], block=Bc))
 for t, m, l in steps:
     print(f"after key tile {t // Bc - 1}: m = {m:.4f}, l = {l:.4f}")
 print(f"m + log(l) = {steps[-1][1] + np.log(steps[-1][2]):.12f};  tiled.forward's L[{r}] = {L[r]:.12f}")
+assert np.isclose(steps[-1][1] + np.log(steps[-1][2]), L[r], rtol=1e-12), \
+    "tiled.forward's L is not the online softmax's m + log(l)"
 
 # %% [markdown]
 # ## The result does not depend on the tiles
@@ -243,6 +245,8 @@ for causal in (False, True):
             err[a, b] = np.abs(O - O_ref).max()
     errors[causal] = err
     print(f"causal={causal}: largest |O - reference| over all {err.size} tilings = {err.max():.1e}")
+    # float64 rounding: TESTING.md's 1e-12 relative to the size of O (at most max|V|)
+    assert err.max() <= 1e-12 * np.abs(V).max(), f"causal={causal}: a tiling changes O"
 
 fig, axes = plt.subplots(1, 2, figsize=(10, 4))
 for ax, (causal, err) in zip(axes, errors.items()):

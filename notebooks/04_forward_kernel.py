@@ -247,13 +247,16 @@ out, lse = numbaflash.attention(q, k, v, return_lse=True, tiles=TILES)
 print(f"first call: {time.perf_counter() - t0:.2f} s (on a GPU this includes compiling the kernel)")
 
 ref_out, ref_lse = reference.forward(q, k, v)                          # float64
-base_out, _ = reference.forward(q, k, v, dtype=np.float32)             # naive float32
+base_out, base_lse = reference.forward(q, k, v, dtype=np.float32)      # naive float32
 err = np.abs(out - ref_out).max()
 base_err = np.abs(base_out - ref_out).max()
 bound = 2 * base_err + 2 * np.spacing(np.abs(ref_out).max())
 print(f"max |out - reference| = {err:.2e}; naive float32: {base_err:.2e}; bound {bound:.2e}")
-print(f"max |lse - reference| = {np.abs(lse - ref_lse).max():.2e}")
-assert err <= bound
+assert err <= bound, f"out: max error {err:.2e} exceeds the bound {bound:.2e}"
+lse_err = np.abs(lse - ref_lse).max()
+lse_bound = 2 * np.abs(base_lse - ref_lse).max() + 2 * np.spacing(np.float32(np.abs(ref_lse).max()))
+print(f"max |lse - reference| = {lse_err:.2e}; bound {lse_bound:.2e}")
+assert lse_err <= lse_bound, f"lse: max error {lse_err:.2e} exceeds the bound {lse_bound:.2e}"
 
 # %%
 fig, ax = plt.subplots(figsize=(7, 3.5))
@@ -286,10 +289,17 @@ for causal in ("bottom_right", "top_left"):
     o_c, l_c = numbaflash.attention(q_long, k[:1, :1], v[:1, :1], causal=causal,
                                     return_lse=True, tiles=TILES)
     r_o, r_l = reference.forward(q_long, k[:1, :1], v[:1, :1], causal=causal)
+    b_o, _ = reference.forward(q_long, k[:1, :1], v[:1, :1], causal=causal, dtype=np.float32)
     empty = np.isneginf(l_c[0, 0])
     print(f"causal={causal:13s} max error {np.abs(o_c - r_o).max():.1e}; rows with no key: "
           f"{empty.sum()}, all-zero there: {bool((o_c[0, 0][empty] == 0).all())}, "
           f"NaN anywhere: {bool(np.isnan(o_c).any())}")
+    assert not np.isnan(o_c).any() and not np.isnan(l_c).any(), f"{causal}: NaN in the output"
+    assert np.array_equal(empty, np.isneginf(r_l[0, 0])), f"{causal}: lse -inf on the wrong rows"
+    assert empty.sum() == (8 if causal == "bottom_right" else 0), f"{causal}: rows with no key"
+    assert (o_c[0, 0][empty] == 0).all(), f"{causal}: a row that sees no key is not exactly 0"
+    c_bound = 2 * np.abs(b_o - r_o).max() + 2 * np.spacing(np.float32(np.abs(r_o).max()))
+    assert np.abs(o_c - r_o).max() <= c_bound, f"{causal}: error above the bound {c_bound:.1e}"
 
 # %% [markdown]
 # ## v1 against v2
@@ -313,6 +323,7 @@ for version in fwd.VERSIONS:
     threads = math.prod(p.grid) * math.prod(p.block)
     print(f"{version}: {p.kernel}, grid {p.grid}, block {p.block}, {threads} threads, "
           f"shared {p.shared_bytes} B; max |out - reference| = {np.abs(o - ref_out).max():.2e}")
+    assert np.abs(o - ref_out).max() <= bound, f"{version}: error above the bound {bound:.2e}"
 
 # %% [markdown]
 # What each version reads from global memory (HBM) for $K$ and $V$, counted from the
@@ -364,11 +375,14 @@ else:
 
 # %%
 tile_choices = [(8, 8), (16, 8), (8, 16), (32, 32)] if SIM else [(64, 64), (64, 32), (32, 16), (128, 32)]
+r_o = reference.forward(q[:1, :1], k[:1, :1], v[:1, :1], causal=True)[0]
+b_o = reference.forward(q[:1, :1], k[:1, :1], v[:1, :1], causal=True, dtype=np.float32)[0]
+t_bound = 2 * np.abs(b_o - r_o).max() + 2 * np.spacing(np.float32(np.abs(r_o).max()))
 for tiles in tile_choices:
     o = numbaflash.attention(q[:1, :1], k[:1, :1], v[:1, :1], causal=True, version="v2",
                              tiles=tiles)
-    r_o = reference.forward(q[:1, :1], k[:1, :1], v[:1, :1], causal=True)[0]
-    print(f"tiles {tiles}: max |out - reference| = {np.abs(o - r_o).max():.2e}")
+    print(f"tiles {tiles}: max |out - reference| = {np.abs(o - r_o).max():.2e} (bound {t_bound:.2e})")
+    assert np.abs(o - r_o).max() <= t_bound, f"tiles {tiles}: error above the bound"
 
 # %% [markdown]
 # ## Exercise: a logsumexp kernel
