@@ -3,7 +3,10 @@
 The reference is the oracle for everything else, so it is checked against an independent
 formula written with Python loops and math.exp/math.fsum, against hand-written causal masks,
 and against the identities of TESTING.md ("Properties worth testing"), in float64 to ~1e-13.
-(Backward reference tests live in test_backward_reference.py.)
+Every metamorphic comparison compares two different computations on a non-empty set (a
+permutation that moves something, non-empty parts of a split, a suffix shorter than the
+whole, rows that see keys and are blind to the changed ones); each docstring says which
+problems that leaves out. (Backward reference tests live in test_backward_reference.py.)
 """
 
 import math
@@ -16,7 +19,8 @@ from hypothesis import strategies as st
 from numbaflash import reference
 from numbaflash.masks import causal_offset, parse_causal, visible
 from numbaflash.online_softmax import naive_softmax, online_softmax, online_softmax_steps
-from strategies import attention_cases, examples, split_points
+from strategies import (attention_cases, blind_columns, examples, moved_permutation,
+                        split_points)
 from tolerance import assert_close_f64, forward_magnitudes, merge_partials
 
 RTOL = 1e-13
@@ -243,7 +247,10 @@ def ref(case, q=None, k=None, v=None, **kw):
 @settings(max_examples=MANY)
 @given(case=attention_cases(dtypes=F64, causal=(None,), tiles=None))
 def test_kv_permutation(case):
-    perm = case.rng.permutation(case.Sk)
+    """Permuting K and V rows together (no mask) leaves O and lse unchanged; the
+    permutation is never the identity, so Sk = 1 is not drawn."""
+    assume(case.Sk >= 2)
+    perm = moved_permutation(case.rng, case.Sk)
     O, L = ref(case)
     O2, L2 = ref(case, k=case.k[..., perm, :], v=case.v[..., perm, :])
     mO, mL = mags(case)
@@ -255,8 +262,10 @@ def test_kv_permutation(case):
 @given(case=attention_cases(dtypes=F64, tiles=None))
 def test_key_shift(case):
     """K -> K + 1 u^T adds scale * q_r . u to every score of row r: O unchanged, lse
-    shifted by that constant (rows that see no key stay at 0 / -inf)."""
+    shifted by that constant (rows that see no key stay at 0 / -inf). u is never 0."""
     u = case.random_like((case.d,))
+    if not u.any():
+        u[0] = 1
     O, L = ref(case)
     O2, L2 = ref(case, k=case.k + u)
     scale = 1 / math.sqrt(case.d) if case.scale is None else case.scale
@@ -282,18 +291,21 @@ def test_v_affine(case, a):
 
 
 @settings(max_examples=MANY)
-@given(case=attention_cases(dtypes=F64, causal=(None, "bottom_right"), tiles=None,
-                            min_seqlen=0), data=st.data())
+@given(case=attention_cases(dtypes=F64, causal=(None, "bottom_right"), tiles=None),
+       data=st.data())
 def test_split_kv_merge(case, data):
     """Attention over K[:s] and K[s:], merged with their lse, equals the whole.
 
     Non-causal: both parts unmasked. bottom_right causal with s <= Sk - Sq + 1 (the
     KV-cache split): the prefix is visible to every row (no mask), and the suffix under
     bottom_right alignment has exactly the full problem's mask; rows of the suffix part
-    may see no key (lse -inf partials), and s = 0 or s = Sk gives an empty part."""
-    hi = case.Sk if case.causal is None else min(case.Sk, case.Sk - case.Sq + 1)
-    assume(hi >= 0)
-    s = data.draw(split_points(hi), label="s")
+    may see no key (lse -inf partials, at s = Sk - Sq + 1 with Sq >= 2). Both parts are
+    non-empty (1 <= s <= Sk - 1; an empty part makes the other the whole), so Sk = 1 and
+    bottom_right with Sq > Sk are not drawn, nor Sq = 0 (nothing to compare); empty parts
+    are test_split_kv_merge_with_minus_inf_partials'."""
+    hi = case.Sk - 1 if case.causal is None else min(case.Sk - 1, case.Sk - case.Sq + 1)
+    assume(hi >= 1)
+    s = data.draw(split_points(1, hi), label="s")
     O, L = ref(case)
     O1, L1 = ref(case, k=case.k[..., :s, :], v=case.v[..., :s, :], causal=None)
     O2, L2 = ref(case, k=case.k[..., s:, :], v=case.v[..., s:, :])
@@ -304,7 +316,8 @@ def test_split_kv_merge(case, data):
 
 
 def test_split_kv_merge_with_minus_inf_partials():
-    """Explicit: Sq = 3, Sk = 4, bottom_right, s = 2: suffix part rows 0 sees no key."""
+    """Explicit: Sq = 3, Sk = 4, bottom_right, s = 2: suffix part rows 0 sees no key; an
+    empty prefix or suffix (s = 0, s = Sk) merged with the whole; both parts empty."""
     rng = np.random.default_rng(5)
     q, k, v = (rng.uniform(-4, 4, (3 if i == 0 else 4, 3)) for i in range(3))
     O, L = reference.forward(q, k, v, causal=True)
@@ -315,6 +328,13 @@ def test_split_kv_merge_with_minus_inf_partials():
     mO, mL = forward_magnitudes(q, k, v, causal=True)
     assert_close_f64("O", Om, O, RTOL, mO)
     assert_close_f64("lse", Lm, L, RTOL, mL)
+    # one part empty (zeros and -inf): the merge is the other part, the whole
+    Oe, Le = reference.forward(q, k[:0], v[:0])
+    assert np.array_equal(Oe, np.zeros((3, 3))) and np.all(Le == -np.inf)
+    for parts in (((Oe, Le), (O, L)), ((O, L), (Oe, Le))):
+        Om, Lm = merge_partials(*parts[0], *parts[1])
+        assert_close_f64("O", Om, O, RTOL, mO)
+        assert_close_f64("lse", Lm, L, RTOL, mL)
     # both parts empty: merge gives 0 and -inf
     Oe, Le = reference.forward(q, k[:0], v[:0])
     Om, Lm = merge_partials(Oe, Le, Oe, Le)
@@ -324,8 +344,10 @@ def test_split_kv_merge_with_minus_inf_partials():
 @settings(max_examples=MANY)
 @given(case=attention_cases(dtypes=F64, causal=("bottom_right",), tiles=None), data=st.data())
 def test_causal_suffix(case, data):
-    """bottom_right: the last m query rows alone give the last m rows of the whole."""
-    m = data.draw(st.integers(1, case.Sq), label="m")
+    """bottom_right: the last m query rows alone give the last m rows of the whole. m < Sq
+    (m = Sq is the whole again), so Sq = 1 is not drawn."""
+    assume(case.Sq >= 2)
+    m = data.draw(st.integers(1, case.Sq - 1), label="m")
     O, L = ref(case)
     Os, Ls = ref(case, q=case.q[..., -m:, :])
     mO, mL = mags(case)
@@ -338,8 +360,11 @@ def test_causal_suffix(case, data):
        data=st.data())
 def test_causal_prefix_independence(case, data):
     """Changing keys (and values) at columns >= c0 leaves every row that cannot see c0
-    unchanged."""
-    c0 = data.draw(st.integers(0, case.Sk - 1), label="c0")
+    unchanged. c0 is one of strategies.blind_columns (some row that sees a key cannot see
+    it); Sk = 1, and bottom_right with Sq = 1, have none and are not drawn."""
+    columns = blind_columns(case.Sq, case.Sk, case.causal)
+    assume(columns)
+    c0 = data.draw(st.sampled_from(columns), label="c0")
     k2, v2 = case.k.copy(), case.v.copy()
     k2[..., c0:, :] = case.random_like(k2[..., c0:, :].shape)
     v2[..., c0:, :] = case.random_like(v2[..., c0:, :].shape) * 3
@@ -356,8 +381,13 @@ def test_causal_prefix_independence(case, data):
        data=st.data())
 def test_nan_in_masked_keys_has_no_effect(case, data):
     """NaN in K and V at column c affects exactly the rows that see c: those rows are all
-    NaN (O and lse), every other row is unchanged."""
-    c = data.draw(st.integers(0, case.Sk - 1), label="c")
+    NaN (O and lse), every other row is unchanged. c is seen by some row and is one of
+    strategies.blind_columns (some row that sees a key does not see c), so both sets are
+    real; Sk = 1, and bottom_right with Sq = 1, have no such column and are not drawn."""
+    sees_c = visible(case.Sq, case.Sk, case.causal).any(axis=0)
+    columns = [c for c in blind_columns(case.Sq, case.Sk, case.causal) if sees_c[c]]
+    assume(columns)
+    c = data.draw(st.sampled_from(columns), label="c")
     k2, v2 = case.k.copy(), case.v.copy()
     k2[..., c, :] = np.nan
     v2[..., c, :] = np.nan

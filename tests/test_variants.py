@@ -10,21 +10,32 @@ with NaN so an unwritten element shows.
 One strategy draws a case (strategies.attention_cases) and a variant to go with it:
 ``variant_cases``. Kernel versions that refuse variants (forward v3, backward v2) are
 checked to refuse with a clear ValueError.
+
+GQA: attention_cases draw B * H <= 2 on the simulator, so the variant tests see GQA only
+as MQA (2 query heads on 1 K/V head), where every query-to-K/V head mapping gives head 0.
+The GQA tests draw strategies.gqa_cases instead (B up to 2, 2-3 K/V heads, groups of 2-8,
+short sequences when there are many heads) for every version the library plans a GQA
+input for (forward and backward), with the other variants on top (ALiBi slopes and masks
+per query head); a fixed case with K/V heads far apart in value shows a wrong head as
+wrong values; every other version must refuse GQA by name.
 """
 
 import numpy as np
 import pytest
-from hypothesis import example, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 from numba import cuda
 
 import numbaflash
 from numbaflash import launcher, reference
+from numbaflash.kernels import backward as bwd
+from numbaflash.kernels import forward as fwd
 from numbaflash.api import _variant_arrays
 from numbaflash.validate import check_attention_inputs
 from numbaflash.masks import band, parse_window, visible_band
 from backward_checks import check_backward, exact_masks
-from strategies import attention_cases, examples, make_case, sizes_for_backend
+from strategies import (attention_cases, different_tilings, examples, gqa_cases, make_case,
+                        on_gpu, sizes_for_backend, version_params)
 from test_backward_kernels import backward_tiles
 from tolerance import (assert_bitwise_equal, assert_close_f64, check_forward, masked_rows_of,
                        score_terms, to_host)
@@ -77,16 +88,20 @@ MASK_MODS = {"documents": documents, "every_third_key": every_third_key}
 
 @st.composite
 def variant_cases(draw, *, dtypes=("float64", "float32", "float16"), with_dout=False,
-                  kinds=("window", "gqa", "softcap", "alibi", "mask", "mods"), tiles="forward"):
+                  kinds=("window", "gqa", "softcap", "alibi", "mask", "mods"), tiles="forward",
+                  cases=None):
     """``(case, k, v, variants)``: a drawn case, its k and v (fewer heads with GQA), and
-    the variant keyword arguments for attention()."""
-    case = draw(attention_cases(dtypes=dtypes, with_dout=with_dout, tiles=tiles))
+    the variant keyword arguments for attention(). ``cases``: a strategy of cases to draw
+    from instead of attention_cases(dtypes, with_dout, tiles) (e.g. gqa_cases, whose k and
+    v already have fewer heads)."""
+    case = draw(attention_cases(dtypes=dtypes, with_dout=with_dout, tiles=tiles)
+                if cases is None else cases)
     k, v = case.k, case.v
     kw = {}
     if "window" in kinds and draw(st.booleans()):
         kw["window_size"] = (draw(st.sampled_from(WINDOW_SIDES)),
                              draw(st.sampled_from(WINDOW_SIDES)))
-    if "gqa" in kinds and case.H > 1 and draw(st.booleans()):
+    if "gqa" in kinds and case.Hkv == case.H > 1 and draw(st.booleans()):
         # MQA (one K/V head) or another divisor of H
         Hkv = draw(st.sampled_from([h for h in range(1, case.H) if case.H % h == 0]))
         k, v = k[:, :Hkv].copy(), v[:, :Hkv].copy()
@@ -145,13 +160,19 @@ def test_forward_matches_reference(drawn, version):
 @settings(max_examples=examples(0.5))
 @given(drawn=variant_cases(dtypes=("float64",)), data=st.data())
 def test_forward_tile_size_invariance(drawn, data):
-    """v2 with two tilings and v1 agree to 1e-12 (float64) with any variant."""
+    """v2 with two tilings agrees to 1e-12 (float64) with any variant (v1 is held to the
+    reference by test_forward_matches_reference). The other tiling cuts Sq or Sk at other
+    places than the case's (strategies.different_tilings): one that cuts both alike runs
+    the same arithmetic, so problems too short for any other cut (Sq, Sk <= 2) are not
+    drawn."""
     case, k, v, kw = drawn
-    other = data.draw(st.sampled_from([(Br, Bc) for Br in (2, 4, 8, 16) for Bc in (2, 4, 8, 16)]),
-                      label="other tiles")
+    others = different_tilings(case.Sq, case.Sk, case.tiles,
+                               [(Br, Bc) for Br in (2, 4, 8, 16) for Bc in (2, 4, 8, 16)])
+    assume(others)
+    other = data.draw(st.sampled_from(others), label="other tiles")
     out1, lse1 = forward(case, k, v, kw, "v2")
     out2, lse2 = numbaflash.attention(case.q, k, v, return_lse=True, tiles=other,
-                                      causal=case.causal, scale=case.scale, **kw)
+                                      version="v2", causal=case.causal, scale=case.scale, **kw)
     size, _ = score_terms(case.q, k, causal=case.causal, scale=case.scale, **kw)
     mag_L = float(size.max(initial=0)) + np.log(max(case.Sk, 1))
     assert_close_f64("O", out2, out1, 1e-12, float(np.abs(v).max(initial=0)))
@@ -254,6 +275,158 @@ def test_gqa_backward_is_deterministic_and_equals_the_expanded_heads():
                      float(np.abs(dk).sum()))
     assert_close_f64("dV", g1[2], reference.reduce_kv(to_host(dv), v.shape), 1e-12,
                      float(np.abs(dv).sum()))
+
+
+# --- GQA: several K/V heads, several batches -------------------------------------------------
+
+def gqa_refusal(explain, version):
+    """Why ``explain`` (numbaflash.explain or explain_backward) refuses ``version`` for a
+    GQA input here (B = 2, 4 query heads on 2 K/V heads, float32), or None if it plans it."""
+    q = np.zeros((2, 4, 8, 4), np.float32)
+    k = np.zeros((2, 2, 8, 4), np.float32)
+    try:
+        explain(q, k, k, version=version)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+# The versions the library plans a GQA input for, asked of the library itself; each other
+# version is checked to refuse GQA by name (test_versions_without_gqa_refuse_it).
+GQA_FORWARD = tuple(v for v in fwd.VERSIONS if gqa_refusal(numbaflash.explain, v) is None)
+GQA_BACKWARD = tuple(v for v in bwd.VERSIONS
+                     if gqa_refusal(numbaflash.explain_backward, v) is None)
+NO_GQA = ([("explain", v) for v in fwd.VERSIONS if v not in GQA_FORWARD]
+          + [("explain_backward", v) for v in bwd.VERSIONS if v not in GQA_BACKWARD])
+
+
+def test_some_versions_take_gqa():
+    """The GQA tests below run on something: forward v2 (the default for variants) and
+    backward v1 at least."""
+    assert "v2" in GQA_FORWARD and "v1" in GQA_BACKWARD, (GQA_FORWARD, GQA_BACKWARD)
+
+
+@pytest.mark.parametrize("explain, version", NO_GQA)
+def test_versions_without_gqa_refuse_it(explain, version):
+    """A version that the GQA tests leave out refuses GQA with a ValueError naming it."""
+    why = gqa_refusal(getattr(numbaflash, explain), version)
+    assert why is not None and "GQA" in why, why
+
+
+# The other variants on top of GQA; "gqa" itself is the case's (gqa_cases).
+GQA_EXTRAS = ("window", "softcap", "alibi", "mask", "mods")
+
+
+@pytest.mark.parametrize("version", version_params(GQA_FORWARD, numbaflash.explain))
+@settings(max_examples=examples(0.5))
+@given(drawn=variant_cases(cases=gqa_cases(dtypes=("float64", "float32", "float16")),
+                           kinds=GQA_EXTRAS))
+@example(drawn=(make_case(B=2, H=6, Hkv=3, Sq=5, Sk=9, d=4, dtype="float64", tiles=(4, 4),
+                          causal="bottom_right", seed=12), None, None, {}))
+@example(drawn=(make_case(B=1, H=16, Hkv=2, Sq=3, Sk=5, d=2, dtype="float32", tiles=(2, 4),
+                          seed=13), None, None,
+                {"alibi_slopes": np.linspace(0.1, 1.0, 16).astype(np.float32)}))
+def test_gqa_forward_matches_reference(drawn, version):
+    """GQA with 2-3 K/V heads, groups of 2-8 and B up to 2 (strategies.gqa_cases), with
+    the other variants drawn on top: out and lse by TESTING.md's rule."""
+    case, k, v, kw = drawn
+    k = case.k if k is None else k
+    v = case.v if v is None else v
+    assert k.shape[1] == case.Hkv >= 2 and case.H % case.Hkv == 0
+    out, lse = forward(case, k, v, kw, version)
+    check_forward(case.q, k, v, out, lse, causal=case.causal, scale=case.scale, **kw)
+
+
+@pytest.mark.parametrize("version", version_params(GQA_BACKWARD, numbaflash.explain_backward))
+@settings(max_examples=examples(0.25))
+@given(drawn=variant_cases(cases=gqa_cases(dtypes=("float64", "float32", "float16"),
+                                           with_dout=True, tiles=backward_tiles),
+                           kinds=GQA_EXTRAS))
+@example(drawn=(make_case(B=2, H=4, Hkv=2, Sq=7, Sk=6, d=3, dtype="float64", tiles=(4, 2),
+                          causal="top_left", seed=14, with_dout=True), None, None, {}))
+def test_gqa_backward_matches_reference(drawn, version):
+    """The backward of the GQA cases above: dK and dV summed over each group of query
+    heads, by backward_checks' rule (exact zeros for keys no head of the group sees)."""
+    case, k, v, kw = drawn
+    k = case.k if k is None else k
+    v = case.v if v is None else v
+    # On the simulator the forward runs with the case's small tiles: its default (64, 64)
+    # costs about a second per block there, and GQA has many blocks.
+    out, lse = forward(case, k, v, kw, "v2", with_tiles=not on_gpu())
+    grads = numbaflash.attention_backward(case.dout, case.q, k, v, out, lse, version=version,
+                                          tiles=case.tiles, causal=case.causal,
+                                          scale=case.scale, **kw)
+    grads = tuple(to_host(g) for g in grads)
+    assert grads[1].shape == k.shape and grads[2].shape == v.shape
+    check_backward(case.dout, case.q, k, v, out, lse, grads, causal=case.causal,
+                   scale=case.scale, **kw)
+
+
+def far_apart_heads(B=2, Hkv=2, group=4, Sq=5, Sk=6, d=2, seed=31):
+    """q (B, H, Sq, d), k, v (B, Hkv, Sk, d) and dout (B, H, Sq, d) in float64 where every
+    K/V head is far from the others in value: V of K/V head n = b * Hkv + g is 10 n plus
+    noise in [-1, 1] and K is scaled by n + 1, and dout of query head h (in every batch) is
+    10 h plus noise. A query head that reads the wrong K/V head is off by 10 or more."""
+    rng = np.random.default_rng(seed)
+    H = Hkv * group
+    n = np.arange(B * Hkv).reshape(B, Hkv, 1, 1)
+    q = rng.uniform(-1, 1, (B, H, Sq, d))
+    k = rng.uniform(-1, 1, (B, Hkv, Sk, d)) * (n + 1)
+    v = rng.uniform(-1, 1, (B, Hkv, Sk, d)) + 10.0 * n
+    dout = rng.uniform(-1, 1, (B, H, Sq, d)) + 10.0 * np.arange(H).reshape(1, H, 1, 1)
+    return q, k, v, dout
+
+
+@pytest.mark.parametrize("version", version_params(GQA_FORWARD, numbaflash.explain))
+def test_gqa_each_query_head_reads_its_own_kv_head(version):
+    """B = 2, 2 K/V heads far apart in value (far_apart_heads), groups of 4: every output
+    row of query head (b, h) is a convex combination of the rows of V head (b, h // 4), so
+    it lies within 1 of that head's offset; and the output is bitwise the output with K
+    and V copied per query head (reference.expand_kv: the same arithmetic per head)."""
+    q, k, v, _ = far_apart_heads()
+    B, H, group = q.shape[0], q.shape[1], q.shape[1] // k.shape[1]
+    tiles = (4, 4) if version == "v2" else None
+    out, lse = (to_host(x) for x in numbaflash.attention(q, k, v, return_lse=True,
+                                                         version=version, tiles=tiles))
+    for b in range(B):
+        for h in range(H):
+            want = 10.0 * (b * k.shape[1] + h // group)
+            err = np.abs(out[b, h] - want).max()
+            assert err <= 1.0, (f"query head (b={b}, h={h}) should read K/V head "
+                                f"{h // group} (values near {want}); its output is "
+                                f"{err:.3g} away")
+    check_forward(q, k, v, out, lse)
+    ke, ve = reference.expand_kv(q, k), reference.expand_kv(q, v)
+    out_e, lse_e = numbaflash.attention(q, ke, ve, return_lse=True, version=version,
+                                        tiles=tiles)
+    assert_bitwise_equal("O", out, to_host(out_e))
+    assert_bitwise_equal("lse", lse, to_host(lse_e))
+
+
+@pytest.mark.parametrize("version", version_params(GQA_BACKWARD, numbaflash.explain_backward))
+def test_gqa_gradients_go_to_their_own_kv_head(version):
+    """far_apart_heads again (B = 2, 2 K/V heads, groups of 4; dout of query head h near
+    10 h). Without a mask every row of P sums to 1, so the sum over keys of dV for K/V
+    head (b, g) is the sum of dout over the rows of its group's query heads 4g .. 4g + 3
+    (other heads give sums hundreds away); dQ is bitwise dQ with K and V copied per query
+    head, and dK, dV are its group sums to 1e-12; and the reference's rule holds."""
+    q, k, v, dout = far_apart_heads()
+    B, Hkv, group = q.shape[0], k.shape[1], q.shape[1] // k.shape[1]
+    out, lse = numbaflash.attention(q, k, v, return_lse=True, tiles=(4, 4))
+    dq, dk, dv = (to_host(g) for g in numbaflash.attention_backward(
+        dout, q, k, v, out, lse, version=version, tiles=(4, 4)))
+    want = dout.reshape(B, Hkv, group, *dout.shape[2:]).sum(axis=(2, 3))     # (B, Hkv, d)
+    assert_close_f64("sum over keys of dV", dv.sum(axis=2), want, 1e-12,
+                     float(np.abs(dout).sum()))
+    check_backward(dout, q, k, v, to_host(out), to_host(lse), (dq, dk, dv))
+    ke, ve = reference.expand_kv(q, k), reference.expand_kv(q, v)
+    dq_e, dk_e, dv_e = (to_host(g) for g in numbaflash.attention_backward(
+        dout, q, ke, ve, out, lse, version=version, tiles=(4, 4)))
+    assert_bitwise_equal("dQ", dq, dq_e)
+    assert_close_f64("dK", dk, reference.reduce_kv(dk_e, k.shape), 1e-12,
+                     float(np.abs(dk_e).sum()))
+    assert_close_f64("dV", dv, reference.reduce_kv(dv_e, v.shape), 1e-12,
+                     float(np.abs(dv_e).sum()))
 
 
 def test_fully_masked_rows_give_zero_gradients():
