@@ -108,8 +108,9 @@ def refusal(explain, version, dtype="float32"):
 # The tensor-core versions run on the simulator too (numbaflash/kernels/simulated.py),
 # but each of their mma is a rendezvous of a warp's 32 Python threads, and a Hypothesis
 # example of them costs seconds there. The property suites draw them on a GPU; on the
-# simulator tests/test_simulated_kernels.py runs each at fixed small shapes, through the
-# same checks and the same bitwise ladder.
+# simulator tests/test_tensor_core_properties.py draws cases for each with a smaller
+# budget, and tests/test_simulated_kernels.py runs each at fixed small shapes, through
+# the same checks and the same bitwise ladder.
 SIMULATOR_FIXED_SHAPES_ONLY = {"explain": ("v3", "v6", "v7", "v8", "v9"),
                                "explain_backward": ("v5", "v6")}
 
@@ -127,8 +128,9 @@ def version_params(versions, explain, dtype="float32"):
         why = None if None in whys else whys[0]
         if why is None and not on_gpu() and version in SIMULATOR_FIXED_SHAPES_ONLY.get(
                 explain.__name__, ()):
-            why = (f"{version} runs on the simulator in tests/test_simulated_kernels.py, at "
-                   "fixed shapes (every mma a rendezvous of 32 Python threads)")
+            why = (f"{version} runs on the simulator in tests/test_tensor_core_properties.py "
+                   "and tests/test_simulated_kernels.py, with a smaller budget (every mma "
+                   "a rendezvous of 32 Python threads)")
         params.append(version if why is None else
                       pytest.param(version, marks=pytest.mark.skip(reason=why)))
     return params

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from numbaflash.kernels import ptx
+from numbaflash.kernels import ptx, simulating
 from tolerance import to_host
 
 WARPS = 2
@@ -226,3 +226,34 @@ def test_loads_stores_and_asynchronous_copies():
     # another thread's copy (cp_async) and another thread's stored pair (its y first)
     np.testing.assert_array_equal(out[4][0::2], flat[(i + 1) % n])
     np.testing.assert_array_equal(out[4][1::2], P[2 * ((i + 1) % n) + 1])
+
+
+# --- the simulator's rendezvous when a lane never comes -----------------------------------
+# A warp collective that part of a warp skips is a kernel bug (undefined on a GPU). On the
+# simulator it must fail with a message that says so, never wait for ever.
+
+@cuda.jit
+def _lane_returns_early_kernel(X, Out):
+    i = cuda.threadIdx.x
+    if i == 5:
+        return
+    Out[i] = cuda.shfl_xor_sync(FULL, X[i], 1)
+
+
+@cuda.jit
+def _lane_waits_at_syncthreads_kernel(X, Out):
+    i = cuda.threadIdx.x
+    if i == 7:
+        cuda.syncthreads()
+    else:
+        Out[i] = cuda.shfl_xor_sync(FULL, X[i], 1)
+        cuda.syncthreads()
+
+
+@pytest.mark.skipif(not simulating(), reason="the simulator's rendezvous (kernels/simulated.py)")
+@pytest.mark.parametrize("kernel,lane", [(_lane_returns_early_kernel, 5),
+                                         (_lane_waits_at_syncthreads_kernel, 7)])
+def test_a_collective_that_part_of_the_warp_skips_fails_clearly(kernel, lane):
+    X = np.arange(32, dtype=np.float32)
+    with pytest.raises(RuntimeError, match=rf"lanes \[{lane}\] of warp 0 .* never reach it"):
+        kernel[1, 32](cuda.to_device(X), cuda.to_device(np.zeros(32, np.float32)))

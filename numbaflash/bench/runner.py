@@ -226,7 +226,7 @@ def run(shapes, *, causal=(False, True), dtype="float32", passes=PASSES, version
         passes: any of "forward", "backward", "fwd+bwd".
         versions: forward versions to time; None is the library's default (impl
             "numbaflash"), "v1"/"v2"/"v3" time that version (impl "numbaflash_v2", ...).
-            A version that cannot run a case (v3 on the simulator, in float64, or with
+            A version that cannot run a case (v3 in float64, or with
             d > 128) gets a record with a "not run: ..." note. The backward has one
             default version and is timed once per case, as "numbaflash".
         repeats, warmup: runs timed (median taken) and runs before them.

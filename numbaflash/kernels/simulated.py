@@ -8,9 +8,11 @@ kernels run on the simulator unchanged:
 
 * **A warp's rendezvous.** The 32 lanes of a warp (threads ``32 w`` to ``32 w + 31`` of
   the block, by linear thread index) meet at a barrier of their own; each leaves its
-  operand, waits for the others, and takes what the instruction gives its lane. This is
-  what ``shfl_sync``, ``shfl_xor_sync`` and the ``mma`` instructions do on a GPU, where
-  the lanes of a warp exchange registers.
+  operand, the last to arrive computes the instruction for the whole warp at once, and
+  each takes what the instruction gives its lane. This is what ``shfl_sync``,
+  ``shfl_xor_sync`` and the ``mma`` instructions do on a GPU, where the lanes of a warp
+  exchange registers. A lane that can never arrive (finished, or waiting at
+  ``syncthreads``) makes the collective raise instead of waiting for ever.
 * **The tensor cores' arithmetic.** ``mma_tf32`` (m16n8k8, TF32 inputs) reads only the
   19 bits of each operand that TF32 keeps (the GPU ignores the other 13), multiplies
   exactly and adds in float64 before rounding the sum to float32; ``mma_f16`` (m16n8k16)
@@ -26,11 +28,12 @@ kernels run on the simulator unchanged:
 
 kernels/ptx.py binds these names in place of its intrinsics when the simulator is on,
 and ``install`` adds the shuffles to the simulator's ``cuda`` module, so
-kernel code reads the same on both. Each lane computes what the instruction gives it
-from all the lanes' operands; ``tests/test_simulated_ptx.py`` checks every function
-against NumPy here, and the same tests run on a GPU against the real instructions.
+kernel code reads the same on both. ``tests/test_simulated_ptx.py`` checks every
+function against NumPy here, and the same tests run on a GPU against the real
+instructions.
 """
 
+import contextlib
 import sys
 import threading
 import weakref
@@ -38,15 +41,25 @@ import weakref
 import numpy as np
 
 WARP = 32
-_TIMEOUT_S = 0.5        # a lane's wait at the rendezvous, between checks for an abort
+_POLL_S = 0.5           # how often a waiting lane looks for an abort or a stuck warp
 
 
 class _Warp:
-    """The meeting place of one warp's 32 lanes: their operands, and a barrier."""
+    """The meeting place of one warp's 32 lanes. Each collective is one generation: the
+    lanes leave their operands in ``slots``; the last to arrive computes what every lane
+    gets (``results``) and wakes the others. Operands and results are kept for two
+    generations (by parity), so a lane that has left one collective and enters the next
+    never overwrites what a slower lane has yet to read: to finish the next one, the
+    slower lane must arrive there, after it has read."""
 
     def __init__(self):
-        self.slots = [None] * WARP
-        self.barrier = threading.Barrier(WARP)
+        self.lock = threading.Lock()
+        self.slots = ([None] * WARP, [None] * WARP)
+        self.results = [None, None]
+        self.arrived = [False] * WARP
+        self.count = 0
+        self.generation = 0
+        self.sleepers = []      # the locks the waiting lanes sleep on
 
 
 _WARPS = weakref.WeakKeyDictionary()    # the simulator's block manager -> {warp: _Warp}
@@ -67,29 +80,63 @@ def _here():
         return thread, lane, warps[warp]
 
 
-def _wait(thread, barrier):
-    """Wait for the other lanes; give up (RuntimeError) if the simulator aborts the
-    block, as it does when another thread raised."""
-    while True:
-        try:
-            barrier.wait(_TIMEOUT_S)
-            return
-        except threading.BrokenBarrierError:
-            if getattr(thread, "abort", False):
-                raise RuntimeError("abort flag set while waiting for the warp") from None
-            barrier.reset()
+def _stuck_lanes(thread, warp):
+    """The lanes of ``thread``'s warp that can never arrive: finished, or waiting at
+    ``syncthreads`` (on a GPU, a collective with a full mask that some lanes skip is
+    undefined; here it would wait for ever). ``install`` has each simulated thread enter
+    itself in its block's table of lanes and mark when it finishes."""
+    lanes = thread._manager._numbaflash_block.lanes
+    first = thread.thread_id - thread.thread_id % WARP
+    stuck = []
+    for lane in range(WARP):
+        other = lanes.get(first + lane)
+        if other is None or warp.arrived[lane] or other.exception is not None:
+            continue        # a lane that raised: the launch reports that, and aborts
+        if getattr(other, "_numbaflash_finished", False) or other.syncthreads_blocked:
+            stuck.append(lane)
+    return stuck
 
 
-def exchange(value):
-    """Every lane of the calling warp leaves ``value``; each gets back the list of all
-    32 lanes' values, by lane. Every lane of the warp must call it (as on a GPU, where a
-    warp collective with a full mask waits for all 32 lanes)."""
+def exchange(value, combine):
+    """A warp collective: every lane of the calling warp leaves ``value``; the last lane
+    to arrive calls ``combine(values)`` once, with the 32 lanes' values by lane, and it
+    returns what each lane gets, by lane; this lane's share is returned. Every lane of
+    the warp must call it (as on a GPU, where a collective with a full mask waits for all
+    32 lanes). Raises RuntimeError if the simulator aborts the block (another thread
+    raised), or if a lane of the warp can never arrive (a kernel bug)."""
     thread, lane, warp = _here()
-    warp.slots[lane] = value
-    _wait(thread, warp.barrier)         # wait until every lane has left its value
-    values = list(warp.slots)
-    _wait(thread, warp.barrier)         # wait until every lane has read them all
-    return values, lane
+    with warp.lock:
+        generation = warp.generation
+        parity = generation & 1
+        warp.slots[parity][lane] = value
+        warp.arrived[lane] = True
+        warp.count += 1
+        if warp.count == WARP:              # the last lane: compute, wake the others
+            warp.results[parity] = combine(warp.slots[parity])
+            warp.count = 0
+            warp.arrived = [False] * WARP
+            warp.generation += 1
+            for sleeper in warp.sleepers:
+                sleeper.release()
+            warp.sleepers = []
+            return warp.results[parity][lane]
+        sleeper = _sleeper(thread)
+        sleeper.acquire()                   # held until the last lane releases it
+        warp.sleepers.append(sleeper)
+    while not sleeper.acquire(timeout=_POLL_S):
+        with warp.lock:
+            if warp.generation != generation:
+                continue                    # released just now: the acquire succeeds
+            if getattr(thread, "abort", False):
+                raise RuntimeError("abort flag set while waiting for the warp")
+            stuck = _stuck_lanes(thread, warp)
+            if stuck:
+                raise RuntimeError(
+                    f"warp collective: lanes {stuck} of warp {thread.thread_id // WARP} "
+                    "finished or wait at syncthreads, so they never reach it; every lane "
+                    "of a warp must take part")
+    sleeper.release()                       # ready for the next collective
+    return warp.results[parity][lane]
 
 
 # --- warp shuffles -------------------------------------------------------------------
@@ -97,28 +144,193 @@ def exchange(value):
 
 def shfl_sync(mask, value, src_lane):
     """``cuda.shfl_sync``: the value of lane ``src_lane`` (mod 32)."""
-    values, _ = exchange(value)
-    return values[int(src_lane) % WARP]
+    return exchange((value, int(src_lane)), _shuffled)
 
 
 def shfl_xor_sync(mask, value, lane_mask):
     """``cuda.shfl_xor_sync``: the value of lane ``lane ^ lane_mask``."""
-    values, lane = exchange(value)
-    return values[lane ^ int(lane_mask)]
+    return exchange((value, int(lane_mask)), _xor_shuffled)
+
+
+def _shuffled(slots):
+    return [slots[src % WARP][0] for _, src in slots]
+
+
+def _xor_shuffled(slots):
+    return [slots[lane ^ lane_mask][0] for lane, (_, lane_mask) in enumerate(slots)]
 
 
 def install():
     """Give the simulator's ``cuda`` module (the one kernels see while they run) the two
     shuffles the kernels use, and a ``cuda.shared.array`` that takes an ``alignment``
     (the tensor-core kernels ask 16 bytes of their dynamic shared array for their 8-byte
-    paired loads; the stand-ins load element by element, so any alignment serves).
+    paired loads; the stand-ins load element by element, so any alignment serves); and
+    give its blocks a barrier that wakes threads instead of polling them (``_run_block``).
     Harmless to call twice."""
-    from numba.cuda.simulator import kernelapi
+    from numba.cuda.simulator import kernel, kernelapi
     fake = kernelapi.FakeCUDAModule
     fake.shfl_sync = staticmethod(shfl_sync)
     fake.shfl_xor_sync = staticmethod(shfl_xor_sync)
+    if not getattr(kernel.BlockManager.run, "_numbaflash", False):
+        _BlockThread[0] = kernel.BlockThread
+        kernel.BlockThread.run = _tracked_run(kernel.BlockThread.run)
+        kernel.BlockThread.syncthreads = _syncthreads
+        kernel.BlockManager.run = _run_block
+        kernel.swapped_cuda_module = _swapped_cuda_module
     if not getattr(kernelapi.FakeCUDAShared.array, "_numbaflash_locked", False):
         kernelapi.FakeCUDAShared.array = _shared_array
+
+
+# --- the ``cuda`` a kernel's module sees --------------------------------------------------
+#
+# While a kernel or device function runs, the simulator replaces the ``cuda`` module in
+# the globals of the function's Python module by its fake one, and puts the original back
+# when the function returns. numba-cuda 0.30 does that per call and per thread, without
+# counting: when two threads of a block are in device functions of one module, the first
+# to return puts the real ``cuda`` back while the other still runs there, which then
+# finds ``cuda.shfl_xor_sync`` or ``cuda.syncthreads`` missing or the real thing. The
+# replacement below counts the calls per module: the first swaps, the last puts back.
+
+_SWAPS = {}     # id(module globals) -> [calls inside, original entries, fake module]
+_SWAPS_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _swapped_cuda_module(fn, fake_cuda_module):
+    """The simulator's ``swapped_cuda_module``, counting the calls inside (above). A call
+    with another launch's fake module (threads of an aborted launch may still be
+    finishing) swaps that one in and starts a new count."""
+    from numba import cuda
+    globs = fn.__globals__
+    key = id(globs)
+    with _SWAPS_LOCK:
+        entry = _SWAPS.get(key)
+        if entry is None or entry[2] is not fake_cuda_module:
+            original = entry[1] if entry is not None else {
+                name: value for name, value in globs.items() if value is cuda}
+            globs.update({name: fake_cuda_module for name in original})
+            entry = _SWAPS[key] = [0, original, fake_cuda_module]
+        entry[0] += 1
+    try:
+        yield
+    finally:
+        with _SWAPS_LOCK:
+            entry[0] -= 1
+            if entry[0] == 0 and _SWAPS.get(key) is entry:
+                globs.update(entry[1])
+                del _SWAPS[key]
+
+
+# --- the block's threads and its barrier ------------------------------------------------
+#
+# numba-cuda's simulator runs a block as one Python thread per CUDA thread, and its block
+# manager finds out who waits at ``syncthreads`` by polling every thread in a loop that
+# never sleeps: the manager holds the interpreter for its whole switch interval between
+# any two threads' turns. The replacement below counts arrivals instead, with the same
+# rules: a barrier opens when every thread that has not finished is waiting at it, the
+# first exception in a thread is raised by the launch, and the other threads are told to
+# abort (they raise at their next barrier). Measured on 64 threads: lab journal,
+# "simulator speed".
+
+_BlockThread = [None]           # the simulator's BlockThread class, once installed
+
+
+class _Block:
+    """One simulated block: its threads by linear index, how many have not finished,
+    and who waits at its barrier."""
+
+    def __init__(self, threads):
+        self.lock = threading.Lock()
+        self.lanes = {t.thread_id: t for t in threads}
+        self.live = len(threads)
+        self.waiting = []           # threads asleep at syncthreads
+        self.done = threading.Event()   # every thread finished, or one raised
+        self.failed = None          # the first thread that raised
+
+
+def _run_block(self, grid_point, *args):
+    """BlockManager.run: start the block's threads, wait until they finish or one raises
+    (then raise the first exception raised, in time)."""
+    def target():
+        self._f(*args)
+
+    threads = [_BlockThread[0](target, self, grid_point, point, self._debug)
+               for point in np.ndindex(*self._block_dim)]
+    block = self._numbaflash_block = _Block(threads)
+    for t in threads:
+        t.start()
+    block.done.wait()
+    if block.failed is not None:
+        with block.lock:
+            for t in threads:
+                t.abort = True
+            _open_barrier(block)
+        error, traceback = block.failed.exception
+        raise error.with_traceback(traceback)
+
+
+_run_block._numbaflash = True
+
+
+def _sleeper(thread):
+    """The lock ``thread`` sleeps on at a barrier or a warp collective (unlocked between
+    waits; whoever wakes it releases it)."""
+    sleeper = thread.__dict__.get("_numbaflash_sleeper")
+    if sleeper is None:
+        sleeper = thread._numbaflash_sleeper = threading.Lock()
+    return sleeper
+
+
+def _open_barrier(block):
+    """Wake every thread waiting at ``syncthreads`` (holding ``block.lock``)."""
+    for t in block.waiting:
+        t.syncthreads_blocked = False
+        t._numbaflash_sleeper.release()
+    block.waiting = []
+
+
+def _syncthreads(self):
+    """BlockThread.syncthreads: wait until every thread of the block that has not
+    finished is here."""
+    if self.abort:
+        raise RuntimeError("abort flag set on syncthreads call")
+    block = self._manager._numbaflash_block
+    sleeper = _sleeper(self)
+    with block.lock:
+        if len(block.waiting) + 1 == block.live:
+            _open_barrier(block)        # the last one in
+            sleeper = None
+        else:
+            sleeper.acquire()
+            self.syncthreads_blocked = True
+            block.waiting.append(self)
+    if sleeper is not None:
+        sleeper.acquire()               # released by the last thread in (or an abort)
+        sleeper.release()
+    if self.abort:
+        raise RuntimeError("abort flag set on syncthreads clear")
+
+
+def _tracked_run(run):
+    """BlockThread.run, marking the thread finished when it returns or raises: the
+    barrier stops waiting for it, a warp waiting at a collective can tell that it will
+    never come (_stuck_lanes), and the launch ends when the last thread ends or one
+    raises."""
+    def tracked(self):
+        try:
+            run(self)
+        finally:
+            block = self._manager._numbaflash_block
+            with block.lock:
+                self._numbaflash_finished = True
+                block.live -= 1
+                if self.exception is not None and block.failed is None:
+                    block.failed = self         # the launch raises this one
+                if block.failed is not None or block.live == 0:
+                    block.done.set()
+                elif block.waiting and len(block.waiting) == block.live:
+                    _open_barrier(block)
+    return tracked
 
 
 _SHARED_LOCK = threading.Lock()
@@ -177,62 +389,72 @@ def tf32_round_finite(x):
     return _from_bits((_bits(x) + np.uint32(0x1000)) & np.uint32(0xFFFFE000))
 
 
-def _tf32_operand(x):
-    """What the tensor cores read of a 32-bit operand register: its top 19 bits."""
-    return np.float64(_from_bits(_bits(x) & np.uint32(0xFFFFE000)))
-
-
 def pack_f16x2(lo, hi):
     """``cvt.rn.f16x2.f32``: lo and hi to float16 (to nearest even), lo in the low half."""
     halves = np.array([lo, hi], np.float32).astype(np.float16)
     return np.uint32(halves.view(np.uint32)[0])
 
 
-def _unpack_f16x2(word):
-    """The two float16 values of a 32-bit word, low half first, as float64."""
-    return np.array([word], np.uint32).view(np.float16).astype(np.float64)
-
-
 # --- the tensor cores ----------------------------------------------------------------
+
+
+# Where each lane's fragment registers sit in the m16n8 tiles (kernels/ptx.py): lane
+# = 4 g + t; A's registers at rows (g, g + 8, g, g + 8) and k columns (t, t, t + 4, t + 4)
+# (m16n8k8; for m16n8k16 each register holds the pair of columns 2 t, 2 t + 1, then
+# 2 t + 8, 2 t + 9), B's at k rows (t, t + 4) (pairs 2 t, 2 t + 8) and column g, C's and
+# D's at rows (g, g, g + 8, g + 8) and columns (2 t, 2 t + 1, 2 t, 2 t + 1).
+_G, _T = np.divmod(np.arange(WARP), 4)
+_D_ROWS = np.stack([_G, _G, _G + 8, _G + 8], axis=1)            # (lane, register)
+_D_COLS = np.stack([2 * _T, 2 * _T + 1, 2 * _T, 2 * _T + 1], axis=1)
 
 
 def mma_tf32(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
     """``mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32`` (kernels/ptx.py gives the
     fragment layout): this lane's (d0, d1, d2, d3) of D = A B + C."""
-    frags, lane = exchange((a0, a1, a2, a3, b0, b1))
-    A = np.empty((16, 8))
-    B = np.empty((8, 8))
-    for other, (x0, x1, x2, x3, y0, y1) in enumerate(frags):
-        g, t = divmod(other, 4)
-        A[g, t], A[g + 8, t] = _tf32_operand(x0), _tf32_operand(x1)
-        A[g, t + 4], A[g + 8, t + 4] = _tf32_operand(x2), _tf32_operand(x3)
-        B[t, g], B[t + 4, g] = _tf32_operand(y0), _tf32_operand(y1)
-    return _rows_of_d(A, B, lane, c0, c1, c2, c3)
+    return exchange((a0, a1, a2, a3, b0, b1, c0, c1, c2, c3), _mma_tf32_warp)
 
 
 def mma_f16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
     """``mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32`` (kernels/ptx.py gives the
     fragment layout; each word two float16 neighbours): this lane's (d0, d1, d2, d3)."""
-    frags, lane = exchange((a0, a1, a2, a3, b0, b1))
+    return exchange((a0, a1, a2, a3, b0, b1, c0, c1, c2, c3), _mma_f16_warp)
+
+
+def _tf32_operands(x):
+    """What the tensor cores read of 32-bit operand registers: their top 19 bits."""
+    bits = np.asarray(x, np.float32).view(np.uint32) & np.uint32(0xFFFFE000)
+    return bits.view(np.float32).astype(np.float64)
+
+
+def _mma_tf32_warp(slots):
+    regs = np.array(slots, np.float32)                      # (lane, register)
+    a, b = _tf32_operands(regs[:, :4]), _tf32_operands(regs[:, 4:6])
+    A = np.empty((16, 8))
+    B = np.empty((8, 8))
+    A[_G, _T], A[_G + 8, _T], A[_G, _T + 4], A[_G + 8, _T + 4] = a.T
+    B[_T, _G], B[_T + 4, _G] = b.T
+    return _d_of_lanes(A, B, regs[:, 6:])
+
+
+def _mma_f16_warp(slots):
+    words = np.array([s[:6] for s in slots], np.uint32)     # (lane, register)
+    halves = words.view(np.float16).astype(np.float64)      # (lane, 12): low half first
     A = np.empty((16, 16))
     B = np.empty((16, 8))
-    for other, (x0, x1, x2, x3, y0, y1) in enumerate(frags):
-        g, t = divmod(other, 4)
-        A[g, 2 * t:2 * t + 2], A[g + 8, 2 * t:2 * t + 2] = _unpack_f16x2(x0), _unpack_f16x2(x1)
-        A[g, 2 * t + 8:2 * t + 10] = _unpack_f16x2(x2)
-        A[g + 8, 2 * t + 8:2 * t + 10] = _unpack_f16x2(x3)
-        B[2 * t:2 * t + 2, g], B[2 * t + 8:2 * t + 10, g] = _unpack_f16x2(y0), _unpack_f16x2(y1)
-    return _rows_of_d(A, B, lane, c0, c1, c2, c3)
+    for k in (0, 1):
+        A[_G, 2 * _T + k], A[_G + 8, 2 * _T + k] = halves[:, k], halves[:, 2 + k]
+        A[_G, 2 * _T + 8 + k], A[_G + 8, 2 * _T + 8 + k] = halves[:, 4 + k], halves[:, 6 + k]
+        B[2 * _T + k, _G], B[2 * _T + 8 + k, _G] = halves[:, 8 + k], halves[:, 10 + k]
+    return _d_of_lanes(A, B, np.array([s[6:] for s in slots], np.float32))
 
 
-def _rows_of_d(A, B, lane, c0, c1, c2, c3):
-    """This lane's four entries of D = A B + C (m16n8 layout), the products summed in
-    float64 and each entry rounded to float32 once."""
-    g, t = divmod(lane, 4)
-    rows = (g, g, g + 8, g + 8)
-    cols = (2 * t, 2 * t + 1, 2 * t, 2 * t + 1)
-    return tuple(np.float32(A[r] @ B[:, c] + np.float64(np.float32(acc)))
-                 for r, c, acc in zip(rows, cols, (c0, c1, c2, c3)))
+def _d_of_lanes(A, B, C):
+    """Each lane's four entries of D = A B + C, C given by lane and register (float32):
+    the exact products summed in float64 and each entry rounded to float32 once."""
+    D = (A @ B)[_D_ROWS, _D_COLS] + C.astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        D = D.astype(np.float32)
+    return [tuple(row) for row in D]
 
 
 # --- loads, stores and copies ---------------------------------------------------------
