@@ -4,6 +4,7 @@
 import numpy as np
 
 from . import arrays
+from .streams import call_stream
 from .launcher import launch_backward, launch_forward
 from .policy import backend, finite_inputs_plans, plan_backward, plan_forward
 from .validate import (backward_memory, check_attention_inputs, check_backward_inputs,
@@ -17,16 +18,20 @@ def _variants(window_size, alibi_slopes, softcap, attn_mask, score_mod, score_mo
                 mask_mod=mask_mod)
 
 
-def _variant_arrays(p):
-    """The Problem's ALiBi slopes and attn_mask as kernel (device) arrays, or None."""
+def _variant_arrays(p, stream):
+    """The Problem's ALiBi slopes and attn_mask as kernel (device) arrays, or None, ready
+    for work on ``stream`` (a streams.CallStream)."""
     out = []
     for x in (p.alibi_slopes, p.attn_mask):
         if x is None:
             out.append(None)
         elif not arrays.is_device_array(x):
-            out.append(arrays.cuda.to_device(np.ascontiguousarray(x)))
+            out.append(arrays.cuda.to_device(np.ascontiguousarray(x), stream=stream.numba))
+        elif hasattr(x, "copy_to_host"):
+            out.append(x)
         else:
-            out.append(x if hasattr(x, "copy_to_host") else arrays.cuda.as_cuda_array(x))
+            out.append(arrays.cuda.as_cuda_array(x, sync=arrays.interface_stream(x) not in (
+                None, stream.handle)))
     return out
 
 
@@ -72,7 +77,7 @@ def _forward_problem_and_plan(q, k, v, causal, scale, variants, version, tiles):
 
 def attention(q, k, v, *, causal=False, scale=None, window_size=None, alibi_slopes=None,
               softcap=None, attn_mask=None, score_mod=None, score_mod_grad=None,
-              mask_mod=None, return_lse=False, version=None, tiles=None):
+              mask_mod=None, return_lse=False, version=None, tiles=None, stream=None):
     """Exact attention O = softmax(scale * Q K^T [masked, modified]) V, by a FlashAttention
     kernel.
 
@@ -123,6 +128,11 @@ def attention(q, k, v, *, causal=False, scale=None, window_size=None, alibi_slop
             uses the documented rule in the version's file.
         window_size, alibi_slopes, softcap, attn_mask, score_mod, score_mod_grad, mask_mod:
             attention variants (see "Variants" above; v1 and v2 run them).
+        stream: the CUDA stream to run on: a Numba, PyTorch or CuPy stream, or a CUstream
+            handle (int). None: the stream device inputs name in their CUDA Array
+            Interface (PyTorch's or CuPy's current stream), else the default stream
+            (numbaflash/streams.py). Device results are ready in that stream's order;
+            host results are ready when the call returns.
 
     Returns:
         out with q's shape and dtype, or ``(out, lse)`` with lse of shape (..., Sq) in
@@ -132,7 +142,8 @@ def attention(q, k, v, *, causal=False, scale=None, window_size=None, alibi_slop
     Raises:
         ValueError: bad shapes, scale, causal mode, head dim, version or tiles, or a
             version that cannot run this input; raised before anything is launched.
-        TypeError: unsupported or mismatched dtypes, or inputs that are not arrays.
+        TypeError: unsupported or mismatched dtypes, inputs that are not arrays, or a
+            ``stream`` that is not a stream.
         MemoryError: the call's arrays (device copies of host inputs, out, lse, and their
             host copies) need more host or GPU memory than is available; raised before
             anything is allocated (validate.check_memory).
@@ -146,6 +157,7 @@ def attention(q, k, v, *, causal=False, scale=None, window_size=None, alibi_slop
                          score_mod_grad, mask_mod)
     host = not arrays.on_device((q, k, v))
     p, plan = _forward_problem_and_plan(q, k, v, causal, scale, variants, version, tiles)
+    s = call_stream((q, k, v), stream)
     # Before anything is allocated: MemoryError if the arrays cannot fit, and a warning if
     # the call will take long on the simulator.
     check_memory(p, forward_memory(p, plan, dict(q=q, k=k, v=v), host), plan.backend)
@@ -156,20 +168,20 @@ def attention(q, k, v, *, causal=False, scale=None, window_size=None, alibi_slop
 
     if p.BH == 0 or p.Sq == 0 or p.Sk == 0:
         # Nothing to launch. With Sk = 0 every row sees no key: out 0, lse -inf.
-        out = arrays.filled(out_shape, 0, p.dtype, host)
-        lse = arrays.filled(lse_shape, -np.inf, lse_dtype, host)
+        out = arrays.filled(out_shape, 0, p.dtype, host, s)
+        lse = arrays.filled(lse_shape, -np.inf, lse_dtype, host, s)
         return (out, lse) if return_lse else out
 
-    Q = arrays.as_kernel_array(q, (p.BH, p.Sq, p.d), "q")
-    K = arrays.as_kernel_array(k, (p.BHkv, p.Sk, p.d), "k")
-    V = arrays.as_kernel_array(v, (p.BHkv, p.Sk, p.d), "v")
-    O = arrays.device_empty((p.BH, p.Sq, p.d), p.dtype)
-    L = arrays.device_empty((p.BH, p.Sq), lse_dtype)
-    launch_forward(plan, p, Q, K, V, O, L, *_variant_arrays(p))
-    out = arrays.finish(O, out_shape, host)
+    Q = arrays.as_kernel_array(q, (p.BH, p.Sq, p.d), "q", s)
+    K = arrays.as_kernel_array(k, (p.BHkv, p.Sk, p.d), "k", s)
+    V = arrays.as_kernel_array(v, (p.BHkv, p.Sk, p.d), "v", s)
+    O = arrays.device_empty((p.BH, p.Sq, p.d), p.dtype, s)
+    L = arrays.device_empty((p.BH, p.Sq), lse_dtype, s)
+    launch_forward(plan, p, Q, K, V, O, L, *_variant_arrays(p, s), stream=s)
+    out = arrays.finish(O, out_shape, host, s)
     if not return_lse:
         return out
-    return out, arrays.finish(L, lse_shape, host)
+    return out, arrays.finish(L, lse_shape, host, s)
 
 
 def explain(q, k, v, *, causal=False, scale=None, version=None, tiles=None, backend=None,
@@ -190,7 +202,8 @@ def explain(q, k, v, *, causal=False, scale=None, version=None, tiles=None, back
 
 def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, window_size=None,
                        alibi_slopes=None, softcap=None, attn_mask=None, score_mod=None,
-                       score_mod_grad=None, mask_mod=None, version=None, tiles=None):
+                       score_mod_grad=None, mask_mod=None, version=None, tiles=None,
+                       stream=None):
     """Gradients of ``attention`` (FlashAttention-2 backward, Algorithm 2).
 
     Args:
@@ -221,6 +234,7 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, win
             kernel's tiles, then the dQ kernel's; given tiles run without v6's split
             pairs); None uses the documented rule in the version's file (v6:
             default_backward_v6_plan, tiles and pairs per kernel).
+        stream: as for ``attention`` (the inputs' stream: dout's, q's, ... in that order).
 
     Returns:
         ``(dq, dk, dv)`` with the shapes and dtype of q, k, v (float16 inputs are computed
@@ -247,6 +261,7 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, win
     p = check_backward_inputs(dout, q, k, v, out, lse, causal, scale, **variants)
     host = not arrays.on_device((dout, q, k, v, out, lse))
     plans = plan_backward(p, version, tiles)
+    s = call_stream((dout, q, k, v, out, lse), stream)
     check_memory(p, backward_memory(p, plans, dict(dout=dout, q=q, k=k, v=v, out=out, lse=lse),
                                     host), plans[0].backend, "attention_backward")
     warn_if_slow(p, plans, "attention_backward")
@@ -255,36 +270,38 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, win
 
     if p.BH == 0 or p.Sq == 0 or p.Sk == 0:
         # Nothing to launch: no (query, key) pair is visible, so every gradient is 0.
-        return (arrays.filled(q_shape, 0, p.dtype, host),
-                arrays.filled(k_shape, 0, p.dtype, host),
-                arrays.filled(k_shape, 0, p.dtype, host))
+        return (arrays.filled(q_shape, 0, p.dtype, host, s),
+                arrays.filled(k_shape, 0, p.dtype, host, s),
+                arrays.filled(k_shape, 0, p.dtype, host, s))
 
     acc = np.dtype(p.acc_dtype)
-    Q = arrays.as_kernel_array(q, (p.BH, p.Sq, p.d), "q")
-    K = arrays.as_kernel_array(k, (p.BHkv, p.Sk, p.d), "k")
-    V = arrays.as_kernel_array(v, (p.BHkv, p.Sk, p.d), "v")
-    O = arrays.as_kernel_array(out, (p.BH, p.Sq, p.d), "out")
-    dO = arrays.as_kernel_array(dout, (p.BH, p.Sq, p.d), "dout")
-    L = arrays.as_kernel_array(lse, (p.BH, p.Sq), "lse")
-    D = arrays.device_empty((p.BH, p.Sq), acc)            # scratch: D = rowsum(dO * O)
+    Q = arrays.as_kernel_array(q, (p.BH, p.Sq, p.d), "q", s)
+    K = arrays.as_kernel_array(k, (p.BHkv, p.Sk, p.d), "k", s)
+    V = arrays.as_kernel_array(v, (p.BHkv, p.Sk, p.d), "v", s)
+    O = arrays.as_kernel_array(out, (p.BH, p.Sq, p.d), "out", s)
+    dO = arrays.as_kernel_array(dout, (p.BH, p.Sq, p.d), "dout", s)
+    L = arrays.as_kernel_array(lse, (p.BH, p.Sq), "lse", s)
+    D = arrays.device_empty((p.BH, p.Sq), acc, s)         # scratch: D = rowsum(dO * O)
     if plans[-1].version == "v2":
         # v2 adds into dQ with atomics, so it starts from zeros (copied from the host:
         # v2 is a lesson, and this copy is one of its costs).
-        dQ = arrays.filled((p.BH, p.Sq, p.d), 0, p.dtype, host=False)
+        dQ = arrays.filled((p.BH, p.Sq, p.d), 0, p.dtype, False, s)
     else:
-        dQ = arrays.device_empty((p.BH, p.Sq, p.d), p.dtype)
-    dK = arrays.device_empty((p.BHkv, p.Sk, p.d), p.dtype)
-    dV = arrays.device_empty((p.BHkv, p.Sk, p.d), p.dtype)
+        dQ = arrays.device_empty((p.BH, p.Sq, p.d), p.dtype, s)
+    dK = arrays.device_empty((p.BHkv, p.Sk, p.d), p.dtype, s)
+    dV = arrays.device_empty((p.BHkv, p.Sk, p.d), p.dtype, s)
     # v5 and v6 (tensor cores) need finite inputs: checked here; v4 if not, or an error
     # if the caller asked for v5 or v6.
-    plans = finite_inputs_plans(plans, p, version is not None, Q, K, V, O, dO, L)
-    launch_backward(plans, p, Q, K, V, O, dO, L, D, dQ, dK, dV, *_variant_arrays(p))
-    return (arrays.finish(dQ, q_shape, host), arrays.finish(dK, k_shape, host),
-            arrays.finish(dV, k_shape, host))
+    plans = finite_inputs_plans(plans, p, version is not None, Q, K, V, O, dO, L, s)
+    launch_backward(plans, p, Q, K, V, O, dO, L, D, dQ, dK, dV, *_variant_arrays(p, s),
+                    stream=s)
+    return (arrays.finish(dQ, q_shape, host, s), arrays.finish(dK, k_shape, host, s),
+            arrays.finish(dV, k_shape, host, s))
 
 
 def attention_vjp(q, k, v, *, causal=False, scale=None, forward_version=None,
-                  forward_tiles=None, backward_version=None, backward_tiles=None, **variants):
+                  forward_tiles=None, backward_version=None, backward_tiles=None,
+                  stream=None, **variants):
     """Run the forward now and return ``(out, vjp)``, where ``vjp(dout) -> (dq, dk, dv)``.
 
     The same as ``attention(..., return_lse=True)`` followed by ``attention_backward``,
@@ -297,6 +314,7 @@ def attention_vjp(q, k, v, *, causal=False, scale=None, forward_version=None,
             score_mod_grad, mask_mod).
         forward_version, forward_tiles: ``version`` and ``tiles`` of the forward.
         backward_version, backward_tiles: ``version`` and ``tiles`` of the backward.
+        stream: as for ``attention``, for the forward and every ``vjp`` call.
 
     Returns:
         ``(out, vjp)``: out as ``attention`` returns it (host or device, like the inputs);
@@ -314,12 +332,14 @@ def attention_vjp(q, k, v, *, causal=False, scale=None, forward_version=None,
                          "score_mod_grad (a Numba device function)")
     plan_backward(p, backward_version, backward_tiles)     # bad backward options fail now
     out, lse = attention(q, k, v, causal=causal, scale=scale, return_lse=True,
-                         version=forward_version, tiles=forward_tiles, **variants)
+                         version=forward_version, tiles=forward_tiles, stream=stream,
+                         **variants)
 
     def vjp(dout):
         """Gradients (dq, dk, dv) of the attention above for the upstream gradient dout."""
         return attention_backward(dout, q, k, v, out, lse, causal=causal, scale=scale,
-                                  version=backward_version, tiles=backward_tiles, **variants)
+                                  version=backward_version, tiles=backward_tiles,
+                                  stream=stream, **variants)
 
     return out, vjp
 

@@ -13,6 +13,7 @@ import numpy as np
 from numba import cuda
 
 from .kernels import simulating
+from .streams import DEFAULT, interface_stream
 
 if not simulating():
     from numba.cuda.cudadrv.devicearray import DeviceNDArray
@@ -34,16 +35,19 @@ def on_device(arrays):
     return kinds.pop()
 
 
-def as_kernel_array(x, shape3, name):
-    """View x as a C-contiguous (BH, S, d) array the kernels can take.
+def as_kernel_array(x, shape3, name, stream=DEFAULT):
+    """View x as a C-contiguous (BH, S, d) array the kernels can take, ready for work on
+    ``stream`` (a streams.CallStream).
 
-    Host arrays that are not C-contiguous are copied (np.ascontiguousarray); device arrays
-    must already be C-contiguous (copying them silently would hide a cost), else ValueError.
+    Host arrays are copied to the device on ``stream`` (through np.ascontiguousarray if
+    they are not C-contiguous); device arrays must already be C-contiguous (copying them
+    silently would hide a cost), else ValueError. A device array whose CUDA Array
+    Interface names another stream than ``stream`` is waited for (streams.py).
     """
     if not is_device_array(x):
-        return cuda.to_device(np.ascontiguousarray(x).reshape(shape3))
+        return cuda.to_device(np.ascontiguousarray(x).reshape(shape3), stream=stream.numba)
     if not hasattr(x, "copy_to_host"):      # CuPy, PyTorch, ...: wrap without a copy
-        x = cuda.as_cuda_array(x)
+        x = cuda.as_cuda_array(x, sync=interface_stream(x) not in (None, stream.handle))
     if not x.is_c_contiguous():
         raise ValueError(f"{name} is a non-contiguous device array; numbaflash needs "
                          f"C-contiguous device inputs (make a contiguous copy first)")
@@ -89,9 +93,12 @@ def _c_strides(shape, itemsize):
 # CUDA context; larger outputs are allocated and freed as usual. Set POOL_MAX_BUFFER = 0
 # to turn it off.
 #
-# The caveat is PyTorch's too: numbaflash launches on the default stream, so a reused
-# buffer is safe from every use that is ordered with that stream. If you pass an output
-# to work on another, non-blocking stream, keep a reference to it until that work is done.
+# Buffers are cached per stream (streams.py: the stream a call runs on), as PyTorch's
+# caching allocator does it: a buffer goes back to the cache of the stream its output was
+# written on, and is reused only by calls on that stream, so the stream orders the old
+# output's writes before the new one's. The caveat is PyTorch's too: a use of an output
+# on another stream is not ordered with that reuse. If you pass an output to work on
+# another stream, keep a reference to it until that work is done.
 
 POOL_MAX_BUFFER = 1 << 20       # bytes: outputs up to this size come from the cache
 POOL_MAX_CACHED = 64 << 20      # bytes kept in the cache per context at most
@@ -109,45 +116,56 @@ def _pool(context):
 class _Pool:
     def __init__(self, context):
         self.context = weakref.ref(context)
-        self.free = {}          # size in bytes -> buffers (Numba memory) not in use
+        self.free = {}          # (stream handle, size in bytes) -> buffers not in use
         self.cached = 0         # bytes in self.free
 
-    def take(self, context, nbytes):
-        """A device buffer of ``nbytes`` whose memory comes back here when it is dropped."""
-        buffers = self.free.get(nbytes)
+    def take(self, context, nbytes, stream):
+        """A device buffer of ``nbytes`` for work on the stream with handle ``stream``,
+        whose memory comes back here when it is dropped."""
+        key = (stream, nbytes)
+        buffers = self.free.get(key)
         if buffers:
             base = buffers.pop()
             self.cached -= nbytes
         else:
             base = context.memalloc(nbytes)
         return MemoryPointer(context, base.device_pointer, nbytes,
-                             finalizer=lambda: self.give_back(base, nbytes))
+                             finalizer=lambda: self.give_back(base, key))
 
-    def give_back(self, base, nbytes):
+    def give_back(self, base, key):
+        nbytes = key[1]
         if self.cached + nbytes <= POOL_MAX_CACHED:
-            self.free.setdefault(nbytes, []).append(base)
+            self.free.setdefault(key, []).append(base)
             self.cached += nbytes
         # else: dropping ``base`` frees it through Numba, as any device array
 
 
-def device_empty(shape, dtype):
-    """An uninitialised device array; small ones reuse cached buffers (above)."""
+def device_empty(shape, dtype, stream=DEFAULT):
+    """An uninitialised device array for work on ``stream`` (a streams.CallStream);
+    small ones reuse cached buffers of that stream (above)."""
     dtype = np.dtype(dtype)
     nbytes = dtype.itemsize * math.prod(shape)
     if simulating() or nbytes == 0 or nbytes > POOL_MAX_BUFFER:
         return cuda.device_array(shape, dtype=dtype)
     context = cuda.current_context()
     return DeviceNDArray(shape, _c_strides(shape, dtype.itemsize), dtype,
-                         gpu_data=_pool(context).take(context, nbytes))
+                         gpu_data=_pool(context).take(context, nbytes, stream.handle))
 
 
-def finish(x, shape, host):
-    """Give an output back in the caller's world: reshaped, on the host if inputs were."""
+def finish(x, shape, host, stream=DEFAULT):
+    """Give an output back in the caller's world: reshaped, on the host if inputs were
+    (copied on ``stream``, which is then waited for)."""
     x = _view(x, shape)
-    return x.copy_to_host() if host else x
+    if not host:
+        return x
+    a = x.copy_to_host(stream=stream.numba)
+    if stream.numba != 0:
+        stream.synchronize()
+    return a
 
 
-def filled(shape, value, dtype, host):
-    """An output that needs no kernel (e.g. Sk = 0): built on the host, moved if needed."""
+def filled(shape, value, dtype, host, stream=DEFAULT):
+    """An output that needs no kernel (e.g. Sk = 0): built on the host, moved if needed
+    (on ``stream``)."""
     a = np.full(shape, value, dtype=dtype)
-    return a if host else cuda.to_device(a)
+    return a if host else cuda.to_device(a, stream=stream.numba)

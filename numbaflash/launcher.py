@@ -42,6 +42,7 @@ from .kernels import backward as backward_kernels
 from .kernels import forward as forward_kernels
 from .kernels import simulating, smem
 from .kernels import variants as variant_kernels
+from .streams import DEFAULT
 
 log = logging.getLogger("numbaflash")
 
@@ -51,9 +52,10 @@ _DIRECT = {}            # (kernel, types_key, grid, block, nbytes) -> _DirectLau
 _DIRECT_MAX = 1024      # entries kept at most (a grid per shape: many shapes, many entries)
 
 
-def launch(kernel, grid, block, args, types_key=None, dynamic_shared_bytes=0):
-    """``kernel[grid, block, 0, dynamic_shared_bytes](*args)``, with less Python around it
-    on the GPU.
+def launch(kernel, grid, block, args, types_key=None, dynamic_shared_bytes=0,
+           stream=DEFAULT):
+    """``kernel[grid, block, stream, dynamic_shared_bytes](*args)``, with less Python
+    around it on the GPU; ``stream`` is the call's streams.CallStream.
 
     ``types_key``, when given, stands for the argument types: the caller promises that
     equal keys mean equal types (the same dtypes and numbers of dimensions, every array a
@@ -71,10 +73,10 @@ def launch(kernel, grid, block, args, types_key=None, dynamic_shared_bytes=0):
         key = (kernel, types_key, grid, block, dynamic_shared_bytes)
         direct = _DIRECT.get(key)
         if direct is not None:
-            direct(args)
+            direct(args, stream)
             return
     smem.allow_dynamic_shared_memory(kernel, args, dynamic_shared_bytes)
-    kernel[grid, block, 0, dynamic_shared_bytes](*args)
+    kernel[grid, block, stream.numba, dynamic_shared_bytes](*args)
     if direct_ok:
         if len(_DIRECT) >= _DIRECT_MAX:
             _DIRECT.clear()
@@ -106,7 +108,8 @@ def device_id():
 
 
 class _DirectLaunch:
-    """One compiled kernel with one launch configuration, launched by ``cuda.core``:
+    """One compiled kernel with one launch configuration (but the stream, which is the
+    call's), launched by ``cuda.core``:
     Numba's launch steps 1 to 3 (module docstring) done once, at construction, right
     after a launch through Numba's dispatcher; steps 4 and 5 per call. ``functions`` holds the
     kernel as loaded on each device it has run on (a kernel is loaded per device, and
@@ -126,10 +129,10 @@ class _DirectLaunch:
                                         shmem_size=c.sharedmem)
         self.functions = {device_id(): self.compiled.library.get_cufunc().kernel}
 
-    def __call__(self, args):
+    def __call__(self, args, stream):
         c = self.numba_config
         if self.makers is None:
-            self.compiled.launch(args, c.griddim, c.blockdim, c.stream, c.sharedmem)
+            self.compiled.launch(args, c.griddim, c.blockdim, stream.numba, c.sharedmem)
             return
         device = device_id()
         function = self.functions.get(device)
@@ -139,36 +142,39 @@ class _DirectLaunch:
         words = []
         for make, a in zip(self.makers, args):
             words.extend(make(a))
-        self.core_launch(c.stream, self.core_config, function, *words)
+        self.core_launch(stream.core or c.stream, self.core_config, function, *words)
 
 
 # --- plans to launches ---------------------------------------------------------------
 
 
-def launch_forward(plan, p, Q, K, V, O, L, slopes=None, attn_mask=None):
+def launch_forward(plan, p, Q, K, V, O, L, slopes=None, attn_mask=None, stream=DEFAULT):
     """Launch the planned forward kernel on device arrays: Q, O (B*Hq, Sq, d), K, V
     (B*Hkv, Sk, d), L (B*Hq, Sq); ``slopes`` and ``attn_mask`` as the Problem's, on the
-    device (or None)."""
+    device (or None); on ``stream`` (a streams.CallStream)."""
     log.info("%s", plan)
     version = forward_kernels.module(plan.version)
     scale = np.dtype(p.acc_dtype).type(p.softmax_scale)   # keep the kernel's arithmetic in acc dtype
     args = (Q, K, V, O, L, scale, np.int64(p.causal_offset))
     if version.VARIANTS:
-        tiles = tile_table(p, plan.Br, plan.Bc, attn_mask) if version.TILE_TABLE else None
+        tiles = (tile_table(p, plan.Br, plan.Bc, attn_mask, stream) if version.TILE_TABLE
+                 else None)
         args += variant_arguments(p, slopes, attn_mask, tiles)
     # The argument types follow from the input dtype, unless the caller passed arrays of
     # their own (slopes, attn_mask: any dtype and layout); then Numba's dispatcher types them.
     types_key = (p.dtype, p.acc_dtype) if slopes is None and attn_mask is None else None
     launch(version.kernel(plan, p), plan.grid, plan.block, args, types_key,
-           plan.shared_bytes if plan.dynamic_shared else 0)
+           plan.shared_bytes if plan.dynamic_shared else 0, stream)
 
 
-def launch_backward(plans, p, Q, K, V, O, dO, L, D, dQ, dK, dV, slopes=None, attn_mask=None):
+def launch_backward(plans, p, Q, K, V, O, dO, L, D, dQ, dK, dV, slopes=None, attn_mask=None,
+                    stream=DEFAULT):
     """Launch the planned backward kernels, in order, on device arrays.
 
     Q, O, dO, dQ are (B*Hq, Sq, d); K, V, dK, dV are (B*Hkv, Sk, d); L and D are (B*Hq, Sq)
     in the accumulator dtype (D is scratch, written by the first kernel). For v2, dQ must
-    be zero-filled (its kernel adds into it). ``slopes``, ``attn_mask``: as for the forward.
+    be zero-filled (its kernel adds into it). ``slopes``, ``attn_mask``, ``stream``: as
+    for the forward.
     """
     scale = np.dtype(p.acc_dtype).type(p.softmax_scale)   # keep the kernel's arithmetic in acc dtype
     offset = np.int64(p.causal_offset)
@@ -176,7 +182,7 @@ def launch_backward(plans, p, Q, K, V, O, dO, L, D, dQ, dK, dV, slopes=None, att
     extra = ()
     if version.VARIANTS:
         tiled = plans[-1]
-        tiles = (tile_table(p, tiled.Br, tiled.Bc, attn_mask) if version.TILE_TABLE
+        tiles = (tile_table(p, tiled.Br, tiled.Bc, attn_mask, stream) if version.TILE_TABLE
                  else None)
         extra = variant_arguments(p, slopes, attn_mask, tiles)
     # As in launch_forward: the argument types follow from the dtypes unless the caller
@@ -197,12 +203,13 @@ def launch_backward(plans, p, Q, K, V, O, dO, L, D, dQ, dK, dV, slopes=None, att
                 args = (Q, K, V, dO, L, D, dQ, scale, offset)
             args += extra                                   # the kernels that take variants
         launch(kernel, plan.grid, plan.block, args, types_key,
-               plan.shared_bytes if plan.dynamic_shared else 0)
+               plan.shared_bytes if plan.dynamic_shared else 0, stream)
 
 
-def tile_table(p, Br, Bc, attn_mask):
+def tile_table(p, Br, Bc, attn_mask, stream=DEFAULT):
     """The table of visible (Br x Bc) tiles, (B*Hq, Tr, Tc) bool on the device, for a
-    Problem whose variant needs one (variants.make_tile_table), else None."""
+    Problem whose variant needs one (variants.make_tile_table), else None; made on
+    ``stream``."""
     if not p.variant.tile_table:
         return None
     Tr, Tc = math.ceil(p.Sq / Br), math.ceil(p.Sk / Bc)
@@ -214,8 +221,9 @@ def tile_table(p, Br, Bc, attn_mask):
     log.info("tile table: tile_table for (%d, %d) tiles, grid %s, block %s", Br, Bc, grid, block)
     if attn_mask is None:
         attn_mask = _placeholders(p.acc_dtype, _context_key())[1]
-    kernel[grid, block](tiles, np.int64(p.Sq), np.int64(p.Sk), np.int64(p.causal_offset),
-                        np.int64(p.window_lo), np.int64(p.Hq), attn_mask)
+    kernel[grid, block, stream.numba](tiles, np.int64(p.Sq), np.int64(p.Sk),
+                                      np.int64(p.causal_offset), np.int64(p.window_lo),
+                                      np.int64(p.Hq), attn_mask)
     return tiles
 
 

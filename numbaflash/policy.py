@@ -23,6 +23,7 @@ from .kernels import backward, forward, simulating
 from .kernels.backward.nonfinite import nonfinite_check
 from .kernels.plan import Plans, device_dynamic_shared_limit, needs_variants
 from .launcher import launch
+from .streams import DEFAULT
 
 log = logging.getLogger("numbaflash")
 
@@ -153,11 +154,12 @@ def plan_backward(p, version=None, tiles=None, where=None):
     return backward.module(version).plan(p, where, tiles, reason, preprocess)
 
 
-def finite_inputs_plans(plans, p, asked, Q, K, V, O, dO, L):
+def finite_inputs_plans(plans, p, asked, Q, K, V, O, dO, L, stream=DEFAULT):
     """``plans``, or v4's if they are v5's or v6's and an input holds NaN or inf (the
     tensor-core backward needs finite inputs). One check kernel over the six arrays and a
-    4-byte copy back (a device synchronisation). ``asked``: the caller named the version,
-    which then raises ValueError instead of running v4."""
+    4-byte copy back, on ``stream`` (a streams.CallStream), which is then waited for.
+    ``asked``: the caller named the version, which then raises ValueError instead of
+    running v4."""
     version = plans[-1].version
     if version not in ("v5", "v6"):
         return plans
@@ -166,8 +168,11 @@ def finite_inputs_plans(plans, p, asked, Q, K, V, O, dO, L):
     threads = 256
     launch(nonfinite_check, (min(math.ceil(n / threads), 4096),), (threads,),
            tuple(arrays.flat_view(a) for a in (Q, K, V, O, dO, L)) + (flag,),
-           (p.dtype, p.acc_dtype))
-    if flag.copy_to_host()[0] == 0:
+           (p.dtype, p.acc_dtype), stream=stream)
+    found = flag.copy_to_host(stream=stream.numba)
+    if stream.numba != 0:
+        stream.synchronize()
+    if found[0] == 0:
         return plans
     why = (f"the inputs hold NaN or inf (q, k, v, out, dout or lse), and backward "
            f"{version}'s tensor cores would carry them to keys that do not see them")

@@ -65,4 +65,4 @@ def test_only_small_outputs_are_cached():
         del a
         gc.collect()
     pool = arrays._pool(cuda.current_context())
-    assert pool.free.get(4 * small) and 4 * big not in pool.free
+    assert pool.free.get((0, 4 * small)) and (0, 4 * big) not in pool.free   # (stream, bytes)

@@ -1,0 +1,124 @@
+"""Which CUDA stream a call's kernels run on.
+
+A kernel launched on another stream than the one its inputs were produced on, or the
+one its outputs are consumed on, races with that work: inside PyTorch's
+``with torch.cuda.stream(s):`` the tensors are written on ``s``, and a result computed
+on the legacy default stream may be read on ``s`` before it is written (PyTorch's
+streams do not wait for the legacy default stream). So every launch, copy and
+allocation of a call goes on one stream, chosen in this order:
+
+1. ``stream=`` given by the caller: a Numba stream (``numba.cuda.stream()``,
+   ``cuda.external_stream(ptr)``, ...), a PyTorch stream (its ``cuda_stream``), a CuPy
+   stream (its ``ptr``), or a raw ``CUstream`` handle as an int (0: the default stream).
+2. Otherwise the stream device inputs name in their ``__cuda_array_interface__``
+   (version 3's ``"stream"``: the stream the data is ready on). PyTorch CUDA tensors name
+   PyTorch's current stream, CuPy arrays CuPy's, so the call runs on the caller's current
+   stream without importing either library.
+3. Otherwise (NumPy inputs, Numba device arrays without a stream) the default stream,
+   as Numba launches.
+
+An input whose interface names another stream than the call's is waited for (Numba's
+``as_cuda_array`` synchronises that stream) before anything is launched; one on the
+call's stream is not (the stream orders it). The simulator runs every launch at once, so
+there any stream is the same; the ``stream=`` argument is still checked.
+"""
+
+from dataclasses import dataclass
+
+from numba import cuda
+
+from .kernels import simulating
+
+# CUDA Array Interface stream values with a fixed meaning (version 3)
+LEGACY_DEFAULT = 1
+PER_THREAD_DEFAULT = 2
+
+
+@dataclass(frozen=True)
+class CallStream:
+    """The stream of one call: ``numba`` for Numba's launches and copies (0 for the
+    default stream), ``core`` for cuda.core's launch (None on the simulator), ``handle``
+    the CUstream value inputs are compared with (0 for the default stream)."""
+    numba: object
+    core: object
+    handle: int
+
+    def synchronize(self):
+        """Wait until everything queued on the stream so far has run."""
+        if self.numba == 0:
+            cuda.synchronize()
+        else:
+            self.numba.synchronize()
+
+
+DEFAULT = CallStream(0, None, 0)
+
+
+def handle_of(stream):
+    """The CUstream handle (int; 0 for the legacy default stream) of a caller's
+    ``stream=`` argument; TypeError if it is not one of the kinds the module docstring
+    lists, ValueError for a negative handle."""
+    if simulating() and isinstance(stream, cuda.stream):
+        return 0                                # the simulator's streams are all one
+    if isinstance(stream, bool):
+        value = None
+    elif isinstance(stream, int):
+        value = stream
+    elif isinstance(getattr(stream, "cuda_stream", None), int):     # PyTorch
+        value = stream.cuda_stream
+    elif isinstance(getattr(stream, "ptr", None), int):             # CuPy
+        value = stream.ptr
+    elif not simulating() and isinstance(stream, cuda.cudadrv.driver.Stream):   # Numba
+        value = int(stream)
+    else:
+        value = None
+    if value is None:
+        raise TypeError(f"stream must be a Numba, PyTorch or CuPy CUDA stream or a "
+                        f"CUstream handle (int), not {stream!r}")
+    if value < 0:
+        raise ValueError(f"stream handle must be >= 0, got {value}")
+    return 0 if value == LEGACY_DEFAULT else value
+
+
+def interface_stream(x):
+    """The stream handle a device input's CUDA Array Interface names (0 for the legacy
+    default stream), or None if it names none (or x has no interface)."""
+    interface = getattr(x, "__cuda_array_interface__", None)
+    if not isinstance(interface, dict):
+        return None
+    value = interface.get("stream")
+    if value is None:
+        return None
+    return 0 if value == LEGACY_DEFAULT else int(value)
+
+
+def call_stream(inputs, stream=None):
+    """The ``CallStream`` of a call with these inputs and ``stream=`` argument (module
+    docstring). On the simulator: the stream argument is checked, DEFAULT returned."""
+    if stream is not None:
+        handle = handle_of(stream)
+        if simulating():
+            return DEFAULT
+        return _call_stream(_from_handle(handle), handle)
+    if simulating():
+        return DEFAULT
+    for x in inputs:
+        handle = interface_stream(x)
+        if handle is not None:
+            return _call_stream(_from_handle(handle), handle)
+    return DEFAULT
+
+
+def _from_handle(handle):
+    if handle == 0:
+        return 0
+    if handle == PER_THREAD_DEFAULT:
+        return cuda.per_thread_default_stream()
+    return cuda.external_stream(handle)
+
+
+def _call_stream(numba_stream, handle):
+    from numba.cuda.cudadrv.driver import _to_core_stream
+    if numba_stream == 0:
+        return DEFAULT
+    return CallStream(numba_stream, _to_core_stream(numba_stream), handle)

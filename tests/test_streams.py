@@ -1,0 +1,117 @@
+"""Which stream a call runs on (numbaflash/streams.py).
+
+Everywhere: the ``stream=`` argument is checked before anything is launched (TypeError
+for what is not a stream, ValueError for a negative handle), and the result does not
+depend on it. On a GPU: kernels, copies and the backward's finite-input check run on the
+stream given or on the one the inputs name (PyTorch's current stream), so the
+side-stream scenario of scripts/stream_race.py gives the right result on every trial;
+output buffers are cached per stream.
+"""
+
+import gc
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+from numba import cuda
+
+import numbaflash
+from numbaflash import arrays, streams
+from numbaflash.kernels import simulating
+
+GPU = not simulating() and cuda.is_available()
+
+
+def inputs(seed=0, shape=(2, 2, 24, 8)):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(shape).astype(np.float32) for _ in range(4)]
+
+
+@pytest.mark.parametrize("bad,error", [("0", TypeError), (1.5, TypeError), (True, TypeError),
+                                       (object(), TypeError), (-1, ValueError)])
+def test_a_bad_stream_is_refused_before_any_launch(bad, error, monkeypatch):
+    q, k, v, dout = inputs()
+    monkeypatch.setattr(numbaflash.api, "launch_forward", None)      # a launch would fail
+    monkeypatch.setattr(numbaflash.api, "launch_backward", None)
+    with pytest.raises(error, match="stream"):
+        numbaflash.attention(q, k, v, stream=bad)
+    out, lse = np.zeros_like(q), np.zeros(q.shape[:-1], np.float32)
+    with pytest.raises(error, match="stream"):
+        numbaflash.attention_backward(dout, q, k, v, out, lse, stream=bad)
+
+
+def test_the_result_does_not_depend_on_the_stream():
+    q, k, v, dout = inputs(1)
+    out, lse = numbaflash.attention(q, k, v, causal=True, return_lse=True)
+    grads = numbaflash.attention_backward(dout, q, k, v, out, lse, causal=True)
+    for stream in (0, cuda.stream()):
+        o, l = numbaflash.attention(q, k, v, causal=True, return_lse=True, stream=stream)
+        g = numbaflash.attention_backward(dout, q, k, v, o, l, causal=True, stream=stream)
+        for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), (out, lse, *grads),
+                              (o, l, *g)):
+            np.testing.assert_array_equal(a, b, err_msg=name)
+
+
+class _Named:
+    """An object that names a stream as PyTorch's (cuda_stream) or CuPy's (ptr) do."""
+
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+def test_stream_handles_of_each_kind():
+    assert streams.handle_of(0) == 0
+    assert streams.handle_of(streams.LEGACY_DEFAULT) == 0
+    assert streams.handle_of(1234) == 1234
+    assert streams.handle_of(_Named(cuda_stream=77)) == 77
+    assert streams.handle_of(_Named(ptr=88)) == 88
+    with pytest.raises(TypeError, match="stream must be"):
+        streams.handle_of(_Named(ptr="88"))
+
+
+def test_interface_stream_reads_the_array_interface():
+    assert streams.interface_stream(np.zeros(3)) is None
+    assert streams.interface_stream(_Named(__cuda_array_interface__={"stream": None})) is None
+    assert streams.interface_stream(_Named(__cuda_array_interface__={"stream": 1})) == 0
+    assert streams.interface_stream(_Named(__cuda_array_interface__={"stream": 5})) == 5
+
+
+# --- on a GPU ---------------------------------------------------------------------------
+
+gpu_only = pytest.mark.skipif(not GPU, reason="streams exist on a GPU only")
+
+
+@gpu_only
+def test_a_numba_stream_orders_copies_kernels_and_results():
+    q, k, v, dout = inputs(2, (4, 8, 512, 64))
+    want = numbaflash.attention(q, k, v, causal=True)
+    s = cuda.stream()
+    Q, K, V = (cuda.to_device(x, stream=s) for x in (q, k, v))     # asynchronous copies
+    out = numbaflash.attention(Q, K, V, causal=True, stream=s)
+    got = out.copy_to_host(stream=s)
+    s.synchronize()
+    np.testing.assert_array_equal(got, want)
+
+
+@gpu_only
+def test_output_buffers_are_cached_per_stream():
+    s = streams.call_stream((), cuda.stream())
+    a = arrays.device_empty((4, 16), np.float32, s)
+    pointer = a.gpu_data.device_pointer_value
+    del a
+    gc.collect()
+    b = arrays.device_empty((4, 16), np.float32)                  # the default stream
+    assert b.gpu_data.device_pointer_value != pointer
+    c = arrays.device_empty((4, 16), np.float32, s)               # s: its freed buffer
+    assert c.gpu_data.device_pointer_value == pointer
+
+
+@gpu_only
+def test_pytorch_side_stream_gives_the_right_result_every_time():
+    pytest.importorskip("torch")
+    path = Path(__file__).resolve().parent.parent / "scripts" / "stream_race.py"
+    spec = importlib.util.spec_from_file_location("stream_race", path)
+    stream_race = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stream_race)
+    assert stream_race.main(["--trials", "10", "--shape", "2", "8", "1024", "64"]) == 0
