@@ -4,7 +4,7 @@
 import numpy as np
 
 from . import arrays
-from .streams import call_stream
+from .streams import call_stream, wait_for
 from .launcher import launch_backward, launch_forward
 from .policy import backend, finite_inputs_plans, plan_backward, plan_forward
 from .validate import (backward_memory, check_attention_inputs, check_backward_inputs,
@@ -27,11 +27,10 @@ def _variant_arrays(p, stream):
             out.append(None)
         elif not arrays.is_device_array(x):
             out.append(arrays.cuda.to_device(np.ascontiguousarray(x), stream=stream.numba))
-        elif hasattr(x, "copy_to_host"):
-            out.append(x)
         else:
-            out.append(arrays.cuda.as_cuda_array(x, sync=arrays.interface_stream(x) not in (
-                None, stream.handle)))
+            wait_for(x, stream)
+            out.append(x if hasattr(x, "copy_to_host") else arrays.cuda.as_cuda_array(
+                x, sync=False))
     return out
 
 

@@ -13,7 +13,7 @@ import numpy as np
 from numba import cuda
 
 from .kernels import simulating
-from .streams import DEFAULT, interface_stream
+from .streams import DEFAULT, wait_for
 
 if not simulating():
     from numba.cuda.cudadrv.devicearray import DeviceNDArray
@@ -41,13 +41,14 @@ def as_kernel_array(x, shape3, name, stream=DEFAULT):
 
     Host arrays are copied to the device on ``stream`` (through np.ascontiguousarray if
     they are not C-contiguous); device arrays must already be C-contiguous (copying them
-    silently would hide a cost), else ValueError. A device array whose CUDA Array
-    Interface names another stream than ``stream`` is waited for (streams.py).
+    silently would hide a cost), else ValueError. A device array produced on another
+    stream than ``stream`` is waited for (streams.wait_for).
     """
     if not is_device_array(x):
         return cuda.to_device(np.ascontiguousarray(x).reshape(shape3), stream=stream.numba)
+    wait_for(x, stream)
     if not hasattr(x, "copy_to_host"):      # CuPy, PyTorch, ...: wrap without a copy
-        x = cuda.as_cuda_array(x, sync=interface_stream(x) not in (None, stream.handle))
+        x = cuda.as_cuda_array(x, sync=False)
     if not x.is_c_contiguous():
         raise ValueError(f"{name} is a non-contiguous device array; numbaflash needs "
                          f"C-contiguous device inputs (make a contiguous copy first)")

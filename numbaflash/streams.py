@@ -10,18 +10,22 @@ allocation of a call goes on one stream, chosen in this order:
 1. ``stream=`` given by the caller: a Numba stream (``numba.cuda.stream()``,
    ``cuda.external_stream(ptr)``, ...), a PyTorch stream (its ``cuda_stream``), a CuPy
    stream (its ``ptr``), or a raw ``CUstream`` handle as an int (0: the default stream).
-2. Otherwise the stream device inputs name in their ``__cuda_array_interface__``
-   (version 3's ``"stream"``: the stream the data is ready on). PyTorch CUDA tensors name
-   PyTorch's current stream, CuPy arrays CuPy's, so the call runs on the caller's current
-   stream without importing either library.
+2. Otherwise the stream the first device input was produced on (``producer_stream``):
+   the stream its ``__cuda_array_interface__`` names (version 3's ``"stream"``, as CuPy
+   exports it: CuPy's current stream), or, for a PyTorch CUDA tensor, PyTorch's current
+   stream on its device (PyTorch exports version 2 of the interface, without a stream:
+   lab/runs/2026-12-03/73_stream_race_after.txt is what reading only the interface
+   gave). PyTorch is asked only if the caller has imported it.
 3. Otherwise (NumPy inputs, Numba device arrays without a stream) the default stream,
    as Numba launches.
 
-An input whose interface names another stream than the call's is waited for (Numba's
-``as_cuda_array`` synchronises that stream) before anything is launched; one on the
-call's stream is not (the stream orders it). The simulator runs every launch at once, so
-there any stream is the same; the ``stream=`` argument is still checked.
+An input produced on another stream than the call's is waited for (that stream is
+synchronised) before anything is launched; one on the call's stream is not (the stream
+orders it). The simulator runs every launch at once, so there any stream is the same;
+the ``stream=`` argument is still checked.
 """
+
+import sys
 
 from dataclasses import dataclass
 
@@ -92,6 +96,31 @@ def interface_stream(x):
     return 0 if value == LEGACY_DEFAULT else int(value)
 
 
+def producer_stream(x):
+    """The stream handle device input ``x`` was produced on, as far as can be told: its
+    interface's stream, else PyTorch's current stream for a PyTorch CUDA tensor, else
+    None (no stream named: the data is ready)."""
+    handle = interface_stream(x)
+    if handle is not None:
+        return handle
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor) and x.is_cuda:
+        return handle_of(torch.cuda.current_stream(x.device))
+    return None
+
+
+def wait_for(x, call):
+    """Make sure device input ``x`` is ready for work on ``call`` (a CallStream): if it
+    was produced on another stream, wait for that stream (a host synchronisation)."""
+    handle = producer_stream(x)
+    if handle is None or handle == call.handle or simulating():
+        return
+    if handle == 0:
+        cuda.synchronize()
+    else:
+        cuda.external_stream(handle).synchronize()
+
+
 def call_stream(inputs, stream=None):
     """The ``CallStream`` of a call with these inputs and ``stream=`` argument (module
     docstring). On the simulator: the stream argument is checked, DEFAULT returned."""
@@ -103,7 +132,7 @@ def call_stream(inputs, stream=None):
     if simulating():
         return DEFAULT
     for x in inputs:
-        handle = interface_stream(x)
+        handle = producer_stream(x)
         if handle is not None:
             return _call_stream(_from_handle(handle), handle)
     return DEFAULT

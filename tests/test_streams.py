@@ -10,6 +10,7 @@ output buffers are cached per stream.
 
 import gc
 import importlib.util
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -68,6 +69,29 @@ def test_stream_handles_of_each_kind():
     assert streams.handle_of(_Named(ptr=88)) == 88
     with pytest.raises(TypeError, match="stream must be"):
         streams.handle_of(_Named(ptr="88"))
+
+
+def test_a_pytorch_cuda_tensor_names_pytorch_s_current_stream(monkeypatch):
+    """PyTorch exports the CUDA Array Interface without a stream; the stream it writes a
+    tensor on is its current stream, which producer_stream asks for when the caller has
+    imported PyTorch (a stand-in module here: the test needs neither PyTorch nor a GPU)."""
+    class Tensor:
+        is_cuda = True
+        device = "cuda:0"
+        __cuda_array_interface__ = {"shape": (1,), "typestr": "<f4", "data": (0, False),
+                                    "version": 2}
+
+    asked = []
+
+    def current_stream(device):
+        asked.append(device)
+        return _Named(cuda_stream=4242)
+
+    fake = _Named(Tensor=Tensor, cuda=_Named(current_stream=current_stream))
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    assert streams.producer_stream(Tensor()) == 4242 and asked == ["cuda:0"]
+    assert streams.producer_stream(_Named(__cuda_array_interface__={"stream": 9})) == 9
+    assert streams.producer_stream(np.zeros(2)) is None
 
 
 def test_interface_stream_reads_the_array_interface():
