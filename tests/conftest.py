@@ -104,7 +104,7 @@ def nan_prefilled_outputs():
 
     import numbaflash.arrays
 
-    def nan_filled(shape, dtype):
+    def nan_filled(shape, dtype, stream=None):
         return cuda.to_device(np.full(shape, np.nan, dtype=dtype))
 
     with pytest.MonkeyPatch.context() as mp:
