@@ -251,9 +251,11 @@ def _lane_waits_at_syncthreads_kernel(X, Out):
 
 
 @pytest.mark.skipif(not simulating(), reason="the simulator's rendezvous (kernels/simulated.py)")
-@pytest.mark.parametrize("kernel,lane", [(_lane_returns_early_kernel, 5),
-                                         (_lane_waits_at_syncthreads_kernel, 7)])
-def test_a_collective_that_part_of_the_warp_skips_fails_clearly(kernel, lane):
+@pytest.mark.parametrize("kernel,lane,where", [(_lane_returns_early_kernel, 5, "finished"),
+                                               (_lane_waits_at_syncthreads_kernel, 7,
+                                                "at syncthreads")])
+def test_a_collective_that_part_of_the_warp_skips_fails_clearly(kernel, lane, where):
     X = np.arange(32, dtype=np.float32)
-    with pytest.raises(RuntimeError, match=rf"lanes \[{lane}\] of warp 0 .* never reach it"):
+    with pytest.raises(RuntimeError, match=rf"lanes \['{lane} \({where}\)'\] of warp 0 never "
+                                           r"reach it"):
         kernel[1, 32](cuda.to_device(X), cuda.to_device(np.zeros(32, np.float32)))

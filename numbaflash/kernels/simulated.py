@@ -42,6 +42,7 @@ import numpy as np
 
 WARP = 32
 _POLL_S = 0.5           # how often a waiting lane looks for an abort or a stuck warp
+_STUCK_POLLS = 6        # polls in a row that must find the same lanes stuck (3 s)
 
 
 class _Warp:
@@ -92,8 +93,10 @@ def _stuck_lanes(thread, warp):
         other = lanes.get(first + lane)
         if other is None or warp.arrived[lane] or other.exception is not None:
             continue        # a lane that raised: the launch reports that, and aborts
-        if getattr(other, "_numbaflash_finished", False) or other.syncthreads_blocked:
-            stuck.append(lane)
+        if getattr(other, "_numbaflash_finished", False):
+            stuck.append(f"{lane} (finished)")
+        elif other.syncthreads_blocked:
+            stuck.append(f"{lane} (at syncthreads)")
     return stuck
 
 
@@ -123,6 +126,7 @@ def exchange(value, combine):
         sleeper = _sleeper(thread)
         sleeper.acquire()                   # held until the last lane releases it
         warp.sleepers.append(sleeper)
+    seen = []                               # the stuck lanes of the polls so far
     while not sleeper.acquire(timeout=_POLL_S):
         with warp.lock:
             if warp.generation != generation:
@@ -130,11 +134,12 @@ def exchange(value, combine):
             if getattr(thread, "abort", False):
                 raise RuntimeError("abort flag set while waiting for the warp")
             stuck = _stuck_lanes(thread, warp)
-            if stuck:
+            seen = seen + [stuck] if stuck and (not seen or seen[-1] == stuck) else []
+            if len(seen) >= _STUCK_POLLS:
                 raise RuntimeError(
                     f"warp collective: lanes {stuck} of warp {thread.thread_id // WARP} "
-                    "finished or wait at syncthreads, so they never reach it; every lane "
-                    "of a warp must take part")
+                    f"never reach it (lane {lane} waited {len(seen) * _POLL_S:.1f} s "
+                    f"at collective {generation}); every lane of a warp must take part")
     sleeper.release()                       # ready for the next collective
     return warp.results[parity][lane]
 
