@@ -4,7 +4,7 @@
 import numpy as np
 
 from . import arrays
-from .streams import call_stream, wait_for
+from .streams import DEFAULT, call_stream, wait_for
 from .launcher import launch_backward, launch_forward
 from .policy import backend, finite_inputs_plans, plan_backward, plan_forward
 from .validate import (backward_memory, check_attention_inputs, check_backward_inputs,
@@ -18,7 +18,7 @@ def _variants(window_size, alibi_slopes, softcap, attn_mask, score_mod, score_mo
                 mask_mod=mask_mod)
 
 
-def _variant_arrays(p, stream):
+def _variant_arrays(p, stream=DEFAULT):
     """The Problem's ALiBi slopes and attn_mask as kernel (device) arrays, or None, ready
     for work on ``stream`` (a streams.CallStream)."""
     out = []
