@@ -17,6 +17,8 @@ mixed up warps, lanes or fragment positions fails. What is checked:
   and a barrier): the elements they name, bit for bit.
 """
 
+import time
+
 import numpy as np
 import pytest
 from numba import cuda
@@ -253,9 +255,48 @@ def _lane_waits_at_syncthreads_kernel(X, Out):
 @pytest.mark.skipif(not simulating(), reason="the simulator's rendezvous (kernels/simulated.py)")
 @pytest.mark.parametrize("kernel,lane,where", [(_lane_returns_early_kernel, 5, "finished"),
                                                (_lane_waits_at_syncthreads_kernel, 7,
-                                                "at syncthreads")])
+                                                r"at syncthreads, test_simulated_ptx\.py:\d+")])
 def test_a_collective_that_part_of_the_warp_skips_fails_clearly(kernel, lane, where):
     X = np.arange(32, dtype=np.float32)
     with pytest.raises(RuntimeError, match=rf"lanes \['{lane} \({where}\)'\] of warp 0 never "
-                                           r"reach it"):
+                                           r"reach it \(lane \d+ waited [\d.]+ s at collective "
+                                           r"0, test_simulated_ptx\.py:\d+\)"):
         kernel[1, 32](cuda.to_device(X), cuda.to_device(np.zeros(32, np.float32)))
+
+
+@cuda.jit
+def _barrier_then_shuffle_kernel(X, Out):
+    i = cuda.threadIdx.x
+    cuda.syncthreads()
+    Out[i] = cuda.shfl_xor_sync(FULL, X[i], 1)
+
+
+class _SlowWakeUps(list):
+    """A barrier's waiting threads, woken 20 ms apart: what a loaded CPU does to the
+    thread that opens a barrier (it waits for the interpreter between two wake-ups)."""
+
+    def __iter__(self):
+        for t in list.__iter__(self):
+            yield t
+            time.sleep(0.02)
+
+
+@pytest.mark.skipif(not simulating(), reason="the simulator's rendezvous (kernels/simulated.py)")
+def test_lanes_a_barrier_has_yet_to_wake_are_not_called_stuck(monkeypatch):
+    """Lanes woken first from a barrier reach the next collective while the opener has
+    yet to wake their warp-mates; those are on their way, not stuck (this raised
+    "never reach it" under a loaded CPU, before the check read the lanes under the
+    block's lock)."""
+    from numbaflash.kernels import simulated
+    open_barrier = simulated._open_barrier
+
+    def slow_open_barrier(block):
+        block.waiting = _SlowWakeUps(block.waiting)
+        open_barrier(block)
+
+    monkeypatch.setattr(simulated, "_open_barrier", slow_open_barrier)
+    monkeypatch.setattr(simulated, "_POLL_S", 0.005)   # poll often while the wake-ups run
+    X = np.arange(64, dtype=np.float32)
+    out = cuda.to_device(np.zeros(64, np.float32))
+    _barrier_then_shuffle_kernel[1, 64](cuda.to_device(X), out)
+    np.testing.assert_array_equal(to_host(out), X[np.arange(64) ^ 1])

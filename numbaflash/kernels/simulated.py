@@ -36,13 +36,13 @@ instructions.
 import contextlib
 import sys
 import threading
+import time
 import weakref
 
 import numpy as np
 
 WARP = 32
 _POLL_S = 0.5           # how often a waiting lane looks for an abort or a stuck warp
-_STUCK_POLLS = 6        # polls in a row that must find the same lanes stuck (3 s)
 
 
 class _Warp:
@@ -82,22 +82,42 @@ def _here():
 
 
 def _stuck_lanes(thread, warp):
-    """The lanes of ``thread``'s warp that can never arrive: finished, or waiting at
-    ``syncthreads`` (on a GPU, a collective with a full mask that some lanes skip is
-    undefined; here it would wait for ever). ``install`` has each simulated thread enter
-    itself in its block's table of lanes and mark when it finishes."""
-    lanes = thread._manager._numbaflash_block.lanes
+    """The lanes of ``thread``'s warp that can never arrive, as (lane, state, thread):
+    finished, or waiting at ``syncthreads`` (on a GPU, a collective with a full mask that
+    some lanes skip is undefined; here it would wait for ever). ``install`` has each
+    simulated thread enter itself in its block's table of lanes and mark when it
+    finishes. Called holding the warp's lock; it reads the lanes holding the block's
+    lock too, under which a barrier opens: a barrier being opened wakes its threads one
+    by one, and read without that lock, a lane the opener has not reached yet would look
+    stuck to a lane it has already woken (seen under a loaded CPU, where the opener can
+    wait seconds for the interpreter between two wake-ups). With both locks the reading
+    is exact: a lane at a barrier that has not opened, or finished, while this lane
+    waits at a collective it has not reached, can never arrive."""
+    block = thread._manager._numbaflash_block
     first = thread.thread_id - thread.thread_id % WARP
     stuck = []
-    for lane in range(WARP):
-        other = lanes.get(first + lane)
-        if other is None or warp.arrived[lane] or other.exception is not None:
-            continue        # a lane that raised: the launch reports that, and aborts
-        if getattr(other, "_numbaflash_finished", False):
-            stuck.append(f"{lane} (finished)")
-        elif other.syncthreads_blocked:
-            stuck.append(f"{lane} (at syncthreads)")
+    with block.lock:
+        for lane in range(WARP):
+            other = block.lanes.get(first + lane)
+            if other is None or warp.arrived[lane] or other.exception is not None:
+                continue        # a lane that raised: the launch reports that, and aborts
+            if getattr(other, "_numbaflash_finished", False):
+                stuck.append((lane, "finished", other))
+            elif other.syncthreads_blocked:
+                stuck.append((lane, "at syncthreads", other))
     return stuck
+
+
+def _where(thread):
+    """Where ``thread`` is in kernel code: the innermost frame outside this module and
+    the simulator, as "file:line" (for the stuck-lane error)."""
+    frame = sys._current_frames().get(thread.ident)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name != __file__ and "simulator" not in name and "threading" not in name:
+            return f"{name.rsplit('/', 1)[-1]}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "?"
 
 
 def exchange(value, combine):
@@ -111,6 +131,10 @@ def exchange(value, combine):
     with warp.lock:
         generation = warp.generation
         parity = generation & 1
+        if warp.arrived[lane]:              # the simulator's own bookkeeping gone wrong
+            raise RuntimeError(
+                f"warp collective: lane {lane} of warp {thread.thread_id // WARP} arrived "
+                f"twice at collective {generation} ({_where(thread)})")
         warp.slots[parity][lane] = value
         warp.arrived[lane] = True
         warp.count += 1
@@ -126,7 +150,7 @@ def exchange(value, combine):
         sleeper = _sleeper(thread)
         sleeper.acquire()                   # held until the last lane releases it
         warp.sleepers.append(sleeper)
-    seen = []                               # the stuck lanes of the polls so far
+    started = time.monotonic()
     while not sleeper.acquire(timeout=_POLL_S):
         with warp.lock:
             if warp.generation != generation:
@@ -134,13 +158,19 @@ def exchange(value, combine):
             if getattr(thread, "abort", False):
                 raise RuntimeError("abort flag set while waiting for the warp")
             stuck = _stuck_lanes(thread, warp)
-            seen = seen + [stuck] if stuck and (not seen or seen[-1] == stuck) else []
-            if len(seen) >= _STUCK_POLLS:
+            if stuck:
+                lanes = [f"{n} ({state})" if state == "finished" else
+                         f"{n} ({state}, {_where(other)})" for n, state, other in stuck]
                 raise RuntimeError(
-                    f"warp collective: lanes {stuck} of warp {thread.thread_id // WARP} "
-                    f"never reach it (lane {lane} waited {len(seen) * _POLL_S:.1f} s "
-                    f"at collective {generation}); every lane of a warp must take part")
+                    f"warp collective: lanes {lanes} of warp {thread.thread_id // WARP} "
+                    f"never reach it (lane {lane} waited {time.monotonic() - started:.1f} "
+                    f"s at collective {generation}, {_where(thread)}); every lane of a "
+                    f"warp must take part")
     sleeper.release()                       # ready for the next collective
+    if warp.generation == generation:       # woken before the collective completed
+        raise RuntimeError(
+            f"warp collective: lane {lane} of warp {thread.thread_id // WARP} was woken "
+            f"before collective {generation} completed ({_where(thread)})")
     return warp.results[parity][lane]
 
 
@@ -251,6 +281,7 @@ class _Block:
         self.waiting = []           # threads asleep at syncthreads
         self.done = threading.Event()   # every thread finished, or one raised
         self.failed = None          # the first thread that raised
+        self.barriers = 0           # how many times the barrier has opened
 
 
 def _run_block(self, grid_point, *args):
@@ -288,6 +319,7 @@ def _sleeper(thread):
 
 def _open_barrier(block):
     """Wake every thread waiting at ``syncthreads`` (holding ``block.lock``)."""
+    block.barriers += 1
     for t in block.waiting:
         t.syncthreads_blocked = False
         t._numbaflash_sleeper.release()
@@ -302,6 +334,7 @@ def _syncthreads(self):
     block = self._manager._numbaflash_block
     sleeper = _sleeper(self)
     with block.lock:
+        barrier = block.barriers
         if len(block.waiting) + 1 == block.live:
             _open_barrier(block)        # the last one in
             sleeper = None
@@ -314,6 +347,9 @@ def _syncthreads(self):
         sleeper.release()
     if self.abort:
         raise RuntimeError("abort flag set on syncthreads clear")
+    if block.barriers == barrier:       # the simulator's own bookkeeping gone wrong
+        raise RuntimeError(f"syncthreads: thread {self.thread_id} was woken before the "
+                           f"barrier opened")
 
 
 def _tracked_run(run):
