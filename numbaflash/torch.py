@@ -1,0 +1,359 @@
+"""numbaflash for PyTorch: autograd, and drop-ins for SDPA and flash-attn's ``flash_attn_func``.
+
+An optional layer: ``import numbaflash`` never imports PyTorch; ``import numbaflash.torch``
+does (``pip install numbaflash[torch]``). Three functions, all differentiable through
+``torch.autograd`` with respect to q, k and v:
+
+    attention(q, k, v, **options)        numbaflash.attention's (batch, heads, seqlen, d)
+                                         layout and keyword arguments
+    scaled_dot_product_attention(...)    torch.nn.functional.scaled_dot_product_attention's
+                                         signature and semantics (top-left is_causal, bool
+                                         and float masks, enable_gqa)
+    flash_attn_func(...)                 flash_attn.flash_attn_func's signature, its
+                                         (batch, seqlen, heads, d) layout and semantics
+                                         (bottom-right causal, window_size, softcap, ALiBi)
+
+Where the tensors live decides the path:
+
+- CUDA tensors go straight to the kernels through ``__cuda_array_interface__`` (no copy
+  for C-contiguous tensors), on PyTorch's current stream (numbaflash/streams.py), and the
+  results come back as tensors on q's device that share the kernels' output memory
+  (``torch.as_tensor``, no copy).
+- CPU tensors go through NumPy (``tensor.numpy()`` and ``torch.from_numpy``, no copies of
+  their own): on a machine without a GPU the kernels run in the CUDA simulator
+  (``NUMBA_ENABLE_CUDASIM=1``), so a tiny model trains with autograd on a laptop.
+
+The forward saves out and the logsumexp lse; the backward runs numbaflash's backward
+kernels (FlashAttention-2 Algorithm 2), which recompute the probabilities from them.
+"""
+
+import numpy as np
+
+try:
+    import torch
+except ImportError as e:            # pragma: no cover - only without PyTorch
+    raise ImportError("numbaflash.torch needs PyTorch: pip install numbaflash[torch] "
+                      "(or pip install torch)") from e
+
+from . import api
+from .validate import check_attention_inputs
+
+__all__ = ["attention", "scaled_dot_product_attention", "flash_attn_func"]
+
+# torch dtype -> what the kernels take; bfloat16 is refused by name in _check_tensors
+_DTYPES = (torch.float16, torch.float32, torch.float64)
+
+
+# --- tensors in and out --------------------------------------------------------------------
+
+def _check_tensors(**tensors):
+    """Every given tensor is a torch.Tensor on q's device; q, k and v have a dtype the
+    kernels take. Raises TypeError or ValueError before anything is launched."""
+    q = tensors["q"]
+    for name, x in tensors.items():
+        if x is None:
+            continue
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor; got {type(x).__name__} "
+                            f"(numbaflash.attention takes NumPy and other arrays)")
+        if x.device != q.device:
+            raise ValueError(f"{name} is on {x.device} but q is on {q.device}: all tensors "
+                             f"of a call must be on one device")
+    for name in ("q", "k", "v"):
+        dtype = tensors[name].dtype
+        if dtype == torch.bfloat16:
+            raise TypeError(f"{name} is bfloat16, which numbaflash does not support yet: "
+                            f"use float16, float32 or float64 (e.g. {name}.half())")
+        if dtype not in _DTYPES:
+            raise TypeError(f"{name} has dtype {dtype}: numbaflash supports float16 "
+                            f"(computed in float32), float32 and float64")
+    if not (q.dtype == tensors["k"].dtype == tensors["v"].dtype):
+        raise TypeError(f"q, k, v must have the same dtype; got {q.dtype}, "
+                        f"{tensors['k'].dtype}, {tensors['v'].dtype}")
+
+
+def _array(x):
+    """What numbaflash takes for tensor ``x``: the (detached) CUDA tensor itself, which
+    exports ``__cuda_array_interface__``, or a NumPy view of a CPU tensor."""
+    if x is None:
+        return None
+    x = x.detach()
+    return x if x.is_cuda else x.numpy()
+
+
+def _tensor(x, device):
+    """A torch tensor on ``device`` for what numbaflash returned, without a copy: a NumPy
+    array (CPU inputs) or a Numba device array (CUDA inputs; the tensor keeps it alive)."""
+    if isinstance(x, np.ndarray):
+        return torch.from_numpy(x)
+    return torch.as_tensor(x, device=device)
+
+
+def _compact(x):
+    """A C-contiguous version of an attn_mask or alibi_slopes tensor. Dimensions that
+    ``expand`` broadcast (stride 0) are cut to size 1 first: the kernels broadcast size-1
+    dimensions of a mask themselves, so an expanded mask is never materialised."""
+    if x is None or x.is_contiguous():
+        return x
+    return x[tuple(slice(0, 1) if stride == 0 and size > 1 else slice(None)
+                   for stride, size in zip(x.stride(), x.shape))].contiguous()
+
+
+# --- autograd --------------------------------------------------------------------------------
+
+class _Attention(torch.autograd.Function):
+    """out = attention(q, k, v); forward and backward by numbaflash's kernels.
+
+    ``forward(ctx, q, k, v, alibi_slopes, attn_mask, forward_options, backward_options)``
+    takes C-contiguous q, k, v and returns (out, lse), lse not differentiable. The options
+    are numbaflash.attention's and attention_backward's keyword arguments other than
+    the arrays."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, alibi_slopes, attn_mask, forward_options, backward_options):
+        out, lse = api.attention(_array(q), _array(k), _array(v), return_lse=True,
+                                 alibi_slopes=_array(alibi_slopes),
+                                 attn_mask=_array(attn_mask), **forward_options)
+        out, lse = _tensor(out, q.device), _tensor(lse, q.device)
+        ctx.mark_non_differentiable(lse)
+        ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, attn_mask)
+        ctx.backward_options = backward_options
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse, alibi_slopes, attn_mask = ctx.saved_tensors
+        dq, dk, dv = api.attention_backward(
+            _array(dout.contiguous()), _array(q), _array(k), _array(v), _array(out),
+            _array(lse), alibi_slopes=_array(alibi_slopes), attn_mask=_array(attn_mask),
+            **ctx.backward_options)
+        # No gradient for alibi_slopes or attn_mask, nor for the options.
+        return (_tensor(dq, q.device), _tensor(dk, q.device), _tensor(dv, q.device),
+                None, None, None, None)
+
+
+def attention(q, k, v, *, causal=False, scale=None, window_size=None, alibi_slopes=None,
+              softcap=None, attn_mask=None, score_mod=None, score_mod_grad=None,
+              mask_mod=None, version=None, tiles=None, backward_version=None,
+              backward_tiles=None):
+    """``numbaflash.attention`` for torch tensors, differentiable through torch.autograd.
+
+    The forward runs numbaflash.attention(..., return_lse=True) and saves out and lse;
+    the backward runs numbaflash.attention_backward. Gradients flow to q, k and v only:
+    **no gradient is computed for alibi_slopes or attn_mask** (they are treated as
+    constants; their ``.grad`` stays None).
+
+    Args:
+        q: (batch, heads, Sq, d), (heads, Sq, d) or (Sq, d) tensor, float16 (computed in
+            float32), float32 or float64; bfloat16 is not supported yet.
+        k, v: (..., Sk, d) with q's batch dim and dtype; as many heads as q or a divisor
+            of that (GQA/MQA).
+            All on one device. CUDA tensors run on the GPU on PyTorch's current stream;
+            CPU tensors run through NumPy (on the simulator without a GPU). Tensors that
+            are not C-contiguous are copied first (``.contiguous()``).
+        causal, scale, window_size, softcap, score_mod, score_mod_grad, mask_mod, version,
+            tiles: as for ``numbaflash.attention`` (version and tiles: the forward's).
+        alibi_slopes, attn_mask: tensors on q's device, as for ``numbaflash.attention``
+            (an attn_mask broadcast with ``expand`` is not materialised). No gradient.
+        backward_version, backward_tiles: ``version`` and ``tiles`` of the backward
+            (numbaflash.attention_backward).
+
+    Returns:
+        out: a tensor with q's shape, dtype and device. Rows that see no key give 0.
+
+    Raises:
+        ValueError, TypeError: as numbaflash.attention, plus tensors on different
+            devices, non-tensor inputs, bfloat16, or a score_mod without score_mod_grad
+            when a gradient is needed; raised before anything is launched.
+    """
+    _check_tensors(q=q, k=k, v=v, alibi_slopes=alibi_slopes, attn_mask=attn_mask)
+    variants = dict(window_size=window_size, softcap=softcap, score_mod=score_mod,
+                    score_mod_grad=score_mod_grad, mask_mod=mask_mod)
+    needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+    if needs_grad and score_mod is not None and score_mod_grad is None:
+        raise ValueError("the backward of a score_mod needs its derivative: pass "
+                         "score_mod_grad (a Numba device function), or call under "
+                         "torch.no_grad()")
+    if needs_grad and (backward_version is not None or backward_tiles is not None):
+        # bad backward options fail now, not after the forward (as attention_vjp does)
+        api.explain_backward(q, k, v, causal=causal, scale=scale, version=backward_version,
+                             tiles=backward_tiles, alibi_slopes=alibi_slopes,
+                             attn_mask=attn_mask, **variants)
+    elif not all(x is None or x.is_contiguous() for x in (q, k, v, alibi_slopes, attn_mask)):
+        # A copy comes next (on a GPU, a launch): validate first, so bad input raises
+        # before anything runs. (Contiguous inputs are validated by numbaflash.attention,
+        # before its first launch.)
+        check_attention_inputs(q, k, v, causal, scale, alibi_slopes=alibi_slopes,
+                               attn_mask=attn_mask, **variants)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    forward_options = dict(causal=causal, scale=scale, version=version, tiles=tiles,
+                           **variants)
+    backward_options = dict(causal=causal, scale=scale, version=backward_version,
+                            tiles=backward_tiles, **variants)
+    out, _ = _Attention.apply(q, k, v, _compact(alibi_slopes), _compact(attn_mask),
+                              forward_options, backward_options)
+    return out
+
+
+# --- PyTorch's scaled_dot_product_attention -------------------------------------------------
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                 is_causal=False, scale=None, enable_gqa=False):
+    """A drop-in for ``torch.nn.functional.scaled_dot_product_attention``, with its
+    semantics: ``softmax(query @ key^T * scale + bias) @ value``.
+
+    - ``is_causal=True`` is PyTorch's top-left aligned causal mask (query i sees keys
+      j <= i, also when Sq != Sk); numbaflash's ``causal="top_left"``.
+    - ``attn_mask``: boolean (True: the key takes part) or float (added to the scores),
+      broadcastable to (..., Sq, Sk) as in PyTorch; a mask broadcast with ``expand`` is not
+      materialised. Not together with is_causal (PyTorch raises too). No gradient flows
+      to a float attn_mask (its ``.grad`` stays None), unlike PyTorch.
+    - ``scale``: default 1/sqrt(E).
+    - ``enable_gqa=True``: key and value may have fewer heads than query (a divisor of
+      them); query head h uses key/value head h // (Hq // Hkv), as in PyTorch. Without
+      it, differing head counts raise RuntimeError, as in PyTorch, except a single
+      key/value head, which PyTorch broadcasts (and numbaflash runs as MQA).
+
+    Args:
+        query: (N, ..., Hq, L, E) tensor, float16, float32 or float64 (rank 2 to 4 as
+            given; higher ranks have their leading dims flattened into one batch dim).
+        key, value: (N, ..., Hkv, S, E) with query's leading dims and dtype; value's
+            head dim must equal E (PyTorch allows another Ev; numbaflash does not yet).
+        attn_mask, dropout_p, is_causal, scale, enable_gqa: as in PyTorch.
+
+    Returns:
+        (N, ..., Hq, L, E) tensor on query's device, query's dtype. Query rows that see
+        no key give 0 (as PyTorch's math backend does), never NaN.
+
+    Raises:
+        NotImplementedError: dropout_p != 0 (dropout is not implemented yet).
+        RuntimeError: differing head counts without enable_gqa; attn_mask with is_causal.
+        ValueError, TypeError: what numbaflash does not support (value head dim != E,
+            batch dims that only broadcast, a mask that does not broadcast, bfloat16, ...),
+            and what ``attention`` raises; all before anything is launched.
+    """
+    if dropout_p != 0.0:
+        raise NotImplementedError(
+            f"numbaflash does not implement dropout yet (dropout_p={dropout_p}); pass "
+            f"dropout_p=0.0, e.g. dropout_p=self.dropout if self.training else 0.0 and "
+            f"train without attention dropout")
+    if is_causal and attn_mask is not None:
+        raise RuntimeError("scaled_dot_product_attention: an explicit attn_mask must not be "
+                           "given with is_causal=True (PyTorch raises too)")
+    _check_tensors(q=query, k=key, v=value, attn_mask=attn_mask)
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        if x.dim() < 2:
+            raise ValueError(f"{name} must have at least 2 dims (..., seqlen, head_dim); got "
+                             f"shape {tuple(x.shape)}")
+    if not query.dim() == key.dim() == value.dim():
+        raise ValueError(f"query, key, value must have the same number of dims; got shapes "
+                         f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}")
+    if value.shape[-1] != query.shape[-1]:
+        raise ValueError(f"value's head dim {value.shape[-1]} differs from query's "
+                         f"{query.shape[-1]}: numbaflash needs Ev = E (PyTorch allows "
+                         f"another Ev)")
+    if query.dim() >= 3:
+        Hq, Hkv = query.shape[-3], key.shape[-3]
+        if Hq == 1 and Hkv > 1:
+            raise ValueError(f"query has 1 head and key/value {Hkv}: PyTorch broadcasts the "
+                             f"query head, numbaflash does not; expand query to {Hkv} heads")
+        if Hq != Hkv and not enable_gqa and Hkv != 1:
+            raise RuntimeError(
+                f"query has {Hq} heads and key/value {Hkv}: pass enable_gqa=True for "
+                f"grouped-query attention (PyTorch's scaled_dot_product_attention raises "
+                f"here too)")
+        if Hq != Hkv and Hq % Hkv:
+            raise RuntimeError(f"enable_gqa needs query's heads ({Hq}) to be a multiple of "
+                               f"key's and value's ({Hkv})")
+        if query.shape[:-3] != key.shape[:-3] or key.shape[:-3] != value.shape[:-3]:
+            raise ValueError(
+                f"query, key and value must have the same batch dims (numbaflash does not "
+                f"broadcast them); got shapes {tuple(query.shape)}, {tuple(key.shape)}, "
+                f"{tuple(value.shape)}: expand them first")
+    lead = tuple(query.shape[:-2])
+    if query.dim() > 4:
+        # (N, ..., H, L, E) -> (N * ..., H, L, E): the kernels take at most one batch dim.
+        # A mask then must not vary over the flattened dims.
+        if attn_mask is not None:
+            while attn_mask.dim() > 3 and attn_mask.shape[0] == 1:
+                attn_mask = attn_mask[0]
+            if attn_mask.dim() > 3:
+                raise ValueError(
+                    f"with {query.dim()}-dim inputs, numbaflash takes an attn_mask that "
+                    f"varies at most over (heads, L, S); got shape {tuple(attn_mask.shape)}")
+        query, key, value = (x.reshape((-1,) + tuple(x.shape[-3:]))
+                             for x in (query, key, value))
+    out = attention(query, key, value, causal="top_left" if is_causal else False,
+                    scale=scale, attn_mask=attn_mask)
+    return out.reshape(lead + tuple(out.shape[-2:]))
+
+
+# --- flash-attn's flash_attn_func -------------------------------------------------------------
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
+                    window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                    deterministic=False, return_attn_probs=False):
+    """A drop-in for flash-attn's ``flash_attn_func``: its (batch, seqlen, heads, d) layout,
+    signature and semantics.
+
+    - ``causal=True`` is bottom-right aligned (flash-attn's convention: the last query sees
+      every key; with Sq > Sk the first Sq - Sk rows see none and give 0).
+    - ``window_size=(left, right)``: query i sees keys j with
+      i + Sk - Sq - left <= j <= i + Sk - Sq + right; a negative side is unbounded;
+      with causal, right is 0.
+    - ``softcap``: 0.0 is off; c > 0 replaces each scaled score s by c * tanh(s / c).
+    - ``alibi_slopes``: (heads,) or (batch, heads); adds -slope * |i + Sk - Sq - j|.
+      No gradient flows to it.
+    - GQA/MQA: k, v with fewer heads than q (a divisor): query head h uses K/V head
+      h // (Hq // Hkv).
+    - ``deterministic`` is accepted and has no effect: numbaflash's backward is always
+      deterministic (no atomics).
+
+    **Layout cost**: the kernels take (batch, heads, seqlen, d) C-contiguous arrays, so
+    q, k, v are transposed and copied on the way in, and the output transposed and copied
+    on the way out (a C-contiguous (batch, seqlen, heads, d) tensor, as flash-attn
+    returns). These copies stay until the kernels read strided inputs.
+
+    Args:
+        q: (batch, Sq, Hq, d); k, v: (batch, Sk, Hkv, d). float16, float32 or float64
+            (flash-attn takes float16 and bfloat16; bfloat16 is not supported yet).
+        dropout_p: must be 0.0 (dropout is not implemented yet).
+        softmax_scale: default 1/sqrt(d).
+        return_attn_probs: must be False (not implemented).
+
+    Returns:
+        out: (batch, Sq, Hq, d), q's dtype and device.
+
+    Raises:
+        NotImplementedError: dropout_p != 0 or return_attn_probs=True.
+        ValueError, TypeError: inputs that are not 4-dim, and what ``attention`` raises;
+            all before anything is launched.
+    """
+    if dropout_p != 0.0:
+        raise NotImplementedError(
+            f"numbaflash does not implement dropout yet (dropout_p={dropout_p}); pass "
+            f"dropout_p=0.0")
+    if return_attn_probs:
+        raise NotImplementedError(
+            "return_attn_probs=True is not implemented: numbaflash.torch.flash_attn_func "
+            "returns out only (numbaflash.attention(..., return_lse=True) gives the "
+            "logsumexp)")
+    _check_tensors(q=q, k=k, v=v, alibi_slopes=alibi_slopes)
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.dim() != 4:
+            raise ValueError(f"flash_attn_func takes {name} as (batch, seqlen, heads, "
+                             f"head_dim); got shape {tuple(x.shape)}")
+    try:
+        left, right = window_size
+        window = (-1 if left < 0 else int(left), -1 if right < 0 else int(right))
+    except (TypeError, ValueError):
+        raise ValueError(f"window_size must be a pair of ints (left, right); got "
+                         f"{window_size!r}") from None
+    variants = dict(causal=bool(causal), scale=softmax_scale,
+                    window_size=None if window == (-1, -1) else window,
+                    softcap=None if softcap == 0.0 else softcap, alibi_slopes=alibi_slopes)
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))        # (batch, heads, seqlen, d) views
+    # Validate before the copies below (on a GPU, launches).
+    check_attention_inputs(qt, kt, vt, **variants)
+    out = attention(qt.contiguous(), kt.contiguous(), vt.contiguous(), **variants)
+    return out.transpose(1, 2).contiguous()                     # (batch, Sq, Hq, d)

@@ -1,0 +1,339 @@
+"""numbaflash.torch: autograd, the SDPA and flash-attn drop-ins, on CPU tensors.
+
+CPU tensors run through the NumPy path, so under NUMBA_ENABLE_CUDASIM=1 every test here
+runs the kernels in the simulator; shapes are tiny. What is checked:
+
+- the layer adds no arithmetic: its forward and gradients are bitwise numbaflash.attention's
+  and attention_backward's on the same arrays, and they pass TESTING.md's rule against
+  the float64 reference (tests/tolerance.py, tests/backward_checks.py);
+- torch.autograd.gradcheck in float64;
+- scaled_dot_product_attention equals PyTorch's (float64, forward and gradients): top-left
+  is_causal, bool and float masks (broadcast, expanded), GQA;
+- flash_attn_func: the (batch, seqlen, heads, d) layout and flash-attn's semantics
+  (bottom-right causal, window, softcap, ALiBi) against references built without it;
+- bad input raises before any launch;
+- a tiny model trains to the same loss curve as with PyTorch's SDPA.
+
+PyTorch is optional (pip install numbaflash[torch]): without it this module is skipped.
+"""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.nn.functional as F  # noqa: E402
+
+import numbaflash  # noqa: E402
+import numbaflash.api  # noqa: E402
+from numbaflash import reference  # noqa: E402
+from numbaflash.masks import visible  # noqa: E402
+import numbaflash.torch as nft  # noqa: E402
+
+from backward_checks import check_backward  # noqa: E402
+from tolerance import (assert_bitwise_equal, assert_close_f64,  # noqa: E402
+                       assert_matches_reference, forward_magnitudes, forward_oracle)
+
+F64 = torch.float64
+TORCH_VERSION = tuple(int(x) for x in torch.__version__.split(".")[:2])
+
+
+def randn(*shape, dtype=F64, seed=0, grad=True):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, dtype=dtype).requires_grad_(grad)
+
+
+def qkv(B=1, Hq=2, Sq=5, Sk=6, d=4, Hkv=None, dtype=F64, seed=0):
+    Hkv = Hq if Hkv is None else Hkv
+    return (randn(B, Hq, Sq, d, dtype=dtype, seed=seed),
+            randn(B, Hkv, Sk, d, dtype=dtype, seed=seed + 1),
+            randn(B, Hkv, Sk, d, dtype=dtype, seed=seed + 2))
+
+
+def grads_of(fn, inputs, dout):
+    """(out, [grad of each input]) of out = fn(*inputs) for the upstream gradient dout."""
+    inputs = [x.detach().clone().requires_grad_() for x in inputs]
+    out = fn(*inputs)
+    out.backward(dout)
+    return out.detach(), [x.grad for x in inputs]
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    """Fail the test if a kernel is launched."""
+    def launched(*args, **kwargs):
+        raise AssertionError("a kernel was launched for input that should have been refused")
+    monkeypatch.setattr(numbaflash.api, "launch_forward", launched)
+    monkeypatch.setattr(numbaflash.api, "launch_backward", launched)
+
+
+def test_numbaflash_does_not_import_torch():
+    code = "import sys, numbaflash; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+# --- attention: the layer adds no arithmetic ------------------------------------------------
+
+@pytest.mark.parametrize("dtype, options", [
+    (torch.float32, dict()),
+    (torch.float32, dict(causal=True, Hkv=1)),
+    (torch.float64, dict(causal="top_left", window_size=(2, 1))),
+    (torch.float16, dict()),
+])
+def test_attention_is_numbaflash_attention(dtype, options):
+    options = dict(options)
+    Hkv = options.pop("Hkv", None)
+    q, k, v = qkv(dtype=dtype, Hkv=Hkv)
+    dout = randn(*q.shape, dtype=dtype, seed=9, grad=False)
+    out, grads = grads_of(lambda a, b, c: nft.attention(a, b, c, **options), (q, k, v), dout)
+    assert out.dtype == dtype and out.device == q.device and out.shape == q.shape
+
+    Q, K, V, dO = (x.detach().numpy() for x in (q, k, v, dout))
+    want_out, want_lse = numbaflash.attention(Q, K, V, return_lse=True, **options)
+    want_grads = numbaflash.attention_backward(dO, Q, K, V, want_out, want_lse, **options)
+    assert_bitwise_equal("O", out.numpy(), want_out)
+    for name, got, want in zip(("dQ", "dK", "dV"), grads, want_grads):
+        assert_bitwise_equal(name, got.numpy(), want)
+
+    if dtype == torch.float16:
+        return                  # the float16 rule is the kernel suites' business
+    ref_O, _, base_O, _ = forward_oracle(Q, K, V, **options)
+    mag_O, _ = forward_magnitudes(Q, K, V, **options)
+    assert_matches_reference("O", out.numpy(), ref_O, base_O, magnitude=mag_O)
+    check_backward(dO, Q, K, V, want_out, want_lse, [g.numpy() for g in grads], **options)
+
+
+# --- gradcheck --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("Sq, Sk, options, fast", [
+    (3, 4, dict(), False),
+    (4, 3, dict(causal=True), True),          # bottom-right: row 0 sees no key
+    (3, 4, dict(softcap=1.5, window_size=(1, 0)), True),
+])
+def test_gradcheck_float64(Sq, Sk, options, fast):
+    """Full Jacobians for plain attention; gradcheck's fast mode (a random projection of
+    the Jacobian, half the simulated launches) for the variants."""
+    q, k, v = qkv(B=1, Hq=1, Sq=Sq, Sk=Sk, d=2, seed=3)
+    assert torch.autograd.gradcheck(lambda a, b, c: nft.attention(a, b, c, **options),
+                                    (q, k, v), eps=1e-6, atol=1e-8, rtol=1e-6,
+                                    fast_mode=fast)
+
+
+# --- scaled_dot_product_attention: PyTorch's semantics ----------------------------------------
+
+def _sdpa_case(case, H=2, Sq=5, Sk=7):
+    """(kwargs for both SDPAs, Hkv) of a named case."""
+    g = torch.Generator().manual_seed(5)
+    if case == "plain":
+        return {}, H
+    if case == "causal":
+        return dict(is_causal=True), H
+    if case == "causal_sq_gt_sk":
+        return dict(is_causal=True), H
+    if case == "bool_mask":
+        mask = torch.rand(Sq, Sk, generator=g) > 0.4
+        mask[:, 0] = True
+        return dict(attn_mask=mask), H
+    if case == "bool_mask_expanded":          # stride-0 dims: never materialised
+        mask = torch.ones(Sq, Sk, dtype=torch.bool).tril().expand(1, H, Sq, Sk)
+        return dict(attn_mask=mask), H
+    if case == "float_mask":                  # with -inf entries; requires_grad: no grad
+        bias = torch.randn(1, H, Sq, Sk, generator=g, dtype=F64)
+        bias[..., 1] = -torch.inf
+        return dict(attn_mask=bias.requires_grad_()), H
+    if case == "gqa":
+        return dict(enable_gqa=True, scale=0.3), 1 if H == 1 else H // 2
+    raise ValueError(case)
+
+
+@pytest.mark.parametrize("case", ["plain", "causal", "causal_sq_gt_sk", "bool_mask",
+                                  "bool_mask_expanded", "float_mask", "gqa"])
+def test_sdpa_equals_pytorch(case):
+    if case == "gqa" and TORCH_VERSION < (2, 5):
+        pytest.skip("PyTorch's enable_gqa needs PyTorch 2.5")
+    H, Sq, Sk = 2, 5, 7
+    if case == "causal_sq_gt_sk":
+        Sq, Sk = 7, 4
+    kwargs, Hkv = _sdpa_case(case, H, Sq, Sk)
+    q, k, v = qkv(Hq=H, Hkv=Hkv, Sq=Sq, Sk=Sk, d=4, seed=11)
+    dout = randn(*q.shape, seed=12, grad=False)
+    out, grads = grads_of(lambda a, b, c: nft.scaled_dot_product_attention(a, b, c, **kwargs),
+                          (q, k, v), dout)
+    mask = kwargs.get("attn_mask")
+    if mask is not None and mask.requires_grad:
+        assert mask.grad is None              # documented: no gradient to attn_mask
+    want, want_grads = grads_of(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, **kwargs),
+                                (q, k, v), dout)
+    assert_close_f64("O", out.numpy(), want.numpy(), rtol=1e-13)
+    for name, got, w in zip(("dQ", "dK", "dV"), grads, want_grads):
+        assert_close_f64(name, got.numpy(), w.numpy(), rtol=1e-13)
+
+
+def test_sdpa_mqa_broadcasts_without_enable_gqa_as_pytorch_does():
+    q, k, v = qkv(Hq=2, Hkv=1, Sq=3, Sk=3, d=2)
+    want = F.scaled_dot_product_attention(q, k, v)
+    assert_close_f64("O", nft.scaled_dot_product_attention(q, k, v).detach().numpy(),
+                     want.detach().numpy(), rtol=1e-13)
+
+
+def test_sdpa_takes_five_dim_inputs():
+    q, k, v = (x.detach().unsqueeze(0) for x in qkv(Hq=2, Sq=3, Sk=4, d=2))
+    mask = torch.ones(3, 4, dtype=torch.bool).tril()
+    got = nft.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert got.shape == want.shape
+    assert_close_f64("O", got.numpy(), want.numpy(), rtol=1e-13)
+
+
+# --- flash_attn_func: flash-attn's layout and semantics ----------------------------------------
+
+@pytest.mark.parametrize("Sq, Sk, Hkv, options", [
+    (6, 4, 2, dict(causal=True)),               # bottom-right: rows 0, 1 see no key
+    (4, 6, 2, dict(causal=True)),
+    (5, 7, 1, dict(window_size=(2, 1), softmax_scale=0.4)),
+    (5, 5, 2, dict(softcap=2.0, causal=True, window_size=(3, -1))),
+    (4, 6, 2, dict(alibi_slopes="heads")),
+])
+def test_flash_attn_func(Sq, Sk, Hkv, options):
+    B, H, d = 1, 2, 4
+    options = dict(options)
+    if options.get("alibi_slopes") == "heads":
+        options["alibi_slopes"] = torch.tensor([0.5, 0.25], dtype=F64)
+    q = randn(B, Sq, H, d, seed=21)                 # (batch, seqlen, heads, d)
+    k = randn(B, Sk, Hkv, d, seed=22)
+    v = randn(B, Sk, Hkv, d, seed=23)
+    dout = randn(B, Sq, H, d, seed=24, grad=False)
+    out, grads = grads_of(lambda a, b, c: nft.flash_attn_func(a, b, c, **options), (q, k, v),
+                          dout)
+    assert out.shape == (B, Sq, H, d) and out.is_contiguous()
+
+    # The reference in (batch, heads, seqlen, d), numbaflash's names for the options.
+    Q, K, V, dO = (x.detach().transpose(1, 2).numpy() for x in (q, k, v, dout))
+    kw = dict(causal=options.get("causal", False), scale=options.get("softmax_scale"),
+              window_size=options.get("window_size"), softcap=options.get("softcap"))
+    if "alibi_slopes" in options:
+        kw["alibi_slopes"] = options["alibi_slopes"].numpy()
+    ref_O, _ = reference.forward(Q, K, V, **kw)
+    ref_grads = reference.backward(dO, Q, K, V, **kw)
+    assert_close_f64("O", out.transpose(1, 2).numpy(), ref_O, rtol=1e-12)
+    for name, got, want in zip(("dQ", "dK", "dV"), grads, ref_grads):
+        assert_close_f64(name, got.transpose(1, 2).numpy(), want, rtol=1e-12,
+                         magnitude=1.0)
+
+    if set(options) == {"causal"}:
+        # flash-attn's causal, independently of numbaflash's reference: PyTorch's SDPA
+        # with the bottom-right mask written out.
+        mask = torch.from_numpy(visible(Sq, Sk, "bottom_right"))
+        qe, ke, ve = (x.detach().transpose(1, 2) for x in (q, k, v))
+        want = F.scaled_dot_product_attention(qe, ke, ve, attn_mask=mask)
+        want = torch.nan_to_num(want).transpose(1, 2)     # rows that see no key: 0
+        assert_close_f64("O vs SDPA", out.numpy(), want.numpy(), rtol=1e-13)
+
+
+# --- errors, before any launch ---------------------------------------------------------------
+
+def _errors():
+    q, k, v = (x.detach() for x in qkv(Hq=4, Hkv=2, Sq=3, Sk=3, d=2))
+    qf, kf, vf = (x.transpose(1, 2) for x in (q, k, v))
+    return {
+        "sdpa dropout": (NotImplementedError, "dropout",
+                         lambda: nft.scaled_dot_product_attention(q, q, q, dropout_p=0.1)),
+        "sdpa gqa without enable_gqa": (RuntimeError, "enable_gqa",
+                                        lambda: nft.scaled_dot_product_attention(q, k, v)),
+        "sdpa mask and is_causal": (RuntimeError, "is_causal",
+                                    lambda: nft.scaled_dot_product_attention(
+                                        q, q, q, attn_mask=torch.ones(3, 3, dtype=torch.bool),
+                                        is_causal=True)),
+        "sdpa one query head": (ValueError, "expand query",
+                                lambda: nft.scaled_dot_product_attention(q[:, :1], k, v)),
+        "sdpa value head dim": (ValueError, "Ev",
+                                lambda: nft.scaled_dot_product_attention(
+                                    q, q, torch.zeros(1, 4, 3, 5, dtype=F64))),
+        "sdpa mask shape": (ValueError, "broadcast",
+                            lambda: nft.scaled_dot_product_attention(
+                                q, q, q, attn_mask=torch.ones(2, 3, dtype=torch.bool))),
+        "flash dropout": (NotImplementedError, "dropout",
+                          lambda: nft.flash_attn_func(qf, kf, vf, dropout_p=0.1)),
+        "flash attn probs": (NotImplementedError, "return_attn_probs",
+                             lambda: nft.flash_attn_func(qf, kf, vf, return_attn_probs=True)),
+        "flash 3 dims": (ValueError, "batch, seqlen, heads",
+                         lambda: nft.flash_attn_func(qf[0], kf[0], vf[0])),
+        "flash bad window": (ValueError, "window_size",
+                             lambda: nft.flash_attn_func(qf, kf, vf, window_size=3)),
+        "attention 5 dims": (ValueError, "rank",
+                             lambda: nft.attention(q[None], q[None], q[None])),
+        "attention non-contiguous 5 dims": (ValueError, "rank",
+                                            lambda: nft.attention(*(x[None].transpose(-1, -2)
+                                                                    for x in (q, q, q)))),
+        "attention dtype mismatch": (TypeError, "same dtype",
+                                     lambda: nft.attention(q, q.float(), q)),
+        "attention bfloat16": (TypeError, "bfloat16",
+                               lambda: nft.attention(*(q.bfloat16(),) * 3)),
+        "attention numpy": (TypeError, "torch.Tensor",
+                            lambda: nft.attention(q.numpy(), q, q)),
+        "attention devices": (ValueError, "device",
+                              lambda: nft.attention(q, q.to("meta"), q)),
+        "attention heads": (ValueError, "multiple",
+                            lambda: nft.attention(q, q[:, :3], q[:, :3])),
+        "attention score_mod without grad": (ValueError, "score_mod_grad",
+                                             lambda: nft.attention(
+                                                 q.requires_grad_(), q, q,
+                                                 score_mod=lambda s, b, h, i, j: s)),
+        "attention backward version": (ValueError, "version",
+                                       lambda: nft.attention(q.detach().requires_grad_(), q, q,
+                                                             backward_version="v99")),
+    }
+
+
+@pytest.mark.parametrize("name", list(_errors()))
+def test_bad_input_raises_before_any_launch(name, no_launch):
+    error, words, call = _errors()[name]
+    with pytest.raises(error, match=words):
+        call()
+
+
+# --- a tiny model trains as with PyTorch's SDPA ----------------------------------------------
+
+class TinyAttentionModel(torch.nn.Module):
+    """One causal self-attention layer and a linear head: x (B, S, D) -> (B, S, D)."""
+
+    def __init__(self, sdpa, D=8, H=2):
+        super().__init__()
+        self.sdpa, self.H = sdpa, H
+        self.qkv = torch.nn.Linear(D, 3 * D)
+        self.proj = torch.nn.Linear(D, D)
+
+    def forward(self, x):
+        B, S, D = x.shape
+        # (3, B, H, S, d): q, k, v as non-contiguous views, as real models make them
+        q, k, v = self.qkv(x).view(B, S, 3, self.H, D // self.H).permute(2, 0, 3, 1, 4)
+        o = self.sdpa(q, k, v, is_causal=True)
+        return self.proj(o.transpose(1, 2).reshape(B, S, D))
+
+
+def _loss_curve(sdpa, dtype, steps=4):
+    torch.manual_seed(0)
+    model = TinyAttentionModel(sdpa).to(dtype)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 6, 8, generator=g, dtype=dtype)
+    y = torch.randn(2, 6, 8, generator=g, dtype=dtype)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return np.array(losses)
+
+
+@pytest.mark.parametrize("dtype, rtol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+def test_tiny_model_trains_like_sdpa(dtype, rtol):
+    got = _loss_curve(nft.scaled_dot_product_attention, dtype)
+    want = _loss_curve(F.scaled_dot_product_attention, dtype)
+    assert got[-1] < got[0]                       # it learns
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=0)
