@@ -20,33 +20,38 @@
 #
 # | section | what it measures |
 # |---|---|
-# | 1 where it ran | date, GPU, versions |
-# | 2 time and TFLOP/s | forward and forward + backward against $N$, numbaflash's versions and SDPA |
+# | 1 where it ran | date, GPU, versions, and the kernels the library picks for these shapes |
+# | 2 time and TFLOP/s | forward, backward and both against $N$: the default kernels, plain and fast rungs of the version ladder, SDPA; float16 against SDPA FLASH |
 # | 3 memory | device memory beyond the outputs against $N$, and the $N \times N$ matrix it avoids |
-# | 4 HBM traffic | bytes read from HBM and L2 against the tile size (Nsight Compute), the loop model, Theorem 2 |
+# | 4 HBM traffic | forward v2's bytes read from HBM and L2 against its tile size (Nsight Compute), the loop model, Theorem 2 |
 # | 5 roofline | where the measured kernels sit against the GPU's compute and bandwidth ceilings |
-# | 6 what limits the fastest version | the measured gap, and where the kernel docs explain it |
+# | 6 what limits the fastest version | the measured gap, and the resources each kernel was given |
 #
 # **Needs** a CUDA GPU. PyTorch with CUDA gives the SDPA comparison (without it only
 # numbaflash is timed), and Nsight Compute (`ncu`, with access to the GPU's performance
 # counters) gives section 4's measurement (without it section 4 shows the model only and
 # says so). It cannot run on the CUDA simulator: a simulated thread is Python on the CPU,
-# so there is nothing to time. On an H200 the whole notebook takes about 3 to 4 minutes;
-# to rerun it and store its outputs:
+# so there is nothing to time. Each timing cell prints how long it took, and the last
+# cell the whole notebook's time. To rerun it on a GPU and store its outputs:
 #
-#     NUMBA_ENABLE_CUDASIM=0 python scripts/notebooks.py execute 06
+#     python scripts/notebooks.py gpu
 #
-# The sizes are parameters in the first cell: shrink them for a smaller GPU.
+# Run it again whenever a default kernel changes: section 2 records the default versions
+# it measured, and the test suite fails when the library would pick others today
+# (`tests/test_notebook_staleness.py`). The sizes are parameters in the first cell:
+# shrink them for a smaller GPU.
 
 # %%
 import importlib.util
 import inspect
 import json
+import re
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -58,18 +63,26 @@ from numbaflash import bench, validate
 from numbaflash.kernels import backward as bwd_kernels
 from numbaflash.kernels import forward as fwd_kernels
 from numbaflash.kernels.forward import v2_flash2
+from numbaflash.kernels.plan import device_dynamic_shared_limit
 
+T_START = time.perf_counter()
 # ---- sizes: B * H = 16 heads, head dim 64, float32 (shrink the N lists on a smaller GPU)
 B, H, D, DTYPE = 1, 16, 64, "float32"
 N_FORWARD = [1024, 2048, 4096, 8192, 16384]     # section 2 (forward) and 3
-N_FWD_BWD = [1024, 2048, 4096, 8192, 16384]     # section 2 (forward + backward) and 3
-FORWARD_VERSIONS = (None, "v3", "v4")   # None: the default forward and every other version (v1 too)
+N_FWD_BWD = [1024, 2048, 4096, 8192, 16384]     # section 2 (backward, forward + backward) and 3
+D_WIDE, N_WIDE = 128, [4096, 16384]             # section 2: the forward at head dim 128
+N_FLOAT16 = [1024, 4096, 16384]                 # section 2: float16 inputs, against SDPA FLASH
+# ---- the forward rungs timed beside the default (numbaflash/kernels/forward/, one file each)
+PLAIN_RUNGS = ("v1", "v2")              # for contrast: no tiles; FlashAttention-2's tiles
+FAST_RUNGS = ("v5", "v6", "v8", "v9")   # register-blocked SIMT; the tensor cores (3xTF32)
+WIDE_RUNGS = ("v5", "v8", "v9")         # beside the default at head dim 128
+FLOAT16_RUNGS = ("v8",)                 # beside the float16 default: float16 inputs in 3xTF32
 REPEATS, WARMUP = 10, 2                              # forward: median of REPEATS after WARMUP
-REPEATS_BWD, WARMUP_BWD = 5, 1                       # forward + backward: slower, fewer runs
+REPEATS_BWD, WARMUP_BWD = 5, 1                       # backward: slower, fewer runs
 HBM_SHAPE = (1, 16, 16384, 64)                       # section 4: (B, H, N, d), one ncu run per tile pair
 HBM_TILES = [(8, 64), (16, 64), (32, 64), (64, 64), (128, 64)]   # Bc fixed, Br varied; None: every candidate that fits
-# ---- section 5's ceilings: the H200's, measured on 2026-11-30 (PERFORMANCE.md). Another GPU
-# ---- has other ceilings: replace these three numbers with its own.
+# ---- section 5's ceilings: the H200's, measured on 2026-11-30 (cuBLAS GEMMs and a device
+# ---- copy). Another GPU has other ceilings: replace these three numbers with its own.
 PEAK_FP32 = 51e12          # FLOP/s: cuBLAS float32 GEMM with TF32 off (plain FMA units; datasheet 67e12)
 PEAK_TF32 = 403e12         # FLOP/s: cuBLAS TF32 GEMM (tensor cores)
 HBM_BYTES_PER_S = 4.2e12   # bytes/s: device-to-device copy bandwidth
@@ -79,12 +92,36 @@ if BACKEND != "gpu":
     print("This notebook measures a GPU. It needs: a CUDA GPU (and NUMBA_ENABLE_CUDASIM unset or 0); "
           "PyTorch with CUDA for the SDPA comparison; Nsight Compute (ncu) for section 4.")
     raise RuntimeError(f"this notebook needs a CUDA GPU, and this is the {BACKEND}; its stored "
-                       f"outputs come from the H200 run that its section 1 describes")
+                       f"outputs come from the GPU run that its section 1 describes")
 
-# The default forward version ("numbaflash" in the records), and the versions timed beside it
-DEFAULT_FORWARD = numbaflash.explain(*[np.empty((1, 1, 64, D), DTYPE)] * 3).version
-if FORWARD_VERSIONS is None:
-    FORWARD_VERSIONS = (None,) + tuple(v for v in fwd_kernels.VERSIONS if v != DEFAULT_FORWARD)
+
+def spec(shape, dtype):
+    """Something with a shape and a dtype: all that numbaflash.explain reads."""
+    return SimpleNamespace(shape=tuple(shape), dtype=np.dtype(dtype))
+
+
+def default_forward(d, dtype, n=max(N_FORWARD)):
+    """The forward version the library picks on this GPU for (B, H, n, d) in dtype."""
+    return numbaflash.explain(*[spec((B, H, n, d), dtype)] * 3).version
+
+
+def besides_default(rungs, d, dtype):
+    """None (the default) and the rungs that are not the default and can run the input."""
+    chosen = [None]
+    for v in rungs:
+        try:
+            numbaflash.explain(*[spec((B, H, max(N_FORWARD), d), dtype)] * 3, version=v)
+        except ValueError as e:
+            print(f"not timed: {e}")
+            continue
+        if v != default_forward(d, dtype):
+            chosen.append(v)
+    return tuple(chosen)
+
+
+FORWARD_VERSIONS = besides_default(PLAIN_RUNGS + FAST_RUNGS, D, DTYPE)
+WIDE_VERSIONS = besides_default(WIDE_RUNGS, D_WIDE, DTYPE)
+FLOAT16_VERSIONS = besides_default(FLOAT16_RUNGS, D, "float16")
 
 try:
     import torch
@@ -97,15 +134,18 @@ HBM_SCRIPT = ROOT / "scripts" / "hbm_traffic.py"
 _spec = importlib.util.spec_from_file_location("hbm_traffic", HBM_SCRIPT)
 hbm = importlib.util.module_from_spec(_spec)         # the script's model and ncu helpers
 _spec.loader.exec_module(hbm)
-print(f"backend {BACKEND}; default forward {DEFAULT_FORWARD}; forward versions timed: "
-      f"{FORWARD_VERSIONS}; PyTorch SDPA: {'yes' if SDPA else 'no'}; ncu: {hbm.find_ncu() or 'not found'}")
+print(f"backend {BACKEND}; PyTorch SDPA: {'yes' if SDPA else 'no'}; "
+      f"ncu: {hbm.find_ncu() or 'not found'}")
+for name, versions in (("float32, d = 64", FORWARD_VERSIONS), ("float32, d = 128", WIDE_VERSIONS),
+                       ("float16, d = 64", FLOAT16_VERSIONS)):
+    print(f"forward versions timed, {name}: the default and {', '.join(versions[1:]) or 'none'}")
 
 # %% [markdown]
 # ## 1 · Where it ran
 #
 # A time means little without the machine, the versions and the date.
 # `bench.environment()` records them; the GPU's size (streaming multiprocessors, L2
-# cache) comes from the driver.
+# cache, shared memory) comes from the driver.
 
 # %%
 env = bench.environment()
@@ -113,6 +153,7 @@ dev = cuda.get_current_device()
 env["streaming multiprocessors"] = dev.MULTIPROCESSOR_COUNT
 env["L2 cache (MB)"] = dev.L2_CACHE_SIZE / 1e6
 env["shared memory per SM (KB)"] = dev.MAX_SHARED_MEMORY_PER_MULTIPROCESSOR / 1024
+env["shared memory per block (KB)"] = device_dynamic_shared_limit("gpu") / 1024
 NCU = hbm.find_ncu()
 env["ncu"] = hbm.ncu_version(NCU) if NCU else "not found"
 for key, value in env.items():
@@ -123,14 +164,18 @@ if "H200" not in str(env["gpu"]):
     print("\nNOTE: section 5's ceilings (first cell) are the H200's; this is another GPU")
 
 # %% [markdown]
-# What "numbaflash" means below: the library's default kernels for these shapes, as the
-# policy explains them (`explain()` below prints the plan and why; the outputs stored in
-# this notebook come from the first GPU run, whose defaults were forward v2 and backward v1).
+# What "numbaflash" and "default" mean below: the kernels the library picks for each
+# shape and dtype when no version is asked for. The choice depends on the dtype, the head
+# dimension and the GPU (its shared memory per block), and it changes as the version
+# ladder grows, so this notebook asks the policy (`numbaflash/policy.py`) instead of
+# naming them: `explain()` prints the plan for each kind of input timed below, and why.
 
 # %%
-q_spec = np.empty((B, H, max(N_FORWARD), D), DTYPE)   # shapes for explain(); never touched
-print(numbaflash.explain(q_spec, q_spec, q_spec))
-print(numbaflash.explain_backward(q_spec, q_spec, q_spec))
+for d, dtype in ((D, DTYPE), (D_WIDE, DTYPE), (D, "float16")):
+    q_spec = spec((B, H, max(N_FORWARD), d), dtype)
+    print(f"---- (B, H, N, d) = {q_spec.shape}, {dtype}")
+    print(numbaflash.explain(q_spec, q_spec, q_spec))
+    print(numbaflash.explain_backward(q_spec, q_spec, q_spec))
 
 # %% [markdown]
 # ## 2 · Time and TFLOP/s against the sequence length
@@ -173,13 +218,26 @@ print(inspect.getsource(bench.time_ms))
 # its result with a float64 reference (PyTorch SDPA's MATH backend in float64, or
 # `numbaflash.reference` without PyTorch), and a result outside the test suite's bound
 # gets no time at all. Then it times PyTorch SDPA on the same inputs in the same process:
-# the EFFICIENT backend (a fused float32 kernel; the column `vs SDPA` is SDPA EFFICIENT's
-# time divided by ours, so above 1 would mean faster than SDPA) and the MATH backend
-# (plain PyTorch operations that store the $N \times N$ matrices, TF32 off).
+# the EFFICIENT backend (a fused kernel, in float32 on the tensor cores with the 3xTF32
+# split, so float32-accurate; the column `vs SDPA` is SDPA EFFICIENT's time divided by
+# ours, so above 1 would mean faster than SDPA), the MATH backend (plain PyTorch
+# operations that store the $N \times N$ matrices, TF32 off), and, for float16 inputs,
+# the FLASH backend (flash-attention's kernels, which take float16 and bfloat16 only).
 #
-# The forward first: the default version (v2) and every other rung of the version ladder
-# (`numbaflash/kernels/forward/`, one file per version): v1 has no tiles (every thread streams $K$ and $V$
-# itself), v3 uses the tensor cores, and later rungs are listed in the package's docstring.
+# The forward first, in float32: the default, and beside it rungs of the version ladder
+# (`numbaflash/kernels/forward/`, one file per version): the plain ones for contrast and
+# the fast ones. What each is, from the first line of its file's docstring:
+
+# %%
+def ladder(versions):
+    for v in versions:
+        if v is not None:
+            print(f"{v}: {fwd_kernels.module(v).__doc__.strip().splitlines()[0]}")
+
+
+ladder(sorted({v for v in FORWARD_VERSIONS + WIDE_VERSIONS + FLOAT16_VERSIONS if v}
+              | {default_forward(D, DTYPE), default_forward(D_WIDE, DTYPE),
+                 default_forward(D, "float16")}))
 
 # %%
 t0 = time.perf_counter()
@@ -192,16 +250,32 @@ if bench.wrong_results(fwd):
     print("WRONG RESULTS above: those implementations were not timed")
 
 # %%
-IMPLS = {  # impl name in the records -> (label, colour, marker)
-    "numbaflash": (f"numbaflash default ({DEFAULT_FORWARD})", "C0", "o"),
-    "numbaflash_v1": ("numbaflash v1 (no tiles)", "C7", "v"),
-    "numbaflash_v2": ("numbaflash v2", "C0", "o"),
-    "numbaflash_v3": ("numbaflash v3 (tensor cores)", "C2", "^"),
-    "sdpa_efficient": ("PyTorch SDPA EFFICIENT", "C3", "s"),
-    "sdpa_math": ("PyTorch SDPA MATH (TF32 off)", "C1", "D"),
-}
-for i, v in enumerate(v for v in fwd_kernels.VERSIONS if f"numbaflash_{v}" not in IMPLS):
-    IMPLS[f"numbaflash_{v}"] = (f"numbaflash {v}", ("C4", "C5", "C6", "C8", "C9")[i % 5], "P")
+STYLE = {  # impl name in the records -> (colour, marker), the same in every plot
+    "numbaflash": ("C0", "o"), "sdpa_efficient": ("C3", "s"), "sdpa_math": ("C1", "D"),
+    "sdpa_flash": ("k", "X"), "numbaflash_v1": ("C7", "v"), "numbaflash_v2": ("C9", "^"),
+    "numbaflash_v3": ("C8", "<"), "numbaflash_v4": ("C8", ">"), "numbaflash_v5": ("C5", "P"),
+    "numbaflash_v6": ("C4", "*"), "numbaflash_v7": ("C8", "h"), "numbaflash_v8": ("C2", "p"),
+    "numbaflash_v9": ("C6", "d")}
+SDPA_LABELS = {"sdpa_efficient": "PyTorch SDPA EFFICIENT", "sdpa_math": "PyTorch SDPA MATH (TF32 off)",
+               "sdpa_flash": "PyTorch SDPA FLASH"}
+
+
+def versions_in(kernels):
+    """'forward_v8 + backward_preprocess+backward_dkdv_v6+backward_dq_v6' -> 'v8 + v6'."""
+    found = re.findall(r"_(v\d+)\b", kernels or "")
+    return " + ".join(dict.fromkeys(found))
+
+
+def label(records, impl, what=None):
+    """The legend's name of an implementation; the default's says which versions ran (in
+    the pass ``what``, or in any)."""
+    if impl == "numbaflash":
+        ran = sorted({versions_in(r["kernel"]) for r in records
+                      if r["impl"] == impl and r["kernel"] and what in (None, r["what"])})
+        return f"numbaflash default ({', '.join(ran)})"
+    if impl.startswith("numbaflash_"):
+        return f"numbaflash {impl.split('_')[1]}"
+    return SDPA_LABELS[impl]
 
 
 def series(records, what, impl, key):
@@ -210,14 +284,17 @@ def series(records, what, impl, key):
                   if r["what"] == what and r["impl"] == impl and r[key] is not None)
 
 
-def plot_speed(records, what):
+def plot_speed(records, what, d=D, dtype=DTYPE):
     fig, (ax_ms, ax_tf) = plt.subplots(1, 2, figsize=(13, 4.6))
-    for impl, (label, color, marker) in IMPLS.items():
+    for impl in dict.fromkeys(r["impl"] for r in records):
         ms, tf = series(records, what, impl, "ms"), series(records, what, impl, "tflops")
         if not ms:
             continue
-        ax_ms.plot(*zip(*ms), marker=marker, color=color, label=label)
-        ax_tf.plot(*zip(*tf), marker=marker, color=color, label=label)
+        color, marker = STYLE.get(impl, ("C8", "x"))
+        lw = 2.5 if impl == "numbaflash" else 1.5
+        name = label(records, impl, what)
+        ax_ms.plot(*zip(*ms), marker=marker, color=color, lw=lw, label=name)
+        ax_tf.plot(*zip(*tf), marker=marker, color=color, lw=lw, label=name)
     default = series(records, what, "numbaflash", "ms")
     if default:                                  # a line of slope 2 through the last point
         n_last, ms_last = default[-1]
@@ -229,30 +306,37 @@ def plot_speed(records, what):
     ax_tf.set_xscale("log", base=2)
     ax_tf.set_ylabel("TFLOP/s")
     for ax in (ax_ms, ax_tf):
-        ax.set_xlabel(f"sequence length N  (B·H = {B * H} heads, d = {D}, {DTYPE})")
+        ax.set_xlabel(f"sequence length N  (B·H = {B * H} heads, d = {d}, {dtype})")
         ax.grid(True, which="both", alpha=0.3)
     ax_ms.legend(fontsize="small")
-    fig.suptitle(f"{what}, non-causal")
+    fig.suptitle(f"{what}, non-causal, {dtype}, d = {d}")
     fig.tight_layout()
     plt.show()
+
+
+def ratios(records, what, baseline="sdpa_efficient"):
+    """One line per implementation: the baseline's time divided by its time, per N
+    (above 1: faster than the baseline)."""
+    base = dict(series(records, what, baseline, "ms"))
+    if not base:
+        print(f"{label(records, baseline)} was not timed: no ratios")
+        return
+    print(f"{what}: {label(records, baseline)}'s time / each one's time (above 1: faster)")
+    for impl in dict.fromkeys(r["impl"] for r in records):
+        pts = [(n, base[n] / ms) for n, ms in series(records, what, impl, "ms") if n in base]
+        if pts and impl != baseline:
+            print(f"{label(records, impl, what):>36}: "
+                  + "  ".join(f"N={n}: {x:.2f}x" for n, x in pts))
 
 
 plot_speed(fwd, "forward")
 
 # %%
-def ratios(records, what):
-    """One line per implementation: its time as a fraction of SDPA EFFICIENT's, per N."""
-    for impl, (label, _, _) in IMPLS.items():
-        pts = series(records, what, impl, "vs_sdpa")
-        if pts and impl != "sdpa_efficient":
-            print(f"{label:>30}: " + "  ".join(f"N={n}: {x:.2f}x" for n, x in pts))
-
-
 ratios(fwd, "forward")
 for n in N_FORWARD:
-    plan = numbaflash.explain(*[np.empty((B, H, n, D), DTYPE)] * 3)
+    plan = numbaflash.explain(*[spec((B, H, n, D), DTYPE)] * 3)
     blocks = plan.grid[0] * plan.grid[1]
-    print(f"N = {n:5d}: the default forward launches {blocks:5d} blocks of "
+    print(f"N = {n:5d}: the default forward ({plan.version}) launches {blocks:5d} blocks of "
           f"{plan.block[0]} threads for {SMS} SMs ({blocks / SMS:.1f} per SM)")
 
 # %% [markdown]
@@ -265,19 +349,40 @@ for n in N_FORWARD:
 #   multiprocessors (SMs) can hold at once (the printout above counts them), so part of
 #   the GPU idles.
 # * Once the GPU is full, TFLOP/s should level off; the right-hand plot shows where.
+# * The rungs tell the ladder's story: from one thread per row without tiles (v1), to
+#   FlashAttention-2's tiles (v2), register blocking (v5), and the tensor cores (v6 and
+#   the versions built on it). Each version's file says what it changes and what that
+#   buys, with the measurement behind it.
 # * The ratios are the measured answer to "how far is this from PyTorch".
 #
-# ### Forward and backward
+# ### Head dimension 128
 #
-# Training runs the backward too. The backward has one default version (v1:
-# deterministic, no atomics), and the forward's version changes the sum little when the
-# backward dominates, so this timing uses the default forward only. Fewer repeats: a call
-# is much slower.
+# A larger head dimension changes what fits on chip, and the policy may pick another
+# kernel there (section 1 printed which). A shorter series:
+
+# %%
+t0 = time.perf_counter()
+wide = bench.run([(B, H, n, D_WIDE) for n in N_WIDE], causal=(False,), dtype=DTYPE,
+                 passes=("forward",), versions=WIDE_VERSIONS, repeats=REPEATS,
+                 warmup=WARMUP, sdpa=SDPA, progress=False)
+print(bench.format_table(wide))
+print(f"\n{time.perf_counter() - t0:.0f} s for this cell\n")
+if bench.wrong_results(wide):
+    print("WRONG RESULTS above: those implementations were not timed")
+ratios(wide, "forward")
+
+# %% [markdown]
+# ### Backward, and forward and backward
+#
+# Training runs the backward too. The backward's default (section 1 printed it and why)
+# does not depend on the forward's version, so these timings use the default forward
+# only: the backward alone (from a stored forward's output and logsumexp), and the two
+# together, as one training step calls them. Fewer repeats: a call is slower.
 
 # %%
 t0 = time.perf_counter()
 fb = bench.run([(B, H, n, D) for n in N_FWD_BWD], causal=(False,), dtype=DTYPE,
-               passes=("fwd+bwd",), versions=(None,), repeats=REPEATS_BWD,
+               passes=("backward", "fwd+bwd"), versions=(None,), repeats=REPEATS_BWD,
                warmup=WARMUP_BWD, sdpa=SDPA, progress=False)
 print(bench.format_table(fb))
 print(f"\n{time.perf_counter() - t0:.0f} s for this cell")
@@ -286,12 +391,81 @@ if bench.wrong_results(fb):
 
 # %%
 plot_speed(fb, "fwd+bwd")
+ratios(fb, "backward")
 ratios(fb, "fwd+bwd")
 fwd_ms = dict(series(fwd, "forward", "numbaflash", "ms"))
 for n, ms in series(fb, "fwd+bwd", "numbaflash", "ms"):
     if n in fwd_ms:
         print(f"N = {n:5d}: the forward is {fwd_ms[n] / ms:5.1%} of numbaflash's "
               f"forward + backward time ({fwd_ms[n]:.2f} of {ms:.2f} ms)")
+
+# %% [markdown]
+# ### float16 inputs, against SDPA FLASH
+#
+# With float16 inputs the forward can multiply on the float16 tensor cores, and SDPA
+# has a third backend, FLASH (flash-attention's own kernels), for float16 only: the
+# fastest attention PyTorch ships. numbaflash computes in float32 and rounds only
+# where its float16 kernel says (notebook 04, and the README's float16 rule). Beside
+# the float16 default: the same inputs through a float32 tensor-core rung.
+
+# %%
+t0 = time.perf_counter()
+f16 = bench.run([(B, H, n, D) for n in N_FLOAT16], causal=(False,), dtype="float16",
+                passes=("forward", "fwd+bwd"), versions=FLOAT16_VERSIONS, repeats=REPEATS,
+                warmup=WARMUP, sdpa=SDPA, progress=False)
+print(bench.format_table(f16))
+print(f"\n{time.perf_counter() - t0:.0f} s for this cell")
+if bench.wrong_results(f16):
+    print("WRONG RESULTS above: those implementations were not timed")
+
+# %%
+plot_speed(f16, "forward", dtype="float16")
+for what in ("forward", "fwd+bwd"):
+    ratios(f16, what, "sdpa_flash")
+    ratios(f16, what, "sdpa_efficient")
+
+# %% [markdown]
+# ### The default kernels this run measured
+#
+# The stored outputs of this notebook are only worth reading while they show the
+# kernels the library runs. So the cell below records, for every shape timed above,
+# the default versions that ran, as JSON after the word `DEFAULTS`, with the GPU and
+# its shared memory per block (the tile rules, and so the choice, read it). The test
+# suite reads that record from the stored outputs and compares it with what the policy
+# picks today for the same shapes on that GPU (`tests/test_notebook_staleness.py`); when
+# a default changes, the test fails until the notebook is run again on a GPU.
+
+# %%
+def default_versions(records):
+    """One entry per shape, dtype and pass that the default ran in ``records``."""
+    entries = []
+    for r in records:
+        if r["impl"] != "numbaflash" or r["kernel"] is None:
+            continue
+        q = spec((r["B"], r["H"], r["Sq"], r["d"]), r["dtype"])
+        kv = spec((r["B"], r["H"], r["Sk"], r["d"]), r["dtype"])
+        causal = "bottom_right" if r["causal"] else None
+        passes = ("forward", "backward") if r["what"] == "fwd+bwd" else (r["what"],)
+        for what in passes:
+            if what == "forward":
+                version = numbaflash.explain(q, kv, kv, causal=causal).version
+            else:
+                version = numbaflash.explain_backward(q, kv, kv, causal=causal)[-1].version
+            assert version in versions_in(r["kernel"]).split(" + "), (version, r["kernel"])
+            entry = {"pass": what, "dtype": r["dtype"],
+                     "shape": [r["B"], r["H"], r["Sq"], r["Sk"], r["d"]],
+                     "causal": bool(r["causal"]), "version": version}
+            if entry not in entries:
+                entries.append(entry)
+    return entries
+
+
+entries = default_versions(fwd + wide + fb + f16)
+where = json.dumps({"gpu": str(env["gpu"]), "dynamic_shared_limit": device_dynamic_shared_limit("gpu"),
+                    "date": env["date"]})
+# one JSON object; one entry a line, so that it reads as a table
+print("DEFAULTS " + where[:-1] + ', "versions": [\n ' + ",\n ".join(json.dumps(e) for e in entries)
+      + "\n]}")
 
 # %% [markdown]
 # ## 3 · Memory against the sequence length
@@ -342,11 +516,11 @@ fig, ax = plt.subplots(figsize=(8.5, 5))
 ax.plot(ns_all, [dense_mib[n] for n in ns_all], "k-", lw=3, alpha=0.35,
         label=r"one $N \times N$ float32 matrix per head (computed)")
 styles = {"forward": "-", "fwd+bwd": "--"}
-for what, recs, impl, label in mem_rows:
+for what, recs, impl, name in mem_rows:
     pts = series(recs, what, impl, "extra_mib")
     if pts:
-        _, color, marker = IMPLS[impl]
-        ax.plot(*zip(*pts), styles[what], marker=marker, color=color, label=label)
+        color, marker = STYLE[impl]
+        ax.plot(*zip(*pts), styles[what], marker=marker, color=color, label=name)
 ax.set_xscale("log", base=2)
 ax.set_yscale("symlog", linthresh=1)              # 0 MiB is a possible measurement
 ax.set_xlabel(f"sequence length N  (B·H = {B * H} heads, d = {D}, {DTYPE})")
@@ -362,13 +536,16 @@ plt.show()
 # numbaflash, `extra MiB` also covers the backward's own scratch: $D =
 # \operatorname{rowsum}(dO \circ O)$, one value per query row (notebook 05).
 #
-# ## 4 · HBM traffic against the tile size
+# ## 4 · HBM traffic against the tile size (forward v2)
 #
 # ### The model
 #
 # A GPU's main memory (HBM) is large and slow to reach; the on-chip memories (registers
 # and shared memory inside each SM, then the L1 and L2 caches) are small and fast. The
-# point of FlashAttention is to read HBM less. Count what the v2 forward reads and
+# point of FlashAttention is to read HBM less. This section counts it for forward v2,
+# FlashAttention-2's Algorithm 1 with one thread per query row, whose loops make the
+# count easy to read; every tiled rung reads $K$ and $V$ the same way, once per query
+# tile, with its own $B_r$ (section 5 uses that). Count what the v2 forward reads and
 # writes, from its loops, per (batch, head) and with $s$ bytes per element: each thread
 # reads its row of $Q$ once, writes its row of $O$ and its $L$ once, and each of the
 # $T_r = \lceil N / B_r \rceil$ query tiles (one block each) walks all of $K$ and $V$:
@@ -397,8 +574,8 @@ print(inspect.getsource(hbm.model_bytes))
 # A v2 block works with its $B_r$ rows of $Q$ (registers) and its $K_j$, $V_j$ tiles
 # (shared memory), so here $M = B_r d + 2 B_c d$; with $B_r = B_c = B$ that is
 # $N^2 d^2 / (3Bd) = N^2 d / (3B)$, the model's $1/B_r$ again. $\Theta$ gives the shape,
-# not the constant, so the plot below draws $N^2d^2/M$ scaled to meet the model at the
-# default tiles.
+# not the constant, so the plot below draws $N^2d^2/M$ scaled to meet the model at
+# v2's default tiles.
 #
 # ### What a GPU adds: caches
 #
@@ -568,18 +745,18 @@ else:
 # $$ \text{attainable} = \min(P,\; I \cdot \beta). $$
 #
 # Left of the ridge $I^* = P/\beta$ a kernel is bound by memory, right of it by
-# arithmetic. The ceilings are the H200's as measured on 2026-11-30 in the project's
-# performance notes (`PERFORMANCE.md`): 51 TFLOP/s for float32 on the ordinary FMA units
-# (cuBLAS GEMM with TF32 off; the datasheet says 67), 403 TFLOP/s for TF32 on the tensor
-# cores (cuBLAS), and 4.2 TB/s HBM bandwidth (a device-to-device copy). v3 runs on the
-# tensor cores but computes each float32 product as three TF32 products ("3xTF32",
-# notebook 04), so its float32-accurate ceiling is at most a third of 403.
+# arithmetic. The ceilings in the first cell are the H200's, measured on 2026-11-30: 51
+# TFLOP/s for float32 on the ordinary FMA units (cuBLAS GEMM with TF32 off; the datasheet
+# says 67), 403 TFLOP/s for TF32 on the tensor cores (cuBLAS), and 4.2 TB/s HBM bandwidth
+# (a device-to-device copy). The tensor-core rungs compute each float32 product as three
+# TF32 products ("3xTF32", notebook 04), so their float32-accurate ceiling is at most a
+# third of the TF32 one.
 #
-# Each numbaflash kernel is placed at the intensity that section 4's model gives it with
-# its own $B_r$ (64 for v2 and v3; 1 for v1, which reads $K$ and $V$ once per row), and
-# v2 also at the intensity of its measured HBM bytes, both at the TFLOP/s measured in
-# section 2 at the same shape. SDPA's bytes are not measured here, so it is a horizontal
-# line.
+# Each numbaflash kernel timed at `HBM_SHAPE` in section 2 is placed at the intensity
+# that section 4's model gives it with its own $B_r$ (as `explain` plans it; 1 for v1,
+# which reads $K$ and $V$ once per row), and v2 also at the intensity of its measured HBM
+# bytes, all at the TFLOP/s measured in section 2. SDPA's bytes are not measured here, so
+# it is a horizontal line.
 
 # %%
 flops_hbm = bench.flops(hb, hh, hn, hn, hd, False, "forward")
@@ -590,51 +767,53 @@ if not at_shape:
     print(f"section 2 did not time the forward at HBM_SHAPE {HBM_SHAPE}: no measured points")
 
 points = []                      # (label, intensity, measured TFLOP/s, colour, marker)
-hbm_spec = np.empty((hb, hh, hn, hd), DTYPE)          # for explain(); never touched
+hbm_spec = spec((hb, hh, hn, hd), DTYPE)
 for impl in at_shape:
     if impl.startswith("numbaflash"):
         version = None if impl == "numbaflash" else impl.split("_")[1]
         br = numbaflash.explain(hbm_spec, hbm_spec, hbm_spec, version=version).Br or 1
         intensity = flops_hbm / sum(hbm.model_bytes(hb, hh, hn, hd, br, item))
-        label, color, marker = IMPLS[impl]
-        points.append((f"{label}, model bytes (Br = {br})", intensity, at_shape[impl], color, marker))
+        color, marker = STYLE.get(impl, ("C8", "x"))
+        points.append((f"{label(fwd, impl, 'forward')}, model bytes (Br = {br})", intensity,
+                       at_shape[impl], color, marker))
 v2_measured = next((e for e in measured if (e["Br"], e["Bc"]) == default_pair), None)
-v2_impl = "numbaflash" if DEFAULT_FORWARD == "v2" else "numbaflash_v2"
+v2_impl = "numbaflash" if default_forward(hd, DTYPE, hn) == "v2" else "numbaflash_v2"
 if v2_measured is not None and v2_impl in at_shape:       # section 4 measured v2, default tiles
     intensity = flops_hbm / (v2_measured["dram_read"] + v2_measured["dram_write"])
-    points.append(("numbaflash v2, measured HBM bytes", intensity, at_shape[v2_impl], "C0", "*"))
+    points.append(("numbaflash v2, measured HBM bytes", intensity, at_shape[v2_impl],
+                   STYLE["numbaflash_v2"][0], "*"))
 
 fig, ax = plt.subplots(figsize=(9, 5.5))
 x = np.logspace(-1, 4.5, 300)
-for peak, label, ls in ((PEAK_FP32, "float32 FMA ceiling", "-"),
-                        (PEAK_TF32, "TF32 tensor-core ceiling", "--"),
-                        (PEAK_TF32 / 3, "3xTF32 (a third of TF32)", ":")):
+for peak, name, ls in ((PEAK_FP32, "float32 FMA ceiling", "-"),
+                       (PEAK_TF32, "TF32 tensor-core ceiling", "--"),
+                       (PEAK_TF32 / 3, "3xTF32 (a third of TF32)", ":")):
     ax.plot(x, np.minimum(peak, x * HBM_BYTES_PER_S) / 1e12, "k", ls=ls, lw=1.2,
-            label=f"{label}: {peak / 1e12:.0f} TFLOP/s")
+            label=f"{name}: {peak / 1e12:.0f} TFLOP/s")
 ax.axvline(flops_hbm / floor_bytes, color="gray", ls="-.", lw=1,
            label="intensity if Q, K, V, O crossed HBM once")
 if "sdpa_efficient" in at_shape:
     ax.axhline(at_shape["sdpa_efficient"], color="C3", lw=1.5,
                label=f"PyTorch SDPA EFFICIENT: {at_shape['sdpa_efficient']:.1f} TFLOP/s (bytes not measured)")
-for label, intensity, tf, color, marker in points:
-    ax.plot(intensity, tf, marker, color=color, ms=11, label=f"{label}: {tf:.1f} TFLOP/s")
+for name, intensity, tf, color, marker in points:
+    ax.plot(intensity, tf, marker, color=color, ms=11, label=f"{name}: {tf:.1f} TFLOP/s")
 ax.set_xscale("log")
 ax.set_yscale("log")
 ax.set_ylim(0.1, 1000)
 ax.set_xlabel("arithmetic intensity (FLOP per HBM byte)")
 ax.set_ylabel("TFLOP/s")
-ax.set_title(f"forward at {HBM_SHAPE}, {DTYPE}; ceilings: H200 (PERFORMANCE.md)")
+ax.set_title(f"forward at {HBM_SHAPE}, {DTYPE}; ceilings: the H200's (first cell)")
 ax.grid(True, which="both", alpha=0.3)
 ax.legend(fontsize="x-small", loc="lower right")
 plt.show()
 
 print(f"ridge points: float32 FMA {PEAK_FP32 / HBM_BYTES_PER_S:.0f} FLOP/B, "
       f"TF32 {PEAK_TF32 / HBM_BYTES_PER_S:.0f} FLOP/B")
-for label, intensity, tf, _, _ in points:
+for name, intensity, tf, _, _ in points:
     roof = min(PEAK_FP32, intensity * HBM_BYTES_PER_S) / 1e12
     side = "right" if intensity > PEAK_FP32 / HBM_BYTES_PER_S else "left"
-    print(f"{label:>55}: intensity {intensity:8.1f} FLOP/B ({side} of the float32 ridge), "
-          f"measured {tf:5.1f} TFLOP/s, float32 roof there {roof:5.1f} TFLOP/s"
+    print(f"{name:>55}: intensity {intensity:8.1f} FLOP/B ({side} of the float32 ridge), "
+          f"measured {tf:5.1f} TFLOP/s, float32 FMA roof there {roof:5.1f} TFLOP/s"
           + ("  <- ABOVE the bandwidth roof: these bytes did not all come from HBM"
              if tf * 1e12 > intensity * HBM_BYTES_PER_S * 1.05 else ""))
 
@@ -647,9 +826,10 @@ for label, intensity, tf, _, _ in points:
 # ## 6 · What limits the fastest version
 #
 # The measured gap, at the largest forward size timed, and the resources the compiler
-# gave each kernel (registers per thread, local memory per thread: non-zero means
-# registers spilled to memory, and shared memory per block; PERFORMANCE.md asks for these
-# on every hot kernel):
+# gave each kernel compiled in this run (registers per thread; local memory per thread,
+# where non-zero means registers spilled to memory; shared memory per block, static: the
+# versions that take theirs at launch, dynamically, report only their static part here,
+# and `explain` in section 1 printed the full amount):
 
 # %%
 n_big = max(N_FORWARD)
@@ -657,17 +837,20 @@ big = [r for r in fwd if r["Sk"] == n_big and r["tflops"] is not None
        and r["impl"].startswith("numbaflash")]
 if big:
     best = max(big, key=lambda r: r["tflops"])
-    line = (f"fastest numbaflash forward at N = {n_big}: {IMPLS[best['impl']][0]}, "
+    line = (f"fastest numbaflash forward at N = {n_big}, {DTYPE}: "
+            f"{label(fwd, best['impl'], 'forward')}, "
             f"{best['tflops']:.1f} TFLOP/s ({best['ms']:.1f} ms), "
             f"{best['tflops'] * 1e12 / PEAK_FP32:.0%} of the float32 FMA ceiling, "
             f"{best['tflops'] * 1e12 / (PEAK_TF32 / 3):.0%} of the 3xTF32 ceiling")
     if best["vs_sdpa"] is not None:
         line += f"; {best['vs_sdpa']:.2f}x SDPA EFFICIENT's speed"
     print(line)
-fb_big = [r for r in fb if r["Sk"] == max(N_FWD_BWD) and r["impl"] == "numbaflash" and r["ms"]]
-if fb_big and fb_big[0]["vs_sdpa"] is not None:
-    print(f"forward + backward at N = {max(N_FWD_BWD)}: {fb_big[0]['tflops']:.2f} TFLOP/s, "
-          f"{fb_big[0]['vs_sdpa']:.3f}x SDPA EFFICIENT's speed")
+for what in ("backward", "fwd+bwd"):
+    rows = [r for r in fb if r["Sk"] == max(N_FWD_BWD) and r["what"] == what
+            and r["impl"] == "numbaflash" and r["ms"]]
+    if rows and rows[0]["vs_sdpa"] is not None:
+        print(f"{what} at N = {max(N_FWD_BWD)}: {label(fb, 'numbaflash', what)}, "
+              f"{rows[0]['tflops']:.2f} TFLOP/s, {rows[0]['vs_sdpa']:.3f}x SDPA EFFICIENT's speed")
 
 
 def per_signature(x):
@@ -676,54 +859,49 @@ def per_signature(x):
     return "/".join(str(v) for v in sorted(set(values)))
 
 
-spec = np.empty((B, H, n_big, D), DTYPE)
-p = validate.check_attention_inputs(spec, spec, spec, False, None)
 kernels = []
-for version in fwd_kernels.VERSIONS:
-    try:
-        plan = numbaflash.explain(spec, spec, spec, version=version)
-    except ValueError as e:
-        print(f"{version}: not run here: {e}")
-        continue
-    kernels.append((f"forward {version}", plan, fwd_kernels.module(version).kernel(plan, p)))
-for plan in numbaflash.explain_backward(spec, spec, spec):
-    kernel_module = bwd_kernels.module("preprocess" if plan.kernel == "backward_preprocess"
-                                       else plan.version)
-    kernels.append((f"backward {plan.kernel}", plan, kernel_module.kernel(plan, p)))
-print(f"\n{'kernel':>30} {'threads/block':>14} {'registers':>10} {'local B':>8} {'shared B':>9}")
+for d, dtype in ((D, DTYPE), (D_WIDE, DTYPE), (D, "float16")):
+    q_spec = spec((B, H, n_big, d), dtype)
+    p = validate.check_attention_inputs(q_spec, q_spec, q_spec, False, None)
+    for version in fwd_kernels.VERSIONS:
+        try:
+            plan = numbaflash.explain(q_spec, q_spec, q_spec, version=version)
+        except ValueError:
+            continue                               # this version cannot run this input
+        kernels.append((f"forward {version}, d={d} {dtype}", plan,
+                        fwd_kernels.module(version).kernel(plan, p)))
+    for plan in numbaflash.explain_backward(q_spec, q_spec, q_spec):
+        kernel_module = bwd_kernels.module("preprocess" if plan.kernel == "backward_preprocess"
+                                           else plan.version)
+        kernels.append((f"{plan.kernel}, d={d} {dtype}", plan, kernel_module.kernel(plan, p)))
+print(f"\n{'kernel':>42} {'threads/block':>14} {'registers':>10} {'local B':>8} {'shared B':>9}")
 for name, plan, kernel in kernels:
     if not hasattr(kernel, "get_regs_per_thread"):
-        print(f"{name:>30}  (this Numba reports no resources)")
+        print(f"{name:>42}  (this Numba reports no resources)")
         continue
     regs, local, shared = (per_signature(f()) for f in (kernel.get_regs_per_thread,
                                                          kernel.get_local_mem_per_thread,
                                                          kernel.get_shared_mem_per_block))
     if not regs:
-        print(f"{name:>30}  (not compiled in this run)")
-        continue
-    print(f"{name:>30} {plan.block[0]:14d} {regs:>10} {local:>8} {shared:>9}")
+        continue                                   # not compiled in this run
+    print(f"{name:>42} {plan.block[0]:14d} {regs:>10} {local:>8} {shared:>9}")
 
 # %% [markdown]
 # What the measurements say, and where to read why:
 #
 # * **The gap.** The first lines above give the fastest forward's share of the GPU's
-#   ceilings and of PyTorch's speed. Section 5's printout says on which side of the
-#   ridge each kernel sits: to the right, arithmetic sets the ceiling, not HBM bandwidth.
-# * **v3**, the tensor-core version (opt-in). Its version notes in
-#   `numbaflash/kernels/forward/v3_tensor_cores.py` and [docs/kernels.md](../docs/kernels.md) give the
-#   kernel author's account of what holds it back: register pressure (the register
-#   count is measured above; an SM has 65536 registers, so registers × threads per block
-#   bounds how many blocks it can hold at once), the TF32 splits redone on every load of
-#   a tile, and tile loads that do not overlap with the arithmetic. Those last two are
-#   properties of the code, not measurements of their cost; ncu's warp-stall breakdown
-#   (`ncu --section WarpStateStats`) is the measurement that would rank them.
-# * **The backward.** Section 2's forward + backward ratio (and the line above) measures
-#   its gap. Its kernels run one thread per key row (dK, dV) and per query row (dQ) with
-#   every product in registers (docs/kernels.md); the local-memory column shows whether
-#   they spill.
-# * **What comes next** is listed in `PERFORMANCE.md` (the project's performance notes)
-#   under "Techniques", most likely to matter first: register blocking (each thread
-#   owning a small tile of $S$ and $O$), bank-conflict-free layouts, prefetching the next
-#   $K$/$V$ tile while computing the current one, warp-shuffle reductions, and tensor
-#   cores throughout. Each new version is added beside the old ones
-#   (docs/kernels.md), and this notebook, rerun, measures it the same way.
+#   ceilings and of PyTorch's speed, and the backward's. Section 5's printout says on
+#   which side of the ridge each kernel sits: to the right, arithmetic sets the ceiling,
+#   not HBM bandwidth.
+# * **Why.** [docs/performance.md](../docs/performance.md), "What limits the fastest
+#   versions", reads the default kernels with Nsight Compute and says what holds them
+#   back. The table above shows two of the resources it weighs: registers (an SM has
+#   65536, so registers × threads per block bounds how many blocks it holds at once) and
+#   shared memory. Each version's file, and [docs/kernels.md](../docs/kernels.md), say
+#   what that version changed and what the change measured.
+# * **What comes next** is listed in docs/performance.md under "What would close it".
+#   Each new version is added beside the old ones, and this notebook, rerun, measures it
+#   the same way.
+
+# %%
+print(f"this notebook ran for {time.perf_counter() - T_START:.0f} s")

@@ -9,7 +9,8 @@ Prints one line per check and a summary table last:
    window (torch.autograd.gradcheck; fast mode for the last two).
 2. The side stream: inside ``with torch.cuda.stream(s):`` q, k, v are written by a chain
    of in-place ops, numbaflash.torch.attention and its backward run, and the results are
-   read on ``s``; each of 20 trials is compared with SDPA MATH in float64.
+   read on ``s``; each of 20 trials is compared with SDPA MATH in float64 (wrong: an
+   error above 1 % of the largest value, which rounding never reaches and a race does).
 3. A tiny model (one causal attention layer and a linear head, float32, TF32 off) trained
    20 SGD steps with numbaflash.torch.scaled_dot_product_attention and with PyTorch's
    SDPA (its default backend): the largest relative difference of the two loss curves.
@@ -73,12 +74,15 @@ def side_stream(trials=20, shape=(4, 16, 1024, 64)):
             q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
             ref = F.scaled_dot_product_attention(q64, k64, v64, is_causal=True)
             rdq, = torch.autograd.grad(ref, q64, do.double())
-        e_out = (out_host.double() - ref.detach().cpu()).abs().max().item()
-        e_dq = (dq_host.double() - rdq.cpu()).abs().max().item()
-        bad = not (e_out < 1e-3 and e_dq < 1e-3)
+        # relative to the largest value: float32 rounding gives 1e-6 to 1e-4 here, a read
+        # of inputs not yet written (or results not yet computed) the order of the values
+        e_out = ((out_host.double() - ref.detach().cpu()).abs().max()
+                 / ref.detach().abs().max().cpu()).item()
+        e_dq = ((dq_host.double() - rdq.cpu()).abs().max() / rdq.abs().max().cpu()).item()
+        bad = not (e_out < 1e-2 and e_dq < 1e-2)
         wrong += bad
-        print(f"side stream trial {t:2d}: max|out - ref| {e_out:.2e}, max|dq - ref| "
-              f"{e_dq:.2e}{': WRONG' if bad else ''}", flush=True)
+        print(f"side stream trial {t:2d}: max|out - ref| / max|ref| {e_out:.2e}, "
+              f"max|dq - ref| / max|ref| {e_dq:.2e}{': WRONG' if bad else ''}", flush=True)
     return [("side stream (torch layer, fwd + bwd)", f"{wrong} of {trials} wrong")]
 
 

@@ -47,6 +47,14 @@ def test_flops_count_visible_pairs_when_causal_lengths_differ():
         bench.flops(1, 1, 4, 4, 4, False, "sideways")
 
 
+def test_sdpa_flash_is_timed_for_float16_only():
+    # SDPA's FLASH backend has no float32 or float64 kernel: asking it would only record
+    # an error for every float32 case.
+    assert bench.sdpa_impls("float16") == ("sdpa_efficient", "sdpa_math", "sdpa_flash")
+    assert bench.sdpa_impls("float32") == ("sdpa_efficient", "sdpa_math")
+    assert bench.sdpa_impls("float64") == ("sdpa_efficient", "sdpa_math")
+
+
 def test_time_ms_is_the_median_of_the_timed_runs():
     calls = []
 

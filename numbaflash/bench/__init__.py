@@ -27,7 +27,7 @@ from .agreement import (FLOAT32_FLOOR, FLOAT64_RTOL, MULT, NumpyOracle, _agreeme
                         _lse_agreement, agreement_bound)
 from .cases import (DTYPES, GPU_DEFAULT_SHAPES, PASSES, SDPA_IMPLS, SIM_DEFAULT_SHAPES,
                     _check_arguments, check_host_memory, host_bytes_needed, normalize_shape,
-                    parse_shape)
+                    parse_shape, sdpa_impls)
 from .command import add_arguments, cli
 # attention and attention_backward are looked up here by the runner at call time
 # (runner._api), so that replacing bench.attention replaces what is checked and timed.
@@ -48,8 +48,8 @@ __all__ = [
     # the PyTorch side
     "TorchOracle", "torch_references", "torch_extra_memory_bytes", "sdpa_mask",
     # cases and shapes
-    "PASSES", "DTYPES", "SDPA_IMPLS", "GPU_DEFAULT_SHAPES", "SIM_DEFAULT_SHAPES",
-    "parse_shape", "normalize_shape", "host_bytes_needed", "check_host_memory",
+    "PASSES", "DTYPES", "SDPA_IMPLS", "sdpa_impls", "GPU_DEFAULT_SHAPES",
+    "SIM_DEFAULT_SHAPES", "parse_shape", "normalize_shape", "host_bytes_needed", "check_host_memory",
     # the command line
     "add_arguments", "cli",
     # the public API as the bench calls it (replaceable here)

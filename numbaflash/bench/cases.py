@@ -10,7 +10,16 @@ from .library import FORWARD_VERSIONS, explain
 
 PASSES = ("forward", "backward", "fwd+bwd")
 DTYPES = ("float16", "float32", "float64")
-SDPA_IMPLS = ("sdpa_efficient", "sdpa_math")
+SDPA_IMPLS = ("sdpa_efficient", "sdpa_math", "sdpa_flash")
+# SDPA's FLASH backend has kernels for float16 (and bfloat16) only: timed for those inputs.
+SDPA_FLASH_DTYPES = ("float16",)
+
+
+def sdpa_impls(dtype):
+    """The SDPA backends timed for inputs of ``dtype``: EFFICIENT and MATH, and FLASH for
+    float16."""
+    return tuple(impl for impl in SDPA_IMPLS
+                 if impl != "sdpa_flash" or dtype in SDPA_FLASH_DTYPES)
 
 # The shapes of docs/performance.md's table against SDPA: what the command times on a GPU
 # when no --shapes are given.

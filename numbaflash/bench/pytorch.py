@@ -1,6 +1,7 @@
 """The PyTorch side (optional, imported only when it is there and needed): SDPA's masks
 and backends, float64 references from SDPA MATH (``TorchOracle``), and the timing of
-SDPA EFFICIENT and MATH on the same inputs as numbaflash (``_bench_sdpa``).
+SDPA EFFICIENT and MATH (and FLASH for float16) on the same inputs as numbaflash
+(``_bench_sdpa``).
 
 The functions take the ``torch`` module as an argument (``_torch_cuda()`` returns it, or
 None where there is no PyTorch with CUDA), so importing this module does not import it.
@@ -12,7 +13,7 @@ from contextlib import contextmanager, nullcontext
 import numpy as np
 
 from .agreement import MULT, _agreement, _lse_agreement
-from .cases import SDPA_IMPLS, _base_record
+from .cases import _base_record, sdpa_impls
 from .library import masks, simulating
 from .timing import _nbytes, _timer_name, time_ms
 
@@ -55,7 +56,8 @@ def sdpa_mask(torch, Sq, Sk, causal, device):
 
 def _sdpa_backend(torch, name):
     from torch.nn.attention import SDPBackend
-    return {"efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}[name]
+    return {"efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH,
+            "flash": SDPBackend.FLASH_ATTENTION}[name]
 
 
 def torch_extra_memory_bytes(torch, fn):
@@ -165,10 +167,12 @@ class TorchOracle:
 
 
 def _bench_sdpa(torch, shape, causal, dtype, passes, tensors, repeats, warmup, progress):
-    """Records of PyTorch SDPA (EFFICIENT, and MATH with TF32 off) for one case.
+    """Records of PyTorch SDPA (EFFICIENT, MATH with TF32 off, and FLASH for float16) for
+    one case.
 
-    A backend that cannot run the case (EFFICIENT has no float64 kernel; MATH can run out
-    of memory at long sequences) gets a record with ``ms: None`` and the error as its note.
+    A backend that cannot run the case (EFFICIENT has no float64 kernel; FLASH takes no
+    explicit mask; MATH can run out of memory at long sequences) gets a record with
+    ``ms: None`` and the error as its note.
     SDPA is the baseline: its results are not checked (``ok: None``).
     """
     import torch.nn.functional as F
@@ -184,7 +188,7 @@ def _bench_sdpa(torch, shape, causal, dtype, passes, tensors, repeats, warmup, p
         return F.scaled_dot_product_attention(a, b, c, attn_mask=mask, is_causal=is_causal)
 
     records = []
-    for impl in SDPA_IMPLS:
+    for impl in sdpa_impls(dtype):
         name = impl.split("_")[1]
         tf32 = _tf32_off(torch) if name == "math" else nullcontext()
         with tf32, sdpa_kernel(_sdpa_backend(torch, name)):
@@ -192,9 +196,9 @@ def _bench_sdpa(torch, shape, causal, dtype, passes, tensors, repeats, warmup, p
                 rec = _base_record(shape, causal, dtype, what, impl)
                 records.append(rec)
                 progress.step(f"{what:8s} {shape} causal={causal} {dtype} {impl}")
-                rec["kernel"] = ("EFFICIENT_ATTENTION" if name == "efficient" else
-                                 "MATH (TF32 off)") + (", explicit bottom-right mask"
-                                                       if mask is not None else "")
+                rec["kernel"] = {"efficient": "EFFICIENT_ATTENTION", "math": "MATH (TF32 off)",
+                                 "flash": "FLASH_ATTENTION"}[name] + (
+                                     ", explicit bottom-right mask" if mask is not None else "")
                 o = None
                 try:
                     if what == "forward":

@@ -20,7 +20,8 @@ For every shape, causal mode and dtype, ``run`` does, in this order:
    and the device memory a call takes beyond its outputs (``timing.extra_memory_bytes``).
 5. Compare. PyTorch SDPA on the same inputs in the same process: the EFFICIENT backend
    (the ratio ``vs_sdpa`` = SDPA EFFICIENT time / our time: above 1 means faster than
-   SDPA) and the MATH backend with TF32 off (plain float32 arithmetic, N x N memory).
+   SDPA) and the MATH backend with TF32 off (plain float32 arithmetic, N x N memory);
+   for float16 inputs also the FLASH backend (flash-attention's kernels, float16 only).
 
 Under the CUDA simulator (NUMBA_ENABLE_CUDASIM=1) everything runs, checks included, but
 the times measure Python executing the simulated threads, not a GPU: they say nothing
@@ -39,7 +40,8 @@ import numpy as np
 from numba import cuda
 
 from .agreement import NumpyOracle
-from .cases import PASSES, SDPA_IMPLS, _base_record, _check_arguments, _impl_name
+from .cases import (PASSES, SDPA_IMPLS, _base_record, _check_arguments, _impl_name,
+                    sdpa_impls)
 from .library import FORWARD_VERSIONS, backend, explain, explain_backward
 from .pytorch import TorchOracle, _bench_sdpa, _torch_cuda
 from .timing import _timer_name, extra_memory_bytes, flops, time_ms
@@ -230,7 +232,8 @@ def run(shapes, *, causal=(False, True), dtype="float32", passes=PASSES, version
             d > 128) gets a record with a "not run: ..." note. The backward has one
             default version and is timed once per case, as "numbaflash".
         repeats, warmup: runs timed (median taken) and runs before them.
-        sdpa: also time PyTorch SDPA EFFICIENT and MATH (when PyTorch with CUDA is there).
+        sdpa: also time PyTorch SDPA EFFICIENT and MATH, and FLASH for float16 (when
+            PyTorch with CUDA is there).
         check: compare with a float64 reference before timing (see this module's docstring);
             switching it off leaves ``ok`` None.
         progress: a line per timing on stderr.
@@ -255,7 +258,7 @@ def run(shapes, *, causal=(False, True), dtype="float32", passes=PASSES, version
     with_sdpa = sdpa and torch is not None
     n_numbaflash = (len(versions) * sum(p in passes for p in ("forward", "fwd+bwd"))
                     + ("backward" in passes))
-    per_case = n_numbaflash + (len(SDPA_IMPLS) * len(passes) if with_sdpa else 0)
+    per_case = n_numbaflash + (len(sdpa_impls(dtype)) * len(passes) if with_sdpa else 0)
     bar = _Progress(len(shapes) * len(causal) * per_case, progress)
     need_backward = "backward" in passes or "fwd+bwd" in passes
 
