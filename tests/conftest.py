@@ -97,6 +97,21 @@ def pytest_report_header(config):
             f"switchinterval={sys.getswitchinterval()}")
 
 
+@pytest.fixture
+def no_launch(monkeypatch):
+    """Fail the test if anything reaches a kernel launch: for input that validation must
+    refuse first (or that needs no launch at all)."""
+    import numbaflash.api
+    import numbaflash.launcher
+
+    def launched(*args, **kwargs):
+        raise AssertionError("a kernel was launched; validation should have raised first")
+    for module in (numbaflash.api, numbaflash.launcher):
+        monkeypatch.setattr(module, "launch_forward", launched)
+        monkeypatch.setattr(module, "launch_backward", launched)
+    monkeypatch.setattr(numbaflash.launcher, "launch", launched)
+
+
 @pytest.fixture(scope="module")
 def nan_prefilled_outputs():
     """Make numbaflash allocate kernel outputs pre-filled with NaN (see module docstring)."""

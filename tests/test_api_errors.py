@@ -27,16 +27,6 @@ from numbaflash.kernels.backward import VERSIONS as BACKWARD_VERSIONS
 from numbaflash.kernels.forward import VERSIONS
 
 
-@pytest.fixture
-def no_launch(monkeypatch):
-    """Fail the test if anything reaches the kernel launcher."""
-    def launched(*args, **kwargs):
-        raise AssertionError("a kernel was launched; validation should have raised first")
-    monkeypatch.setattr(numbaflash.api, "launch_forward", launched)
-    monkeypatch.setattr(numbaflash.launcher, "launch_forward", launched)
-    monkeypatch.setattr(numbaflash.launcher, "launch", launched)
-
-
 def plan_as_on_a_gpu(monkeypatch, limit=None):
     """Plan as numbaflash plans on a GPU (``policy.backend`` says "gpu"; nothing is
     launched), with a GPU that allows a block ``limit`` bytes of dynamic shared memory
