@@ -25,6 +25,15 @@ Where the tensors live decides the path:
 
 The forward saves out and the logsumexp lse; the backward runs numbaflash's backward
 kernels (FlashAttention-2 Algorithm 2), which recompute the probabilities from them.
+
+``torch.compile``: the forward and the backward are registered as PyTorch custom ops
+(``numbaflash::attention_forward``, ``numbaflash::attention_backward``) with shape
+functions, so a compiled model keeps them in its graph (no graph break) whenever the call
+has no Python device functions; a call with ``score_mod`` or ``mask_mod`` (Numba device
+functions, which an op's schema cannot carry) runs eagerly: one graph break there.
+Outside compilation the same kernels run through a ``torch.autograd.Function`` (less
+Python per call). CUDA graph capture is refused with a RuntimeError: a call allocates
+its outputs and the backward reads a flag back to the host, which a capture forbids.
 """
 
 import numpy as np
@@ -39,6 +48,8 @@ from . import api
 from .validate import check_attention_inputs
 
 __all__ = ["attention", "scaled_dot_product_attention", "flash_attn_func"]
+
+_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
 
 # torch dtype -> what the kernels take; bfloat16 is refused by name in _check_tensors
 _DTYPES = (torch.float16, torch.float32, torch.float64)
@@ -132,6 +143,99 @@ class _Attention(torch.autograd.Function):
                 None, None, None, None)
 
 
+def _refuse_capture(device):
+    """RuntimeError if PyTorch is capturing a CUDA graph on ``device``'s current stream."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            "numbaflash cannot run inside CUDA graph capture: each call allocates its "
+            "outputs (cuMemAlloc) and the backward copies a flag back to the host, which "
+            "a capture does not allow; call it outside torch.cuda.graph(...)")
+
+
+# --- custom ops: what torch.compile sees ----------------------------------------------------
+#
+# An op's schema holds tensors, numbers and strings only, so the options travel as those:
+# causal as "" (none), "bottom_right" or "top_left", window_size and tiles as int lists.
+
+def _causal_word(causal):
+    if causal is None or causal is False:
+        return ""
+    if causal is True:
+        return "bottom_right"
+    if isinstance(causal, str):
+        return causal
+    raise TypeError(f"causal must be False, True, 'bottom_right' or 'top_left'; got "
+                    f"{causal!r}")
+
+
+def _options(causal, scale, window, softcap, version, tiles):
+    """numbaflash's keyword arguments from an op's arguments."""
+    return dict(causal=causal or False, scale=scale,
+                window_size=None if window is None else tuple(window), softcap=softcap,
+                version=version, tiles=None if tiles is None else tuple(tiles))
+
+
+@torch.library.custom_op("numbaflash::attention_forward", mutates_args=())
+def _forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                alibi_slopes: torch.Tensor | None, attn_mask: torch.Tensor | None,
+                causal: str, scale: float | None, window: list[int] | None,
+                softcap: float | None, version: str | None, tiles: list[int] | None,
+                backward_version: str | None,
+                backward_tiles: list[int] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward (backward_version and backward_tiles are for the op's backward)."""
+    _refuse_capture(q.device)
+    out, lse = api.attention(_array(q), _array(k), _array(v), return_lse=True,
+                             alibi_slopes=_array(alibi_slopes), attn_mask=_array(attn_mask),
+                             **_options(causal, scale, window, softcap, version, tiles))
+    return _tensor(out, q.device), _tensor(lse, q.device)
+
+
+@_forward_op.register_fake
+def _(q, k, v, alibi_slopes, attn_mask, causal, scale, window, softcap, version, tiles,
+      backward_version, backward_tiles):
+    lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=lse_dtype)
+
+
+@torch.library.custom_op("numbaflash::attention_backward", mutates_args=())
+def _backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 out: torch.Tensor, lse: torch.Tensor, alibi_slopes: torch.Tensor | None,
+                 attn_mask: torch.Tensor | None, causal: str, scale: float | None,
+                 window: list[int] | None, softcap: float | None, version: str | None,
+                 tiles: list[int] | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    _refuse_capture(q.device)
+    grads = api.attention_backward(
+        _array(dout), _array(q), _array(k), _array(v), _array(out), _array(lse),
+        alibi_slopes=_array(alibi_slopes), attn_mask=_array(attn_mask),
+        **_options(causal, scale, window, softcap, version, tiles))
+    return tuple(_tensor(g, q.device) for g in grads)
+
+
+@_backward_op.register_fake
+def _(dout, q, k, v, out, lse, alibi_slopes, attn_mask, causal, scale, window, softcap,
+      version, tiles):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_forward_op(ctx, inputs, output):
+    q, k, v, alibi_slopes, attn_mask, *options = inputs
+    ctx.save_for_backward(q, k, v, *output, alibi_slopes, attn_mask)
+    # causal, scale, window, softcap, version, tiles, backward_version, backward_tiles
+    ctx.options = options
+    ctx.mark_non_differentiable(output[1])
+
+
+def _backward_of_forward_op(ctx, dout, _dlse):
+    q, k, v, out, lse, alibi_slopes, attn_mask = ctx.saved_tensors
+    causal, scale, window, softcap, _, _, version, tiles = ctx.options
+    dq, dk, dv = _backward_op(dout.contiguous(), q, k, v, out, lse, alibi_slopes, attn_mask,
+                              causal, scale, window, softcap, version, tiles)
+    return (dq, dk, dv) + (None,) * 10
+
+
+_forward_op.register_autograd(_backward_of_forward_op, setup_context=_setup_forward_op)
+
+
 def attention(q, k, v, *, causal=False, scale=None, window_size=None, alibi_slopes=None,
               softcap=None, attn_mask=None, score_mod=None, score_mod_grad=None,
               mask_mod=None, version=None, tiles=None, backward_version=None,
@@ -167,6 +271,19 @@ def attention(q, k, v, *, causal=False, scale=None, window_size=None, alibi_slop
             when a gradient is needed; raised before anything is launched.
     """
     _check_tensors(q=q, k=k, v=v, alibi_slopes=alibi_slopes, attn_mask=attn_mask)
+    if _compiling():
+        if score_mod is None and score_mod_grad is None and mask_mod is None:
+            return _compiled_attention(q, k, v, causal, scale, window_size, alibi_slopes,
+                                       softcap, attn_mask, version, tiles, backward_version,
+                                       backward_tiles)
+        return _eager_attention(q, k, v, causal=causal, scale=scale, window_size=window_size,
+                                alibi_slopes=alibi_slopes, softcap=softcap,
+                                attn_mask=attn_mask, score_mod=score_mod,
+                                score_mod_grad=score_mod_grad, mask_mod=mask_mod,
+                                version=version, tiles=tiles,
+                                backward_version=backward_version,
+                                backward_tiles=backward_tiles)
+    _refuse_capture(q.device)
     variants = dict(window_size=window_size, softcap=softcap, score_mod=score_mod,
                     score_mod_grad=score_mod_grad, mask_mod=mask_mod)
     needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
@@ -193,6 +310,28 @@ def attention(q, k, v, *, causal=False, scale=None, window_size=None, alibi_slop
     out, _ = _Attention.apply(q, k, v, _compact(alibi_slopes), _compact(attn_mask),
                               forward_options, backward_options)
     return out
+
+
+def _compiled_attention(q, k, v, causal, scale, window_size, alibi_slopes, softcap,
+                        attn_mask, version, tiles, backward_version, backward_tiles):
+    """``attention`` while torch.compile traces: the custom op, which validates its
+    inputs when it runs (the shape function only says what it returns)."""
+    window = None if window_size is None else [int(w) for w in window_size]
+    out, _ = _forward_op(q.contiguous(), k.contiguous(), v.contiguous(),
+                         _compact(alibi_slopes), _compact(attn_mask), _causal_word(causal),
+                         None if scale is None else float(scale), window,
+                         None if softcap is None else float(softcap), version,
+                         None if tiles is None else [int(t) for t in tiles],
+                         backward_version,
+                         None if backward_tiles is None else [int(t) for t in backward_tiles])
+    return out
+
+
+@torch.compiler.disable
+def _eager_attention(q, k, v, **options):
+    """``attention`` with a score_mod or mask_mod under torch.compile: run eagerly (a graph
+    break), since an op's schema cannot carry a Numba device function."""
+    return attention(q, k, v, **options)
 
 
 # --- PyTorch's scaled_dot_product_attention -------------------------------------------------
@@ -353,7 +492,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=None if window == (-1, -1) else window,
                     softcap=None if softcap == 0.0 else softcap, alibi_slopes=alibi_slopes)
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))        # (batch, heads, seqlen, d) views
-    # Validate before the copies below (on a GPU, launches).
-    check_attention_inputs(qt, kt, vt, **variants)
+    # Validate before the copies below (on a GPU, launches); under torch.compile the
+    # op validates when it runs.
+    if not _compiling():
+        check_attention_inputs(qt, kt, vt, **variants)
     out = attention(qt.contiguous(), kt.contiguous(), vt.contiguous(), **variants)
     return out.transpose(1, 2).contiguous()                     # (batch, Sq, Hq, d)

@@ -328,3 +328,72 @@ def test_tiny_model_trains_like_sdpa(dtype, rtol):
     want = _loss_curve(F.scaled_dot_product_attention, dtype)
     assert got[-1] < got[0]                       # it learns
     np.testing.assert_allclose(got, want, rtol=rtol, atol=0)
+
+
+# --- torch.compile and CUDA graphs ------------------------------------------------------------
+
+def _compile_case():
+    q, k, v = qkv(Sq=7, Sk=9)
+    dout = randn(1, 2, 7, 4, seed=7, grad=False)
+    return q, k, v, dout
+
+
+def test_compile_keeps_the_kernels_in_one_graph():
+    """torch.compile(fullgraph=True) of the three functions: no graph break (the custom
+    ops numbaflash::attention_forward and attention_backward are in the graph), and the
+    results and gradients are bitwise the eager ones (the same kernels run)."""
+    q, k, v, dout = _compile_case()
+
+    def fn(q, k, v):
+        return (nft.attention(q, k, v, causal=True, window_size=(3, 0), softcap=2.0)
+                + nft.scaled_dot_product_attention(q, k, v, is_causal=True)
+                + nft.flash_attn_func(q.transpose(1, 2), k.transpose(1, 2),
+                                      v.transpose(1, 2), causal=True).transpose(1, 2))
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True, dynamic=False)
+    out, grads = grads_of(compiled, (q, k, v), dout)
+    out_e, grads_e = grads_of(fn, (q, k, v), dout)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), (out, *grads), (out_e, *grads_e)):
+        assert_bitwise_equal(name, a.numpy(), b.numpy())
+
+
+@pytest.mark.skipif(TORCH_VERSION < (2, 4), reason="torch._dynamo.explain's fields")
+def test_compile_with_a_mask_mod_breaks_the_graph_once():
+    """A mask_mod is a Numba device function, which an op cannot carry: that call runs
+    eagerly, one graph break, and gives the eager result."""
+    from numba import cuda
+
+    @cuda.jit(device=True)
+    def even_keys(b, h, q_idx, kv_idx):
+        return kv_idx % 2 == 0
+
+    q, k, v, dout = _compile_case()
+
+    def fn(q, k, v):
+        return nft.attention(q * 2, k, v, mask_mod=even_keys) * 3
+    explained = torch._dynamo.explain(fn)(q, k, v)
+    assert explained.graph_break_count == 1, explained
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="aot_eager", dynamic=False)
+    out, grads = grads_of(compiled, (q, k, v), dout)
+    out_e, grads_e = grads_of(fn, (q, k, v), dout)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), (out, *grads), (out_e, *grads_e)):
+        assert_bitwise_equal(name, a.numpy(), b.numpy())
+
+
+def test_cuda_graph_capture_is_refused_with_a_clear_error(monkeypatch, no_launch):
+    """Under capture (simulated here: the check asks PyTorch whether the current stream is
+    capturing) a CUDA call raises before anything runs; CPU tensors are never captured."""
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="CUDA graph capture"):
+        nft._refuse_capture(torch.device("cuda", 0))
+    nft._refuse_capture(torch.device("cpu"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_graph_capture_raises_on_the_gpu():
+    q, k, v = (x.detach().cuda() for x in qkv(dtype=torch.float32))
+    nft.attention(q, k, v)                              # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="CUDA graph capture"):
+        with torch.cuda.graph(graph):
+            nft.attention(q, k, v)
