@@ -6,6 +6,8 @@ such as CuPy arrays and PyTorch CUDA tensors) -> Numba device arrays out; the da
 leaves the GPU. Under the simulator, its fake device arrays play that role.
 """
 
+import contextlib
+import contextvars
 import math
 import weakref
 
@@ -141,11 +143,37 @@ class _Pool:
         # else: dropping ``base`` frees it through Numba, as any device array
 
 
+# --- outputs from another library's allocator ----------------------------------------------
+#
+# Inside ``with allocator(fn):`` every device output and scratch buffer of a call comes from
+# ``fn(shape, dtype)``, which returns an object with ``__cuda_array_interface__`` (it keeps
+# the memory alive for as long as the output is used). numbaflash.torch passes
+# ``torch.empty``: its outputs then come from PyTorch's caching allocator on PyTorch's
+# current stream, where the kernels run too, so PyTorch accounts for the memory and orders
+# its reuse as for any tensor of its own. (Not used under the simulator.)
+
+_ALLOCATE = contextvars.ContextVar("numbaflash_allocate", default=None)
+
+
+@contextlib.contextmanager
+def allocator(fn):
+    """Make ``fn(shape, dtype)`` allocate the device outputs of the calls inside."""
+    token = _ALLOCATE.set(fn)
+    try:
+        yield
+    finally:
+        _ALLOCATE.reset(token)
+
+
 def device_empty(shape, dtype, stream=DEFAULT):
-    """An uninitialised device array for work on ``stream`` (a streams.CallStream);
-    small ones reuse cached buffers of that stream (above)."""
+    """An uninitialised device array for work on ``stream`` (a streams.CallStream): from
+    the caller's allocator inside ``allocator(fn)``; else small ones reuse cached buffers
+    of that stream (above)."""
     dtype = np.dtype(dtype)
     nbytes = dtype.itemsize * math.prod(shape)
+    allocate = _ALLOCATE.get()
+    if allocate is not None and nbytes and not simulating():
+        return cuda.as_cuda_array(allocate(shape, dtype))
     if simulating() or nbytes == 0 or nbytes > POOL_MAX_BUFFER:
         return cuda.device_array(shape, dtype=dtype)
     context = cuda.current_context()

@@ -16,9 +16,9 @@ does (``pip install numbaflash[torch]``). Three functions, all differentiable th
 Where the tensors live decides the path:
 
 - CUDA tensors go straight to the kernels through ``__cuda_array_interface__`` (no copy
-  for C-contiguous tensors), on PyTorch's current stream (numbaflash/streams.py), and the
-  results come back as tensors on q's device that share the kernels' output memory
-  (``torch.as_tensor``, no copy).
+  for C-contiguous tensors), on PyTorch's current stream (numbaflash/streams.py); the
+  outputs are allocated by PyTorch's caching allocator on that stream
+  (``arrays.allocator``) and come back as tensors on q's device (no copy).
 - CPU tensors go through NumPy (``tensor.numpy()`` and ``torch.from_numpy``, no copies of
   their own): on a machine without a GPU the kernels run in the CUDA simulator
   (``NUMBA_ENABLE_CUDASIM=1``), so a tiny model trains with autograd on a laptop.
@@ -36,6 +36,8 @@ Python per call). CUDA graph capture is refused with a RuntimeError: a call allo
 its outputs and the backward reads a flag back to the host, which a capture forbids.
 """
 
+import contextlib
+
 import numpy as np
 
 try:
@@ -44,7 +46,7 @@ except ImportError as e:            # pragma: no cover - only without PyTorch
     raise ImportError("numbaflash.torch needs PyTorch: pip install numbaflash[torch] "
                       "(or pip install torch)") from e
 
-from . import api
+from . import api, arrays
 from .validate import check_attention_inputs
 
 __all__ = ["attention", "scaled_dot_product_attention", "flash_attn_func"]
@@ -92,6 +94,20 @@ def _array(x):
     return x if x.is_cuda else x.numpy()
 
 
+_TORCH_DTYPES = {np.dtype(np.float16): torch.float16, np.dtype(np.float32): torch.float32,
+                 np.dtype(np.float64): torch.float64}
+
+
+def _outputs_from(device):
+    """Where the kernels' outputs come from: PyTorch's caching allocator for CUDA tensors
+    (``torch.empty`` on ``device``, PyTorch's current stream: arrays.allocator), nothing
+    special for CPU tensors."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    return arrays.allocator(lambda shape, dtype: torch.empty(
+        shape, dtype=_TORCH_DTYPES[np.dtype(dtype)], device=device))
+
+
 def _tensor(x, device):
     """A torch tensor on ``device`` for what numbaflash returned, without a copy: a NumPy
     array (CPU inputs) or a Numba device array (CUDA inputs; the tensor keeps it alive)."""
@@ -122,9 +138,10 @@ class _Attention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, alibi_slopes, attn_mask, forward_options, backward_options):
-        out, lse = api.attention(_array(q), _array(k), _array(v), return_lse=True,
-                                 alibi_slopes=_array(alibi_slopes),
-                                 attn_mask=_array(attn_mask), **forward_options)
+        with _outputs_from(q.device):
+            out, lse = api.attention(_array(q), _array(k), _array(v), return_lse=True,
+                                     alibi_slopes=_array(alibi_slopes),
+                                     attn_mask=_array(attn_mask), **forward_options)
         out, lse = _tensor(out, q.device), _tensor(lse, q.device)
         ctx.mark_non_differentiable(lse)
         ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, attn_mask)
@@ -134,10 +151,11 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse, alibi_slopes, attn_mask = ctx.saved_tensors
-        dq, dk, dv = api.attention_backward(
-            _array(dout.contiguous()), _array(q), _array(k), _array(v), _array(out),
-            _array(lse), alibi_slopes=_array(alibi_slopes), attn_mask=_array(attn_mask),
-            **ctx.backward_options)
+        with _outputs_from(q.device):
+            dq, dk, dv = api.attention_backward(
+                _array(dout.contiguous()), _array(q), _array(k), _array(v), _array(out),
+                _array(lse), alibi_slopes=_array(alibi_slopes), attn_mask=_array(attn_mask),
+                **ctx.backward_options)
         # No gradient for alibi_slopes or attn_mask, nor for the options.
         return (_tensor(dq, q.device), _tensor(dk, q.device), _tensor(dv, q.device),
                 None, None, None, None)
@@ -184,9 +202,11 @@ def _forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 backward_tiles: list[int] | None) -> tuple[torch.Tensor, torch.Tensor]:
     """The forward (backward_version and backward_tiles are for the op's backward)."""
     _refuse_capture(q.device)
-    out, lse = api.attention(_array(q), _array(k), _array(v), return_lse=True,
-                             alibi_slopes=_array(alibi_slopes), attn_mask=_array(attn_mask),
-                             **_options(causal, scale, window, softcap, version, tiles))
+    with _outputs_from(q.device):
+        out, lse = api.attention(_array(q), _array(k), _array(v), return_lse=True,
+                                 alibi_slopes=_array(alibi_slopes),
+                                 attn_mask=_array(attn_mask),
+                                 **_options(causal, scale, window, softcap, version, tiles))
     return _tensor(out, q.device), _tensor(lse, q.device)
 
 
@@ -204,10 +224,11 @@ def _backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
                  window: list[int] | None, softcap: float | None, version: str | None,
                  tiles: list[int] | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     _refuse_capture(q.device)
-    grads = api.attention_backward(
-        _array(dout), _array(q), _array(k), _array(v), _array(out), _array(lse),
-        alibi_slopes=_array(alibi_slopes), attn_mask=_array(attn_mask),
-        **_options(causal, scale, window, softcap, version, tiles))
+    with _outputs_from(q.device):
+        grads = api.attention_backward(
+            _array(dout), _array(q), _array(k), _array(v), _array(out), _array(lse),
+            alibi_slopes=_array(alibi_slopes), attn_mask=_array(attn_mask),
+            **_options(causal, scale, window, softcap, version, tiles))
     return tuple(_tensor(g, q.device) for g in grads)
 
 

@@ -397,3 +397,22 @@ def test_cuda_graph_capture_raises_on_the_gpu():
     with pytest.raises(RuntimeError, match="CUDA graph capture"):
         with torch.cuda.graph(graph):
             nft.attention(q, k, v)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_outputs_come_from_pytorchs_allocator():
+    """The outputs (and gradients) of a CUDA call are memory of PyTorch's caching
+    allocator: torch.cuda.memory_allocated grows by at least their size while they live."""
+    q, k, v = (x.detach().cuda().requires_grad_() for x in qkv(Sq=300, Sk=300, d=64,
+                                                                dtype=torch.float32))
+    nft.attention(q, k, v).sum().backward()                 # compile outside the count
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    out = nft.attention(q, k, v)
+    assert torch.cuda.memory_allocated() - before >= out.numel() * 4
+    for x in (q, k, v):
+        x.grad = None
+    before = torch.cuda.memory_allocated()
+    out.sum().backward()
+    grads = q.numel() + k.numel() + v.numel()
+    assert torch.cuda.memory_allocated() - before >= grads * 4
