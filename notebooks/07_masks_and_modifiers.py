@@ -246,8 +246,9 @@ check_backward("MQA, causal", dout, q, k1, v1, out, lse, (dq, dk, dv), causal=Tr
 # On a GPU the cost of attention is the number of tiles visited. A sliding window of
 # $w$ keys visits about $(w + B_r)/B_c + 1$ tiles per Q tile instead of up to $N/B_c$,
 # and a document mask about one tile row per document. Timed here at (1, 8, 8192, 64). At
-# N = 16384 on an H200, a window of 256 keys ran 16.5x faster than full causal attention
-# forward, and 25.5x forward + backward (`lab/runs/2026-12-01/09_variants_gpu.txt`).
+# N = 16384 on an H200, on the default kernels: docs/variants.md, "On the H200", has the
+# window against full causal attention and every variant against what you would run
+# otherwise, with the command that measured them.
 
 # %%
 if not SIM:

@@ -81,7 +81,8 @@ def attention(q, k, v, *, causal=False, scale=None, window_size=None, alibi_slop
     kernel.
 
     Variants (docs/variants.md; each is compiled into the kernel, never applied by Python
-    per element; v1 and v2 forward, v1 backward):
+    per element; forward v1, v2, v5 to v9 and backward v1, v4, v6 take them, so the
+    defaults do):
         window_size: (left, right) sliding window, flash-attention's convention: query i
             sees keys j with i + Sk - Sq - left <= j <= i + Sk - Sq + right; -1 means
             unbounded on that side. Combines with ``causal`` (causal=True is (-1, 0)).
@@ -126,7 +127,7 @@ def attention(q, k, v, *, causal=False, scale=None, window_size=None, alibi_slop
             v6, v8 and v9 want multiples of 16, v7 Br a multiple of 16 and Bc of 32); None
             uses the documented rule in the version's file.
         window_size, alibi_slopes, softcap, attn_mask, score_mod, score_mod_grad, mask_mod:
-            attention variants (see "Variants" above; v1 and v2 run them).
+            attention variants (see "Variants" above).
         stream: the CUDA stream to run on: a Numba, PyTorch or CuPy stream, or a CUstream
             handle (int). None: the stream device inputs name in their CUDA Array
             Interface (PyTorch's or CuPy's current stream), else the default stream
@@ -218,11 +219,11 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, win
             the forward. No gradient is returned for alibi_slopes or attn_mask.
         score_mod_grad: d score_mod / d score (a Numba device function), required with a
             score_mod (ValueError otherwise).
-        version: backward version ("v1": deterministic, the default for variants; "v2":
+        version: backward version ("v1": deterministic, the first rung; "v2":
             atomic dQ, a lesson, float32/float64 only; "v3": register-blocked,
-            deterministic, the default for plain attention in float64 and at d > 128;
-            "v4": v3 with dynamic shared memory for larger tiles, the default for plain
-            attention in float32 and float16 with d <= 128 on the simulator; "v5":
+            deterministic, the default for plain attention in float64 and at d > 128
+            (v1 with a variant there); "v4": v3 with dynamic shared memory for larger
+            tiles, the default in float32 and float16 with d <= 128 on the simulator; "v5":
             tensor cores (3xTF32); "v6": v5 made cheaper, the default for that
             attention on a GPU. v5 and v6 take finite inputs only: the call checks them
             first and, if one is NaN or inf, runs v4 and logs why for the default, or

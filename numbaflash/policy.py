@@ -52,72 +52,107 @@ def where_to_plan(where):
     return where
 
 
+def serves(ladder, version, p):
+    """Whether ``version`` of ``ladder`` (kernels.forward or kernels.backward) computes
+    Problem ``p``: plain attention, or a variant if the version takes variants (its
+    module's VARIANTS)."""
+    return needs_variants(p) is None or ladder.module(version).VARIANTS
+
+
+def _variant_note(p):
+    """What the reason adds for a variant: which pieces the kernel compiles in."""
+    wanted = needs_variants(p)
+    return "" if wanted is None else f"; with the variant compiled in: {wanted}"
+
+
 def default_forward_version(p, where):
-    """The default forward version for Problem ``p`` on ``where``, and why."""
-    if needs_variants(p) is not None:
-        return "v2", "v2 is the default for variants: v3 to v9 compute plain attention only"
+    """The default forward version for Problem ``p`` on ``where``, and why. A variant
+    never forces a slower version where a faster one computes it (``serves``)."""
+    wanted = needs_variants(p)
     if p.acc_dtype != "float32":
         return "v2", "v2 is the default in float64 (v4 to v9 were measured in float32 only)"
     if p.d > SIMT_MAX_HEAD_DIM:
         return "v2", (f"v2 is the default at head dim {p.d} > {SIMT_MAX_HEAD_DIM} (v4 to v9 "
                       f"were measured faster at d <= {SIMT_MAX_HEAD_DIM} only)")
     if where != "gpu":
-        return "v5", ("v5 is the default for plain attention in float32 with d <= "
+        if not serves(forward, "v5", p):
+            return "v2", (f"v2 is the default for variants ({wanted}) on the simulator: v5 "
+                          "computes plain attention only")
+        return "v5", ("v5 is the default in float32 with d <= "
                       f"{SIMT_MAX_HEAD_DIM} on the simulator: register-blocked, its tiles in "
                       "dynamic shared memory, exact for every input, and the fastest there "
                       "(v8, the GPU's default, runs on the simulator too, through "
                       "kernels/simulated.py, but each of its mma is a rendezvous of a warp's "
-                      "32 Python threads); on a GPU, v8 runs instead")
+                      "32 Python threads); on a GPU, v8 runs instead" + _variant_note(p))
     limit = device_dynamic_shared_limit(where)
     v6, v7, v9 = forward.module("v6"), forward.module("v7"), forward.module("v9")
-    if v7.refusal(p, where) is None and v7.tiles_within(p.d, limit) is not None:
-        return "v7", ("v7 is the default for plain attention in float16 with d <= "
+    if (v7.refusal(p, where) is None and v7.tiles_within(p.d, limit) is not None
+            and serves(forward, "v7", p)):
+        return "v7", ("v7 is the default in float16 with d <= "
                       f"{v7.V7_MAX_HEAD_DIM} on a GPU: float16 products on the tensor cores "
                       "(m16n8k16, float32 sums; P~ rounded to float16 for P~ V), NaN and inf "
-                      "placed exactly as by v6, 2.2x-2.4x v6's speed on the H200")
+                      "placed exactly as by v6, 2.2x-2.4x v6's speed on the H200"
+                      + _variant_note(p))
     if v6.tiles_within(p.d, limit) is None:
+        if not serves(forward, "v5", p):
+            return "v2", (f"v2 is the default for variants ({wanted}) here: no v6 tile fits "
+                          f"head dim {p.d} in this GPU's {limit} bytes of shared memory per "
+                          "block, and v5 computes plain attention only")
         return "v5", (f"v5 is the default here: no v6 tile fits head dim {p.d} in this GPU's "
                       f"{limit} bytes of shared memory per block, and v5 (register-blocked "
-                      "SIMT, exact for every input) is the fastest version that does")
+                      "SIMT, exact for every input) is the fastest version that does"
+                      + _variant_note(p))
     if (p.d >= V9_MIN_HEAD_DIM and v9.refusal(p, where) is None
-            and v6.tiles_within(p.d, limit, v9.v9_shared_bytes) is not None):
-        return "v9", ("v9 is the default for plain attention in float32 with "
+            and v6.tiles_within(p.d, limit, v9.v9_shared_bytes) is not None
+            and serves(forward, "v9", p)):
+        return "v9", ("v9 is the default in float32 with "
                       f"{V9_MIN_HEAD_DIM} <= d <= {v6.V6_MAX_HEAD_DIM} on a GPU: v8 "
                       "(3xTF32 tensor cores, exact for every input) with the next K/V tile "
                       "copied into shared memory (cp.async) while this one is used, and Qi "
                       "kept plain; bitwise v8's results, 6-7% faster than v8 at d = 128 on "
-                      "the H200")
-    return "v8", ("v8 is the default for plain attention in float32 with d <= "
+                      "the H200" + _variant_note(p))
+    if not serves(forward, "v8", p):
+        return "v2", (f"v2 is the default for variants ({wanted}) here: the tensor-core "
+                      "versions compute plain attention only")
+    return "v8", ("v8 is the default in float32 with d <= "
                   f"{v6.V6_MAX_HEAD_DIM} on a GPU: v6's tensor-core kernel (3xTF32, K/V split "
                   "once per tile, exact for every input) with the next chunk's scores "
                   "computed during this chunk's softmax (bitwise v6's results for the same "
-                  "chunk), the fastest version measured on the H200")
+                  "chunk), the fastest version measured on the H200" + _variant_note(p))
 
 
-def default_backward_version(p, where):
-    """The default backward version for Problem ``p`` on ``where``, and why."""
+def default_backward_version(p, where, tensor_cores=True):
+    """The default backward version for Problem ``p`` on ``where``, and why;
+    ``tensor_cores=False`` leaves out v5 and v6 (inputs that hold NaN or inf)."""
     wanted = needs_variants(p)
-    if wanted is not None:
-        return "v1", (f"v1 is the default for variants ({wanted}): v3 and v4 compute plain "
-                      f"attention only")
-    if (where == "gpu" and p.acc_dtype == "float32" and p.d <= SIMT_MAX_HEAD_DIM
-            and backward.module("v6").tiles_fit(p.d, where)):
-        return "v6", ("v6 is the default for plain attention in float32 and float16 with "
+    if (tensor_cores and where == "gpu" and p.acc_dtype == "float32"
+            and p.d <= SIMT_MAX_HEAD_DIM and backward.module("v6").tiles_fit(p.d, where)
+            and serves(backward, "v6", p)):
+        return "v6", ("v6 is the default in float32 and float16 with "
                       f"d <= {SIMT_MAX_HEAD_DIM} on a GPU: tensor cores (3xTF32), "
                       "deterministic (no atomics), the fastest version measured on the "
-                      "H200 (1.25x-1.39x v4 at d = 64, 1.59x-1.71x at d = 128)")
-    if p.acc_dtype == "float32" and p.d <= SIMT_MAX_HEAD_DIM:
-        if where != "gpu":
+                      "H200 (1.25x-1.39x v4 at d = 64, 1.59x-1.71x at d = 128)"
+                      + _variant_note(p))
+    if (p.acc_dtype == "float32" and p.d <= SIMT_MAX_HEAD_DIM
+            and serves(backward, "v4", p)):
+        if not tensor_cores:
+            why = "; v6 needs finite inputs"
+        elif where != "gpu":
             why = ("; v6, the GPU default, runs on the simulator too (kernels/simulated.py), "
                    "but slower there: each of its mma is a rendezvous of a warp's 32 Python "
                    "threads")
+        elif not serves(backward, "v6", p):
+            why = "; v6 computes plain attention only"
         else:
             why = (f"; no v6 tile fits this GPU's {device_dynamic_shared_limit(where)} bytes of "
                    "shared memory")
-        return "v4", ("v4 is the default for plain attention in float32 with d <= "
+        return "v4", ("v4 is the default in float32 with d <= "
                       f"{SIMT_MAX_HEAD_DIM} here: register-blocked, its tiles in "
                       "dynamic shared memory, deterministic (no atomics, so repeated runs are "
-                      "bitwise identical)" + why)
+                      "bitwise identical)" + why + _variant_note(p))
+    if wanted is not None:
+        return "v1", (f"v1 is the default for variants ({wanted}) here: the faster versions "
+                      "that could run this input compute plain attention only")
     return "v3", (f"v3 is the default for plain attention in {p.acc_dtype} at d = {p.d}: "
                   "register-blocked, deterministic (no atomics, so repeated runs are bitwise "
                   f"identical); v4 was measured in float32 at d <= {SIMT_MAX_HEAD_DIM} only")
@@ -155,11 +190,11 @@ def plan_backward(p, version=None, tiles=None, where=None):
 
 
 def finite_inputs_plans(plans, p, asked, Q, K, V, O, dO, L, stream=DEFAULT):
-    """``plans``, or v4's if they are v5's or v6's and an input holds NaN or inf (the
-    tensor-core backward needs finite inputs). One check kernel over the six arrays and a
-    4-byte copy back, on ``stream`` (a streams.CallStream), which is then waited for.
-    ``asked``: the caller named the version, which then raises ValueError instead of
-    running v4."""
+    """``plans``, or the default's without tensor cores (v4, or v1 for a variant v4 does
+    not take) if they are v5's or v6's and an input holds NaN or inf (the tensor-core
+    backward needs finite inputs). One check kernel over the six arrays and a 4-byte copy
+    back, on ``stream`` (a streams.CallStream), which is then waited for. ``asked``: the
+    caller named the version, which then raises ValueError instead of falling back."""
     version = plans[-1].version
     if version not in ("v5", "v6"):
         return plans
@@ -176,10 +211,12 @@ def finite_inputs_plans(plans, p, asked, Q, K, V, O, dO, L, stream=DEFAULT):
         return plans
     why = (f"the inputs hold NaN or inf (q, k, v, out, dout or lse), and backward "
            f"{version}'s tensor cores would carry them to keys that do not see them")
+    where = plans[-1].backend
+    other, _ = default_backward_version(p, where, tensor_cores=False)
     if asked:
-        raise ValueError(f"backward {version} cannot run this input: {why}; use v4 (the "
+        raise ValueError(f"backward {version} cannot run this input: {why}; use {other} (the "
                          f"default falls back to it)")
-    log.warning("backward: %s; running v4 instead of the default %s", why, version)
-    return Plans(replace(plan, reason=f"{why}: v4 instead of the default {version}; "
+    log.warning("backward: %s; running %s instead of the default %s", why, other, version)
+    return Plans(replace(plan, reason=f"{why}: {other} instead of the default {version}; "
                                       f"{plan.reason}")
-                 for plan in plan_backward(p, "v4"))
+                 for plan in plan_backward(p, other, where=where))

@@ -4,9 +4,10 @@
     compute-sanitizer --tool racecheck python scripts/sanitize_target.py --variants
 
 ``--backward V`` runs only backward version V (after forward v2); ``--forward V`` only
-forward version V. ``--variants`` runs the kernels that support attention variants instead (forward v1, v2,
-backward v1, and the tile-table kernel) with windows, GQA, ALiBi, softcap, masks and a
-mask_mod, on ragged shapes.
+forward version V. ``--variants`` runs the kernels that support attention variants instead (every version
+whose module says VARIANTS, and the tile-table kernel) with windows, GQA, ALiBi, softcap,
+masks and a mask_mod, on ragged shapes, in float32 and float16 (a version that refuses a
+dtype says why and is not run).
 
 ``--forward V`` also runs forward V once on inputs with a NaN in q and k and an inf in v,
 so that the paths that handle non-finite inputs (forward v6's fix-ups) are checked too.
@@ -57,19 +58,38 @@ def variant_cases(rng):
 
 
 def main_variants():
+    from numbaflash.kernels import backward, forward
+    fwd_versions = [v for v in FORWARD_VERSIONS if forward.module(v).VARIANTS]
+    bwd_versions = [v for v in BACKWARD_VERSIONS if backward.module(v).VARIANTS]
     rng = np.random.default_rng(1)
     for name, (B, Hq, Hkv, Sq, Sk, d), opts in variant_cases(rng):
-        q = cuda.to_device(rng.standard_normal((B, Hq, Sq, d)).astype(np.float32))
-        k, v = (cuda.to_device(rng.standard_normal((B, Hkv, Sk, d)).astype(np.float32))
-                for _ in range(2))
-        dout = cuda.to_device(rng.standard_normal((B, Hq, Sq, d)).astype(np.float32))
-        for version in ("v1", "v2"):
-            out, lse = numbaflash.attention(q, k, v, return_lse=True, version=version, **opts)
-            cuda.synchronize()
-            print(f"forward {version} {name}: ok", flush=True)
-        numbaflash.attention_backward(dout, q, k, v, out, lse, **opts)
-        cuda.synchronize()
-        print(f"backward v1 {name}: ok", flush=True)
+        for dtype in (np.float32, np.float16):
+            q = cuda.to_device(rng.standard_normal((B, Hq, Sq, d)).astype(dtype))
+            k, v = (cuda.to_device(rng.standard_normal((B, Hkv, Sk, d)).astype(dtype))
+                    for _ in range(2))
+            dout = cuda.to_device(rng.standard_normal((B, Hq, Sq, d)).astype(dtype))
+            kw = dict(opts)
+            if "attn_mask" in kw and kw["attn_mask"].dtype != np.bool_:
+                kw["attn_mask"] = kw["attn_mask"].astype(dtype)
+            out = lse = None
+            for version in fwd_versions:
+                try:
+                    o, l = numbaflash.attention(q, k, v, return_lse=True, version=version, **kw)
+                except ValueError as e:         # e.g. v7 with float32: says why
+                    print(f"forward {version} {name} {np.dtype(dtype).name}: not run ({e})")
+                    continue
+                cuda.synchronize()
+                out, lse = (o, l) if out is None else (out, lse)
+                print(f"forward {version} {name} {np.dtype(dtype).name}: ok", flush=True)
+            for version in bwd_versions:
+                try:
+                    numbaflash.attention_backward(dout, q, k, v, out, lse, version=version,
+                                                  **kw)
+                except ValueError as e:
+                    print(f"backward {version} {name} {np.dtype(dtype).name}: not run ({e})")
+                    continue
+                cuda.synchronize()
+                print(f"backward {version} {name} {np.dtype(dtype).name}: ok", flush=True)
 
 
 def nonfinite_forward(versions, rng, shape, causal, dtype=np.float32):

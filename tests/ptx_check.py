@@ -109,6 +109,10 @@ def forward_entries():
         acc = "float64" if dtype == "float64" else "float32"
         sig = forward_signature(np.dtype(dtype), np.dtype(acc))
         vsig = forward_variant_signature(np.dtype(dtype), np.dtype(acc))
+
+        def sig_of(version, sig=sig, vsig=vsig):
+            """A version's arguments: with the variant ones if it takes variants."""
+            return vsig if F[version].VARIANTS else sig
         for d in (1, 64, 128, 256):
             for causal in (False, True):
                 tag = f"{dtype}-d{d}-{'causal' if causal else 'full'}"
@@ -125,7 +129,7 @@ def forward_entries():
                     Br, Bc = F["v3"].default_v3_tiles(d)
                     out.append(Entry(f"forward_v3-{tag}-tiles{Br}x{Bc}", "forward",
                                      lambda Bc=Bc, d=d, c=causal: F["v3"].make_forward_v3(Bc, d, c),
-                                     sig, True))
+                                     sig_of("v3"), True))
         # v4 (register-blocked SIMT): its own tile rule (GPU candidates; this script runs
         # without the simulator), d in 1, 59 (padded to the thread grid), 64, 128; eight
         # entries per dtype like v1 and v2 (tests/test_ptx.py counts them)
@@ -136,7 +140,7 @@ def forward_entries():
                 out.append(Entry(f"forward_v4-{tag}-tiles{Br}x{Bc}-thread{TM}x{TN}", "forward",
                                  lambda t=(Br, Bc, TM, TN), d=d, c=causal, a=acc:
                                  F["v4"].make_forward_v4(*t, d, c, a),
-                                 sig, dtype != "float64"))
+                                 sig_of("v4"), dtype != "float64"))
         # v5 (v4 with dynamic shared memory): its own tile rule, the same head dims; ptxas's
         # "smem" shows static shared memory only (1 KB that sm_90 reserves per block): v5's
         # tiles are dynamic, v5_dynamic_shared.v5_shared_bytes of them at launch
@@ -148,7 +152,7 @@ def forward_entries():
                     out.append(Entry(f"forward_v5-{tag}-tiles{Br}x{Bc}-thread{TM}x{TN}",
                                      "forward", lambda t=(Br, Bc, TM, TN), d=d, c=causal, a=acc:
                                      F["v5"].make_forward_v5(*t, d, c, a),
-                                     sig, dtype != "float64"))
+                                     sig_of("v5"), dtype != "float64"))
         # v6 (tensor cores, GPU only): float32 accumulation, d <= 128, its own tile rule;
         # d = 59 pads to the mma's k, d = 128 stages Qi in shared memory. ptxas's "smem"
         # is static only (bad, the 1 KB sm_90 reserves); the tiles are dynamic
@@ -166,7 +170,7 @@ def forward_entries():
                     tag = f"{dtype}-d{d}-{'causal' if causal else 'full'}"
                     out.append(Entry(f"forward_{ver}-{tag}-tiles{Br}x{Bc}", "forward",
                                      lambda t=(Br, Bc), d=d, c=causal, f=factory:
-                                     f(*t, d, c), sig, True))
+                                     f(*t, d, c), sig_of(ver), True))
         # v7 (float16 tensor cores, GPU only): float16 inputs only, d <= 128, its own rule
         if "v7" in forward.VERSIONS and dtype == "float16":
             for d in (1, 59, 64, 128):
@@ -175,7 +179,7 @@ def forward_entries():
                     tag = f"{dtype}-d{d}-{'causal' if causal else 'full'}"
                     out.append(Entry(f"forward_v7-{tag}-tiles{Br}x{Bc}", "forward",
                                      lambda t=(Br, Bc), d=d, c=causal:
-                                     F["v7"].make_forward_v7(*t, d, c), sig, True))
+                                     F["v7"].make_forward_v7(*t, d, c), sig_of("v7"), True))
     assert {e.name.split("-")[0] for e in out} == {f"forward_{v}" for v in forward.VERSIONS}, \
         "a forward version is missing from ptx_check.forward_entries"
     return out
@@ -254,15 +258,23 @@ def backward_entries():
                 continue
             t = bwd_v3.default_backward_v3_tiles(d, acc, "gpu")
             dkdv3, dq3 = backward_v3_signatures(np.dtype(dtype), np.dtype(acc))
+
+            def bsig(version, kind, plain=(dkdv3, dq3), full=(dkdv, dq)):
+                """A backward kernel's arguments: with the variant ones if its version takes
+                variants."""
+                sigs = full if bwd.module(version).VARIANTS else plain
+                return sigs[0] if kind == "dkdv" else sigs[1]
             for causal in (False, True):
                 tag = (f"{dtype}-d{d}-{'causal' if causal else 'full'}-tiles{t[0]}x{t[1]}"
                        f"-thread{t[2]}x{t[3]}")
                 out.append(Entry(f"backward_dkdv_v3-{tag}", "backward",
                                  lambda t=t, d=d, c=causal, a=acc:
-                                 bwd_v3.make_backward_dkdv_v3(*t, d, c, a), dkdv3, no_f64))
+                                 bwd_v3.make_backward_dkdv_v3(*t, d, c, a), bsig("v3", "dkdv"),
+                                 no_f64))
                 out.append(Entry(f"backward_dq_v3-{tag}", "backward",
                                  lambda t=t, d=d, c=causal, a=acc:
-                                 bwd_v3.make_backward_dq_v3(*t, d, c, a), dq3, no_f64))
+                                 bwd_v3.make_backward_dq_v3(*t, d, c, a), bsig("v3", "dq"),
+                                 no_f64))
             # v4 (v3 with dynamic shared memory): its own tile rule, the same head dims and
             # signatures as v3; ptxas's "smem" shows static shared memory only (the 1 KB
             # sm_90 reserves per block): v4's arrays are dynamic,
@@ -274,10 +286,12 @@ def backward_entries():
                            f"-thread{t[2]}x{t[3]}")
                     out.append(Entry(f"backward_dkdv_v4-{tag}", "backward",
                                      lambda t=t, d=d, c=causal, a=acc:
-                                     bwd_v4.make_backward_dkdv_v4(*t, d, c, a), dkdv3, no_f64))
+                                     bwd_v4.make_backward_dkdv_v4(*t, d, c, a),
+                                     bsig("v4", "dkdv"), no_f64))
                     out.append(Entry(f"backward_dq_v4-{tag}", "backward",
                                      lambda t=t, d=d, c=causal, a=acc:
-                                     bwd_v4.make_backward_dq_v4(*t, d, c, a), dq3, no_f64))
+                                     bwd_v4.make_backward_dq_v4(*t, d, c, a), bsig("v4", "dq"),
+                                     no_f64))
             # v5 (tensor cores, GPU only): float32 accumulation (float16 and float32
             # inputs), d <= 128, its own tile rule (bwd_v5.default_backward_v5_tiles;
             # v6: tiles and pairs per kernel, bwd_v6.default_backward_v6_plan)
@@ -296,7 +310,7 @@ def backward_entries():
                              else ())
                     out.append(Entry(f"backward_{kind}_{ver}-{tag}", "backward",
                                      lambda m=make, t=(Br, Bc, d, causal) + extra: m(*t),
-                                     dkdv3 if kind == "dkdv" else dq3, True))
+                                     bsig(ver, kind), True))
     assert {e.name.split("-")[0] for e in out} >= {f"backward_{k}_{v}" for k in ("dkdv", "dq")
                                                    for v in ("v3", "v4", "v5", "v6")}
     return out
@@ -369,6 +383,9 @@ def variant_entries():
                 out.append(Entry(f"backward_dq_v1-{tag}-tiles{Br}x{Bc}", "variants",
                                  lambda kw=kw, Br=Br, Bc=Bc: backward_v1.make_backward_dq_v1(
                                      Br, Bc, kw["d"], kw["c"], kw["a"], kw["v"]), dq, no_f64))
+                if d == 64:
+                    out += fast_variant_entries(dtype, acc, tag, variant, causal, fsig, dkdv,
+                                                dq, no_f64)
                 if variant.tile_table and d == 64:      # (the table does not depend on d)
                     i64 = numba.int64
                     tsig = (array(np.dtype(np.bool_), 3), i64, i64, i64, i64, i64,
@@ -376,6 +393,56 @@ def variant_entries():
                     out.append(Entry(f"tile_table-{dtype}-{vname}-tiles{Br}x{Bc}", "variants",
                                      lambda kw=kw, Br=Br, Bc=Bc: variants_mod.make_tile_table(
                                          Br, Bc, kw["c"], kw["a"], kw["v"]), tsig, no_f64))
+    return out
+
+
+def fast_variant_entries(dtype, acc, tag, variant, causal, fsig, dkdv, dq, no_f64):
+    """The fast versions that take variants (forward v5 to v9, backward v4 and v6, each
+    where its module says VARIANTS and it takes ``dtype``), at d = 64 with their GPU tile
+    rules, specialised for ``variant``."""
+    from numbaflash.kernels import backward as bwd
+    from numbaflash.kernels.backward import v4_dynamic_shared as bwd_v4
+    from numbaflash.kernels.backward import v6_split_pairs as bwd_v6
+    d, out = 64, []
+    if acc != "float32":
+        return out
+    if F["v5"].VARIANTS:
+        t = F["v5"].default_v5_tiles(d, acc)
+        out.append(Entry(f"forward_v5-{tag}-tiles{t[0]}x{t[1]}-thread{t[2]}x{t[3]}", "variants",
+                         lambda t=t: F["v5"].make_forward_v5(*t, d, causal, acc, variant=variant),
+                         fsig, no_f64))
+    if F["v7"].VARIANTS and dtype == "float16":
+        Br, Bc = F["v7"].tiles_within(d, DYNAMIC_SHARED_MEM_LIMIT)
+        out.append(Entry(f"forward_v7-{tag}-gqa-tiles{Br}x{Bc}", "variants",
+                         lambda t=(Br, Bc): F["v7"].make_forward_v7(*t, d, causal, gqa=True,
+                                                                    variant=variant),
+                         fsig, no_f64))
+    for ver in ("v8", "v9"):
+        if not F[ver].VARIANTS or (ver == "v9" and dtype != "float32"):
+            continue
+        shared = F["v9"].v9_shared_bytes if ver == "v9" else F["v6"].v6_shared_bytes
+        Br, Bc = F["v6"].default_v6_tiles(d, ver, shared)
+        make = getattr(F[ver], f"make_forward_{ver}")
+        out.append(Entry(f"forward_{ver}-{tag}-gqa-tiles{Br}x{Bc}", "variants",
+                         lambda t=(Br, Bc), m=make: m(*t, d, causal, F["v8"].v8_chunk(d, t[1]),
+                                                      gqa=True, variant=variant),
+                         fsig, no_f64))
+    if bwd.module("v4").VARIANTS:
+        t = bwd_v4.default_backward_v4_tiles(d, acc, "gpu")
+        for kind, sig in (("dkdv", dkdv), ("dq", dq)):
+            make = getattr(bwd_v4, f"make_backward_{kind}_v4")
+            out.append(Entry(f"backward_{kind}_v4-{tag}-tiles{t[0]}x{t[1]}", "variants",
+                             lambda m=make, t=t: m(*t, d, causal, acc, variant=variant), sig,
+                             no_f64))
+    if bwd.module("v6").VARIANTS:
+        for kind, sig in (("dkdv", dkdv), ("dq", dq)):
+            Br, Bc, pairs = bwd_v6.default_backward_v6_plan(d, causal, dtype, "gpu")[kind]
+            make = getattr(bwd_v6, f"make_backward_{kind}_v6")
+            chunk = bwd_v6.backward_v6_chunk(kind, Br, Bc)
+            # with GQA's loop over the group's query heads (a compile-time flag of v6)
+            out.append(Entry(f"backward_{kind}_v6-{tag}-gqa-tiles{Br}x{Bc}", "variants",
+                             lambda m=make, t=(Br, Bc, d, causal, chunk, pairs):
+                             m(*t, gqa=True, variant=variant), sig, no_f64))
     return out
 
 

@@ -32,9 +32,10 @@ from numba import cuda
 
 import numbaflash
 import numbaflash.api
-from numbaflash import reference
+from numbaflash import launcher, reference
 from numbaflash.kernels.forward import VERSIONS
 from numbaflash.masks import visible
+from numbaflash.validate import check_attention_inputs
 from strategies import (attention_cases, blind_columns, different_tilings, examples,
                         forward_tile_candidates, make_case, moved_permutation, on_gpu,
                         split_points, version_params)
@@ -675,11 +676,14 @@ def test_v5_needs_every_byte_it_plans():
     kernel = fwd.make_forward_v5(Br, Bc, TM, TN, d, True, "float32")
     q, k, v = (x.reshape(1, -1, d) for x in (case.q, case.k, case.v))
     scale, offset = np.float32(1 / math.sqrt(d)), np.int64(11 - 13)
+    # v5 takes the variant arguments too (placeholders for plain attention)
+    extra = launcher.variant_arguments(
+        check_attention_inputs(case.q, case.k, case.v, "bottom_right", None), None, None)
 
     def launch(nbytes):
         O = np.full(q.shape, np.nan, np.float32)
         L = np.full(q.shape[:-1], np.nan, np.float32)
-        kernel[plan.grid, plan.block, 0, nbytes](q, k, v, O, L, scale, offset)
+        kernel[plan.grid, plan.block, 0, nbytes](q, k, v, O, L, scale, offset, *extra)
         return O, L
 
     O, L = launch(plan.shared_bytes)

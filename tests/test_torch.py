@@ -393,10 +393,15 @@ def test_cuda_graph_capture_is_refused_with_a_clear_error(monkeypatch, no_launch
 def test_cuda_graph_capture_raises_on_the_gpu():
     q, k, v = (x.detach().cuda() for x in qkv(dtype=torch.float32))
     nft.attention(q, k, v)                              # compile outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with pytest.raises(RuntimeError, match="CUDA graph capture"):
-        with torch.cuda.graph(graph):
-            nft.attention(q, k, v)
+    graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        graph.capture_begin()
+        try:
+            with pytest.raises(RuntimeError, match="CUDA graph capture"):
+                nft.attention(q, k, v)
+        finally:
+            graph.capture_end()                         # an empty graph: nothing ran
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -35,12 +35,19 @@ from numbaflash.validate import check_attention_inputs
 from numbaflash.masks import band, parse_window, visible_band
 from backward_checks import check_backward, exact_masks
 from strategies import (attention_cases, different_tilings, examples, gqa_cases, make_case,
-                        on_gpu, sizes_for_backend, version_params)
+                        on_gpu, refusal, sizes_for_backend, version_params)
 from test_backward_kernels import backward_tiles
 from tolerance import (assert_bitwise_equal, assert_close_f64, check_forward, masked_rows_of,
                        score_terms, to_host)
 
 pytestmark = pytest.mark.usefixtures("nan_prefilled_outputs")
+
+# The versions that take variants (their module's VARIANTS), asked of the registries: each
+# runs the property tests below (the tensor-core ones only on a GPU: strategies.version_params);
+# every other version is checked to refuse a variant by name.
+FORWARD_VARIANTS = tuple(v for v in fwd.VERSIONS if fwd.module(v).VARIANTS)
+BACKWARD_VARIANTS = tuple(v for v in bwd.VERSIONS if bwd.module(v).VARIANTS)
+ALL_DTYPES = ("float64", "float32", "float16")
 
 WINDOW_SIDES = (-1, 0, 1, 2, 5)
 
@@ -144,13 +151,21 @@ def forward(case, k, v, variants, version, with_tiles=True):
 
 # --- forward -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("version", ["v1", "v2"])
+def takes_dtype(explain, version, dtype):
+    """Whether ``explain`` plans ``version`` for a plain input of ``dtype`` here (v5 and the
+    tensor-core versions refuse float64, v7 everything but float16)."""
+    return refusal(explain, version, np.dtype(dtype).name) is None
+
+
+@pytest.mark.parametrize("version", version_params(FORWARD_VARIANTS, numbaflash.explain,
+                                                   ALL_DTYPES))
 @settings(max_examples=examples())
 @given(drawn=variant_cases())
 @example(drawn=(make_case(B=1, H=2, Sq=9, Sk=5, d=3, dtype="float64", causal=None,
                           tiles=(4, 2), seed=3), None, None, {"window_size": (1, 0)}))
 def test_forward_matches_reference(drawn, version):
     case, k, v, kw = drawn
+    assume(takes_dtype(numbaflash.explain, version, case.dtype))
     k = case.k if k is None else k
     v = case.v if v is None else v
     out, lse = forward(case, k, v, kw, version)
@@ -192,7 +207,7 @@ def test_window_convention_is_flash_attentions():
     assert parse_window((-1, -1)) is None and band(Sq, Sk, None, None) == (None, None)
 
 
-@pytest.mark.parametrize("version", ["v1", "v2"])
+@pytest.mark.parametrize("version", version_params(FORWARD_VARIANTS, numbaflash.explain))
 def test_fully_masked_rows_are_exact_zero(version):
     """A window (0, 0) with Sq > Sk, a boolean mask with an all-False row, and a -inf bias
     row: those rows give out exactly 0 and lse -inf, with NaN in the masked keys."""
@@ -216,16 +231,17 @@ def test_fully_masked_rows_are_exact_zero(version):
         check_forward(case.q, k, case.v, out, lse, **kw)
 
 
-def test_nan_in_masked_keys_has_no_effect():
+@pytest.mark.parametrize("version", version_params(FORWARD_VARIANTS, numbaflash.explain))
+def test_nan_in_masked_keys_has_no_effect(version):
     """NaN in keys and values that a window hides: the output is bitwise unchanged."""
-    case = make_case(B=1, H=1, Sq=12, Sk=12, d=4, dtype="float64", tiles=(4, 4), seed=5)
+    case = make_case(B=1, H=1, Sq=12, Sk=12, d=4, dtype="float32", tiles=(4, 4), seed=5)
     kw = {"window_size": (2, 1)}
-    out, lse = forward(case, case.k, case.v, kw, "v2")
+    out, lse = forward(case, case.k, case.v, kw, version)
     vis = visible_band(12, 12, None, (2, 1))
     k, v = case.k.copy(), case.v.copy()
     k[..., 11, :] = np.nan                  # seen only by rows 9..11
     v[..., 11, :] = np.nan
-    out2, lse2 = forward(case, k, v, kw, "v2")
+    out2, lse2 = forward(case, k, v, kw, version)
     blind = ~vis[:, 11]
     assert_bitwise_equal("O", out2[..., blind, :], out[..., blind, :])
     assert np.isnan(out2[..., ~blind, :]).all()
@@ -233,6 +249,8 @@ def test_nan_in_masked_keys_has_no_effect():
 
 # --- backward ------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("version", version_params(BACKWARD_VARIANTS,
+                                                   numbaflash.explain_backward, ALL_DTYPES))
 @settings(max_examples=examples())
 @given(drawn=variant_cases(with_dout=True, tiles=backward_tiles))
 @example(drawn=(make_case(B=1, H=1, Sq=3, Sk=3, d=4, dtype="float64", causal="bottom_right",
@@ -242,13 +260,18 @@ def test_nan_in_masked_keys_has_no_effect():
 @example(drawn=(make_case(B=1, H=2, Sq=7, Sk=9, d=4, dtype="float32", causal="top_left",
                           tiles=(4, 2), seed=2, with_dout=True), None, None,
                 {"window_size": (2, -1), "softcap": 2.0}))
-def test_backward_matches_reference(drawn):
+def test_backward_matches_reference(drawn, version):
     case, k, v, kw = drawn
+    assume(takes_dtype(numbaflash.explain_backward, version, case.dtype))
     k = case.k if k is None else k
     v = case.v if v is None else v
     out, lse = forward(case, k, v, kw, "v2", with_tiles=False)
-    grads = numbaflash.attention_backward(case.dout, case.q, k, v, out, lse, tiles=case.tiles,
-                                          causal=case.causal, scale=case.scale, **kw)
+    # v1 takes the drawn (Br, Bc); the register-blocked and tensor-core versions run their
+    # own tile rules (small tiles on the simulator)
+    tiles = case.tiles if version == "v1" else None
+    grads = numbaflash.attention_backward(case.dout, case.q, k, v, out, lse, tiles=tiles,
+                                          version=version, causal=case.causal,
+                                          scale=case.scale, **kw)
     grads = tuple(to_host(g) for g in grads)
     assert grads[1].shape == k.shape and grads[2].shape == v.shape
     check_backward(case.dout, case.q, k, v, out, lse, grads, causal=case.causal,
@@ -281,9 +304,11 @@ def test_gqa_backward_is_deterministic_and_equals_the_expanded_heads():
 
 def gqa_refusal(explain, version):
     """Why ``explain`` (numbaflash.explain or explain_backward) refuses ``version`` for a
-    GQA input here (B = 2, 4 query heads on 2 K/V heads, float32), or None if it plans it."""
-    q = np.zeros((2, 4, 8, 4), np.float32)
-    k = np.zeros((2, 2, 8, 4), np.float32)
+    GQA input here (B = 2, 4 query heads on 2 K/V heads, in float32, or float16 for a
+    version that takes float16 only), or None if it plans it."""
+    dtype = np.float32 if refusal(explain, version, "float32") is None else np.float16
+    q = np.zeros((2, 4, 8, 4), dtype)
+    k = np.zeros((2, 2, 8, 4), dtype)
     try:
         explain(q, k, k, version=version)
     except ValueError as err:
@@ -317,7 +342,8 @@ def test_versions_without_gqa_refuse_it(explain, version):
 GQA_EXTRAS = ("window", "softcap", "alibi", "mask", "mods")
 
 
-@pytest.mark.parametrize("version", version_params(GQA_FORWARD, numbaflash.explain))
+@pytest.mark.parametrize("version", version_params(GQA_FORWARD, numbaflash.explain,
+                                                   ALL_DTYPES))
 @settings(max_examples=examples(0.5))
 @given(drawn=variant_cases(cases=gqa_cases(dtypes=("float64", "float32", "float16")),
                            kinds=GQA_EXTRAS))
@@ -330,6 +356,7 @@ def test_gqa_forward_matches_reference(drawn, version):
     """GQA with 2-3 K/V heads, groups of 2-8 and B up to 2 (strategies.gqa_cases), with
     the other variants drawn on top: out and lse by TESTING.md's rule."""
     case, k, v, kw = drawn
+    assume(takes_dtype(numbaflash.explain, version, case.dtype))
     k = case.k if k is None else k
     v = case.v if v is None else v
     assert k.shape[1] == case.Hkv >= 2 and case.H % case.Hkv == 0
@@ -337,7 +364,8 @@ def test_gqa_forward_matches_reference(drawn, version):
     check_forward(case.q, k, v, out, lse, causal=case.causal, scale=case.scale, **kw)
 
 
-@pytest.mark.parametrize("version", version_params(GQA_BACKWARD, numbaflash.explain_backward))
+@pytest.mark.parametrize("version", version_params(GQA_BACKWARD, numbaflash.explain_backward,
+                                                   ALL_DTYPES))
 @settings(max_examples=examples(0.25))
 @given(drawn=variant_cases(cases=gqa_cases(dtypes=("float64", "float32", "float16"),
                                            with_dout=True, tiles=backward_tiles),
@@ -348,14 +376,15 @@ def test_gqa_backward_matches_reference(drawn, version):
     """The backward of the GQA cases above: dK and dV summed over each group of query
     heads, by backward_checks' rule (exact zeros for keys no head of the group sees)."""
     case, k, v, kw = drawn
+    assume(takes_dtype(numbaflash.explain_backward, version, case.dtype))
     k = case.k if k is None else k
     v = case.v if v is None else v
     # On the simulator the forward runs with the case's small tiles: its default (64, 64)
     # costs about a second per block there, and GQA has many blocks.
     out, lse = forward(case, k, v, kw, "v2", with_tiles=not on_gpu())
     grads = numbaflash.attention_backward(case.dout, case.q, k, v, out, lse, version=version,
-                                          tiles=case.tiles, causal=case.causal,
-                                          scale=case.scale, **kw)
+                                          tiles=case.tiles if version == "v1" else None,
+                                          causal=case.causal, scale=case.scale, **kw)
     grads = tuple(to_host(g) for g in grads)
     assert grads[1].shape == k.shape and grads[2].shape == v.shape
     check_backward(case.dout, case.q, k, v, out, lse, grads, causal=case.causal,
@@ -377,13 +406,21 @@ def far_apart_heads(B=2, Hkv=2, group=4, Sq=5, Sk=6, d=2, seed=31):
     return q, k, v, dout
 
 
-@pytest.mark.parametrize("version", version_params(GQA_FORWARD, numbaflash.explain))
+def widest_dtype(explain, version):
+    """The widest of float64, float32, float16 that ``version`` takes."""
+    return next(t for t in ALL_DTYPES if takes_dtype(explain, version, t))
+
+
+@pytest.mark.parametrize("version", version_params(GQA_FORWARD, numbaflash.explain,
+                                                   ALL_DTYPES))
 def test_gqa_each_query_head_reads_its_own_kv_head(version):
     """B = 2, 2 K/V heads far apart in value (far_apart_heads), groups of 4: every output
     row of query head (b, h) is a convex combination of the rows of V head (b, h // 4), so
     it lies within 1 of that head's offset; and the output is bitwise the output with K
-    and V copied per query head (reference.expand_kv: the same arithmetic per head)."""
-    q, k, v, _ = far_apart_heads()
+    and V copied per query head (reference.expand_kv: the same arithmetic per head). In
+    the widest dtype the version takes."""
+    dtype = widest_dtype(numbaflash.explain, version)
+    q, k, v, _ = (x.astype(dtype) for x in far_apart_heads())
     B, H, group = q.shape[0], q.shape[1], q.shape[1] // k.shape[1]
     tiles = (4, 4) if version == "v2" else None
     out, lse = (to_host(x) for x in numbaflash.attention(q, k, v, return_lse=True,
@@ -403,29 +440,36 @@ def test_gqa_each_query_head_reads_its_own_kv_head(version):
     assert_bitwise_equal("lse", lse, to_host(lse_e))
 
 
-@pytest.mark.parametrize("version", version_params(GQA_BACKWARD, numbaflash.explain_backward))
+@pytest.mark.parametrize("version", version_params(GQA_BACKWARD, numbaflash.explain_backward,
+                                                   ALL_DTYPES))
 def test_gqa_gradients_go_to_their_own_kv_head(version):
     """far_apart_heads again (B = 2, 2 K/V heads, groups of 4; dout of query head h near
     10 h). Without a mask every row of P sums to 1, so the sum over keys of dV for K/V
     head (b, g) is the sum of dout over the rows of its group's query heads 4g .. 4g + 3
     (other heads give sums hundreds away); dQ is bitwise dQ with K and V copied per query
-    head, and dK, dV are its group sums to 1e-12; and the reference's rule holds."""
-    q, k, v, dout = far_apart_heads()
+    head, and dK, dV are its group sums (to 1e-12 in float64, 1e-5 in float32: the
+    group is summed in another order); and the reference's rule holds. In the widest
+    dtype the version takes; tiles (4, 4) for v1, the version's own rule otherwise."""
+    dtype = widest_dtype(numbaflash.explain_backward, version)
+    q, k, v, dout = (x.astype(dtype) for x in far_apart_heads())
+    rtol = 1e-12 if dtype == "float64" else 1e-5
+    tiles = (4, 4) if version == "v1" else None
     B, Hkv, group = q.shape[0], k.shape[1], q.shape[1] // k.shape[1]
-    out, lse = numbaflash.attention(q, k, v, return_lse=True, tiles=(4, 4))
+    out, lse = numbaflash.attention(q, k, v, return_lse=True, version="v2", tiles=(4, 4))
     dq, dk, dv = (to_host(g) for g in numbaflash.attention_backward(
-        dout, q, k, v, out, lse, version=version, tiles=(4, 4)))
-    want = dout.reshape(B, Hkv, group, *dout.shape[2:]).sum(axis=(2, 3))     # (B, Hkv, d)
-    assert_close_f64("sum over keys of dV", dv.sum(axis=2), want, 1e-12,
+        dout, q, k, v, out, lse, version=version, tiles=tiles))
+    want = dout.astype(np.float64).reshape(B, Hkv, group, *dout.shape[2:]).sum(axis=(2, 3))
+    assert_close_f64("sum over keys of dV", dv.astype(np.float64).sum(axis=2), want, rtol,
                      float(np.abs(dout).sum()))
     check_backward(dout, q, k, v, to_host(out), to_host(lse), (dq, dk, dv))
     ke, ve = reference.expand_kv(q, k), reference.expand_kv(q, v)
     dq_e, dk_e, dv_e = (to_host(g) for g in numbaflash.attention_backward(
-        dout, q, ke, ve, out, lse, version=version, tiles=(4, 4)))
+        dout, q, ke, ve, out, lse, version=version, tiles=tiles))
     assert_bitwise_equal("dQ", dq, dq_e)
-    assert_close_f64("dK", dk, reference.reduce_kv(dk_e, k.shape), 1e-12,
+    dk_e, dv_e = dk_e.astype(np.float64), dv_e.astype(np.float64)
+    assert_close_f64("dK", dk, reference.reduce_kv(dk_e, k.shape), rtol,
                      float(np.abs(dk_e).sum()))
-    assert_close_f64("dV", dv, reference.reduce_kv(dv_e, v.shape), 1e-12,
+    assert_close_f64("dV", dv, reference.reduce_kv(dv_e, v.shape), rtol,
                      float(np.abs(dv_e).sum()))
 
 
@@ -491,28 +535,39 @@ def test_tiles_a_mask_leaves_empty_are_not_visited():
 
 # --- refusals and validation --------------------------------------------------------------
 
-def test_versions_without_variants_refuse():
+NO_VARIANTS = ([("explain", "forward", v) for v in fwd.VERSIONS if v not in FORWARD_VARIANTS]
+               + [("explain_backward", "backward", v) for v in bwd.VERSIONS
+                  if v not in BACKWARD_VARIANTS])
+
+
+def test_the_fast_paths_take_variants():
+    """The property tests above run the simulator's defaults, not only the teaching rungs:
+    forward v5 and backward v4 take variants, as do forward v1, v2 and backward v1."""
+    assert {"v1", "v2", "v5"} <= set(FORWARD_VARIANTS), FORWARD_VARIANTS
+    assert {"v1", "v4"} <= set(BACKWARD_VARIANTS), BACKWARD_VARIANTS
+
+
+@pytest.mark.parametrize("explain, ladder, version", NO_VARIANTS)
+def test_versions_without_variants_refuse(explain, ladder, version):
+    """A version that does not take variants refuses each with a ValueError naming it."""
+    explain = getattr(numbaflash, explain)
+    dtype = next((t for t in ("float32", "float16") if refusal(explain, version, t) is None),
+                 None)
+    if dtype is None:
+        pytest.skip(refusal(explain, version))
+    q = np.zeros((1, 2, 8, 4), dtype)
+    k = np.zeros((1, 1, 8, 4), dtype)
+    for kw, name in (({"softcap": 3.0}, "softcap"), ({"window_size": (2, 2)}, "window")):
+        with pytest.raises(ValueError, match=f"{ladder} {version}.*plain attention.*{name}"):
+            explain(q, q, q, version=version, **kw)
+    with pytest.raises(ValueError, match=f"{ladder} {version}.*plain attention.*GQA"):
+        explain(q, k, k, version=version)
+
+
+def test_explain_names_the_variant_compiled_in():
     q = np.zeros((1, 2, 8, 4), np.float32)
-    k = np.zeros((1, 1, 8, 4), np.float32)
-    with pytest.raises(ValueError, match="backward v2 .* plain attention.*GQA"):
-        numbaflash.explain_backward(q, k, k, version="v2")
-    with pytest.raises(ValueError, match="backward v2 .*window"):
-        numbaflash.explain_backward(q, q, q, version="v2", window_size=(2, 2))
-    with pytest.raises(ValueError, match="backward v3 computes plain attention.*GQA"):
-        numbaflash.explain_backward(q, k, k, version="v3")
-    with pytest.raises(ValueError, match="backward v4 computes plain attention.*GQA"):
-        numbaflash.explain_backward(q, k, k, version="v4")
-    with pytest.raises(ValueError, match="backward v4 computes plain attention.*softcap"):
-        numbaflash.explain_backward(q, q, q, version="v4", softcap=3.0)
-    with pytest.raises(ValueError, match="forward v3 cannot run this input: .* softcap"):
-        numbaflash.explain(q, q, q, version="v3", softcap=3.0)
-    with pytest.raises(ValueError, match="forward v4 cannot run this input: .*GQA"):
-        numbaflash.explain(q, k, k, version="v4")
-    with pytest.raises(ValueError, match="forward v5 cannot run this input: .*GQA"):
-        numbaflash.explain(q, k, k, version="v5")
-    with pytest.raises(ValueError, match="forward v5 cannot run this input: .*window"):
-        numbaflash.explain(q, q, q, version="v5", window_size=(2, 2))
     assert "softcap" in str(numbaflash.explain(q, q, q, softcap=3.0))
+    assert "softcap" in str(numbaflash.explain_backward(q, q, q, softcap=3.0))
     assert "variant: plain" in str(numbaflash.explain(q, q, q, causal=True))
 
 

@@ -113,15 +113,18 @@ def main():
     v5 = dispatch.default_v5_tiles(d, "float32")
     b3 = dispatch.default_backward_v3_tiles(d, "float32")
     b4 = dispatch.default_backward_v4_tiles(d, "float32")
-    fsig = ptx_check.forward_signature(f32, f32)
-    bsig = ptx_check.backward_v3_signatures(f32, f32)[0]
+    # forward v5 and backward v4 take the variant arguments; forward v4, backward v3 do not
+    fsig, fsig5 = (ptx_check.forward_signature(f32, f32),
+                   ptx_check.forward_variant_signature(f32, f32))
+    bsig, bsig4 = (ptx_check.backward_v3_signatures(f32, f32)[0],
+                   ptx_check.backward_signatures(f32, f32)[1])
     kernels = [
         (f"forward v4 {v4}", fwd.make_forward_v4(*v4, d, False, "float32"), fsig),
-        (f"forward v5 {v4}", fwd.make_forward_v5(*v4, d, False, "float32"), fsig),
-        (f"forward v5 {v5}", fwd.make_forward_v5(*v5, d, False, "float32"), fsig),
+        (f"forward v5 {v4}", fwd.make_forward_v5(*v4, d, False, "float32"), fsig5),
+        (f"forward v5 {v5}", fwd.make_forward_v5(*v5, d, False, "float32"), fsig5),
         (f"backward v3 dK/dV {b3}", bwd.make_backward_dkdv_v3(*b3, d, False, "float32"), bsig),
-        (f"backward v4 dK/dV {b3}", bwd.make_backward_dkdv_v4(*b3, d, False, "float32"), bsig),
-        (f"backward v4 dK/dV {b4}", bwd.make_backward_dkdv_v4(*b4, d, False, "float32"), bsig),
+        (f"backward v4 dK/dV {b3}", bwd.make_backward_dkdv_v4(*b3, d, False, "float32"), bsig4),
+        (f"backward v4 dK/dV {b4}", bwd.make_backward_dkdv_v4(*b4, d, False, "float32"), bsig4),
     ]
     with tempfile.TemporaryDirectory() as tmp:
         for name, kernel, signature in kernels:

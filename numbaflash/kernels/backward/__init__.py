@@ -30,10 +30,10 @@ The ladder, by lineage: each file says its parent, what it changes and what that
              └─ v6_split_pairs  cheaper splits and staging, streamed tiles split once
     nonfinite                the check that v5's and v6's inputs are finite
 
-Defaults (numbaflash/policy.py decides, and explain_backward() says why): v1 for
-variants; v3 in float64 and at d > 128; on a GPU v6 for plain float32 and float16
-attention with d <= 128 and finite inputs (v4 when an input holds NaN or inf, or when no
-v6 tile fits the GPU's shared memory); on the simulator, which cannot run the tensor-core
+Defaults (numbaflash/policy.py decides, and explain_backward() says why), variants or
+not: v3 in float64 and at d > 128 (v1 for a variant there); on a GPU v6 for float32 and
+float16 with d <= 128 and finite inputs (v4 when an input holds NaN or inf, or when no v6
+tile fits the GPU's shared memory); on the simulator, which cannot run the tensor-core
 versions, v4. Every default is deterministic: no atomics, so repeated runs give bitwise
 identical gradients (v2, which adds dQ with atomics, runs only when asked for).
 
@@ -52,14 +52,14 @@ registers per accumulator: from d = 64 on, v1's and v2's dK/dV kernels spill, wh
 v4 keep their blocks in registers without spills up to d = 128 (``tests/ptx_check.py
 --link`` prints each kernel's registers and spills).
 
-Variants (kernels/variants.py, docs/variants.md): the v1 kernels take a compile-time
-``variant`` and seven more run-time arguments after causal_offset (window_lo, Hq, group,
-softcap, slopes, attn_mask, tiles). dS is multiplied by d score / d s (softcap,
-score_mod_grad). With GQA the dK/dV kernel runs one block per K/V head and tile, and walks
-the Q tiles of every query head of its group in a fixed order: dK, dV summed without
-atomics. Tiles that a boolean attn_mask or a mask_mod leaves empty are skipped through the
-table of visible tiles (``tiles``, variants.make_tile_table). v2 to v6 compute plain
-attention only: their plans refuse variants.
+Variants (kernels/variants.py, docs/variants.md): the v1, v4 and v6 kernels take a
+compile-time ``variant`` and seven more run-time arguments after causal_offset
+(window_lo, Hq, group, softcap, slopes, attn_mask, tiles). dS is multiplied by d score /
+d s (softcap, score_mod_grad). With GQA the dK/dV kernel runs one block per K/V head and
+tile, and walks the Q tiles of every query head of its group in a fixed order: dK, dV
+summed without atomics. Tiles that a boolean attn_mask or a mask_mod leaves empty are
+skipped through the table of visible tiles (``tiles``, variants.make_tile_table). v2, v3
+and v5 compute plain attention only: their plans refuse variants.
 
 Fully masked rows (causal with Sq > Sk, where L = -inf) have P = 0: the kernels skip them
 before computing exp, so they give a zero dQ row, add nothing to dK and dV, and no

@@ -32,8 +32,8 @@ from numba import cuda
 
 from .. import LOG2E, acc_type, jit_options
 from ..bands import make_kv_tile_range, make_q_tile_range
-from ..plan import (SHARED_MEM_LIMIT, Plan, Plans, check_thread_tiles,
-                    refuse_backward_variants)
+from ..plan import (SHARED_MEM_LIMIT, TILE_TABLE_REASON, Plan, Plans, check_thread_tiles,
+                    refuse_backward_variants, variant_description)
 from ..smem import U
 
 
@@ -517,13 +517,16 @@ def check_backward_v3_tiles(tiles, d, acc_dtype):
 
 
 def plan_register_blocked(p, where, tiles, reason, preprocess, version, default_tiles,
-                          check_tiles, dkdv_bytes, dq_bytes, why, dynamic_shared=False):
+                          check_tiles, dkdv_bytes, dq_bytes, why, dynamic_shared=False,
+                          variants=False):
     """The Plans of the register-blocked backward ``version`` ("v3", or "v4": v3's kernels
     with dynamic shared memory; each Plan's ``shared_bytes`` is then what its launch asks
-    for): D, then dK/dV with grid (Tc, B * Hq), then dQ with grid (Tr, B * Hq), both with
+    for): D, then dK/dV with grid (Tc, B * Hkv), then dQ with grid (Tr, B * Hq), both with
     (Br / TM) x (Bc / TN) threads. ``default_tiles(d, acc_dtype, where)`` and
     ``check_tiles(tiles, d, acc_dtype)`` are the version's tile rule and tile check,
-    ``dkdv_bytes`` and ``dq_bytes`` its kernels' shared memory, ``why`` its measurement."""
+    ``dkdv_bytes`` and ``dq_bytes`` its kernels' shared memory, ``why`` its measurement.
+    ``variants``: the version takes variants (v4); the others refuse them (their plan
+    calls refuse_backward_variants), so for them B * Hkv is B * Hq."""
     if tiles is None:
         Br, Bc, TM, TN = default_tiles(p.d, p.acc_dtype, where)
         reason += f"; tiles by the {version} rule for d={p.d} in {p.acc_dtype}"
@@ -535,16 +538,21 @@ def plan_register_blocked(p, where, tiles, reason, preprocess, version, default_
     reason += "; " + why
     threads = (Br // TM) * (Bc // TN)
     Tr, Tc = math.ceil(p.Sq / Br), math.ceil(p.Sk / Bc)
+    variant = variant_description(p) if variants else "plain"
+    gqa = (f"; GQA: each block sums over the {p.group} query heads of its K/V head in a "
+           f"fixed order" if p.group > 1 else "")
+    table = TILE_TABLE_REASON if variants and p.variant.tile_table else ""
     return Plans((
         preprocess,
-        Plan("backward dK dV", version, f"backward_dkdv_{version}", where, Br, Bc, (Tc, p.BH),
-             (threads,), dkdv_bytes(Br, Bc, TM, TN, p.d, p.acc_dtype), p.acc_dtype, p.causal,
-             reason + "; one block per K/V tile, each thread a block of keys",
-             thread_tile=(TM, TN), dynamic_shared=dynamic_shared),
+        Plan("backward dK dV", version, f"backward_dkdv_{version}", where, Br, Bc,
+             (Tc, p.BHkv), (threads,), dkdv_bytes(Br, Bc, TM, TN, p.d, p.acc_dtype),
+             p.acc_dtype, p.causal,
+             reason + "; one block per K/V tile, each thread a block of keys" + gqa + table,
+             variant, thread_tile=(TM, TN), dynamic_shared=dynamic_shared),
         Plan("backward dQ", version, f"backward_dq_{version}", where, Br, Bc, (Tr, p.BH),
              (threads,), dq_bytes(Br, Bc, TM, TN, p.d, p.acc_dtype), p.acc_dtype, p.causal,
-             reason + "; one block per Q tile, each thread a block of query rows",
-             thread_tile=(TM, TN), dynamic_shared=dynamic_shared),
+             reason + "; one block per Q tile, each thread a block of query rows" + table,
+             variant, thread_tile=(TM, TN), dynamic_shared=dynamic_shared),
     ))
 
 

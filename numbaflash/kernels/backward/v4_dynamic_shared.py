@@ -1,10 +1,10 @@
 """Backward v4: v3 with its tiles in dynamic shared memory.
 
 Parent: v3 (v3_register_blocked.py). v4 runs v3's two kernels with the algorithm, thread
-layout, barriers and NaN-safety unchanged line for line, as forward v5 does forward v4:
-each kernel's shared arrays are slices of one dynamic shared array at compile-time
-offsets (dkdv_v4_shared_layout, dq_v4_shared_layout), indexed flat and unsigned
-(kernels/smem.py's U). The byte count goes with each launch, and above 48 KB the kernel
+layout, barriers and NaN-safety unchanged, as forward v5 does forward v4 (and takes
+variants, below): each kernel's shared arrays are slices of one dynamic shared array at
+compile-time offsets (dkdv_v4_shared_layout, dq_v4_shared_layout), indexed flat and
+unsigned (kernels/smem.py's U). The byte count goes with each launch, and above 48 KB the kernel
 is first allowed it (kernels/smem.py; up to 227 KB a block on the H200).
 
 What it buys: tiles past v3's 48 KB. Float32 defaults: (64, 64, 4, 4) up to d = 64 and
@@ -16,10 +16,19 @@ d = 64 (causal, the two tie), 65.41 against 89.33 at d = 128
 with signed indices, the slices' negative-index wraparound made v4 slower than v3 with
 every tile (lab/runs/2026-12-01/18_bwd_v4_sweep.txt); hence U.
 
+Variants (kernels/variants.py), as backward v1 takes them: the dK/dV kernel runs one
+block per (K/V tile, K/V head) and walks the Q tiles of every query head of its group in
+a fixed order, so GQA/MQA dK and dV are summed without atomics and stay deterministic;
+the dQ kernel reads its query head's K/V head. Windows narrow the tile ranges
+(bands.py), the table of visible tiles skips the tiles a boolean attn_mask or a
+mask_mod leaves empty, and visible() / score() (dS times d score / d s) run per entry
+for windows, masks and score modifiers. Plain attention (with or without the causal
+mask) compiles all of it away.
+
 The default on the simulator for plain float32 and float16 attention with d <= 128, and
 on a GPU where v6 cannot run (an input holds NaN or inf, or no v6 tile fits). With the
-same tiles its gradients are bitwise v3's on the simulator. Deterministic; GPU and
-simulator.
+same tiles its gradients are bitwise v3's on the simulator for plain attention.
+Deterministic; GPU and simulator.
 """
 
 import functools
@@ -32,8 +41,9 @@ from numba import cuda
 from .. import LOG2E, acc_type, jit_options
 from ..bands import make_kv_tile_range, make_q_tile_range
 from ..plan import (DYNAMIC_LIMIT_WHY, DYNAMIC_SHARED_MEM_LIMIT, check_thread_tiles,
-                    device_dynamic_shared_limit, refuse_backward_variants)
+                    device_dynamic_shared_limit)
 from ..smem import U
+from ..variants import PLAIN, make_variant_functions
 from .v3_register_blocked import (BWD_V3_MAX_ACC_REGS, BWD_V3_SIM_TILES, backward_v3_acc_regs,
                                   plan_register_blocked, v3_thread_grid)
 
@@ -86,13 +96,14 @@ def dq_v4_shared_layout(Br, Bc, TM, TN, d):
 
 
 @functools.lru_cache(maxsize=None)
-def make_backward_dkdv_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
+def make_backward_dkdv_v4(Br, Bc, TM, TN, d, causal, acc_dtype, variant=PLAIN):
     """v4 dK/dV kernel: ``make_backward_dkdv_v3``'s kernel with its shared memory taken
     from dynamic shared memory (GPU and simulator; the module docstring says where it is
     the default).
 
-    The algorithm, thread layout, barriers and NaN-safety are v3's line for line (see
-    make_backward_dkdv_v3 for what each thread owns and why); only where the eight shared
+    For plain attention the algorithm, thread layout, barriers and NaN-safety are v3's
+    line for line (see make_backward_dkdv_v3 for what each thread owns and why;
+    variants: below); only where the eight shared
     arrays come from changes, as forward v5 changes forward v4. v3 declares them with
     ``cuda.shared.array(shape, dtype)`` (static, at most 48 KB per block, which is what
     holds v3 to (16, 16, 2, 1) tiles at d = 128); v4 declares ONE dynamic array,
@@ -102,13 +113,26 @@ def make_backward_dkdv_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
     forward/v5_dynamic_shared.py). Under the simulator each slice is bounds-checked on its
     own.
 
-    Launch: as v3, grid (Tc, BH), block (TY * TX,), plus END * itemsize bytes of dynamic
-    shared memory (END from ``dkdv_v4_shared_layout``; ``dkdv_v4_shared_bytes``):
+    Launch: grid (Tc, B * Hkv), one block per K/V tile and K/V head, block (TY * TX,),
+    plus END * itemsize bytes of dynamic shared memory (END from
+    ``dkdv_v4_shared_layout``; ``dkdv_v4_shared_bytes``):
 
-        kernel[grid, block, 0, nbytes](Q, K, V, dO, L, D, dK, dV, softmax_scale, causal_offset)
+        kernel[grid, block, 0, nbytes](Q, K, V, dO, L, D, dK, dV, softmax_scale, causal_offset,
+                                       window_lo, Hq, group, softcap, slopes, attn_mask, tiles)
 
     Above 48 KB the compiled kernel must first be allowed that much (kernels/smem.py;
     numbaflash/launcher.py does it). Measured: the module docstring (v4).
+
+    Variants (``variant``, kernels/variants.py), as backward v1's dK/dV kernel: with GQA
+    the block walks the Q tiles of each query head of its group in turn (g_idx = 0 ..
+    group - 1), adding into the same registers, so dK and dV are summed over the group
+    in a fixed order, without atomics. A window's left bound narrows the Q tile range
+    (bands.py), a tile the table of visible tiles marks empty is skipped whole, and with
+    a window, masks or a score modifier (``PER_ELEMENT``) each entry goes through
+    ``visible()`` and ``score()`` (P = exp(s - L) with the modified score s, dS times its
+    derivative g); where a tile is not wholly visible, a masked entry's P is stored as
+    HIDDEN (-1, a value no exp gives), so that dKj and dVj skip it without reading its
+    rows of Q and dO. Plain attention compiles all of that away.
     """
     acc = acc_type(acc_dtype)
     ZERO = acc(0)
@@ -126,11 +150,24 @@ def make_backward_dkdv_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
     #   L_i, D_i  (Br,)      unchanged
     K_AT, V_AT, Q_AT, dO_AT, P_AT, dS_AT, L_AT, D_AT, END = dkdv_v4_shared_layout(
         Br, Bc, TM, TN, d)
-    q_tile_range = make_q_tile_range(Br, Bc, causal, False)
+    # The variant (compile-time): which steps exist. A plain kernel compiles all of them away.
+    # variants.py's visible() is named "sees" here: the plain path keeps its local "visible".
+    sees, score = make_variant_functions(variant, causal, acc_dtype)
+    WINDOW = variant.window
+    SCORES = (variant.softcap or variant.alibi or variant.mask == "bias"
+              or variant.score_mod is not None)
+    MASKS = variant.mask == "bool" or variant.mask_mod is not None
+    TILE_TABLE = variant.tile_table
+    PER_ELEMENT = WINDOW or SCORES or MASKS     # entries need visible() and score()
+    HIDDEN = acc(-1)                    # P of a masked entry where the tile is tested
+    q_tile_range = make_q_tile_range(Br, Bc, causal, WINDOW)
 
     @cuda.jit(**jit_options())
-    def backward_dkdv_v4(Q, K, V, dO, L, D, dK, dV, softmax_scale, causal_offset):
-        bh = cuda.blockIdx.y
+    def backward_dkdv_v4(Q, K, V, dO, L, D, dK, dV, softmax_scale, causal_offset, window_lo,
+                         Hq, group, softcap, slopes, attn_mask, tiles):
+        bh_kv = cuda.blockIdx.y         # batch * Hkv + h_kv: the K/V head
+        batch = bh_kv // (Hq // group)
+        h_kv = bh_kv % (Hq // group)
         j = cuda.blockIdx.x             # K/V tile index (Alg.2 l.5: one block per j)
         tid = cuda.threadIdx.x
         ty = tid // TX
@@ -167,7 +204,8 @@ def make_backward_dkdv_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
         dk_t = cuda.local.array((TN, DN), acc)  # one Q tile's part of them (as in v1)
         dv_t = cuda.local.array((TN, DN), acc)
 
-        # From here on, v3 line for line (with the flat indices above).
+        # From here on, v3 line for line (with the flat indices above), plus the variant
+        # steps behind compile-time flags.
         # Alg.2 l.6: stage Kj, Vj transposed (zeros past Sk and past d).
         idx = tid
         while idx < Bc * DP:
@@ -175,8 +213,8 @@ def make_backward_dkdv_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
             k = idx % DP
             col = j * Bc + c
             inside = col < Sk and k < d
-            KjT[U(k * BcP + c)] = acc(K[U(bh), U(col), U(k)]) if inside else ZERO
-            VjT[U(k * BcP + c)] = acc(V[U(bh), U(col), U(k)]) if inside else ZERO
+            KjT[U(k * BcP + c)] = acc(K[U(bh_kv), U(col), U(k)]) if inside else ZERO
+            VjT[U(k * BcP + c)] = acc(V[U(bh_kv), U(col), U(k)]) if inside else ZERO
             idx += THREADS
         for b in range(TN):             # Alg.2 l.7: dKj = 0, dVj = 0
             for e in range(DN):
@@ -184,117 +222,166 @@ def make_backward_dkdv_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
                 dv[b, e] = ZERO
 
         # Alg.2 l.8: loop over Q tiles; causal blocks start at the first one with a row
-        # that sees column j*Bc (bands.py, tiled.first_q_tile).
-        i_start, i_end = q_tile_range(j, Sq, causal_offset, 0)
+        # that sees column j*Bc, windowed blocks stop after the last (bands.py,
+        # tiled.first_q_tile).
+        i_start, i_end = q_tile_range(j, Sq, causal_offset, window_lo)
         last_col = j * Bc + Bc - 1      # the block's last key
-        for i in range(i_start, i_end):
-            # Wait until every thread is done with the previous tile's QiT, dOiT, Pij,
-            # dSij, L_i, D_i (for the first tile: until KjT and VjT are complete).
-            cuda.syncthreads()
-            # Alg.2 l.9: load Qi, dOi (transposed), L_i, D_i. A row past Sq or with
-            # L = -inf is zeros, and its L_i is -inf, so it is skipped below.
-            idx = tid
-            while idx < Br * DP:
-                r = idx // DP
-                k = idx % DP
-                row = i * Br + r
-                keep = row < Sq and k < d
-                if keep:
-                    keep = L[bh, row] != NEG_INF
-                QiT[U(k * BrP + r)] = acc(Q[U(bh), U(row), U(k)]) if keep else ZERO
-                dOiT[U(k * BrP + r)] = acc(dO[U(bh), U(row), U(k)]) if keep else ZERO
-                idx += THREADS
-            for r in range(tid, Br, THREADS):
-                row = i * Br + r
-                L_i[U(r)] = L[bh, row] * LOG2E_ACC if row < Sq else NEG_INF
-                D_i[U(r)] = D[bh, row] if row < Sq else ZERO
-            # Wait until QiT, dOiT, L_i, D_i are complete.
-            cuda.syncthreads()
-
-            # Alg.2 l.10 and l.13: Sij = Qi Kj^T and dPij = dOi Vj^T, TM x TN each per
-            # thread; per k step 2 (TM + TN) loads for 2 TM TN FMAs.
-            for a in range(TM):
-                for b in range(TN):
-                    s[a, b] = ZERO
-                    dp[a, b] = ZERO
-            k = 0
-            while k < d:             # a while loop, not range(): see kernels/__init__.py
-                for a in range(TM):
-                    qa[a] = QiT[U(k * BrP + ty + TY * a)]
-                    da[a] = dOiT[U(k * BrP + ty + TY * a)]
-                for b in range(TN):
-                    kb[b] = KjT[U(k * BcP + tx + TX * b)]
-                    vb[b] = VjT[U(k * BcP + tx + TX * b)]
-                for a in range(TM):
-                    for b in range(TN):
-                        s[a, b] += qa[a] * kb[b]
-                        dp[a, b] += da[a] * vb[b]
-                k += 1
-            # Alg.2 l.11 and l.14: Pij = exp(Sij - L_i), dSij = Pij * (dPij - D_i); masked
-            # pairs get exactly 0 without an exp (and without reading their S or dP).
-            for a in range(TM):
-                r = ty + TY * a
-                row = i * Br + r
-                L_r = L_i[U(r)]
-                D_r = D_i[U(r)]
-                for b in range(TN):
-                    c = tx + TX * b
-                    col = j * Bc + c
-                    visible = (L_r != NEG_INF and col < Sk
-                               and (not causal or col <= row + causal_offset))
-                    p = ZERO
-                    ds = ZERO
-                    if visible:
-                        p = math.exp2(s[a, b] * scale_log2 - L_r)
-                        ds = p * (dp[a, b] - D_r)
-                    Pij[U(r * BcP + c)] = p
-                    dSij[U(r * BcP + c)] = ds
-            # Wait until Pij and dSij are complete.
-            cuda.syncthreads()
-
-            # Alg.2 l.12 and l.16: dVj += Pij^T dOi, dKj += dSij^T Qi, this Q tile's part
-            # summed on its own; per row 2 (TN + DN) loads for 2 TN DN FMAs.
-            for b in range(TN):
-                for e in range(DN):
-                    dk_t[b, e] = ZERO
-                    dv_t[b, e] = ZERO
-            if not causal or last_col <= i * Br + causal_offset:
-                # every row of the tile sees every key of the block: no test
-                r = 0
-                while r < Br:             # a while loop, not range(): see kernels/__init__.py
-                    for b in range(TN):
-                        pb[b] = Pij[U(r * BcP + tx + TX * b)]
-                        sb[b] = dSij[U(r * BcP + tx + TX * b)]
-                    for e in range(DN):
-                        oe[e] = dOiT[U((ty + TY * e) * BrP + r)]
-                        qe[e] = QiT[U((ty + TY * e) * BrP + r)]
-                    for b in range(TN):
-                        for e in range(DN):
-                            dv_t[b, e] += pb[b] * oe[e]
-                            dk_t[b, e] += sb[b] * qe[e]
-                    r += 1
-            else:
-                # the causal diagonal: hidden (row, key) pairs never read q or dO, so a
-                # NaN in the row of a query that does not see the key has no effect
-                r = 0
-                while r < Br:             # a while loop, not range(): see kernels/__init__.py
+        # GQA: the query heads of this K/V head's group, one after another (group = 1
+        # without GQA): a fixed order, so the sums are bitwise reproducible.
+        for g_idx in range(group):
+            h = h_kv * group + g_idx    # the query head
+            bh = U(batch * Hq + h)      # unsigned: an index that needs no wraparound test
+            for i in range(i_start, i_end):
+                if TILE_TABLE and not tiles[bh, i, j]:
+                    continue            # the mask leaves this tile empty (variants.py);
+                                        # the same for every thread: barriers stay matched
+                # Does every row of the tile see every key of the block? Then dKj and dVj
+                # need no test (below). A data mask can hide any entry: always tested.
+                interior = not causal or last_col <= i * Br + causal_offset
+                if WINDOW:
+                    interior = interior and j * Bc >= i * Br + Br - 1 + window_lo
+                if MASKS:
+                    interior = False
+                # Wait until every thread is done with the previous tile's QiT, dOiT, Pij,
+                # dSij, L_i, D_i (for the first tile: until KjT and VjT are complete).
+                cuda.syncthreads()
+                # Alg.2 l.9: load Qi, dOi (transposed), L_i, D_i. A row past Sq or with
+                # L = -inf is zeros, and its L_i is -inf, so it is skipped below.
+                idx = tid
+                while idx < Br * DP:
+                    r = idx // DP
+                    k = idx % DP
                     row = i * Br + r
+                    keep = row < Sq and k < d
+                    if keep:
+                        keep = L[bh, row] != NEG_INF
+                    QiT[U(k * BrP + r)] = acc(Q[U(bh), U(row), U(k)]) if keep else ZERO
+                    dOiT[U(k * BrP + r)] = acc(dO[U(bh), U(row), U(k)]) if keep else ZERO
+                    idx += THREADS
+                for r in range(tid, Br, THREADS):
+                    row = i * Br + r
+                    L_i[U(r)] = L[bh, row] * LOG2E_ACC if row < Sq else NEG_INF
+                    D_i[U(r)] = D[bh, row] if row < Sq else ZERO
+                # Wait until QiT, dOiT, L_i, D_i are complete.
+                cuda.syncthreads()
+
+                # Alg.2 l.10 and l.13: Sij = Qi Kj^T and dPij = dOi Vj^T, TM x TN each per
+                # thread; per k step 2 (TM + TN) loads for 2 TM TN FMAs.
+                for a in range(TM):
                     for b in range(TN):
-                        pb[b] = Pij[U(r * BcP + tx + TX * b)]
-                        sb[b] = dSij[U(r * BcP + tx + TX * b)]
+                        s[a, b] = ZERO
+                        dp[a, b] = ZERO
+                k = 0
+                while k < d:         # a while loop, not range(): see kernels/__init__.py
+                    for a in range(TM):
+                        qa[a] = QiT[U(k * BrP + ty + TY * a)]
+                        da[a] = dOiT[U(k * BrP + ty + TY * a)]
+                    for b in range(TN):
+                        kb[b] = KjT[U(k * BcP + tx + TX * b)]
+                        vb[b] = VjT[U(k * BcP + tx + TX * b)]
+                    for a in range(TM):
+                        for b in range(TN):
+                            s[a, b] += qa[a] * kb[b]
+                            dp[a, b] += da[a] * vb[b]
+                    k += 1
+                # Alg.2 l.11 and l.14: Pij = exp(Sij - L_i), dSij = Pij * (dPij - D_i); masked
+                # pairs get exactly 0 without an exp (and without reading their S or dP).
+                # With a variant: visible() and score(), P from the modified score, dS
+                # times its derivative g (variants.py).
+                for a in range(TM):
+                    r = ty + TY * a
+                    row = i * Br + r
+                    L_r = L_i[U(r)]
+                    D_r = D_i[U(r)]
+                    for b in range(TN):
+                        c = tx + TX * b
+                        col = j * Bc + c
+                        p = ZERO
+                        ds = ZERO
+                        if PER_ELEMENT:
+                            # L = -inf also for rows past Sq: visible() is not asked there
+                            seen = L_r != NEG_INF and sees(batch, h, row, col, Sk,
+                                                           causal_offset, window_lo,
+                                                           attn_mask)
+                            if seen:
+                                x, g = score(s[a, b] * softmax_scale, batch, h, row, col, Sq,
+                                             Sk, softcap, slopes, attn_mask)
+                                p = math.exp2(x * LOG2E_ACC - L_r)
+                                ds = p * g * (dp[a, b] - D_r)
+                            elif not interior:
+                                p = HIDDEN      # masked: never reads Q or dO (below)
+                        else:
+                            visible = (L_r != NEG_INF and col < Sk
+                                       and (not causal or col <= row + causal_offset))
+                            if visible:
+                                p = math.exp2(s[a, b] * scale_log2 - L_r)
+                                ds = p * (dp[a, b] - D_r)
+                        Pij[U(r * BcP + c)] = p
+                        dSij[U(r * BcP + c)] = ds
+                # Wait until Pij and dSij are complete.
+                cuda.syncthreads()
+
+                # Alg.2 l.12 and l.16: dVj += Pij^T dOi, dKj += dSij^T Qi, this Q tile's part
+                # summed on its own; per row 2 (TN + DN) loads for 2 TN DN FMAs.
+                for b in range(TN):
                     for e in range(DN):
-                        oe[e] = dOiT[U((ty + TY * e) * BrP + r)]
-                        qe[e] = QiT[U((ty + TY * e) * BrP + r)]
-                    for b in range(TN):
-                        if j * Bc + tx + TX * b <= row + causal_offset:
+                        dk_t[b, e] = ZERO
+                        dv_t[b, e] = ZERO
+                if interior:
+                    # every row of the tile sees every key of the block: no test
+                    r = 0
+                    while r < Br:         # a while loop, not range(): see kernels/__init__.py
+                        for b in range(TN):
+                            pb[b] = Pij[U(r * BcP + tx + TX * b)]
+                            sb[b] = dSij[U(r * BcP + tx + TX * b)]
+                        for e in range(DN):
+                            oe[e] = dOiT[U((ty + TY * e) * BrP + r)]
+                            qe[e] = QiT[U((ty + TY * e) * BrP + r)]
+                        for b in range(TN):
                             for e in range(DN):
                                 dv_t[b, e] += pb[b] * oe[e]
                                 dk_t[b, e] += sb[b] * qe[e]
-                    r += 1
-            for b in range(TN):
-                for e in range(DN):
-                    dk[b, e] += dk_t[b, e]
-                    dv[b, e] += dv_t[b, e]
+                        r += 1
+                elif PER_ELEMENT:
+                    # a tile with masked pairs: they hold HIDDEN in Pij and never read q or
+                    # dO, so a NaN in the row of a query that does not see the key has no
+                    # effect; '< 0' is False for a NaN P, which propagates
+                    r = 0
+                    while r < Br:         # a while loop, not range(): see kernels/__init__.py
+                        for b in range(TN):
+                            pb[b] = Pij[U(r * BcP + tx + TX * b)]
+                            sb[b] = dSij[U(r * BcP + tx + TX * b)]
+                        for e in range(DN):
+                            oe[e] = dOiT[U((ty + TY * e) * BrP + r)]
+                            qe[e] = QiT[U((ty + TY * e) * BrP + r)]
+                        for b in range(TN):
+                            if not pb[b] < ZERO:
+                                for e in range(DN):
+                                    dv_t[b, e] += pb[b] * oe[e]
+                                    dk_t[b, e] += sb[b] * qe[e]
+                        r += 1
+                else:
+                    # the causal diagonal: hidden (row, key) pairs never read q or dO, so a
+                    # NaN in the row of a query that does not see the key has no effect
+                    r = 0
+                    while r < Br:         # a while loop, not range(): see kernels/__init__.py
+                        row = i * Br + r
+                        for b in range(TN):
+                            pb[b] = Pij[U(r * BcP + tx + TX * b)]
+                            sb[b] = dSij[U(r * BcP + tx + TX * b)]
+                        for e in range(DN):
+                            oe[e] = dOiT[U((ty + TY * e) * BrP + r)]
+                            qe[e] = QiT[U((ty + TY * e) * BrP + r)]
+                        for b in range(TN):
+                            if j * Bc + tx + TX * b <= row + causal_offset:
+                                for e in range(DN):
+                                    dv_t[b, e] += pb[b] * oe[e]
+                                    dk_t[b, e] += sb[b] * qe[e]
+                        r += 1
+                for b in range(TN):
+                    for e in range(DN):
+                        dk[b, e] += dk_t[b, e]
+                        dv[b, e] += dv_t[b, e]
 
         # Alg.2 l.18: write dKj (times the scale: kernels/backward/__init__.py) and dVj.
         for b in range(TN):
@@ -303,22 +390,31 @@ def make_backward_dkdv_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
                 for e in range(DN):
                     k = ty + TY * e
                     if k < d:
-                        dK[bh, col, k] = dk[b, e] * softmax_scale
-                        dV[bh, col, k] = dv[b, e]
+                        dK[bh_kv, col, k] = dk[b, e] * softmax_scale
+                        dV[bh_kv, col, k] = dv[b, e]
 
     return backward_dkdv_v4
 
 
 @functools.lru_cache(maxsize=None)
-def make_backward_dq_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
+def make_backward_dq_v4(Br, Bc, TM, TN, d, causal, acc_dtype, variant=PLAIN):
     """v4 dQ kernel: ``make_backward_dq_v3``'s kernel with its shared memory taken from
     dynamic shared memory, as ``make_backward_dkdv_v4`` is v3's dK/dV kernel's.
 
     v3's five shared arrays (QiT, dOiT, KjT, VjT, dSij) are slices of one dynamic array at
-    the offsets of ``dq_v4_shared_layout``, with flat indices; everything else is v3's
-    line for line (see make_backward_dq_v3). Launch: as v3, grid (Tr, BH), block
-    (TY * TX,), plus END * itemsize bytes of dynamic shared memory
-    (``dq_v4_shared_bytes``), allowed first above 48 KB (kernels/smem.py).
+    the offsets of ``dq_v4_shared_layout``, with flat indices; for plain attention
+    everything else is v3's line for line (see make_backward_dq_v3). Launch: as v3,
+    grid (Tr, B * Hq), block (TY * TX,), plus END * itemsize bytes of dynamic shared
+    memory (``dq_v4_shared_bytes``), allowed first above 48 KB (kernels/smem.py); its
+    arguments are the dK/dV kernel's with dQ in place of dK, dV.
+
+    Variants (``variant``), as backward v1's dQ kernel: query head h reads K/V head
+    b * (Hq // group) + h // group; a window narrows the K/V tile range, the table of
+    visible tiles skips empty tiles, and with a window, masks or a score modifier
+    (``PER_ELEMENT``) each entry goes through ``visible()`` and ``score()`` (dS times g).
+    dSij has no value to spare for a marker (any dS is possible), so where a tile is not
+    wholly visible dQi += dSij Kj asks ``visible()`` again per (row, key): a masked key
+    is never read for that row.
     """
     acc = acc_type(acc_dtype)
     ZERO = acc(0)
@@ -332,11 +428,23 @@ def make_backward_dq_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
     # Offsets (elements) and v3's 2D indices: QiT, dOiT (DP, BrP): [k, r] -> [k * BrP + r];
     # KjT, VjT (DP, BcP): [k, c] -> [k * BcP + c]; dSij (Br, BcP): [r, c] -> [r * BcP + c].
     Q_AT, dO_AT, K_AT, V_AT, dS_AT, END = dq_v4_shared_layout(Br, Bc, TM, TN, d)
-    kv_tile_range = make_kv_tile_range(Br, Bc, causal, False)
+    # The variant (compile-time), as in the dK/dV kernel ("sees" is variants.py's visible()).
+    sees, score = make_variant_functions(variant, causal, acc_dtype)
+    WINDOW = variant.window
+    SCORES = (variant.softcap or variant.alibi or variant.mask == "bias"
+              or variant.score_mod is not None)
+    MASKS = variant.mask == "bool" or variant.mask_mod is not None
+    TILE_TABLE = variant.tile_table
+    PER_ELEMENT = WINDOW or SCORES or MASKS     # entries need visible() and score()
+    kv_tile_range = make_kv_tile_range(Br, Bc, causal, WINDOW)
 
     @cuda.jit(**jit_options())
-    def backward_dq_v4(Q, K, V, dO, L, D, dQ, softmax_scale, causal_offset):
-        bh = cuda.blockIdx.y
+    def backward_dq_v4(Q, K, V, dO, L, D, dQ, softmax_scale, causal_offset, window_lo, Hq,
+                       group, softcap, slopes, attn_mask, tiles):
+        bh = cuda.blockIdx.y            # batch * Hq + h: the query head
+        batch = bh // Hq
+        h = bh % Hq
+        bh_kv = batch * (Hq // group) + h // group  # GQA: the K/V head this query head reads
         i = cuda.blockIdx.x             # Q tile index: one block per i
         tid = cuda.threadIdx.x
         ty = tid // TX
@@ -365,7 +473,8 @@ def make_backward_dq_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
         dq = cuda.local.array((TM, DN), acc)    # this thread's block of dQi
         dq_t = cuda.local.array((TM, DN), acc)  # one K/V tile's part of it (as in v1)
 
-        # From here on, v3 line for line (with the flat indices above).
+        # From here on, v3 line for line (with the flat indices above), plus the variant
+        # steps behind compile-time flags.
         # Alg.2 l.9: stage Qi and dOi transposed (zeros past Sq and past d); L and D of
         # this thread's rows into registers; dQi = 0.
         idx = tid
@@ -385,10 +494,22 @@ def make_backward_dq_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
                 dq[a, e] = ZERO
 
         # Loop over K/V tiles; causal blocks stop after the last tile that any of their
-        # rows can see (as in v1; bands.py, tiled.tiles_needed).
-        _, Tc = kv_tile_range(i, Sk, causal_offset, 0)
+        # rows can see, windowed blocks start at the first (as in v1; bands.py,
+        # tiled.tiles_needed).
+        j_start, j_end = kv_tile_range(i, Sk, causal_offset, window_lo)
         first_limit = i * Br + causal_offset        # the last key the block's first row sees
-        for j in range(Tc):
+        last_from = i * Br + Br - 1 + window_lo     # the first key the block's last row sees
+        for j in range(j_start, j_end):
+            if TILE_TABLE and not tiles[bh, i, j]:
+                continue                # the mask leaves this tile empty (variants.py);
+                                        # the same for every thread: barriers stay matched
+            # Does every row of the block see every key of the tile? Then dQi += dSij Kj
+            # needs no test (below). A data mask can hide any entry: always tested.
+            interior = not causal or j * Bc + Bc - 1 <= first_limit
+            if WINDOW:
+                interior = interior and j * Bc >= last_from
+            if MASKS:
+                interior = False
             # Wait until every thread is done with the previous KjT, VjT, dSij (for the
             # first tile: until QiT and dOiT are complete).
             cuda.syncthreads()
@@ -399,8 +520,8 @@ def make_backward_dq_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
                 k = idx % DP
                 col = j * Bc + c
                 inside = col < Sk and k < d
-                KjT[U(k * BcP + c)] = acc(K[U(bh), U(col), U(k)]) if inside else ZERO
-                VjT[U(k * BcP + c)] = acc(V[U(bh), U(col), U(k)]) if inside else ZERO
+                KjT[U(k * BcP + c)] = acc(K[U(bh_kv), U(col), U(k)]) if inside else ZERO
+                VjT[U(k * BcP + c)] = acc(V[U(bh_kv), U(col), U(k)]) if inside else ZERO
                 idx += THREADS
             # Wait until KjT and VjT are complete.
             cuda.syncthreads()
@@ -424,19 +545,29 @@ def make_backward_dq_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
                         dp[a, b] += da[a] * vb[b]
                 k += 1
             # Alg.2 l.11 and l.14: Pij and dSij; masked pairs and rows that see no key
-            # (L = -inf) get dS = 0 without an exp.
+            # (L = -inf) get dS = 0 without an exp. With a variant: visible() and score(),
+            # P from the modified score, dS times its derivative g (variants.py).
             for a in range(TM):
                 r = ty + TY * a
                 row = i * Br + r
                 for b in range(TN):
                     c = tx + TX * b
                     col = j * Bc + c
-                    visible = (L_a[a] != NEG_INF and col < Sk
-                               and (not causal or col <= row + causal_offset))
                     ds = ZERO
-                    if visible:
-                        p = math.exp2(s[a, b] * scale_log2 - L_a[a])
-                        ds = p * (dp[a, b] - D_a[a])
+                    if PER_ELEMENT:
+                        # L = -inf also for rows past Sq: visible() is not asked there
+                        if L_a[a] != NEG_INF and sees(batch, h, row, col, Sk,
+                                                      causal_offset, window_lo, attn_mask):
+                            x, g = score(s[a, b] * softmax_scale, batch, h, row, col, Sq, Sk,
+                                         softcap, slopes, attn_mask)
+                            p = math.exp2(x * LOG2E_ACC - L_a[a])
+                            ds = p * g * (dp[a, b] - D_a[a])
+                    else:
+                        visible = (L_a[a] != NEG_INF and col < Sk
+                                   and (not causal or col <= row + causal_offset))
+                        if visible:
+                            p = math.exp2(s[a, b] * scale_log2 - L_a[a])
+                            ds = p * (dp[a, b] - D_a[a])
                     dSij[U(r * BcP + c)] = ds
             # Wait until dSij is complete.
             cuda.syncthreads()
@@ -446,7 +577,7 @@ def make_backward_dq_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
             for a in range(TM):
                 for e in range(DN):
                     dq_t[a, e] = ZERO
-            if not causal or j * Bc + Bc - 1 <= first_limit:
+            if interior:
                 # every row of the block sees every key of the tile: no test
                 c = 0
                 while c < Bc:             # a while loop, not range(): see kernels/__init__.py
@@ -457,6 +588,23 @@ def make_backward_dq_v4(Br, Bc, TM, TN, d, causal, acc_dtype):
                     for a in range(TM):
                         for e in range(DN):
                             dq_t[a, e] += sa[a] * ke[e]
+                    c += 1
+            elif PER_ELEMENT:
+                # a tile with masked pairs: a key hidden from a row (visible() again) is
+                # never read for it, so a NaN in that key has no effect on the row
+                c = 0
+                while c < Bc:             # a while loop, not range(): see kernels/__init__.py
+                    col = j * Bc + c
+                    for a in range(TM):
+                        sa[a] = dSij[U((ty + TY * a) * BcP + c)]
+                    for e in range(DN):
+                        ke[e] = KjT[U((tx + TX * e) * BcP + c)]
+                    for a in range(TM):
+                        row = i * Br + ty + TY * a
+                        if L_a[a] != NEG_INF and sees(batch, h, row, col, Sk, causal_offset,
+                                                      window_lo, attn_mask):
+                            for e in range(DN):
+                                dq_t[a, e] += sa[a] * ke[e]
                     c += 1
             else:
                 # the causal diagonal: a key hidden from a row is never read for it, so
@@ -561,21 +709,22 @@ def check_backward_v4_tiles(tiles, d, acc_dtype):
                               DYNAMIC_SHARED_MEM_LIMIT, DYNAMIC_LIMIT_WHY)
 
 
-VARIANTS = False               # plain attention only
-TILE_TABLE = False
+VARIANTS = True                # takes the variant arguments (kernels/variants.py)
+TILE_TABLE = True              # skips the tiles a mask leaves empty (variants.make_tile_table);
+                               # its two kernels share (Br, Bc), so one table serves both
 
 
 def plan(p, where, tiles, reason, preprocess):
     """The Plans of backward v4 for Problem ``p``: v3's (``plan_register_blocked``), with
-    each kernel's shared memory dynamic."""
-    refuse_backward_variants("v4", p)
+    each kernel's shared memory dynamic, and variants: the dK/dV kernel's grid is
+    (Tc, B * Hkv)."""
     return plan_register_blocked(
         p, where, tiles, reason, preprocess, "v4", default_backward_v4_tiles,
         check_backward_v4_tiles, dkdv_v4_shared_bytes, dq_v4_shared_bytes,
         "v3's kernels with their shared memory taken from dynamic shared memory (may "
         "exceed 48 KB); measured on the H200: as fast as v3 to 1.4x faster "
         "(lab/runs/2026-12-01/26_timing_branch.txt)",
-        dynamic_shared=True)
+        dynamic_shared=True, variants=True)
 
 
 def kernel(plan, p):
@@ -583,4 +732,4 @@ def kernel(plan, p):
     make = {"backward_dkdv_v4": make_backward_dkdv_v4,
             "backward_dq_v4": make_backward_dq_v4}[plan.kernel]
     TM, TN = plan.thread_tile
-    return make(plan.Br, plan.Bc, TM, TN, p.d, p.upper, p.acc_dtype)
+    return make(plan.Br, plan.Bc, TM, TN, p.d, p.upper, p.acc_dtype, p.variant)

@@ -1,4 +1,5 @@
-"""Backward v6: v5 made cheaper: splits on the bits, per-kernel tiles, split-pair tiles.
+"""Backward v6: v5 made cheaper: splits on the bits, per-kernel tiles, split-pair tiles;
+with the attention variants.
 
 Parent: v5 (v5_tensor_cores.py): its layout, its two kernels and their order of work.
 v6 changes what v5 spends instructions on rather than tensor-core time: TF32 splits on
@@ -18,6 +19,15 @@ PyTorch SDPA EFFICIENT (lab/runs/2026-12-01/65_bench.txt; what limits it:
 docs/performance.md). What it costs: v5's finite-input contract, and 255 registers a
 thread above d = 64.
 
+Variants (kernels/variants.py), as backward v1 takes them: causal in both alignments,
+sliding windows (the Q and K/V tiles walked are the band's, bands.py), GQA/MQA without
+copying K/V (the dK/dV kernel runs one block per K/V tile and K/V head and sums over the
+group's query heads in a fixed order, no atomics), softcap, ALiBi, boolean and additive
+attn_mask, score_mod with score_mod_grad, and mask_mod; a mask that depends on data
+skips the tiles its table marks empty (both kernels then take one pair of tiles, the
+table's). Each variant step is a compile-time switch (``_variant_flags``): plain
+attention compiles none of them and computes the same bits as before they existed.
+
 The default on a GPU for plain float32 and float16 attention with d <= 128 and finite
 inputs. Deterministic: the gradients are the same bits with any of its tiles, with or
 without pairs. Inline PTX and warp shuffles on a GPU; on the simulator
@@ -27,20 +37,22 @@ four tools: 0 errors (lab/runs/2026-12-01/65_bwd_v6_memcheck.txt, 65_bwd_v6_race
 """
 
 import functools
-from collections import namedtuple
 import math
+from collections import namedtuple
+from dataclasses import replace
 
 import numpy as np
 from numba import cuda
 
 from .. import LOG2E, acc_type, jit_options
 from ..bands import make_kv_tile_range, make_q_tile_range
-from ..plan import device_dynamic_shared_limit
+from ..plan import TILE_TABLE_REASON, Plans, device_dynamic_shared_limit, variant_description
 from ..smem import U
-from .v5_tensor_cores import (bwd_v5_target, bwd_v5_tiles_within, check_backward_v5_tiles,
-                              default_backward_v5_tiles, dkdv_v5_shared_bytes,
-                              dkdv_v5_shared_layout, dq_v5_shared_bytes, dq_v5_shared_layout,
-                              refuse_backward_tensor_cores, tensor_core_plans, v5_head_dim)
+from ..variants import PLAIN, make_variant_functions
+from .v5_tensor_cores import (backward_tensor_core_refusal, bwd_v5_target, bwd_v5_tiles_within,
+                              check_backward_v5_tiles, default_backward_v5_tiles,
+                              dkdv_v5_shared_bytes, dkdv_v5_shared_layout, dq_v5_shared_bytes,
+                              dq_v5_shared_layout, tensor_core_plans, v5_head_dim)
 
 
 # ---------------------------------------------------------------------------------------
@@ -144,8 +156,71 @@ def _streamed_tile_steps(d, pairs, rows):
     return StreamedTileSteps(stage_pairs, load_pair)
 
 
+# What _variant_flags returns: the compile-time switches of a variant in backward v6.
+VariantFlags = namedtuple("VariantFlags", "window tile_table scores by_element")
+
+
+def _variant_flags(variant):
+    """Which variant steps backward v6 compiles in: the band's left bound (window), the
+    tile-table skip, ``score()`` per visible entry (scores: softcap, ALiBi, a bias,
+    score_mod), and ``visible()`` per entry (by_element: a window, a boolean attn_mask or
+    mask_mod; without them the causal test and the sequence ends are all there is)."""
+    scores = (variant.softcap or variant.alibi or variant.mask == "bias"
+              or variant.score_mod is not None)
+    masks = variant.mask == "bool" or variant.mask_mod is not None
+    return VariantFlags(variant.window, variant.tile_table, scores, variant.window or masks)
+
+
 @functools.lru_cache(maxsize=None)
-def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None, pairs=False):
+def _make_entry(causal, variant):
+    """``entry``: P and dS of one (row, col) of a tile with a variant, for both v6 kernels
+    (plain attention keeps its two lines inline: as a call they took more registers).
+
+    entry(s, dp, L2, D_r, b, h, row, col, Sq, Sk, scale_log2, softmax_scale, causal_offset,
+          window_lo, softcap, slopes, attn_mask) -> (p, ds)
+
+    s and dp are the unscaled q.k and dO.v, L2 the row's logsumexp times log2(e) and D_r
+    its rowsum(dO * O). An entry that is not visible (past the sequences, the causal
+    bound, or ``variant``'s masks) has p = ds = 0; else p = exp2(s scale log2(e) - L2)
+    (Alg.2 l.11), ds = p (dp - D_r) (l.14). With a score modifier (variants.py) p =
+    exp(score - L) of the modified score and ds is times d(score)/ds; a score of -inf
+    has p = 0 without an exp (its row may have L = -inf)."""
+    visible, score = make_variant_functions(variant, causal, "float32")
+    flags = _variant_flags(variant)
+    SCORES, BY_ELEMENT = flags.scores, flags.by_element
+    acc = acc_type("float32")
+    ZERO = acc(0)
+    NEG_INF = acc(-math.inf)
+    LOG2E_ACC = acc(LOG2E)
+
+    @cuda.jit(device=True, inline=True)
+    def entry(s, dp, L2, D_r, b, h, row, col, Sq, Sk, scale_log2, softmax_scale,
+              causal_offset, window_lo, softcap, slopes, attn_mask):
+        if BY_ELEMENT:
+            seen = row < Sq and visible(b, h, row, col, Sk, causal_offset, window_lo,
+                                        attn_mask)
+        else:
+            seen = row < Sq and col < Sk and (not causal or col <= row + causal_offset)
+        if not SCORES:
+            p = math.exp2(s * scale_log2 - L2) if seen else ZERO
+            ds = p * (dp - D_r) if seen else ZERO
+            return p, ds
+        p = ZERO
+        ds = ZERO
+        if seen:
+            sc, dsc = score(s * softmax_scale, b, h, row, col, Sq, Sk, softcap, slopes,
+                            attn_mask)
+            if sc != NEG_INF:
+                p = math.exp2(sc * LOG2E_ACC - L2)
+                ds = p * (dp - D_r) * dsc
+        return p, ds
+
+    return entry
+
+
+@functools.lru_cache(maxsize=None)
+def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False,
+                          variant=PLAIN):
     """v6 dK/dV kernel: v5's, made cheaper where v5 spends its instructions (finite
     inputs, float32 accumulation, d <= 128; v5's shared memory, or with ``pairs``
     Qi and dOi twice as long).
@@ -176,8 +251,21 @@ def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None, pairs=False):
     the same shared memory (lab/runs/2026-12-01/63_bwd_pairs_d64.txt,
     63_bwd_pairs_d128.txt).
 
-    Launch as v5: grid (ceil(Sk / Bc), BH), block (2 * Bc,), END * 4 bytes of dynamic
-    shared memory (``dkdv_v5_shared_layout(Br, Bc, d, pairs)``).
+    ``variant`` (kernels/variants.py) adds masks and score modifiers, as backward v1's:
+    each (row, col) of P^T and dS^T that ``visible`` hides is 0, a visible one takes
+    P = exp(s - L) of the modified score s and dS times d(score)/ds; with a window the
+    Q tiles walked are the band's, and with a tile table the tiles it marks empty are
+    skipped (the same test for every thread of the block, so the barriers stay matched).
+    Plain attention compiles none of it and computes the same bits as before.
+
+    Launch: grid (ceil(Sk / Bc), B * Hkv), block (2 * Bc,), END * 4 bytes of dynamic
+    shared memory (``dkdv_v5_shared_layout(Br, Bc, d, pairs)``). ``gqa`` (Hkv < Hq): the
+    block walks the Q tiles of each query head of its K/V head's group in turn, in a
+    fixed order, adding into the same registers, so dK and dV are summed over the group
+    without atomics and are the same bits on every run. It is compile-time and one flat
+    loop over (query head, Q tile) pairs: ptxas (sm_90, float32, d = 64, (64, 64),
+    causal) gave the plain kernel 253 registers instead of 166 with a loop over the group
+    around the loop over Q tiles, and 171 with the flat loop compiled in for group = 1.
     """
     helpers = _make_v6_helpers(d)
     split_finite, stage, a_fragment = helpers.split_finite, helpers.stage, helpers.a_fragment
@@ -197,11 +285,19 @@ def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None, pairs=False):
     S_FRAGS = NT * 4
     _, STRIDE = v5_head_dim(d)
     K_AT, V_AT, Q_AT, dO_AT, L_AT, D_AT, END = dkdv_v5_shared_layout(Br, Bc, d, pairs)
-    q_tile_range = make_q_tile_range(Br, Bc, causal, False)
+    entry = _make_entry(causal, variant)
+    flags = _variant_flags(variant)
+    WINDOW, TILE_TABLE = flags.window, flags.tile_table
+    PLAIN_ENTRY = not (flags.scores or flags.by_element)
+    GQA = gqa
+    q_tile_range = make_q_tile_range(Br, Bc, causal, WINDOW)
 
     @cuda.jit(**jit_options())
-    def backward_dkdv_v6(Q, K, V, dO, L, D, dK, dV, softmax_scale, causal_offset):
-        bh = cuda.blockIdx.y
+    def backward_dkdv_v6(Q, K, V, dO, L, D, dK, dV, softmax_scale, causal_offset, window_lo,
+                         Hq, group, softcap, slopes, attn_mask, tiles):
+        bh_kv = cuda.blockIdx.y         # b * Hkv + h_kv: the K/V head
+        b = bh_kv // (Hq // group)
+        h_kv = bh_kv % (Hq // group)
         j = cuda.blockIdx.x
         tid = cuda.threadIdx.x
         lane = tid % 32
@@ -231,14 +327,30 @@ def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None, pairs=False):
         gb = cuda.local.array(S_FRAGS, acc)     # dS^T, split
         gs = cuda.local.array(S_FRAGS, acc)
 
-        stage(Kj, K, bh, j * Bc, Sk, Bc, tid, THREADS)
-        stage(Vj, V, bh, j * Bc, Sk, Bc, tid, THREADS)
+        stage(Kj, K, bh_kv, j * Bc, Sk, Bc, tid, THREADS)
+        stage(Vj, V, bh_kv, j * Bc, Sk, Bc, tid, THREADS)
         for x in range(ACC):
             dk[x] = ZERO
             dv[x] = ZERO
 
-        i_start, i_end = q_tile_range(j, Sq, causal_offset, 0)
-        for i in range(i_start, i_end):
+        # The Q tiles with a row that sees a column of this tile (bands.py); GQA: those of
+        # each query head of this K/V head's group in turn, a fixed order, so the sums are
+        # bitwise reproducible.
+        i_start, i_end = q_tile_range(j, Sq, causal_offset, window_lo)
+        n_i = i_end - i_start
+        for n in range(0 if GQA else i_start, group * n_i if GQA else i_end):
+            if GQA:
+                h = h_kv * group + n // n_i     # the query head
+                bh = b * Hq + h
+                i = i_start + n % n_i
+            else:                           # n is the Q tile
+                h = h_kv
+                bh = bh_kv
+                i = n
+            if TILE_TABLE and not tiles[bh, i, j]:
+                continue                # the mask leaves this tile empty (variants.py)
+            # Wait until every warp has finished reading the previous Qi, dOi, L_i, D_i
+            # (on the first pass: until Kj and Vj are complete).
             cuda.syncthreads()
             stage_q(Qi, Q, bh, i * Br, Sq, Br, tid, THREADS)
             stage_q(dOi, dO, bh, i * Br, Sq, Br, tid, THREADS)
@@ -281,11 +393,18 @@ def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None, pairs=False):
                         r = r0 + nt * 8 + 2 * t + x % 2
                         row = i * Br + r
                         col = key0 + 8 * (x // 2)
-                        seen = row < Sq and col < Sk and (not causal
-                                                         or col <= row + causal_offset)
                         y = nt * 4 + x
-                        p = math.exp2((s[y] + se[y]) * scale_log2 - L_i[r]) if seen else ZERO
-                        ds = p * ((dp[y] + dpe[y]) - D_i[r]) if seen else ZERO
+                        if PLAIN_ENTRY:
+                            seen = row < Sq and col < Sk and (not causal
+                                                             or col <= row + causal_offset)
+                            p = (math.exp2((s[y] + se[y]) * scale_log2 - L_i[r]) if seen
+                                 else ZERO)
+                            ds = p * ((dp[y] + dpe[y]) - D_i[r]) if seen else ZERO
+                        else:
+                            p, ds = entry(s[y] + se[y], dp[y] + dpe[y], L_i[r], D_i[r], b,
+                                          h, row, col, Sq, Sk, scale_log2, softmax_scale,
+                                          causal_offset, window_lo, softcap, slopes,
+                                          attn_mask)
                         pb[y], ps[y] = split_finite(p)
                         gb[y], gs[y] = split_finite(ds)
                 # dVj += P^T dOi, dKj += dS^T Qi
@@ -334,19 +453,21 @@ def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None, pairs=False):
                 col = key0 + 8 * (x // 2)
                 k = nd * 8 + 2 * t + x % 2
                 if col < Sk and k < d:
-                    dK[U(bh), U(col), U(k)] = dk[nd * 4 + x] * softmax_scale
-                    dV[U(bh), U(col), U(k)] = dv[nd * 4 + x]
+                    dK[U(bh_kv), U(col), U(k)] = dk[nd * 4 + x] * softmax_scale
+                    dV[U(bh_kv), U(col), U(k)] = dv[nd * 4 + x]
 
     return backward_dkdv_v6
 
 
 @functools.lru_cache(maxsize=None)
-def make_backward_dq_v6(Br, Bc, d, causal, chunk=None, pairs=False):
+def make_backward_dq_v6(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False,
+                        variant=PLAIN):
     """v6 dQ kernel: v5's with v6's changes (see make_backward_dkdv_v6; finite
     inputs); ``chunk``: the keys of Kj a step takes; ``pairs``: Kj and Vj split
-    once as staged (as make_backward_dkdv_v6's Qi and dOi). Launch as v5: grid
-    (ceil(Sq / Br), BH), block (2 * Br,), END * 4 bytes (``dq_v5_shared_layout(Br, Bc, d,
-    pairs)``)."""
+    once as staged (as make_backward_dkdv_v6's Qi and dOi); ``gqa``, ``variant``: as
+    there. Launch: grid (ceil(Sq / Br), B * Hq), block (2 * Br,), END * 4 bytes
+    (``dq_v5_shared_layout(Br, Bc, d, pairs)``); with ``gqa`` query head h reads K/V head
+    h // group of its batch."""
     helpers = _make_v6_helpers(d)
     split_finite, stage, a_fragment = helpers.split_finite, helpers.stage, helpers.a_fragment
     mma3, load_split = helpers.mma3, helpers.load_split
@@ -365,11 +486,20 @@ def make_backward_dq_v6(Br, Bc, d, causal, chunk=None, pairs=False):
     S_FRAGS = NT * 4
     _, STRIDE = v5_head_dim(d)
     Q_AT, dO_AT, K_AT, V_AT, END = dq_v5_shared_layout(Br, Bc, d, pairs)
-    kv_tile_range = make_kv_tile_range(Br, Bc, causal, False)
+    entry = _make_entry(causal, variant)
+    flags = _variant_flags(variant)
+    WINDOW, TILE_TABLE = flags.window, flags.tile_table
+    PLAIN_ENTRY = not (flags.scores or flags.by_element)
+    GQA = gqa
+    kv_tile_range = make_kv_tile_range(Br, Bc, causal, WINDOW)
 
     @cuda.jit(**jit_options())
-    def backward_dq_v6(Q, K, V, dO, L, D, dQ, softmax_scale, causal_offset):
-        bh = cuda.blockIdx.y
+    def backward_dq_v6(Q, K, V, dO, L, D, dQ, softmax_scale, causal_offset, window_lo, Hq,
+                       group, softcap, slopes, attn_mask, tiles):
+        bh = cuda.blockIdx.y            # b * Hq + h: the query head
+        b = bh // Hq
+        h = bh % Hq
+        bh_kv = b * (Hq // group) + h // group if GQA else bh   # the K/V head it reads
         i = cuda.blockIdx.x
         tid = cuda.threadIdx.x
         lane = tid % 32
@@ -400,18 +530,23 @@ def make_backward_dq_v6(Br, Bc, d, causal, chunk=None, pairs=False):
         # inputs are finite, so their q and dO cannot reach other rows through 0 * NaN).
         stage(Qi, Q, bh, i * Br, Sq, Br, tid, THREADS)
         stage(dOi, dO, bh, i * Br, Sq, Br, tid, THREADS)
-        for h in range(2):
-            row = row0 + 8 * h
-            Lr[h] = L[U(bh), U(row)] * LOG2E_ACC if row < Sq else ZERO
-            Dr[h] = D[U(bh), U(row)] if row < Sq else ZERO
+        for half in range(2):
+            row = row0 + 8 * half
+            Lr[half] = L[U(bh), U(row)] * LOG2E_ACC if row < Sq else ZERO
+            Dr[half] = D[U(bh), U(row)] if row < Sq else ZERO
         for x in range(ACC):
             dq[x] = ZERO
 
-        j_start, j_end = kv_tile_range(i, Sk, causal_offset, 0)
+        # The K/V tiles that some row of this tile sees (bands.py)
+        j_start, j_end = kv_tile_range(i, Sk, causal_offset, window_lo)
         for j in range(j_start, j_end):
+            if TILE_TABLE and not tiles[bh, i, j]:
+                continue                # the mask leaves this tile empty (variants.py)
+            # Wait until every warp has finished reading the previous Kj and Vj (on the
+            # first pass: until Qi and dOi are complete).
             cuda.syncthreads()
-            stage_kv(Kj, K, bh, j * Bc, Sk, Bc, tid, THREADS)
-            stage_kv(Vj, V, bh, j * Bc, Sk, Bc, tid, THREADS)
+            stage_kv(Kj, K, bh_kv, j * Bc, Sk, Bc, tid, THREADS)
+            stage_kv(Vj, V, bh_kv, j * Bc, Sk, Bc, tid, THREADS)
             cuda.syncthreads()
 
             for ch in range(Bc // CHUNK):
@@ -442,14 +577,19 @@ def make_backward_dq_v6(Br, Bc, d, causal, chunk=None, pairs=False):
                             dpe[nt * 4], dpe[nt * 4 + 1], dpe[nt * 4 + 2], dpe[nt * 4 + 3])
                 for nt in range(NT):
                     for x in range(4):
-                        h = x // 2
-                        row = row0 + 8 * h
+                        half = x // 2
+                        row = row0 + 8 * half
                         col = j * Bc + c_0 + nt * 8 + 2 * t + x % 2
-                        seen = row < Sq and col < Sk and (not causal
-                                                         or col <= row + causal_offset)
                         y = nt * 4 + x
-                        p = math.exp2((s[y] + se[y]) * scale_log2 - Lr[h]) if seen else ZERO
-                        ds = p * ((dp[y] + dpe[y]) - Dr[h]) if seen else ZERO
+                        if PLAIN_ENTRY:
+                            seen = row < Sq and col < Sk and (not causal
+                                                             or col <= row + causal_offset)
+                            p = math.exp2((s[y] + se[y]) * scale_log2 - Lr[half]) if seen else ZERO
+                            ds = p * ((dp[y] + dpe[y]) - Dr[half]) if seen else ZERO
+                        else:
+                            _, ds = entry(s[y] + se[y], dp[y] + dpe[y], Lr[half], Dr[half], b,
+                                          h, row, col, Sq, Sk, scale_log2, softmax_scale,
+                                          causal_offset, window_lo, softcap, slopes, attn_mask)
                         gb[y], gs[y] = split_finite(ds)
                 for nd in range(KS):
                     c0 = ZERO
@@ -574,15 +714,37 @@ def backward_v6_chunk(kind, Br, Bc):
     return chunk if streamed % chunk == 0 else V6_CHUNK
 
 
-VARIANTS = False               # plain attention only
-TILE_TABLE = False
+VARIANTS = True                # takes the variant arguments (kernels/variants.py)
+TILE_TABLE = True              # skips the tiles a mask leaves empty (variants.make_tile_table)
 
 
 def plan(p, where, tiles, reason, preprocess):
     """The Plans of backward v6 for Problem ``p`` (v5's ``tensor_core_plans``): one pair
-    of tiles per kernel, and its streamed tiles as split pairs or not."""
-    refuse_backward_tensor_cores("v6", p, where)
-    if tiles is None:
+    of tiles per kernel, and its streamed tiles as split pairs or not; the dK/dV kernel
+    on grid (Tc, B * Hkv), each block summing over its K/V head's group.
+
+    A variant with a table of visible tiles (a boolean attn_mask, mask_mod) gets one
+    (Br, Bc) for both kernels, the table's (the launcher builds one table, for the last
+    kernel's tiles): v6's fallback rule (v5's layout within the device's maximum) without
+    pairs, or the caller's; a caller's two different pairs of tiles raise ValueError."""
+    refusal = backward_tensor_core_refusal("v6", p, where)
+    if refusal is not None:
+        raise ValueError(f"backward v6 cannot run this input: {refusal}")
+    if p.variant.tile_table:
+        if tiles is None:
+            both = default_backward_v5_tiles(p.d, where, "v6")
+            reason += (f"; tiles by the v6 fallback rule for d={p.d}, one pair for both "
+                       f"kernels (they share the table of visible tiles)")
+        else:
+            per_kernel = check_backward_v6_tiles(tiles, p.d)
+            both = per_kernel["dkdv"]
+            if per_kernel["dq"] != both:
+                raise ValueError(f"backward v6 with a boolean attn_mask or mask_mod takes one "
+                                 f"(Br, Bc) for both kernels (they share the table of "
+                                 f"visible tiles); got {tiles}")
+            reason += "; tiles given by the caller"
+        per_kernel = {"dkdv": both + (False,), "dq": both + (False,)}
+    elif tiles is None:
         per_kernel = default_backward_v6_plan(p.d, p.upper, p.dtype, where)
         reason += (f"; tiles by the v6 rule for d={p.d}"
                    + (", causal" if p.upper else "") + " (each kernel its own)")
@@ -590,13 +752,23 @@ def plan(p, where, tiles, reason, preprocess):
         per_kernel = {kind: t + (False,)
                       for kind, t in check_backward_v6_tiles(tiles, p.d).items()}
         reason += "; tiles given by the caller"
-    return tensor_core_plans(p, where, reason, preprocess, "v6", per_kernel)
+    preprocess_plan, dkdv, dq = tensor_core_plans(p, where, reason, preprocess, "v6",
+                                                  per_kernel)
+    variant = variant_description(p)
+    table = TILE_TABLE_REASON if p.variant.tile_table else ""
+    gqa = (f"; GQA: each block sums over the {p.group} query heads of its K/V head in a "
+           f"fixed order" if p.group > 1 else "")
+    dkdv = replace(dkdv, grid=(dkdv.grid[0], p.BHkv), reason=dkdv.reason + gqa + table,
+                   variant=variant)
+    dq = replace(dq, reason=dq.reason + table, variant=variant)
+    return Plans((preprocess_plan, dkdv, dq))
 
 
 def kernel(plan, p):
     """The compiled kernel of one of v6's plans (cached per compile-time parameters), with
-    the chunk of ``backward_v6_chunk`` and the plan's pairs."""
+    the chunk of ``backward_v6_chunk``, the plan's pairs, GQA or not and the Problem's
+    variant."""
     kind = {"backward_dkdv_v6": "dkdv", "backward_dq_v6": "dq"}[plan.kernel]
     make = make_backward_dkdv_v6 if kind == "dkdv" else make_backward_dq_v6
     chunk = backward_v6_chunk(kind, plan.Br, plan.Bc)
-    return make(plan.Br, plan.Bc, p.d, p.upper, chunk, plan.pairs)
+    return make(plan.Br, plan.Bc, p.d, p.upper, chunk, plan.pairs, p.group > 1, p.variant)

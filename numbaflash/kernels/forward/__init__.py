@@ -18,8 +18,8 @@ The ladder, by lineage: each file says its parent, what it changes and what that
           │  └─ v9_async_copy  the next K/V tile copied by cp.async (float32)
           └─ v7_float16      float16 inputs on the float16 tensor cores (m16n8k16)
 
-Defaults (numbaflash/policy.py decides, and explain() says why): v2 for variants,
-float64 and d > 128; on a GPU v7 for float16 inputs, v8 for float32 at d <= 64 and v9 at
+Defaults (numbaflash/policy.py decides, and explain() says why), variants or not: v2 in
+float64 and at d > 128; on a GPU v7 for float16 inputs, v8 for float32 at d <= 64 and v9 at
 64 < d <= 128; on the simulator, which cannot run the tensor-core versions, v5.
 
 Building blocks: ``mma_rows`` (the per-row steps on mma fragments: the online softmax,
@@ -34,13 +34,14 @@ saying why it cannot run the input), ``kernel(plan, p)`` (the compiled kernel),
 mask leaves empty). ``MODULES`` below is the registry: a new version is its own file and
 one line there.
 
-Variants (kernels/variants.py, docs/variants.md): v1 and v2 take a compile-time
-``variant`` and seven more run-time arguments after causal_offset (window_lo, Hq, group,
-softcap, slopes, attn_mask, tiles), through two inlined device functions, visible() and
-score(). Masked entries are not computed, tiles a window leaves empty are not visited,
-and v2 skips the tiles a boolean attn_mask or a mask_mod leaves empty (the table of
-visible tiles, variants.make_tile_table). v3 to v9 compute plain attention only: their
-plans refuse variants.
+Variants (kernels/variants.py, docs/variants.md): v1, v2 and v5 to v9 take a
+compile-time ``variant`` and seven more run-time arguments after causal_offset
+(window_lo, Hq, group, softcap, slopes, attn_mask, tiles), through two inlined device
+functions, visible() and score(); with the plain variant they compile to the plain
+kernel. Masked entries are not computed, tiles a window leaves empty are not visited,
+and the tiled ones skip the tiles a boolean attn_mask or a mask_mod leaves empty (the
+table of visible tiles, variants.make_tile_table). v3 and v4, the first tensor-core and
+register-blocked rungs, compute plain attention only: their plans refuse variants.
 
 Fully masked rows (causal with Sq > Sk, or Sk = 0) end with l = 0: they write O = 0 and
 L = -inf. NaN in a visible input propagates to the rows that see it; masked keys are

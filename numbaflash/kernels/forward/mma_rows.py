@@ -5,6 +5,10 @@ warp's mma fragments hold: the finite test, the online-softmax step over one
 chunk of keys (Alg.1 l.8-10 on fragments, row max and sum by quad shuffles),
 the fix-ups that put NaN and inf where the reference has them, and the
 write-out of O and L (Alg.1 l.12-13). On the simulator through kernels/simulated.py.
+
+Variants (kernels/variants.py) enter here, in the mask and the scale of softmax_step and
+in the visibility of add_nonfinite_values: the factory takes the compile-time ``variant``
+and the steps take its run-time arguments. With ``PLAIN`` they compile to the plain steps.
 """
 
 import functools
@@ -15,15 +19,16 @@ from numba import cuda
 
 from .. import acc_type
 from ..smem import U
+from ..variants import PLAIN, make_variant_functions
 from ..warp import FULL_WARP, quad_max, quad_sum
 
 # What make_mma_row_steps returns: inlined device functions, by name.
-MmaRowSteps = namedtuple("MmaRowSteps", "finite add_nonfinite_scores softmax_step "
+MmaRowSteps = namedtuple("MmaRowSteps", "finite whole_tile add_nonfinite_scores softmax_step "
                          "add_nonfinite_values write_rows")
 
 
 @functools.lru_cache(maxsize=None)
-def make_mma_row_steps(d, causal, chunk, o_tiles):
+def make_mma_row_steps(d, causal, chunk, o_tiles, variant=PLAIN):
     """The steps forward v6 to v9 share, as inlined device functions: everything in their
     chunk loop and after it except the two matrix products and the staging (v3 takes
     write_rows only). Both keep a
@@ -33,7 +38,17 @@ def make_mma_row_steps(d, causal, chunk, o_tiles):
     (NT = chunk / 8 n-tiles of S); ``o_tiles``: n-tiles of 8 columns of O (d padded to
     the mma's k, over 8). Float32 accumulation.
 
-    Returns a MmaRowSteps (finite, add_nonfinite_scores, softmax_step,
+    ``variant`` (kernels/variants.py, compile-time): which entries are masked
+    (``visible``) and how a visible entry's score is changed (``score``). The costs, per
+    entry of S, only where the variant asks for them: a window adds one comparison to
+    the mask of the tiles that need one (the edge, diagonal and window-edge tiles, as the
+    kernels' ``whole_tile`` says); a score-changing variant (softcap, ALiBi, a bias,
+    score_mod) calls ``score`` on every visible entry of every tile, and a data mask
+    (bool attn_mask, mask_mod) tests ``visible`` on every entry of every tile it does not
+    skip. Rows past Sq are masked whenever the variant reads per-entry data (attn_mask,
+    the user's functions), which has no entry for them.
+
+    Returns a MmaRowSteps (finite, whole_tile, add_nonfinite_scores, softmax_step,
     add_nonfinite_values, write_rows); each says what it does. The non-finite fix-ups are
     described in make_forward_v6."""
     acc = acc_type("float32")
@@ -43,54 +58,96 @@ def make_mma_row_steps(d, causal, chunk, o_tiles):
     LOG2E = acc(1.4426950408889634)
     NT = chunk // 8
     S_FRAGS = NT * 4
+    visible, score = make_variant_functions(variant, causal, "float32")
+    # Compile-time: does every visible entry need score()? Does the mask depend on data
+    # (then every tile needs the per-entry visible(), and rows past Sq see nothing)?
+    SCORES = (variant.softcap or variant.alibi or variant.mask == "bias"
+              or variant.score_mod is not None)
+    MASKS = variant.tile_table
+    PER_ENTRY = SCORES or MASKS
+    WINDOW = variant.window
 
     @cuda.jit(device=True, inline=True)
     def finite(x):
         return abs(x) <= F32_MAX        # one comparison; False for NaN and +-inf
 
     @cuda.jit(device=True, inline=True)
-    def nonfinite_terms(Q, K, bh, row, col, Sq, Sk):
-        """The sum of the products Q[row, k] * K[col, k] with a non-finite factor: what
-        the tensor cores left out of this score (those factors were staged as 0)."""
+    def whole_tile(first_row, last_row, first_col, last_col, Sk, causal_offset, window_lo):
+        """Does every row of the block (first_row ... last_row) see every key of the tile
+        (first_col ... last_col) through the band? Then softmax_step needs no mask there.
+        Plain: the tile ends within Sk and, causal, below the diagonal; a window's left
+        bound is tested the same way; a data mask (bool attn_mask, mask_mod) is never
+        whole (it needs the per-entry test)."""
+        return (last_col < Sk
+                and (not causal or last_col <= first_row + causal_offset)
+                and (not WINDOW or first_col >= last_row + window_lo)
+                and not MASKS)
+
+    @cuda.jit(device=True, inline=True)
+    def nonfinite_terms(Q, K, bh, bh_kv, row, col, Sq, Sk):
+        """The sum of the products Q[row, k] * K[col, k] (query head bh, K/V head bh_kv)
+        with a non-finite factor: what the tensor cores left out of this score (those
+        factors were staged as 0)."""
         x = ZERO
         if row < Sq and col < Sk:
             k = 0
             while k < d:
                 q = acc(Q[U(bh), U(row), U(k)])
-                kk = acc(K[U(bh), U(col), U(k)])
+                kk = acc(K[U(bh_kv), U(col), U(k)])
                 if not (finite(q) and finite(kk)):
                     x += q * kk
                 k += 1
         return x
 
     @cuda.jit(device=True, inline=True)
-    def add_nonfinite_scores(s, Q, K, bh, col0, row0, t, Sq, Sk):
+    def add_nonfinite_scores(s, Q, K, bh, bh_kv, col0, row0, t, Sq, Sk):
         """Rare: a non-finite q or k was staged as 0; add its terms to the chunk's scores
-        s (keys from col0)."""
+        s (keys from col0; K/V head bh_kv)."""
         for nt in range(NT):
             col = col0 + nt * 8 + 2 * t
             for x in range(4):      # s[nt * 4 + x]: row0 or row1, col or col + 1
-                s[nt * 4 + x] += nonfinite_terms(Q, K, bh, row0 + 8 * (x // 2),
+                s[nt * 4 + x] += nonfinite_terms(Q, K, bh, bh_kv, row0 + 8 * (x // 2),
                                                  col + x % 2, Sq, Sk)
 
     @cuda.jit(device=True, inline=True)
-    def softmax_step(s, softmax_scale, whole_tile, col0, row0, t, Sk, causal_offset,
-                     m0, m1, l0, l1):
+    def softmax_step(s, softmax_scale, whole_tile, col0, row0, t, b, h, Sq, Sk,
+                     causal_offset, window_lo, softcap, slopes, attn_mask, m0, m1, l0, l1):
         """Alg.1 l.8-9 after the product: scale the chunk's scores s (keys from col0),
-        mask them unless ``whole_tile`` (the last tile, or the causal diagonal), take the
-        new running max over the quad, and turn s into P~ = exp(S - m_new) in place.
+        mask them unless ``whole_tile`` (every key of the tile visible from every row of
+        the block: the kernel decides, per tile), apply the variant's score, take the new
+        running max over the quad, and turn s into P~ = exp(S - m_new) in place. b, h
+        (batch, query head) and the arguments after Sk are the variant's (variants.py).
         Returns (alpha0, alpha1, m0, m1, l0, l1): the rescale factors of rows row0 and
         row0 + 8 and their new running max and (this lane's part of the) sums."""
-        for x in range(S_FRAGS):
-            s[x] *= softmax_scale
-        if not whole_tile:
+        if PER_ENTRY:
+            # Every visible entry goes through score(); a data mask (never whole_tile)
+            # tests every entry. Rows past Sq have no mask or bias entry: masked.
             for nt in range(NT):
                 col = col0 + nt * 8 + 2 * t
                 for x in range(4):
+                    row = row0 + 8 * (x // 2)
                     key = col + x % 2
-                    if not (key < Sk and (not causal
-                                          or key <= row0 + 8 * (x // 2) + causal_offset)):
-                        s[nt * 4 + x] = NEG_INF
+                    y = nt * 4 + x
+                    if row < Sq and (whole_tile or visible(b, h, row, key, Sk, causal_offset,
+                                                           window_lo, attn_mask)):
+                        s[y], _ = score(s[y] * softmax_scale, b, h, row, key, Sq, Sk,
+                                        softcap, slopes, attn_mask)
+                    else:
+                        s[y] = NEG_INF
+        else:
+            for x in range(S_FRAGS):
+                s[x] *= softmax_scale
+            if not whole_tile:
+                # The band alone (the variant's visible() here, written out as the plain
+                # kernel had it): past Sk, past the causal bound, before a window's left.
+                for nt in range(NT):
+                    col = col0 + nt * 8 + 2 * t
+                    for x in range(4):
+                        key = col + x % 2
+                        row = row0 + 8 * (x // 2)
+                        if not (key < Sk and (not causal or key <= row + causal_offset)
+                                and (not WINDOW or key >= row + window_lo)):
+                            s[nt * 4 + x] = NEG_INF
         mt0 = NEG_INF           # this lane's part of the chunk's row maxima
         mt1 = NEG_INF
         for nt in range(NT):
@@ -124,9 +181,11 @@ def make_mma_row_steps(d, causal, chunk, o_tiles):
         return alpha0, alpha1, mn0, mn1, alpha0 * l0 + lt0, alpha1 * l1 + lt1
 
     @cuda.jit(device=True, inline=True)
-    def add_nonfinite_values(o, s, V, bh, col0, row0, row1, g, t, Sk, causal_offset):
-        """Rare: a non-finite v of the chunk (keys from col0) was staged as 0; add
-        p * v for those values to the O fragments o of the rows that see the key."""
+    def add_nonfinite_values(o, s, V, bh_kv, col0, row0, row1, g, t, b, h, Sq, Sk,
+                             causal_offset, window_lo, attn_mask):
+        """Rare: a non-finite v of the chunk (keys from col0, K/V head bh_kv) was staged
+        as 0; add p * v for those values to the O fragments o of the rows that see the
+        key (the variant's visible(), as softmax_step masks)."""
         kk = 0
         while kk < chunk:        # the chunk's keys, in step in every lane
             # P~ of this key for row0 and row1 is in lane (g, kk % 8 // 2) of the
@@ -142,13 +201,15 @@ def make_mma_row_steps(d, causal, chunk, o_tiles):
             p1 = cuda.shfl_sync(FULL_WARP, x1, g * 4 + kk % 8 // 2)
             col = col0 + kk
             if col < Sk:
-                sees0 = not causal or col <= row0 + causal_offset
-                sees1 = not causal or col <= row1 + causal_offset
+                sees0 = (not MASKS or row0 < Sq) and visible(b, h, row0, col, Sk,
+                                                             causal_offset, window_lo, attn_mask)
+                sees1 = (not MASKS or row1 < Sq) and visible(b, h, row1, col, Sk,
+                                                             causal_offset, window_lo, attn_mask)
                 for nd in range(o_tiles):
                     for h in range(2):
                         k = nd * 8 + 2 * t + h
                         if k < d:
-                            v = acc(V[U(bh), U(col), U(k)])
+                            v = acc(V[U(bh_kv), U(col), U(k)])
                             if not finite(v):
                                 if sees0:
                                     o[nd * 4 + h] += p0 * v
@@ -175,5 +236,5 @@ def make_mma_row_steps(d, causal, chunk, o_tiles):
             if row1 < Sq:
                 L[bh, row1] = NEG_INF if l1 == ZERO else m1 + math.log(l1)
 
-    return MmaRowSteps(finite, add_nonfinite_scores, softmax_step, add_nonfinite_values,
-                       write_rows)
+    return MmaRowSteps(finite, whole_tile, add_nonfinite_scores, softmax_step,
+                       add_nonfinite_values, write_rows)

@@ -27,7 +27,10 @@ from numba import cuda
 
 from .. import acc_type, jit_options
 from ..bands import make_kv_tile_range
-from ..plan import SHARED_MEM_LIMIT, Plan, check_thread_tiles, here, refuse_variants
+from ..plan import (
+    SHARED_MEM_LIMIT, TILE_TABLE_REASON, Plan, check_thread_tiles, here, refuse_variants,
+    variant_description
+)
 from ..smem import U
 
 
@@ -304,11 +307,13 @@ def check_v4_tiles(tiles, d, acc_dtype):
 
 
 def plan_blocked(p, where, tiles, reason, version, default_tiles, check_tiles, shared_bytes,
-                 dynamic=False):
+                 dynamic=False, variants=False):
     """The Plan of a register-blocked forward ``version`` (v4, or v5: v4's kernel with
     dynamic shared memory, ``dynamic``; ``Plan.shared_bytes`` is then what its launch
-    asks for): grid (Tr, B * Hq), (Br / TM) x (Bc / TN) threads a block."""
-    refuse_variants(version, p)
+    asks for): grid (Tr, B * Hq), (Br / TM) x (Bc / TN) threads a block. A version that
+    takes variants (``variants``, v5) runs them; the others refuse them."""
+    if not variants:
+        refuse_variants(version, p)
     if tiles is None:
         Br, Bc, TM, TN = default_tiles(p.d, p.acc_dtype, where)
         reason += f"; tiles by the {version} rule for d={p.d} in {p.acc_dtype}"
@@ -321,10 +326,13 @@ def plan_blocked(p, where, tiles, reason, version, default_tiles, check_tiles, s
     if dynamic:
         reason += (f"; v4's kernel with its {nbytes} bytes of shared memory taken from "
                    f"dynamic shared memory (may exceed 48 KB)")
+    if variants and p.variant.tile_table:
+        reason += TILE_TABLE_REASON
     threads = (Br // TM) * (Bc // TN)
     return Plan("forward", version, f"forward_{version}", where, Br, Bc,
                 (math.ceil(p.Sq / Br), p.BH), (threads,), nbytes, p.acc_dtype, p.causal, reason,
-                thread_tile=(TM, TN), dynamic_shared=dynamic)
+                variant_description(p) if variants else "plain", thread_tile=(TM, TN),
+                dynamic_shared=dynamic)
 
 
 def plan(p, where, tiles, reason):

@@ -14,6 +14,13 @@ With the while loops of kernels/__init__.py: 5.86 ms against v4's 7.09 at (2, 16
 0.684x SDPA EFFICIENT at (2, 16, 4096, 64), the fastest version without tensor cores
 (lab/runs/2026-12-01/48_bench_v5.txt). Costs: fewer blocks per SM at d = 128.
 
+Variants (kernels/variants.py), as forward v2 takes them: GQA/MQA (query head h reads
+K/V head h // group, nothing copied), the window's left bound as a narrower K/V tile
+range (bands.py), the table of visible tiles for a boolean attn_mask or a mask_mod
+(empty tiles skipped whole), and visible() / score() per entry for windows, masks and
+score modifiers. All of it is compiled in only when asked for: plain attention (with or
+without the causal mask) compiles to the plain kernel, bitwise the same results.
+
 Runs on the GPU and the simulator: the default on the simulator for plain float32 and
 float16 attention with d <= 128, where the tensor-core versions cannot run, and on a GPU
 whose per-block shared memory holds no v6 tile (numbaflash/policy.py).
@@ -33,6 +40,7 @@ from ..plan import (
     here
 )
 from ..smem import U
+from ..variants import PLAIN, make_variant_functions
 from .v4_register_blocked import V4_MAX_O_REGS, V4_SIM_TILES, plan_blocked, v4_head_dim_padded
 
 # What v5_shared_layout returns, by name.
@@ -58,19 +66,20 @@ def v5_shared_layout(Br, Bc, TM, TN, d):
 
 
 @functools.lru_cache(maxsize=None)
-def make_forward_v5(Br, Bc, TM, TN, d, causal, acc_dtype):
+def make_forward_v5(Br, Bc, TM, TN, d, causal, acc_dtype, variant=PLAIN):
     """v5: forward v4 with its shared memory taken from dynamic shared memory, so that a
     block's tiles may exceed the 48 KB of static shared memory (the default for plain
     float32 attention with d <= 128 on the simulator; runs on the GPU and the simulator).
 
-    The algorithm, thread layout, barriers and NaN-safety are v4's, line for line (see
-    make_forward_v4); what changes is where the five shared arrays come from. v4
-    declares them with ``cuda.shared.array(shape, dtype)``: static shared memory, sized
-    when the kernel compiles, at most 48 KB per block. v5 declares ONE dynamic array,
-    ``cuda.shared.array(0, acc)``, whose size in bytes is the fourth item of the launch
-    configuration (the third is the stream):
+    For plain attention the algorithm, thread layout, barriers and NaN-safety are v4's,
+    line for line (see make_forward_v4; variants: below); what changes is where the
+    five shared arrays come from. v4 declares them with ``cuda.shared.array(shape,
+    dtype)``: static shared memory, sized when the kernel compiles, at most 48 KB per
+    block. v5 declares ONE dynamic array, ``cuda.shared.array(0, acc)``, whose size in
+    bytes is the fourth item of the launch configuration (the third is the stream):
 
-        kernel[grid, block, 0, nbytes](Q, K, V, O, L, softmax_scale, causal_offset)
+        kernel[grid, block, 0, nbytes](Q, K, V, O, L, softmax_scale, causal_offset,
+                                       window_lo, Hq, group, softcap, slopes, attn_mask, tiles)
 
     Up to 48 KB that is all; above it, the compiled kernel must first be allowed more
     (kernels/smem.py, ``allow_dynamic_shared_memory``, which numbaflash/launcher.py's
@@ -86,9 +95,20 @@ def make_forward_v5(Br, Bc, TM, TN, d, causal, acc_dtype):
     the simulator each slice is bounds-checked on its own, so an index that strays out
     of its tile raises IndexError instead of landing in the next tile.
 
-    Launch: as v4: grid (Tr, BH) with Tr = ceil(Sq / Br), block (TY * TX,) with TY = Br //
-    TM and TX = Bc // TN; and END * itemsize bytes of dynamic shared memory (END from
+    Launch: as v4: grid (Tr, B * Hq) with Tr = ceil(Sq / Br), block (TY * TX,) with TY =
+    Br // TM and TX = Bc // TN; and END * itemsize bytes of dynamic shared memory (END from
     ``v5_shared_layout``).
+
+    Variants (``variant``, kernels/variants.py; the arguments after ``causal_offset`` are
+    launcher.variant_arguments'): query head h reads K/V head b * (Hq // group) + h //
+    group (GQA without copying K/V); a window's left bound narrows the K/V tile range
+    (bands.py); a tile the table of visible tiles marks empty is skipped whole. With a
+    window, masks or a score modifier (``PER_ELEMENT``) each entry of the thread's block
+    of Sij goes through ``visible()`` and ``score()``, and in the tiles that are not
+    wholly visible a masked entry's P~ij is stored as HIDDEN (-1, a value no exp gives),
+    so that P~ij Vj skips it without reading its row of V. Without them (plain
+    attention, with or without the causal mask and GQA) those steps compile away and the
+    kernel is the plain one.
     """
     acc = acc_type(acc_dtype)
     ZERO = acc(0)
@@ -110,10 +130,25 @@ def make_forward_v5(Br, Bc, TM, TN, d, causal, acc_dtype):
     #   Pij (Br, BcP) at P_AT   Pij[r, c] -> Pij[r * BcP + c]
     #   red (Br, TX)  at R_AT   red[r, t] -> red[r * TX + t]
     Q_AT, K_AT, V_AT, P_AT, R_AT, END = v5_shared_layout(Br, Bc, TM, TN, d)
+    # The variant (compile-time): which steps exist. A plain kernel compiles all of them away.
+    # variants.py's visible() is named "sees" here: the plain path keeps its local "visible".
+    sees, score = make_variant_functions(variant, causal, acc_dtype)
+    WINDOW = variant.window
+    SCORES = (variant.softcap or variant.alibi or variant.mask == "bias"
+              or variant.score_mod is not None)
+    MASKS = variant.mask == "bool" or variant.mask_mod is not None
+    TILE_TABLE = variant.tile_table
+    PER_ELEMENT = WINDOW or SCORES or MASKS     # entries need visible() and score()
+    HIDDEN = acc(-1)                    # P~ij of a masked entry where the tile is tested
+    kv_tile_range = make_kv_tile_range(Br, Bc, causal, WINDOW)
 
     @cuda.jit(**jit_options())
-    def forward_v5(Q, K, V, O, L, softmax_scale, causal_offset):
-        bh = cuda.blockIdx.y
+    def forward_v5(Q, K, V, O, L, softmax_scale, causal_offset, window_lo, Hq, group, softcap,
+                   slopes, attn_mask, tiles):
+        bh = cuda.blockIdx.y            # batch * Hq + h: the query head
+        batch = bh // Hq
+        h = bh % Hq
+        bh_kv = batch * (Hq // group) + h // group  # GQA: the K/V head this query head reads
         i = cuda.blockIdx.x             # Q tile index (Alg.1 l.3: one block per i)
         tid = cuda.threadIdx.x
         ty = tid // TX
@@ -137,8 +172,10 @@ def make_forward_v5(Br, Bc, TM, TN, d, causal, acc_dtype):
         ve = cuda.local.array(DN, acc)          # ... and DN of Vj
         m_i = cuda.local.array(TM, acc)         # running max of each row (all TX agree)
         l_i = cuda.local.array(TM, acc)         # this thread's part of each row's sum
+        hidden = cuda.local.array((TM, TN), np.bool_)   # variants: which entries are masked
 
-        # From here on, v4 line for line (with the flat indices above).
+        # From here on, v4 line for line (with the flat indices above), plus the variant
+        # steps behind compile-time flags.
         # Alg.1 l.4-5: stage Qi transposed (zeros past Sq and d); O_i = 0, l = 0, m = -inf.
         for idx in range(tid, Br * DP, THREADS):
             r = idx // DP
@@ -151,12 +188,24 @@ def make_forward_v5(Br, Bc, TM, TN, d, causal, acc_dtype):
             for e in range(DN):
                 o[a, e] = ZERO
 
-        # Alg.1 l.6: loop over K/V tiles; causal blocks stop after the last visible one.
-        _, Tc = kv_tile_range(i, Sk, causal_offset, 0)     # bands.py
+        # Alg.1 l.6: loop over K/V tiles; causal blocks stop after the last visible one,
+        # windowed blocks start at the first (bands.py).
+        j_start, j_end = kv_tile_range(i, Sk, causal_offset, window_lo)
         first_limit = i * Br + causal_offset    # last key the block's first row sees
-        for j in range(Tc):
+        last_from = i * Br + Br - 1 + window_lo     # first key the block's last row sees
+        for j in range(j_start, j_end):
+            if TILE_TABLE and not tiles[bh, i, j]:
+                continue                # the mask leaves this tile empty (variants.py);
+                                        # the same for every thread: barriers stay matched
+            # Does every row of the block see every key of the tile? Then P~ij Vj needs no
+            # test (below). A data mask can hide any entry, so its tiles are always tested.
+            interior = not causal or j * Bc + Bc - 1 <= first_limit
+            if WINDOW:
+                interior = interior and j * Bc >= last_from
+            if MASKS:
+                interior = False
             # Wait until every thread is done with the previous tile's KjT, Vj, Pij (and,
-            # for j = 0, until QiT is complete).
+            # for the first tile, until QiT is complete).
             cuda.syncthreads()
             # Alg.1 l.7: load Kj (transposed) and Vj; rows past Sk and columns past d are 0.
             idx = tid
@@ -165,8 +214,8 @@ def make_forward_v5(Br, Bc, TM, TN, d, causal, acc_dtype):
                 k = idx % DP
                 col = j * Bc + c
                 inside = col < Sk and k < d
-                KjT[U(k * BcP + c)] = acc(K[U(bh), U(col), U(k)]) if inside else ZERO
-                Vj[U(c * DP + k)] = acc(V[U(bh), U(col), U(k)]) if inside else ZERO
+                KjT[U(k * BcP + c)] = acc(K[U(bh_kv), U(col), U(k)]) if inside else ZERO
+                Vj[U(c * DP + k)] = acc(V[U(bh_kv), U(col), U(k)]) if inside else ZERO
                 idx += THREADS
             # Wait until KjT and Vj are complete.
             cuda.syncthreads()
@@ -185,14 +234,25 @@ def make_forward_v5(Br, Bc, TM, TN, d, causal, acc_dtype):
                     for b in range(TN):
                         s[a, b] += qa[a] * kb[b]
                 k += 1
-            # Scale and mask; this thread's part of each row's max ('>': NaN never wins).
+            # Scale and mask (with a variant: visible() and score(), variants.py); this
+            # thread's part of each row's max ('>': NaN never wins).
             for a in range(TM):
                 row = i * Br + ty + TY * a
                 m_part = NEG_INF
                 for b in range(TN):
                     col = j * Bc + tx + TX * b
-                    visible = col < Sk and (not causal or col <= row + causal_offset)
-                    x = s[a, b] * softmax_scale if visible else NEG_INF
+                    if PER_ELEMENT:
+                        # rows past Sq are masked: attn_mask has no entry for them
+                        x = NEG_INF
+                        hidden[a, b] = True
+                        if row < Sq and sees(batch, h, row, col, Sk, causal_offset,
+                                             window_lo, attn_mask):
+                            x, _ = score(s[a, b] * softmax_scale, batch, h, row, col, Sq, Sk,
+                                         softcap, slopes, attn_mask)
+                            hidden[a, b] = False
+                    else:
+                        visible = col < Sk and (not causal or col <= row + causal_offset)
+                        x = s[a, b] * softmax_scale if visible else NEG_INF
                     s[a, b] = x
                     if x > m_part:
                         m_part = x
@@ -215,7 +275,10 @@ def make_forward_v5(Br, Bc, TM, TN, d, causal, acc_dtype):
                 for b in range(TN):
                     x = s[a, b]
                     p = math.exp(x - m_safe) if x != NEG_INF else ZERO
-                    Pij[U(r * BcP + tx + TX * b)] = p
+                    if PER_ELEMENT and not interior and hidden[a, b]:
+                        Pij[U(r * BcP + tx + TX * b)] = HIDDEN  # masked: never reads V
+                    else:
+                        Pij[U(r * BcP + tx + TX * b)] = p
                     l_tile += p
                 l_i[a] = alpha * l_i[a] + l_tile
                 m_i[a] = m_new
@@ -225,7 +288,7 @@ def make_forward_v5(Br, Bc, TM, TN, d, causal, acc_dtype):
             cuda.syncthreads()
 
             # Alg.1 l.10: ... + P~ij Vj, TM + DN loads per key.
-            if not causal or j * Bc + Bc - 1 <= first_limit:
+            if interior:
                 # no key of this tile is hidden from any row of the block
                 c = 0
                 while c < Bc:             # a while loop, not range(): see kernels/__init__.py
@@ -236,6 +299,20 @@ def make_forward_v5(Br, Bc, TM, TN, d, causal, acc_dtype):
                     for a in range(TM):
                         for e in range(DN):
                             o[a, e] += pa[a] * ve[e]
+                    c += 1
+            elif PER_ELEMENT:
+                # a tile with masked entries: those hold HIDDEN in Pij and never read V
+                # (NaN-safe); '< 0' is False for a NaN P~ij, which propagates
+                c = 0
+                while c < Bc:             # a while loop, not range(): see kernels/__init__.py
+                    for a in range(TM):
+                        pa[a] = Pij[U((ty + TY * a) * BcP + c)]
+                    for e in range(DN):
+                        ve[e] = Vj[U(c * DP + tx + TX * e)]
+                    for a in range(TM):
+                        if not pa[a] < ZERO:
+                            for e in range(DN):
+                                o[a, e] += pa[a] * ve[e]
                     c += 1
             else:
                 # the causal diagonal: hidden (row, key) pairs never read V (NaN-safe)
@@ -300,8 +377,8 @@ V5_CANDIDATES = ((128, 64, 8, 4), (64, 32, 4, 2), (64, 32, 4, 4), (32, 32, 4, 4)
                  (4, 4, 1, 1))
 V5_SHARED_MEM_TARGET = 113 * 1024
 V5_SIM_TILES = V4_SIM_TILES
-VARIANTS = False
-TILE_TABLE = False
+VARIANTS = True                # takes the variant arguments (kernels/variants.py)
+TILE_TABLE = True              # skips the tiles a mask leaves empty (variants.make_tile_table)
 
 
 def v5_shared_bytes(Br, Bc, TM, TN, d, acc_dtype):
@@ -335,12 +412,13 @@ def check_v5_tiles(tiles, d, acc_dtype):
 
 
 def plan(p, where, tiles, reason):
-    """The Plan of forward v5 for Problem ``p``: v4's, with dynamic shared memory."""
+    """The Plan of forward v5 for Problem ``p``: v4's, with dynamic shared memory and
+    variants."""
     return plan_blocked(p, where, tiles, reason, "v5", default_v5_tiles, check_v5_tiles,
-                        v5_shared_bytes, dynamic=True)
+                        v5_shared_bytes, dynamic=True, variants=True)
 
 
 def kernel(plan, p):
     """The compiled kernel of ``plan`` (cached per compile-time parameters)."""
     TM, TN = plan.thread_tile
-    return make_forward_v5(plan.Br, plan.Bc, TM, TN, p.d, p.upper, p.acc_dtype)
+    return make_forward_v5(plan.Br, plan.Bc, TM, TN, p.d, p.upper, p.acc_dtype, p.variant)

@@ -17,8 +17,10 @@ the K/V tile loaded while no warp of the block computes
 (lab/runs/2026-12-01/32_v6_ncu.txt); v8 and v9 work on the last two.
 
 Inline PTX and warp shuffles on a GPU; on the simulator kernels/simulated.py's stand-ins
-(the default there stays v5). Plain attention, float32 accumulation, d <= 128; opt-in
-(version="v6"), its descendants v7, v8 and v9 being the GPU defaults.
+(the default there stays v5). Float32 accumulation, d <= 128; takes every variant
+(kernels/variants.py: the mask and score steps are mma_rows.py's, K/V staged from the
+query head's K/V head for GQA, band and tile-table skips); opt-in (version="v6"), its
+descendants v7, v8 and v9 being the GPU defaults.
 """
 
 import functools
@@ -29,9 +31,10 @@ from numba import cuda, int32
 from .. import acc_type, jit_options
 from ..bands import make_kv_tile_range
 from ..plan import (
-    Plan, check_warp_tiles, device_dynamic_shared_limit, here, refuse_variants,
-    tensor_core_refusal
+    TILE_TABLE_REASON, Plan, check_warp_tiles, device_dynamic_shared_limit, here,
+    tensor_core_refusal, variant_description
 )
+from ..variants import PLAIN
 from .mma_rows import make_mma_row_steps
 from .v6_tile_steps import (
     V6_CHUNK, V6_LOAD_BATCH, V6_Q_REGISTERS_MAX_DP, make_v6_tile_steps, v6_shared_layout,
@@ -40,7 +43,8 @@ from .v6_tile_steps import (
 
 
 @functools.lru_cache(maxsize=None)
-def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
+def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None, variant=PLAIN,
+                    gqa=False):
     """v6: v3's tensor-core forward with each K/V tile split into TF32 parts once, in
     shared memory, and exact for every input (float32 accumulation, float16 and
     float32 inputs, d <= 128). On the simulator kernels/simulated.py's stand-ins run it
@@ -81,6 +85,23 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
     ``max_registers`` (ptxas's limit, None for none) are there to be measured
     (lab/sweeps/v6_sweep.py --configs); the plans use the defaults.
 
+    ``variant`` (kernels/variants.py, compile-time) adds masks and score modifiers, with
+    the run-time arguments after ``causal_offset`` (launcher.variant_arguments): query
+    head bh = b * Hq + h stages K/V head b * (Hq // group) + h // group (GQA, MQA); the
+    tile loop runs over the band's tiles only (bands.py: causal and the window's left
+    bound) and skips a tile the table marks empty (``tiles``, with a data mask: before
+    its barriers, the same in every thread of the block); ``whole_tile`` is false on a
+    window's edge tiles and on every tile of a data mask. What a variant costs per entry
+    is make_mma_row_steps's. With ``PLAIN`` (group 1, no window) the results are the
+    plain kernel's, bit for bit, and the chunk loop the same.
+
+    ``gqa`` (compile-time): query heads share K/V heads (group > 1, kernel() passes
+    p.group > 1). Without it the kernel reads K/V head bh and ignores ``group``: the plain
+    kernel's addressing. Computing the K/V head from the run-time group costs ptxas
+    registers in v8 at d = 64 (179 -> 251 a thread without a mask; causal, 244 -> 255
+    and 132 bytes of spill stores: CUDA 13.5's ptxas for sm_90), so plain attention does
+    not pay it.
+
     Launch: grid (ceil(Sq / Br), BH), block (2 * Br,): Br / 16 warps of 16 query rows
     each (v3's fragment layout; see make_forward_v3), and
     ``v6_shared_layout(Br, Bc, d).END * 4`` bytes of dynamic shared memory (END).
@@ -98,10 +119,13 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
     assert 2 * Br % v6_staging_width(d) == 0, (Br, d)   # check_v6_tiles refuses these
     layout = v6_shared_layout(Br, Bc, d)
     KP_AT, VP_AT, QP_AT, END = layout.KP_AT, layout.VP_AT, layout.QP_AT, layout.END
-    kv_tile_range = make_kv_tile_range(Br, Bc, causal, False)
-    rows = make_mma_row_steps(d, causal, CHUNK, KS)
+    TILE_TABLE = variant.tile_table
+    GQA = gqa
+    kv_tile_range = make_kv_tile_range(Br, Bc, causal, variant.window)
+    rows = make_mma_row_steps(d, causal, CHUNK, KS, variant)
     add_nonfinite_scores, softmax_step = rows.add_nonfinite_scores, rows.softmax_step
     add_nonfinite_values, write_rows = rows.add_nonfinite_values, rows.write_rows
+    whole_tile_seen = rows.whole_tile
     steps = make_v6_tile_steps(Br, Bc, d, CHUNK)
     load_q, stage_kv, scores, values = steps.load_q, steps.stage_kv, steps.scores, steps.values
 
@@ -110,8 +134,14 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
         options["max_registers"] = max_registers
 
     @cuda.jit(**options)
-    def forward_v6(Q, K, V, O, L, softmax_scale, causal_offset):
-        bh = cuda.blockIdx.y
+    def forward_v6(Q, K, V, O, L, softmax_scale, causal_offset, window_lo, Hq, group, softcap,
+                   slopes, attn_mask, tiles):
+        bh = cuda.blockIdx.y                    # b * Hq + h: the query head
+        b = bh // Hq
+        h = bh % Hq
+        bh_kv = bh                              # the K/V head this query head reads
+        if GQA:
+            bh_kv = b * (Hq // group) + h // group
         i = cuda.blockIdx.x
         tid = cuda.threadIdx.x
         lane = tid % 32
@@ -152,19 +182,22 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
         l0 = ZERO               # this lane's part of the running sums (reduced at the end)
         l1 = ZERO
 
-        _, Tc = kv_tile_range(i, Sk, causal_offset, 0)     # causal: skip masked tiles
-        for j in range(Tc):
+        # Only the tiles the band (causal, window) leaves work in (bands.py).
+        j_start, j_end = kv_tile_range(i, Sk, causal_offset, window_lo)
+        for j in range(j_start, j_end):
+            if TILE_TABLE and not tiles[bh, i, j]:
+                continue                # the mask leaves this tile empty (the whole block)
             mark = int32(j + 1)
             # Wait until every warp has finished reading the previous Kj and Vj.
             cuda.syncthreads()
-            stage_kv(K, V, KP, VP, kx, vx, bad, bh, j, tid, Sk)              # Alg.1 l.7
+            stage_kv(K, V, KP, VP, kx, vx, bad, bh_kv, j, tid, Sk)           # Alg.1 l.7
             # Wait until Kj, Vj (and, for j = 0, QP and bad[0]) are complete.
             cuda.syncthreads()
             fix_scores = bad[0] != 0 or bad[1] == mark     # the same in every thread
             fix_values = bad[2] == mark
             # Does every row of the block see every key of the tile? Then nothing is masked.
-            whole_tile = (j * Bc + Bc <= Sk
-                          and (not causal or j * Bc + Bc - 1 <= i * Br + causal_offset))
+            whole_tile = whole_tile_seen(i * Br, i * Br + Br - 1, j * Bc, j * Bc + Bc - 1, Sk,
+                                         causal_offset, window_lo)
 
             for ch in range(Bc // CHUNK):
                 key0 = ch * CHUNK                # first key of the chunk within the tile
@@ -172,16 +205,16 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
                 # (What follows the products comes after all of them, so that ptxas may
                 # interleave the n-tiles' mma: a branch between them would keep it from it.)
                 if fix_scores:          # rare: a non-finite q or k was staged as 0
-                    add_nonfinite_scores(s, Q, K, bh, j * Bc + key0, row0, t, Sq, Sk)
-                # Alg.1 l.9: scale and mask, new running max (over the quad),
-                # P~ = exp(S - m_new) in s, and the rescale factors alpha.
+                    add_nonfinite_scores(s, Q, K, bh, bh_kv, j * Bc + key0, row0, t, Sq, Sk)
+                # Alg.1 l.9: scale, mask and the variant's score, new running max (over
+                # the quad), P~ = exp(S - m_new) in s, and the rescale factors alpha.
                 alpha0, alpha1, m0, m1, l0, l1 = softmax_step(
-                    s, softmax_scale, whole_tile, j * Bc + key0, row0, t, Sk, causal_offset,
-                    m0, m1, l0, l1)
+                    s, softmax_scale, whole_tile, j * Bc + key0, row0, t, b, h, Sq, Sk,
+                    causal_offset, window_lo, softcap, slopes, attn_mask, m0, m1, l0, l1)
                 values(o, s, pb, ps, VP, key0, g, t, alpha0, alpha1)         # Alg.1 l.10
                 if fix_values:          # rare: a non-finite v was staged as 0
-                    add_nonfinite_values(o, s, V, bh, j * Bc + key0, row0, row1, g, t, Sk,
-                                         causal_offset)
+                    add_nonfinite_values(o, s, V, bh_kv, j * Bc + key0, row0, row1, g, t, b, h,
+                                         Sq, Sk, causal_offset, window_lo, attn_mask)
 
         # Alg.1 l.12-16: the quad's row sums, normalise once, write O and L (as v3).
         write_rows(O, L, o, bh, row0, row1, t, m0, m1, l0, l1, Sq)
@@ -209,8 +242,8 @@ V6_CANDIDATES = ((128, 64), (128, 32), (64, 32), (64, 16))
 # boundary crossed at the simulator's short sequences.
 V6_SIM_TILES = (32, 16)
 V6_MAX_HEAD_DIM = 128         # the O fragments (d / 2 a lane) stay in registers up to here
-VARIANTS = False
-TILE_TABLE = False
+VARIANTS = True               # takes the variant arguments (kernels/variants.py)
+TILE_TABLE = True             # skips the tiles a mask leaves empty (variants.make_tile_table)
 
 
 def v6_shared_bytes(Br, Bc, d):
@@ -255,8 +288,8 @@ def check_v6_tiles(tiles, d, version="v6", shared_bytes=v6_shared_bytes):
 def plan_warps(p, where, tiles, reason, version, why_not, shared_bytes, chunk=None):
     """The Plan of forward v6, v8 or v9 (``version``; ``why_not``: its refusal, or None;
     ``shared_bytes``: its shared memory; ``chunk(d, Bc)``: its keys per softmax step, for
-    v8 and v9): grid (Tr, B * Hq), 2 Br threads (Br / 16 warps) a block."""
-    refuse_variants(version, p)
+    v8 and v9): grid (Tr, B * Hq), 2 Br threads (Br / 16 warps) a block. All three take
+    variants (the table of visible tiles is made for the plan's (Br, Bc))."""
     if why_not is not None:
         raise ValueError(f"forward {version} cannot run this input: {why_not}")
     if tiles is None:
@@ -267,9 +300,11 @@ def plan_warps(p, where, tiles, reason, version, why_not, shared_bytes, chunk=No
         reason += "; tiles given by the caller"
     if chunk is not None:
         reason += f"; {chunk(p.d, Bc)}-key softmax steps (v8_chunk)"
+    if p.variant.tile_table:
+        reason += TILE_TABLE_REASON
     return Plan("forward", version, f"forward_{version}", where, Br, Bc,
                 (math.ceil(p.Sq / Br), p.BH), (2 * Br,), shared_bytes(Br, Bc, p.d),
-                p.acc_dtype, p.causal, reason, dynamic_shared=True)
+                p.acc_dtype, p.causal, reason, variant_description(p), dynamic_shared=True)
 
 
 def plan(p, where, tiles, reason):
@@ -279,4 +314,7 @@ def plan(p, where, tiles, reason):
 
 def kernel(plan, p):
     """The compiled kernel of ``plan`` (cached per compile-time parameters)."""
-    return make_forward_v6(plan.Br, plan.Bc, p.d, p.upper)
+    if p.variant.plain and p.group == 1:    # the plain call, as wrappers of it (tests) make it
+        return make_forward_v6(plan.Br, plan.Bc, p.d, p.upper)
+    return make_forward_v6(plan.Br, plan.Bc, p.d, p.upper, variant=p.variant,
+                           gqa=p.group > 1)

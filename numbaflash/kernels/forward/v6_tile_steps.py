@@ -150,9 +150,9 @@ def make_v6_tile_steps(Br, Bc, d, chunk):
                 idx += THREADS
 
     @cuda.jit(device=True, inline=True)
-    def stage_kv(K, V, KP, VP, kx, vx, bad, bh, j, tid, Sk):
-        """Alg.1 l.7: load Kj and Vj, split once (rows past Sk and columns past d: 0),
-        into KP and VP. A non-finite element is staged as 0 and raises bad[1] (K) or
+    def stage_kv(K, V, KP, VP, kx, vx, bad, bh_kv, j, tid, Sk):
+        """Alg.1 l.7: load Kj and Vj of K/V head bh_kv, split once (rows past Sk and
+        columns past d: 0), into KP and VP. A non-finite element is staged as 0 and raises bad[1] (K) or
         bad[2] (V) to j + 1.
 
         This thread's column is k_own, its rows c_own, c_own + RSTEP, ...; V6_LOAD_BATCH
@@ -167,10 +167,10 @@ def make_v6_tile_steps(Br, Bc, d, chunk):
         c_own = tid // W                        # stages of each K/V tile
         k_in = k_own < d
         k_load = min(k_own, d - 1)              # a column inside the arrays
-        last_row = (bh * Sk + Sk - 1) * d + k_load      # a position inside K and V
+        last_row = (bh_kv * Sk + Sk - 1) * d + k_load   # a position inside K and V
         c = c_own
         while c < Bc:
-            at = (bh * Sk + j * Bc + c) * d + k_load     # row j * Bc + c, column k_load
+            at = (bh_kv * Sk + j * Bc + c) * d + k_load  # row j * Bc + c, column k_load
             for u in range(V6_LOAD_BATCH):
                 col = j * Bc + c + u * RSTEP
                 inside = k_in and c + u * RSTEP < Bc and col < Sk

@@ -14,8 +14,9 @@ float16 EFFICIENT kernel is still 2x to 3x faster (0.468x at d = 64,
 lab/runs/2026-12-01/44_bench_f16.txt).
 
 Inline PTX and warp shuffles on a GPU; on the simulator kernels/simulated.py's stand-ins
-(the default there stays v5). Float16 inputs, d <= 128: the default for plain float16
-attention on a GPU.
+(the default there stays v5). Float16 inputs, d <= 128; takes every variant, as v6 does
+(kernels/variants.py; make_forward_v6 says how): the default for plain float16 attention
+on a GPU.
 """
 
 import functools
@@ -26,8 +27,11 @@ from numba import cuda, int32
 
 from .. import acc_type, jit_options
 from ..bands import make_kv_tile_range
-from ..plan import Plan, check_warp_tiles, device_dynamic_shared_limit, refuse_variants
+from ..plan import (
+    TILE_TABLE_REASON, Plan, check_warp_tiles, device_dynamic_shared_limit, variant_description
+)
 from ..smem import U
+from ..variants import PLAIN
 from .mma_rows import make_mma_row_steps
 from .v6_tile_steps import v6_staging_width
 
@@ -68,7 +72,8 @@ def v7_staging_width(d):
 
 
 @functools.lru_cache(maxsize=None)
-def make_forward_v7(Br, Bc, d, causal, chunk=V7_CHUNK):
+def make_forward_v7(Br, Bc, d, causal, chunk=V7_CHUNK, variant=PLAIN,
+                    gqa=False):
     """v7: float16 inputs on the float16 tensor cores (float32 sums, d <= 128).
     On the simulator kernels/simulated.py's stand-ins (the default there stays v5).
 
@@ -102,6 +107,11 @@ def make_forward_v7(Br, Bc, d, causal, chunk=V7_CHUNK):
     ``chunk`` (keys per online-softmax step, a multiple of 16 dividing Bc) is there to be
     measured; the plans use the default (v7_chunk).
 
+    ``variant``: masks and score modifiers, with the run-time arguments and costs of
+    make_forward_v6's (GQA staging, band and tile-table skips, the per-entry steps of
+    make_mma_row_steps, on the float32 scores before P~ is rounded to float16; ``gqa`` as
+    there); with ``PLAIN`` the plain kernel, bit for bit.
+
     Launch: grid (ceil(Sq / Br), BH), block (2 * Br,): Br / 16 warps of 16 query rows, and
     ``v7_shared_layout(Bc, d).END * 2`` bytes of dynamic shared memory.
     """
@@ -128,11 +138,13 @@ def make_forward_v7(Br, Bc, d, causal, chunk=V7_CHUNK):
     assert THREADS % W == 0, (Br, d)        # check_v7_tiles refuses these
     RSTEP = THREADS // W                    # rows a pass of the block stages
     VT_AT, END, K_ROW, V_ROW = v7_shared_layout(Bc, d)
-    kv_tile_range = make_kv_tile_range(Br, Bc, causal, False)
-    rows = make_mma_row_steps(d, causal, CHUNK, ND)
+    TILE_TABLE = variant.tile_table
+    GQA = gqa
+    kv_tile_range = make_kv_tile_range(Br, Bc, causal, variant.window)
+    rows = make_mma_row_steps(d, causal, CHUNK, ND, variant)
     finite, add_nonfinite_scores = rows.finite, rows.add_nonfinite_scores
     softmax_step, add_nonfinite_values = rows.softmax_step, rows.add_nonfinite_values
-    write_rows = rows.write_rows
+    write_rows, whole_tile_seen = rows.write_rows, rows.whole_tile
 
     @cuda.jit(device=True, inline=True)
     def q_value(Q, bh, r, k, Sq, bad):
@@ -145,8 +157,14 @@ def make_forward_v7(Br, Bc, d, causal, chunk=V7_CHUNK):
         return x
 
     @cuda.jit(**jit_options())
-    def forward_v7(Q, K, V, O, L, softmax_scale, causal_offset):
-        bh = cuda.blockIdx.y
+    def forward_v7(Q, K, V, O, L, softmax_scale, causal_offset, window_lo, Hq, group, softcap,
+                   slopes, attn_mask, tiles):
+        bh = cuda.blockIdx.y                    # b * Hq + h: the query head
+        b = bh // Hq
+        h = bh % Hq
+        bh_kv = bh                              # the K/V head this query head reads
+        if GQA:
+            bh_kv = b * (Hq // group) + h // group
         i = cuda.blockIdx.x
         tid = cuda.threadIdx.x
         lane = tid % 32
@@ -196,10 +214,13 @@ def make_forward_v7(Br, Bc, d, causal, chunk=V7_CHUNK):
         l0 = ZERO               # this lane's part of the running sums (reduced at the end)
         l1 = ZERO
 
-        _, Tc = kv_tile_range(i, Sk, causal_offset, 0)     # causal: skip masked tiles
-        for j in range(Tc):
+        # Only the tiles the band (causal, window) leaves work in (bands.py).
+        j_start, j_end = kv_tile_range(i, Sk, causal_offset, window_lo)
+        for j in range(j_start, j_end):
+            if TILE_TABLE and not tiles[bh, i, j]:
+                continue                # the mask leaves this tile empty (the whole block)
             mark = int32(j + 1)
-            last_row = (bh * Sk + Sk - 1) * d + k_load      # a position inside K and V
+            last_row = (bh_kv * Sk + Sk - 1) * d + k_load   # a position inside K and V
             # Wait until every warp has finished reading the previous Kj and Vj.
             cuda.syncthreads()
             # Alg.1 l.7: load Kj and Vj as float16 (rows past Sk, columns past d and
@@ -207,7 +228,7 @@ def make_forward_v7(Br, Bc, d, causal, chunk=V7_CHUNK):
             # its rows c_own, c_own + RSTEP, ..., V7_LOAD_BATCH of them in flight.
             c = c_own
             while c < Bc:
-                at = (bh * Sk + j * Bc + c) * d + k_load     # row j * Bc + c, column k_load
+                at = (bh_kv * Sk + j * Bc + c) * d + k_load  # row j * Bc + c, column k_load
                 for u in range(V7_LOAD_BATCH):
                     col = j * Bc + c + u * RSTEP
                     inside = k_in and c + u * RSTEP < Bc and col < Sk
@@ -236,8 +257,8 @@ def make_forward_v7(Br, Bc, d, causal, chunk=V7_CHUNK):
             fix_scores = bad[0] != 0 or bad[1] == mark     # the same in every thread
             fix_values = bad[2] == mark
             # Does every row of the block see every key of the tile? Then nothing is masked.
-            whole_tile = (j * Bc + Bc <= Sk
-                          and (not causal or j * Bc + Bc - 1 <= i * Br + causal_offset))
+            whole_tile = whole_tile_seen(i * Br, i * Br + Br - 1, j * Bc, j * Bc + Bc - 1, Sk,
+                                         causal_offset, window_lo)
 
             for ch in range(Bc // CHUNK):
                 key0 = ch * CHUNK                # first key of the chunk within the tile
@@ -253,11 +274,11 @@ def make_forward_v7(Br, Bc, d, causal, chunk=V7_CHUNK):
                     for x in range(4):
                         s[nt * 4 + x] = acc4[x]
                 if fix_scores:          # rare: a non-finite q or k was staged as 0
-                    add_nonfinite_scores(s, Q, K, bh, j * Bc + key0, row0, t, Sq, Sk)
-                # Alg.1 l.9 (as v6): scale and mask, new running max, P~ in s, alpha.
+                    add_nonfinite_scores(s, Q, K, bh, bh_kv, j * Bc + key0, row0, t, Sq, Sk)
+                # Alg.1 l.9 (as v6): scale, mask and score, new running max, P~ in s, alpha.
                 alpha0, alpha1, m0, m1, l0, l1 = softmax_step(
-                    s, softmax_scale, whole_tile, j * Bc + key0, row0, t, Sk, causal_offset,
-                    m0, m1, l0, l1)
+                    s, softmax_scale, whole_tile, j * Bc + key0, row0, t, b, h, Sq, Sk,
+                    causal_offset, window_lo, softcap, slopes, attn_mask, m0, m1, l0, l1)
                 # Alg.1 l.10: O = diag(alpha) O + P~ Vj. P~ rounded to float16, two S
                 # n-tiles (16 keys) to one A fragment: a0, a1 rows g and g + 8 of the
                 # first, a2, a3 of the second.
@@ -280,8 +301,8 @@ def make_forward_v7(Br, Bc, d, causal, chunk=V7_CHUNK):
                     o[nd * 4 + 2] = o[nd * 4 + 2] * alpha1 + acc4[2]
                     o[nd * 4 + 3] = o[nd * 4 + 3] * alpha1 + acc4[3]
                 if fix_values:          # rare: a non-finite v was staged as 0 (as v6)
-                    add_nonfinite_values(o, s, V, bh, j * Bc + key0, row0, row1, g, t, Sk,
-                                         causal_offset)
+                    add_nonfinite_values(o, s, V, bh_kv, j * Bc + key0, row0, row1, g, t, b, h,
+                                         Sq, Sk, causal_offset, window_lo, attn_mask)
 
         # Alg.1 l.12-16: the quad's row sums, normalise once, write O and L (as v6).
         write_rows(O, L, o, bh, row0, row1, t, m0, m1, l0, l1, Sq)
@@ -310,8 +331,8 @@ V7_CANDIDATES = ((128, 128), (128, 64), (64, 64), (64, 32))
 V7_SIM_TILES = (32, 32)
 V7_WIDE_MAX_HEAD_DIM = 64     # (128, 128) and 32-key chunks up to here (measured best)
 V7_MAX_HEAD_DIM = 128         # the O fragments (d / 2 a lane) stay in registers up to here
-VARIANTS = False
-TILE_TABLE = False
+VARIANTS = True               # takes the variant arguments (kernels/variants.py)
+TILE_TABLE = True             # skips the tiles a mask leaves empty (variants.make_tile_table)
 
 
 def v7_shared_bytes(Br, Bc, d):
@@ -352,8 +373,8 @@ def check_v7_tiles(tiles, d):
 
 
 def plan(p, where, tiles, reason):
-    """The Plan of forward v7 for Problem ``p``: grid (Tr, B * Hq), 2 Br threads a block."""
-    refuse_variants("v7", p)
+    """The Plan of forward v7 for Problem ``p``: grid (Tr, B * Hq), 2 Br threads a block;
+    takes variants (the table of visible tiles is made for the plan's (Br, Bc))."""
     why = refusal(p, where)
     if why is not None:
         raise ValueError(f"forward v7 cannot run this input: {why}")
@@ -371,11 +392,14 @@ def plan(p, where, tiles, reason):
     else:
         Br, Bc = check_v7_tiles(tiles, p.d)
         reason += "; tiles given by the caller"
+    if p.variant.tile_table:
+        reason += TILE_TABLE_REASON
     return Plan("forward", "v7", "forward_v7", where, Br, Bc, (math.ceil(p.Sq / Br), p.BH),
                 (2 * Br,), v7_shared_bytes(Br, Bc, p.d), p.acc_dtype, p.causal, reason,
-                dynamic_shared=True)
+                variant_description(p), dynamic_shared=True)
 
 
 def kernel(plan, p):
     """The compiled kernel of ``plan`` (cached per compile-time parameters)."""
-    return make_forward_v7(plan.Br, plan.Bc, p.d, p.upper, v7_chunk(p.d, plan.Bc))
+    return make_forward_v7(plan.Br, plan.Bc, p.d, p.upper, v7_chunk(p.d, plan.Bc),
+                           variant=p.variant, gqa=p.group > 1)

@@ -14,8 +14,9 @@ EFFICIENT at (2, 16, 4096, 64) (lab/runs/2026-12-01/65_bench.txt). Still two war
 scheduler, issuing in 38 % of cycles (lab/runs/2026-12-01/54_v8_ncu_d64.txt).
 
 Inline PTX and warp shuffles on a GPU; on the simulator kernels/simulated.py's stand-ins
-(the default there stays v5). Plain attention, d <= 128: the default for plain float32
-attention with d <= 64 on a GPU (v9 above).
+(the default there stays v5). d <= 128; takes every variant, as v6 does (kernels/variants.py;
+make_forward_v6 says how): the default for plain float32 attention with d <= 64 on a GPU
+(v9 above).
 """
 
 import functools
@@ -25,6 +26,7 @@ from numba import cuda, int32
 
 from .. import acc_type, jit_options
 from ..bands import make_kv_tile_range
+from ..variants import PLAIN
 from .mma_rows import make_mma_row_steps
 from .v6_split_once import plan_warps, refusal as v6_refusal, v6_shared_bytes
 from .v6_tile_steps import (
@@ -34,7 +36,8 @@ from .v6_tile_steps import (
 
 
 @functools.lru_cache(maxsize=None)
-def make_forward_v8(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
+def make_forward_v8(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None, variant=PLAIN,
+                    gqa=False):
     """v8: v6 with the scores of the next chunk computed while this chunk's softmax runs
     (float32 accumulation, float16 and float32 inputs, d <= 128; the same
     arguments, launch and shared memory as v6, and for the same ``chunk`` the same
@@ -61,6 +64,14 @@ def make_forward_v8(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
     Its plans give it 32-key chunks at d > 64 (v8_chunk), where v6 takes 16-key chunks:
     there v8's default results differ from v6's default by rounding (the online softmax
     takes other steps), and equal v6's bit for bit with v6 at 32-key chunks.
+
+    ``variant``: masks and score modifiers, with the run-time arguments and costs of
+    make_forward_v6's (GQA staging, band and tile-table skips, the per-entry steps of
+    make_mma_row_steps; ``gqa`` as there); with ``PLAIN`` the plain kernel, bit for bit.
+    Registers at d = 64, (128, 64) tiles (CUDA 13.5's ptxas for sm_90, not yet timed on a
+    GPU): plain 179, causal 244, no spills (as before variants); a bias 246; causal with
+    window, softcap, ALiBi and a bool mask 255 and 88 bytes of spill stores; causal GQA
+    255 and 132.
     """
     acc = acc_type("float32")
     ZERO = acc(0)
@@ -76,10 +87,13 @@ def make_forward_v8(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
     assert 2 * Br % v6_staging_width(d) == 0, (Br, d)
     layout = v6_shared_layout(Br, Bc, d)
     KP_AT, VP_AT, QP_AT, END = layout.KP_AT, layout.VP_AT, layout.QP_AT, layout.END
-    kv_tile_range = make_kv_tile_range(Br, Bc, causal, False)
-    rows = make_mma_row_steps(d, causal, CHUNK, KS)
+    TILE_TABLE = variant.tile_table
+    GQA = gqa
+    kv_tile_range = make_kv_tile_range(Br, Bc, causal, variant.window)
+    rows = make_mma_row_steps(d, causal, CHUNK, KS, variant)
     add_nonfinite_scores, softmax_step = rows.add_nonfinite_scores, rows.softmax_step
     add_nonfinite_values, write_rows = rows.add_nonfinite_values, rows.write_rows
+    whole_tile_seen = rows.whole_tile
     steps = make_v6_tile_steps(Br, Bc, d, CHUNK)
     load_q, stage_kv, scores, values = steps.load_q, steps.stage_kv, steps.scores, steps.values
     scores_q_once = steps.scores_q_once
@@ -99,8 +113,14 @@ def make_forward_v8(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
         options["max_registers"] = max_registers
 
     @cuda.jit(**options)
-    def forward_v8(Q, K, V, O, L, softmax_scale, causal_offset):
-        bh = cuda.blockIdx.y
+    def forward_v8(Q, K, V, O, L, softmax_scale, causal_offset, window_lo, Hq, group, softcap,
+                   slopes, attn_mask, tiles):
+        bh = cuda.blockIdx.y                    # b * Hq + h: the query head
+        b = bh // Hq
+        h = bh % Hq
+        bh_kv = bh                              # the K/V head this query head reads
+        if GQA:
+            bh_kv = b * (Hq // group) + h // group
         i = cuda.blockIdx.x
         tid = cuda.threadIdx.x
         lane = tid % 32
@@ -142,18 +162,20 @@ def make_forward_v8(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
         l0 = ZERO
         l1 = ZERO
 
-        _, Tc = kv_tile_range(i, Sk, causal_offset, 0)
-        for j in range(Tc):
+        j_start, j_end = kv_tile_range(i, Sk, causal_offset, window_lo)     # as v6
+        for j in range(j_start, j_end):
+            if TILE_TABLE and not tiles[bh, i, j]:
+                continue                # the mask leaves this tile empty (the whole block)
             mark = int32(j + 1)
             # The barriers, flags and masks of v6. No S of the next tile is computed
             # early: its Kj is staged only after the first barrier below.
             cuda.syncthreads()
-            stage_kv(K, V, KP, VP, kx, vx, bad, bh, j, tid, Sk)              # Alg.1 l.7
+            stage_kv(K, V, KP, VP, kx, vx, bad, bh_kv, j, tid, Sk)           # Alg.1 l.7
             cuda.syncthreads()
             fix_scores = bad[0] != 0 or bad[1] == mark
             fix_values = bad[2] == mark
-            whole_tile = (j * Bc + Bc <= Sk
-                          and (not causal or j * Bc + Bc - 1 <= i * Br + causal_offset))
+            whole_tile = whole_tile_seen(i * Br, i * Br + Br - 1, j * Bc, j * Bc + Bc - 1, Sk,
+                                         causal_offset, window_lo)
 
             next_scores(sn, se, sf, qb, qs, QP, KP, 0, r0, g, t)    # Alg.1 l.8, first chunk
             for ch in range(NCH):
@@ -161,17 +183,17 @@ def make_forward_v8(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
                 for x in range(S_FRAGS):
                     s[x] = sn[x]
                 if fix_scores:
-                    add_nonfinite_scores(s, Q, K, bh, j * Bc + key0, row0, t, Sq, Sk)
+                    add_nonfinite_scores(s, Q, K, bh, bh_kv, j * Bc + key0, row0, t, Sq, Sk)
                 # Alg.1 l.8 for the next chunk, before this chunk's softmax (v8's change).
                 if ch + 1 < NCH:
                     next_scores(sn, se, sf, qb, qs, QP, KP, key0 + CHUNK, r0, g, t)
                 alpha0, alpha1, m0, m1, l0, l1 = softmax_step(              # Alg.1 l.9
-                    s, softmax_scale, whole_tile, j * Bc + key0, row0, t, Sk, causal_offset,
-                    m0, m1, l0, l1)
+                    s, softmax_scale, whole_tile, j * Bc + key0, row0, t, b, h, Sq, Sk,
+                    causal_offset, window_lo, softcap, slopes, attn_mask, m0, m1, l0, l1)
                 values(o, s, pb, ps, VP, key0, g, t, alpha0, alpha1)         # Alg.1 l.10
                 if fix_values:
-                    add_nonfinite_values(o, s, V, bh, j * Bc + key0, row0, row1, g, t, Sk,
-                                         causal_offset)
+                    add_nonfinite_values(o, s, V, bh_kv, j * Bc + key0, row0, row1, g, t, b, h,
+                                         Sq, Sk, causal_offset, window_lo, attn_mask)
 
         write_rows(O, L, o, bh, row0, row1, t, m0, m1, l0, l1, Sq)
 
@@ -180,8 +202,8 @@ def make_forward_v8(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
 
 # --- the launch contract: v6's, with its own chunk -----------------------------------
 
-VARIANTS = False
-TILE_TABLE = False
+VARIANTS = True                # as v6
+TILE_TABLE = True
 
 
 def v8_chunk(d, Bc):
@@ -209,4 +231,5 @@ def plan(p, where, tiles, reason):
 
 def kernel(plan, p):
     """The compiled kernel of ``plan`` (cached per compile-time parameters)."""
-    return make_forward_v8(plan.Br, plan.Bc, p.d, p.upper, v8_chunk(p.d, plan.Bc))
+    return make_forward_v8(plan.Br, plan.Bc, p.d, p.upper, v8_chunk(p.d, plan.Bc),
+                           variant=p.variant, gqa=p.group > 1)

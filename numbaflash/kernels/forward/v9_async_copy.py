@@ -14,9 +14,10 @@ against 5.43 / 3.15, at 255 registers) (lab/runs/2026-12-01/60_v9_sweep.txt). In
 (2, 16, 4096, 128) (lab/runs/2026-12-01/65_bench.txt).
 
 Inline PTX, warp shuffles and cp.async on a GPU (sm_80 and later); on the simulator
-kernels/simulated.py's stand-ins (the default there stays v5). Plain attention, float32
-inputs, d <= 128: the default for plain float32 attention with 64 < d <= 128 on a GPU
-(numbaflash/policy.py, V9_MIN_HEAD_DIM).
+kernels/simulated.py's stand-ins (the default there stays v5). Float32 inputs, d <= 128;
+takes every variant, as v6 does (kernels/variants.py; make_forward_v6 says how), the copies
+going to the next tile the block visits: the default for plain float32 attention with
+64 < d <= 128 on a GPU (numbaflash/policy.py, V9_MIN_HEAD_DIM).
 """
 
 import functools
@@ -29,6 +30,7 @@ from numba import cuda, int32
 from .. import acc_type, jit_options
 from ..bands import make_kv_tile_range
 from ..smem import U
+from ..variants import PLAIN
 from .mma_rows import make_mma_row_steps
 from .v6_split_once import plan_warps, refusal as v6_refusal
 from .v6_tile_steps import (
@@ -59,7 +61,8 @@ def v9_shared_layout(Br, Bc, d):
 
 
 @functools.lru_cache(maxsize=None)
-def make_forward_v9(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
+def make_forward_v9(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None, variant=PLAIN,
+                    gqa=False):
     """v9: v8 with the next K/V tile copied into shared memory while this one is used
     (sm_80 and later on a GPU; float32 inputs, d <= 128; for the same ``chunk`` the
     same results as v8 and v6, bit for bit).
@@ -91,6 +94,11 @@ def make_forward_v9(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
     Float32 inputs only: a copy moves 4 bytes unchanged (float16 inputs run v7 or v8).
     ``chunk`` and ``max_registers`` as for v8. Launch: as v6, with
     ``v9_shared_layout(Br, Bc, d).END * 4`` bytes of dynamic shared memory (END).
+
+    ``variant``: masks and score modifiers, with the run-time arguments and costs of
+    make_forward_v6's (``gqa`` as there); with a tile table, the copies started during a tile are those of
+    the next tile the table marks non-empty (``next_tile``: a walk along a row of the
+    table, once per visited tile). With ``PLAIN`` the plain kernel, bit for bit.
     """
     from ..ptx import cp_async, cp_async_wait_all  # inline PTX (simulator: simulated.py)
     from ..ptx import split_tf32_finite as split_finite
@@ -116,24 +124,37 @@ def make_forward_v9(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
     v6 = v6_shared_layout(Br, Bc, d)
     K_ROW, V_ROW = v6.K_ROW, v6.V_ROW
     KP_AT, VP_AT, QT_AT, RK_AT, RV_AT, END, Q_ROW = v9_shared_layout(Br, Bc, d)
-    kv_tile_range = make_kv_tile_range(Br, Bc, causal, False)
-    rows = make_mma_row_steps(d, causal, CHUNK, KS)
+    TILE_TABLE = variant.tile_table
+    GQA = gqa
+    kv_tile_range = make_kv_tile_range(Br, Bc, causal, variant.window)
+    rows = make_mma_row_steps(d, causal, CHUNK, KS, variant)
     add_nonfinite_scores, softmax_step = rows.add_nonfinite_scores, rows.softmax_step
     add_nonfinite_values, write_rows = rows.add_nonfinite_values, rows.write_rows
+    whole_tile_seen = rows.whole_tile
     steps = make_v6_tile_steps(Br, Bc, d, CHUNK)
     load_q, scores, values = steps.load_q, steps.scores, steps.values
     finite_or_zero, load_finite = steps.finite_or_zero, steps.load_finite
     scores_head_dim_outside = steps.scores_head_dim_outside
 
     @cuda.jit(device=True, inline=True)
-    def copy_kv(K, V, RK, RV, bh, j, tid, Sk):
-        """Start the copies of this thread's elements of Kj and Vj (column tid % W, rows
-        tid // W + RSTEP n, as v6's staging) into RK and RV; none past Sk or d."""
+    def next_tile(tiles, bh, i, j, j_end):
+        """The first K/V tile from j on that the block visits: j itself, or with a tile
+        table the first the table marks non-empty (j_end if none is left)."""
+        if TILE_TABLE:
+            while j < j_end and not tiles[bh, i, j]:
+                j += 1
+        return j
+
+    @cuda.jit(device=True, inline=True)
+    def copy_kv(K, V, RK, RV, bh_kv, j, tid, Sk):
+        """Start the copies of this thread's elements of Kj and Vj (K/V head bh_kv;
+        column tid % W, rows tid // W + RSTEP n, as v6's staging) into RK and RV; none
+        past Sk or d."""
         k_own = tid % W
         c = tid // W
         if k_own < d:
             while c < Bc and j * Bc + c < Sk:
-                at = (bh * Sk + j * Bc + c) * d + k_own
+                at = (bh_kv * Sk + j * Bc + c) * d + k_own
                 cp_async(RK, U(c * d + k_own), K, U(at))
                 cp_async(RV, U(c * d + k_own), V, U(at))
                 c += RSTEP
@@ -195,8 +216,14 @@ def make_forward_v9(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
         options["max_registers"] = max_registers
 
     @cuda.jit(**options)
-    def forward_v9(Q, K, V, O, L, softmax_scale, causal_offset):
-        bh = cuda.blockIdx.y
+    def forward_v9(Q, K, V, O, L, softmax_scale, causal_offset, window_lo, Hq, group, softcap,
+                   slopes, attn_mask, tiles):
+        bh = cuda.blockIdx.y                    # b * Hq + h: the query head
+        b = bh // Hq
+        h = bh % Hq
+        bh_kv = bh                              # the K/V head this query head reads
+        if GQA:
+            bh_kv = b * (Hq // group) + h // group
         i = cuda.blockIdx.x
         tid = cuda.threadIdx.x
         lane = tid % 32
@@ -225,9 +252,10 @@ def make_forward_v9(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
         pb = cuda.local.array(S_FRAGS, acc)
         ps = cuda.local.array(S_FRAGS, acc)
 
-        _, Tc = kv_tile_range(i, Sk, causal_offset, 0)
-        if Tc > 0:
-            copy_kv(K, V, RK, RV, bh, 0, tid, Sk)       # the first tile's copies start
+        j_start, j_end = kv_tile_range(i, Sk, causal_offset, window_lo)     # as v6
+        j_first = next_tile(tiles, bh, i, j_start, j_end)
+        if j_first < j_end:
+            copy_kv(K, V, RK, RV, bh_kv, j_first, tid, Sk)  # the first tile's copies start
         if tid == 0:
             bad[0] = 0
             bad[1] = 0
@@ -244,20 +272,23 @@ def make_forward_v9(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
         l0 = ZERO
         l1 = ZERO
 
-        for j in range(Tc):
+        for j in range(j_start, j_end):
+            if TILE_TABLE and not tiles[bh, i, j]:
+                continue                # the mask leaves this tile empty (the whole block)
             mark = int32(j + 1)
             cp_async_wait_all()                 # this thread's elements of tile j are in
             # Wait until every warp has finished reading the previous Kj and Vj.
             cuda.syncthreads()
             split_kv(RK, RV, KP, VP, bad, j, tid, Sk)                       # Alg.1 l.7
-            if j + 1 < Tc:                      # v9's change: the next tile's copies start
-                copy_kv(K, V, RK, RV, bh, j + 1, tid, Sk)
+            j_next = next_tile(tiles, bh, i, j + 1, j_end)
+            if j_next < j_end:                  # v9's change: the next tile's copies start
+                copy_kv(K, V, RK, RV, bh_kv, j_next, tid, Sk)
             # Wait until Kj, Vj (and, for j = 0, Qi and bad[0]) are complete.
             cuda.syncthreads()
             fix_scores = bad[0] != 0 or bad[1] == mark
             fix_values = bad[2] == mark
-            whole_tile = (j * Bc + Bc <= Sk
-                          and (not causal or j * Bc + Bc - 1 <= i * Br + causal_offset))
+            whole_tile = whole_tile_seen(i * Br, i * Br + Br - 1, j * Bc, j * Bc + Bc - 1, Sk,
+                                         causal_offset, window_lo)
 
             # From here on v8's steps, unchanged.
             next_scores(sn, se, sf, qb, qs, QT, KP, 0, r0, g, t)
@@ -266,16 +297,16 @@ def make_forward_v9(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
                 for x in range(S_FRAGS):
                     s[x] = sn[x]
                 if fix_scores:
-                    add_nonfinite_scores(s, Q, K, bh, j * Bc + key0, row0, t, Sq, Sk)
+                    add_nonfinite_scores(s, Q, K, bh, bh_kv, j * Bc + key0, row0, t, Sq, Sk)
                 if ch + 1 < NCH:
                     next_scores(sn, se, sf, qb, qs, QT, KP, key0 + CHUNK, r0, g, t)
                 alpha0, alpha1, m0, m1, l0, l1 = softmax_step(              # Alg.1 l.9
-                    s, softmax_scale, whole_tile, j * Bc + key0, row0, t, Sk, causal_offset,
-                    m0, m1, l0, l1)
+                    s, softmax_scale, whole_tile, j * Bc + key0, row0, t, b, h, Sq, Sk,
+                    causal_offset, window_lo, softcap, slopes, attn_mask, m0, m1, l0, l1)
                 values(o, s, pb, ps, VP, key0, g, t, alpha0, alpha1)         # Alg.1 l.10
                 if fix_values:
-                    add_nonfinite_values(o, s, V, bh, j * Bc + key0, row0, row1, g, t, Sk,
-                                         causal_offset)
+                    add_nonfinite_values(o, s, V, bh_kv, j * Bc + key0, row0, row1, g, t, b, h,
+                                         Sq, Sk, causal_offset, window_lo, attn_mask)
 
         write_rows(O, L, o, bh, row0, row1, t, m0, m1, l0, l1, Sq)
 
@@ -284,8 +315,8 @@ def make_forward_v9(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None):
 
 # --- the launch contract: v6's rule with its own shared memory, v8's chunk -----------
 
-VARIANTS = False
-TILE_TABLE = False
+VARIANTS = True                # as v6
+TILE_TABLE = True
 
 
 def v9_shared_bytes(Br, Bc, d):
@@ -313,4 +344,5 @@ def plan(p, where, tiles, reason):
 
 def kernel(plan, p):
     """The compiled kernel of ``plan`` (cached per compile-time parameters)."""
-    return make_forward_v9(plan.Br, plan.Bc, p.d, p.upper, v8_chunk(p.d, plan.Bc))
+    return make_forward_v9(plan.Br, plan.Bc, p.d, p.upper, v8_chunk(p.d, plan.Bc),
+                           variant=p.variant, gqa=p.group > 1)
