@@ -7,7 +7,9 @@
 forward version V. ``--variants`` runs the kernels that support attention variants instead (every version
 whose module says VARIANTS, and the tile-table kernel) with windows, GQA, ALiBi, softcap,
 masks and a mask_mod, on ragged shapes, in float32 and float16 (a version that refuses a
-dtype says why and is not run).
+dtype says why and is not run); with ``--forward V``, ``--backward V`` (after forward v2)
+or ``--dtype T`` it runs only those, so that one process per kernel can run in parallel
+(lab/sweeps/variants_fast_path_gpu.sh).
 
 ``--forward V`` also runs forward V once on inputs with a NaN in q and k and an inf in v,
 so that the paths that handle non-finite inputs (forward v6's fix-ups) are checked too.
@@ -61,9 +63,16 @@ def main_variants():
     from numbaflash.kernels import backward, forward
     fwd_versions = [v for v in FORWARD_VERSIONS if forward.module(v).VARIANTS]
     bwd_versions = [v for v in BACKWARD_VERSIONS if backward.module(v).VARIANTS]
+    if "--forward" in sys.argv[1:]:         # --forward V: only forward V (and no backward)
+        fwd_versions, bwd_versions = [sys.argv[sys.argv.index("--forward") + 1]], []
+    if "--backward" in sys.argv[1:]:        # --backward V: only backward V, after forward v2
+        fwd_versions, bwd_versions = ["v2"], [sys.argv[sys.argv.index("--backward") + 1]]
+    dtypes = (np.float32, np.float16)
+    if "--dtype" in sys.argv[1:]:
+        dtypes = (np.dtype(sys.argv[sys.argv.index("--dtype") + 1]).type,)
     rng = np.random.default_rng(1)
     for name, (B, Hq, Hkv, Sq, Sk, d), opts in variant_cases(rng):
-        for dtype in (np.float32, np.float16):
+        for dtype in dtypes:
             q = cuda.to_device(rng.standard_normal((B, Hq, Sq, d)).astype(dtype))
             k, v = (cuda.to_device(rng.standard_normal((B, Hkv, Sk, d)).astype(dtype))
                     for _ in range(2))

@@ -1,6 +1,6 @@
 """Attention variants on a GPU: agreement with PyTorch, and what skipped tiles buy.
 
-    python scripts/variants_gpu.py --out gpu-out        # on a GPU with PyTorch (about 4 min)
+    python scripts/variants_gpu.py --out gpu-out        # on a GPU with PyTorch (minutes)
     NUMBA_ENABLE_CUDASIM=1 python scripts/variants_gpu.py --sim   # the script's own check
 
 Part 1, agreement. For each case (a variant, forward and backward, float32, random
@@ -20,13 +20,18 @@ SDPA EFFICIENT given the same boolean mask for scale. The window and document ru
 a small fraction of the tiles, so they must be much faster (the target: the window at
 least 10x).
 
-Part 3, the targets on the default path (CUDA events, median, one process): GQA
-(q (2, 32, 4096, 128), K/V 8 heads, causal) against the same problem with K/V repeated
-by hand and against SDPA, float32 and float16, forward and forward + backward; softcap 30
-and ALiBi against plain attention at (2, 16, 4096, 64); the document mask's fwd+bwd
-against SDPA EFFICIENT with the same boolean mask (SDPA computes its gradient through
-the mask too) and against FlexAttention compiled, where this PyTorch can compile it.
-Every ratio is printed as "variant / baseline" time (below 1 is faster than the baseline).
+Part 3, the targets on the default path: the package's variant bench,
+``bench.run_variants`` (numbaflash/bench/variants.py; ``python -m numbaflash bench
+--variants`` runs the same), in float32, then its GQA case in float16. Each variant is
+checked against numbaflash.reference in float64 on a slice, then timed (CUDA events,
+median, one process): GQA (q (2, 32, 4096, 128), K/V 8 heads, causal) against the same
+problem with K/V repeated by hand and against SDPA; softcap 30 and ALiBi against plain
+attention at (2, 16, 4096, 64); the window (256, 0) + causal against full causal at
+(1, 16, 16384, 64); the document mask against SDPA EFFICIENT with the same boolean mask
+(SDPA computes its gradient through the mask too) and against FlexAttention compiled,
+where this PyTorch can compile it; forward and forward + backward. Every ratio is printed
+as "variant / baseline" time (below 1 is faster than the baseline), with the target where
+the case has one.
 
 --sim runs the agreement part on tiny shapes in the simulator against a NumPy version of
 the same explicit bias, which checks the bias construction without a GPU or PyTorch.
@@ -310,135 +315,28 @@ def timings(torch, repeats):
     return rows
 
 
-def _ms(fn, repeats):
-    fn()
-    return bench.time_ms(fn, repeats=repeats, warmup=1)
-
-
-def _numbaflash_passes(q, k, v, dout, opts):
-    """(forward, forward + backward) closures of numbaflash's default path."""
-    def fwd():
-        return numbaflash.attention(q, k, v, **opts)
-
-    def fwd_bwd():
-        o, l = numbaflash.attention(q, k, v, return_lse=True, **opts)
-        return numbaflash.attention_backward(dout, q, k, v, o, l, **opts)
-    return fwd, fwd_bwd
-
-
-def _sdpa_passes(torch, q, k, v, dout, backend, **kw):
-    """(forward, forward + backward) closures of SDPA on ``backend`` (None: PyTorch's pick)."""
-    import contextlib
-
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    ctx = (contextlib.nullcontext if backend is None
-           else lambda: sdpa_kernel(getattr(SDPBackend, backend)))
-    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-
-    def fwd():
-        with ctx(), torch.no_grad():
-            return F.scaled_dot_product_attention(q, k, v, **kw)
-
-    def fwd_bwd():
-        with ctx():
-            o = F.scaled_dot_product_attention(*leaves, **kw)
-            return torch.autograd.grad(o, leaves, dout)
-    return fwd, fwd_bwd
-
-
-def targets(torch, repeats):
-    """Part 3 (module docstring): rows of (case, pass, ms, baseline, baseline ms, ratio)."""
-    rows = []
-
-    def record(case, what, ms, base_name, base_ms):
-        ratio = ms / base_ms if base_ms else None
-        rows.append(dict(case=case, what=what, ms=ms, baseline=base_name, baseline_ms=base_ms,
-                         ratio=ratio))
-        print(f"{case:34s} {what:8s} {ms:9.2f} ms   {base_name:34s} {base_ms:9.2f} ms   "
-              f"ratio {ratio:6.3f}", flush=True)
-
-    torch.manual_seed(SEED)
-    for dtype in (torch.float32, torch.float16):
-        B, Hq, Hkv, N, d = 2, 32, 8, 4096, 128
-        q, dout = (torch.randn(B, Hq, N, d, device="cuda", dtype=dtype) for _ in range(2))
-        k, v = (torch.randn(B, Hkv, N, d, device="cuda", dtype=dtype) for _ in range(2))
-        kr, vr = (t.repeat_interleave(Hq // Hkv, dim=1).contiguous() for t in (k, v))
-        name = f"GQA 32 -> 8 causal {str(dtype)[6:]}"
-        gqa = _numbaflash_passes(q, k, v, dout, dict(causal=True))
-        rep = _numbaflash_passes(q, kr, vr, dout, dict(causal=True))
-        sdpa_backend = "EFFICIENT_ATTENTION" if dtype == torch.float32 else "FLASH_ATTENTION"
-        sdpa = _sdpa_passes(torch, q, kr, vr, dout, sdpa_backend, is_causal=True)
-        for what, i in (("forward", 0), ("fwd+bwd", 1)):
-            ms = _ms(gqa[i], repeats)
-            record(name, what, ms, "numbaflash, K/V repeated by hand", _ms(rep[i], repeats))
-            record(name, what, ms, f"SDPA {sdpa_backend.split('_')[0]} (K/V repeated)",
-                   _ms(sdpa[i], repeats))
-        del q, k, v, dout, kr, vr
-        torch.cuda.empty_cache()
-
-    B, H, N, d = 2, 16, 4096, 64
-    q, k, v, dout = (torch.randn(B, H, N, d, device="cuda") for _ in range(4))
-    slopes = cuda.to_device(np.geomspace(0.5, 0.5 ** 8, H).astype(np.float32))
-    plain = _numbaflash_passes(q, k, v, dout, {})
-    for name, opts in (("softcap 30", dict(softcap=30.0)), ("ALiBi", dict(alibi_slopes=slopes)),
-                       ("ALiBi + causal", dict(alibi_slopes=slopes, causal=True))):
-        var = _numbaflash_passes(q, k, v, dout, opts)
-        base = plain if "causal" not in opts else _numbaflash_passes(q, k, v, dout,
-                                                                      dict(causal=True))
-        for what, i in (("forward", 0), ("fwd+bwd", 1)):
-            record(name + " (2, 16, 4096, 64)", what, _ms(var[i], repeats),
-                   "numbaflash plain" + (" causal" if "causal" in opts else ""),
-                   _ms(base[i], repeats))
-
-    B, H, N, d = 1, 16, 16384, 64
-    q, k, v, dout = (torch.randn(B, H, N, d, device="cuda") for _ in range(4))
-    docs = np.arange(N) // 1024
-    mask_np = docs[:, None] == docs[None, :]
-    mask_t = torch.from_numpy(mask_np).cuda()
-    mask_dev = cuda.to_device(mask_np)
-    sdpa = _sdpa_passes(torch, q, k, v, dout, "EFFICIENT_ATTENTION", attn_mask=mask_t)
-    flex = _flex_passes(torch, q, k, v, dout)
-    for name, opts in (("documents: bool attn_mask", dict(attn_mask=mask_dev)),
-                       ("documents: mask_mod", dict(mask_mod=documents_1024))):
-        ours = _numbaflash_passes(q, k, v, dout, opts)
-        for what, i in (("forward", 0), ("fwd+bwd", 1)):
-            ms = _ms(ours[i], repeats)
-            record(name, what, ms, "SDPA EFFICIENT, same bool mask", _ms(sdpa[i], repeats))
-            if flex is not None:
-                record(name, what, ms, "FlexAttention compiled float32", _ms(flex[i], repeats))
+def targets(repeats):
+    """Part 3 (module docstring): the package's variant bench (``bench.run_variants``,
+    what ``python -m numbaflash bench --variants`` runs) in float32, then GQA in float16;
+    its records, one line each (progress lines on stderr while it runs)."""
+    rows = bench.run_variants(dtype="float32", repeats=repeats, warmup=1)
+    rows += bench.run_variants(dtype="float16", cases=["GQA, causal"], repeats=repeats,
+                               warmup=1)
+    for r in rows:
+        case = f"{r['case']} {r['dtype']} ({r['B']}, {r['Hq']}, {r['Hkv']}, {r['N']}, {r['d']})"
+        if r["ms"] is None:
+            print(f"{case:50s} {r['what']:8s} not timed: "
+                  f"{'WRONG RESULT' if r['ok'] is False else r['note']}", flush=True)
+        elif r["baseline_ms"] is None:
+            print(f"{case:50s} {r['what']:8s} {r['ms']:9.2f} ms   {r['baseline']:34s} "
+                  f"not timed ({r['baseline_note']})", flush=True)
+        else:
+            verdict = {True: "met", False: "NOT met", None: "not judged (not a GPU)"}
+            target = "" if r["target"] is None else (
+                f"   target {r['target']}: {verdict[r['met']]}")
+            print(f"{case:50s} {r['what']:8s} {r['ms']:9.2f} ms   {r['baseline']:34s} "
+                  f"{r['baseline_ms']:9.2f} ms   ratio {r['ratio']:6.3f}{target}", flush=True)
     return rows
-
-
-FLEX_NOTE = []      # why FlexAttention was not timed, if it was not
-
-
-def _flex_passes(torch, q, k, v, dout):
-    """(forward, forward + backward) closures of compiled FlexAttention with the document
-    block mask, or None (the reason in FLEX_NOTE) where this PyTorch cannot compile it."""
-    try:
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
-        def doc_mask(b, h, q_idx, kv_idx):
-            return q_idx // 1024 == kv_idx // 1024
-        N = q.shape[2]
-        block_mask = create_block_mask(doc_mask, None, None, N, N, device="cuda")
-        flex = torch.compile(flex_attention)
-        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-
-        def fwd():
-            with torch.no_grad():
-                return flex(q, k, v, block_mask=block_mask)
-
-        def fwd_bwd():
-            o = flex(*leaves, block_mask=block_mask)
-            return torch.autograd.grad(o, leaves, dout)
-        fwd_bwd()
-        return fwd, fwd_bwd
-    except Exception as e:             # noqa: BLE001 (recorded and printed, not hidden)
-        FLEX_NOTE.append(f"{type(e).__name__}: {str(e)[:300]}")
-        print(f"FlexAttention not timed: {FLEX_NOTE[-1]}", flush=True)
-        return None
 
 
 def main(argv=None):
@@ -464,12 +362,16 @@ def main(argv=None):
         print(f"agreement: {len(rows) - len(bad)} of {len(rows)} cases OK"
               + (f"; FAILED: {bad}" if bad else ""), flush=True)
     times = timings(torch, args.repeats) if "times" in parts and not args.sim else []
-    goals = targets(torch, args.repeats) if "targets" in parts and not args.sim else []
+    goals = targets(args.repeats) if "targets" in parts and not args.sim else []
+    wrong = sorted({f"{r['case']} {r['dtype']} {r['what']}" for r in bench.wrong_variants(goals)})
+    if wrong:
+        print(f"targets: WRONG RESULT (not timed): {wrong}", flush=True)
+    bad += wrong
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "variants_gpu.json"), "w") as f:
             json.dump(bench._json_safe(dict(meta=meta, agreement=rows, timings=times,
-                                            targets=goals, flex_note=FLEX_NOTE)), f,
+                                            targets=goals)), f,
                       indent=1)
     return 1 if bad else 0
 

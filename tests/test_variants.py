@@ -151,10 +151,17 @@ def forward(case, k, v, variants, version, with_tiles=True):
 
 # --- forward -------------------------------------------------------------------------------
 
-def takes_dtype(explain, version, dtype):
-    """Whether ``explain`` plans ``version`` for a plain input of ``dtype`` here (v5 and the
-    tensor-core versions refuse float64, v7 everything but float16)."""
-    return refusal(explain, version, np.dtype(dtype).name) is None
+def takes_dtype(explain, version, dtype, d=16):
+    """Whether ``explain`` plans ``version`` for a plain input of ``dtype`` and head dim
+    ``d`` here (v5 and the tensor-core versions refuse float64, v7 everything but float16,
+    the tensor-core versions d > 128). A drawn case a version refuses for its dtype or head
+    dim is not its case (the head-dim refusal is tested at the end of this file)."""
+    q = np.zeros((1, 1, 4, d), np.dtype(dtype))
+    try:
+        explain(q, q, q, version=version)
+    except ValueError:
+        return False
+    return True
 
 
 @pytest.mark.parametrize("version", version_params(FORWARD_VARIANTS, numbaflash.explain,
@@ -165,7 +172,7 @@ def takes_dtype(explain, version, dtype):
                           tiles=(4, 2), seed=3), None, None, {"window_size": (1, 0)}))
 def test_forward_matches_reference(drawn, version):
     case, k, v, kw = drawn
-    assume(takes_dtype(numbaflash.explain, version, case.dtype))
+    assume(takes_dtype(numbaflash.explain, version, case.dtype, case.d))
     k = case.k if k is None else k
     v = case.v if v is None else v
     out, lse = forward(case, k, v, kw, version)
@@ -262,7 +269,7 @@ def test_nan_in_masked_keys_has_no_effect(version):
                 {"window_size": (2, -1), "softcap": 2.0}))
 def test_backward_matches_reference(drawn, version):
     case, k, v, kw = drawn
-    assume(takes_dtype(numbaflash.explain_backward, version, case.dtype))
+    assume(takes_dtype(numbaflash.explain_backward, version, case.dtype, case.d))
     k = case.k if k is None else k
     v = case.v if v is None else v
     out, lse = forward(case, k, v, kw, "v2", with_tiles=False)
@@ -356,7 +363,7 @@ def test_gqa_forward_matches_reference(drawn, version):
     """GQA with 2-3 K/V heads, groups of 2-8 and B up to 2 (strategies.gqa_cases), with
     the other variants drawn on top: out and lse by TESTING.md's rule."""
     case, k, v, kw = drawn
-    assume(takes_dtype(numbaflash.explain, version, case.dtype))
+    assume(takes_dtype(numbaflash.explain, version, case.dtype, case.d))
     k = case.k if k is None else k
     v = case.v if v is None else v
     assert k.shape[1] == case.Hkv >= 2 and case.H % case.Hkv == 0
@@ -376,7 +383,7 @@ def test_gqa_backward_matches_reference(drawn, version):
     """The backward of the GQA cases above: dK and dV summed over each group of query
     heads, by backward_checks' rule (exact zeros for keys no head of the group sees)."""
     case, k, v, kw = drawn
-    assume(takes_dtype(numbaflash.explain_backward, version, case.dtype))
+    assume(takes_dtype(numbaflash.explain_backward, version, case.dtype, case.d))
     k = case.k if k is None else k
     v = case.v if v is None else v
     # On the simulator the forward runs with the case's small tiles: its default (64, 64)
@@ -607,3 +614,14 @@ def test_score_mod_backward_needs_its_gradient():
                                       score_mod=squash)
     with pytest.raises(ValueError, match="needs its derivative"):
         numbaflash.attention_vjp(case.q, case.k, case.v, score_mod=squash)
+
+
+@pytest.mark.parametrize("explain, version", [("explain", v) for v in ("v6", "v7", "v8", "v9")]
+                         + [("explain_backward", "v6")])
+def test_tensor_core_versions_refuse_head_dims_past_their_registers(explain, version):
+    """The drawn cases above skip what a version refuses for its head dim (takes_dtype);
+    the refusal itself: named, with the limit, before any launch."""
+    dtype = "float16" if version == "v7" else "float32"
+    q = np.zeros((1, 1, 4, 256), dtype)
+    with pytest.raises(ValueError, match="head dims up to 128"):
+        getattr(numbaflash, explain)(q, q, q, version=version)

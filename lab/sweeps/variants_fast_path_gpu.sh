@@ -25,20 +25,34 @@ targets)
     grep -E "^(OK|FAIL)|agreement:|ratio|faster|exit|not timed" "$out/variants_gpu.txt"
     ;;
 tests)
-    out=$1; mkdir -p "$out"
-    NUMBAFLASH_PROFILE=gpu-quick timeout 330 python3 -m pytest -p no:cacheprovider -q \
-        -x --durations=10 tests/test_variants.py tests/test_variants_forward_mma.py \
-        tests/test_variants_backward_mma.py tests/test_torch.py > "$out/tests_gpu.txt" 2>&1
+    out=$1; shift; mkdir -p "$out"
+    # -v under xdist prints each result with its name as it comes, so a run cut short by
+    # the time limit still says which tests failed.
+    NUMBAFLASH_PROFILE=gpu-quick timeout "${TESTS_TIMEOUT:-540}" python3 -m pytest \
+        -p no:cacheprovider -n "${TESTS_JOBS:-14}" -v -rf --durations=10 tests/test_variants.py \
+        tests/test_variants_forward_mma.py tests/test_variants_backward_mma.py \
+        tests/test_torch.py "$@" > "$out/tests_gpu.txt" 2>&1
     echo "pytest exit $?" >> "$out/tests_gpu.txt"
+    grep -E "FAILED|ERROR" "$out/tests_gpu.txt" | head -n 20
     tail -n 4 "$out/tests_gpu.txt"
     ;;
 sanitize)
+    # One process per (tool, kernel), SANITIZER_JOBS at a time: each compiles only its own
+    # kernel's variant builds, so the whole set fits in one call of the GPU machine.
     out=$1; mkdir -p "$out"
+    kernels=("--forward v5" "--forward v6" "--forward v7 --dtype float16" "--forward v8"
+             "--forward v9 --dtype float32" "--backward v4" "--backward v6")
     for tool in ${SANITIZER_TOOLS:-memcheck synccheck racecheck}; do
-        timeout "${SANITIZER_TIMEOUT:-180}" compute-sanitizer --tool "$tool" python3 scripts/sanitize_target.py \
-            --variants > "$out/sanitize_variants_$tool.txt" 2>&1
-        echo "$tool: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize_variants_$tool.txt" \
-            | tail -n 1) ($(grep -c ': ok$' "$out/sanitize_variants_$tool.txt") calls)"
+        for sel in "${kernels[@]}"; do echo "$tool $sel"; done
+    done | xargs -P "${SANITIZER_JOBS:-12}" -L 1 bash -c '
+        tool=$0; tag=$(echo "$*" | tr -d "-" | tr " " "_")
+        timeout "${SANITIZER_TIMEOUT:-480}" compute-sanitizer --tool "$tool" \
+            python3 scripts/sanitize_target.py --variants "$@" \
+            > "'"$out"'/sanitize_variants_${tool}_${tag}.txt" 2>&1
+        echo "exit $?" >> "'"$out"'/sanitize_variants_${tool}_${tag}.txt"'
+    for f in "$out"/sanitize_variants_*.txt; do
+        echo "$(basename "$f" .txt): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$f" | tail -n 1)" \
+             "($(grep -c ': ok$' "$f") calls, $(grep -c 'not run' "$f") not run, $(tail -n 1 "$f"))"
     done
     ;;
 *)

@@ -3,10 +3,12 @@
     python -m numbaflash bench                    # docs/performance.md's three shapes
     python -m numbaflash bench --shapes 2x16x4096x64 --causal yes --versions v2,v3 \\
         --json bench.json --plot bench.png
+    python -m numbaflash bench --variants         # the attention variants' speed targets
 
 From Python: ``records = bench.run([(2, 16, 4096, 64)])``, then ``bench.format_table``,
 ``bench.save_json`` or ``bench.plot``. A result that disagrees with a float64 reference
-is never timed (``bench.wrong_results`` lists them).
+is never timed (``bench.wrong_results`` lists them). The variants: ``records =
+bench.run_variants()``, then ``bench.format_variant_table``.
 
 The modules, in the order a run uses them:
 
@@ -16,6 +18,9 @@ The modules, in the order a run uses them:
     pytorch.py    the PyTorch side: SDPA's masks, the SDPA MATH reference, SDPA's timing
     runner.py     run: inputs, check, time, count, compare (its docstring says how)
     report.py     format_table, environment, save_json, plot
+    variants.py   run_variants: the variant cases (GQA, softcap, ALiBi, a window, a
+                  document mask) checked, then timed against their baselines and targets;
+                  format_variant_table
     command.py    the command line (add_arguments, cli)
     library.py    what the bench takes from the rest of numbaflash, imported in one place
 
@@ -37,10 +42,15 @@ from .pytorch import (TorchOracle, _tf32_off, _torch_cuda, sdpa_mask,
 from .report import _json_safe, environment, format_table, plot, save_json
 from .runner import run, wrong_results
 from .timing import PASS_FLOP_FACTOR, SIMULATOR_WARNING, extra_memory_bytes, flops, time_ms
+from .variants import (CASE_NAMES, VARIANT_CASES, format_variant_table, run_variants,
+                       target_met, wrong_variants)
 
 __all__ = [
     # the benchmark and its presentation
     "run", "wrong_results", "format_table", "environment", "save_json", "plot",
+    # the attention variants against their baselines and speed targets
+    "run_variants", "format_variant_table", "wrong_variants", "target_met", "VARIANT_CASES",
+    "CASE_NAMES",
     # counting and timing
     "flops", "time_ms", "extra_memory_bytes", "PASS_FLOP_FACTOR", "SIMULATOR_WARNING",
     # agreement

@@ -1,9 +1,12 @@
 """The command line: ``python -m numbaflash bench ...`` (``numbaflash/__main__.py`` makes
-the parser; ``add_arguments`` adds the options and ``cli`` runs them).
+the parser; ``add_arguments`` adds the options and ``cli`` runs them). With
+``--variants`` it runs the attention variants' table (``variants.run_variants``) instead
+of plain attention on shapes.
 
 Every bad value is refused before anything runs, with ``python -m numbaflash bench:
 error: ...`` and exit status 2: numbers that are not numbers, shapes numbaflash cannot
-run or the host cannot hold, a --json or --plot path in a folder that does not exist.
+run or the host cannot hold, a --json or --plot path in a folder that does not exist, an
+option that does not apply to --variants.
 """
 
 import os
@@ -16,6 +19,11 @@ from .pytorch import _torch_cuda
 from .report import environment, format_table, plot, save_json
 from .runner import run, wrong_results
 from .timing import SIMULATOR_WARNING
+from .variants import (VARIANT_DTYPES, _check_variant_arguments, format_variant_table,
+                       run_variants, wrong_variants)
+
+# Options of the plain bench that --variants does not take (its cases fix them).
+NOT_WITH_VARIANTS = ("shapes", "causal", "passes", "versions", "plot")
 
 
 def _comma_list(text, allowed, what):
@@ -44,22 +52,92 @@ def add_arguments(parser):
                         "2x16x4096x64,1x16x16384x64 (default on a GPU: "
                         f"{_shape_text(GPU_DEFAULT_SHAPES)}; on the simulator: "
                         f"{_shape_text(SIM_DEFAULT_SHAPES)})")
-    parser.add_argument("--causal", default="both", choices=("no", "yes", "both"),
+    parser.add_argument("--causal", choices=("no", "yes", "both"),
                         help="causal mask (bottom-right; default both)")
-    parser.add_argument("--dtype", default="float32", choices=DTYPES)
-    parser.add_argument("--passes", default=",".join(PASSES),
+    parser.add_argument("--dtype", default="float32", choices=DTYPES,
+                        help="inputs' dtype (default float32; --variants: float32 or "
+                        "float16)")
+    parser.add_argument("--passes",
                         help=f"comma-separated subset of {','.join(PASSES)} (default all)")
-    parser.add_argument("--versions", default="",
+    parser.add_argument("--versions",
                         help="forward versions to time besides the default, e.g. v2,v3")
     parser.add_argument("--repeats", type=int, metavar="N", help="timed runs, median taken, "
                         "at least 1 (default 20; 2 on the simulator)")
     parser.add_argument("--warmup", type=int, metavar="N", help="untimed runs first, at least "
                         "0 (default 3; 1 on the simulator)")
-    parser.add_argument("--no-sdpa", action="store_true", help="do not time PyTorch SDPA")
+    parser.add_argument("--no-sdpa", action="store_true", help="do not time PyTorch SDPA "
+                        "(with --variants: nor FlexAttention)")
     parser.add_argument("--json", metavar="PATH", help="write the records and the "
                         "environment as JSON")
     parser.add_argument("--plot", metavar="PATH", help="draw TFLOP/s against seqlen (needs "
                         "matplotlib)")
+    parser.add_argument("--variants", action="store_true", help="instead of plain attention "
+                        "on shapes: the attention variants (GQA, softcap, ALiBi, a sliding "
+                        "window, a document mask), each checked, then timed against its "
+                        "baselines, with its speed target (numbaflash/bench/variants.py); "
+                        "takes --dtype, --repeats, --warmup, --no-sdpa, --json")
+
+
+def _header(sim, torch, no_sdpa, variants=False):
+    """The lines before the table: what runs where, and what the times mean."""
+    env = environment()
+    print(f"numbaflash bench{' --variants' if variants else ''}: backend {env['backend']}, "
+          f"GPU {env['gpu']}; numba-cuda {env['numba_cuda']}, numpy {env['numpy']}, torch "
+          f"{env['torch'] or 'not installed'}")
+    if sim:
+        print(f"WARNING: {SIMULATOR_WARNING}. The agreement checks still mean what they say.")
+    if variants:
+        print("Each variant is checked against numbaflash.reference (float64) on the first "
+              "batch and the query heads of K/V head 0 before it is timed.")
+        if torch is None:
+            print("PyTorch with CUDA is not available: no SDPA or FlexAttention baseline.")
+        elif no_sdpa:
+            print("--no-sdpa: SDPA and FlexAttention are not timed.")
+    elif torch is None:
+        print("PyTorch with CUDA is not available: no SDPA baseline; results are checked "
+              "against numbaflash.reference (float64) on the first (batch, head) slice.")
+    elif no_sdpa:
+        print("--no-sdpa: SDPA is not timed (results are still checked against SDPA MATH "
+              "float64).")
+    return env
+
+
+def _cli_variants(args, fail, sim, torch):
+    """``bench --variants``: the variant table (``variants.run_variants``)."""
+    given = [f"--{name}" for name in NOT_WITH_VARIANTS if getattr(args, name) is not None]
+    if given:
+        return fail(f"{', '.join(given)}: not with --variants (its cases fix their shapes, "
+                    f"masks, passes and kernels; it takes --dtype, --repeats, --warmup, "
+                    f"--no-sdpa and --json)")
+    if args.dtype not in VARIANT_DTYPES:
+        return fail(f"--dtype {args.dtype}: --variants times {' or '.join(VARIANT_DTYPES)} "
+                    f"(the variants' targets are about those)")
+    repeats = args.repeats if args.repeats is not None else (2 if sim else 20)
+    warmup = args.warmup if args.warmup is not None else (1 if sim else 3)
+    try:
+        _check_variant_arguments(args.dtype, repeats, warmup, None, None)
+        if args.json:
+            _output_path(args.json, "json")
+    except ValueError as e:
+        return fail(str(e))
+    env = _header(sim, torch, args.no_sdpa, variants=True)
+    try:
+        records = run_variants(dtype=args.dtype, repeats=repeats, warmup=warmup,
+                               sdpa=not args.no_sdpa)
+    except ValueError as e:                  # a check the host's memory cannot hold
+        return fail(str(e))
+    except MemoryError as e:
+        return fail(f"out of host memory ({e})")
+    print(format_variant_table(records))
+    if args.json:
+        save_json(records, args.json, meta=env)
+        print(f"wrote {args.json}")
+    wrong = wrong_variants(records)
+    if wrong:
+        print(f"FAILED: {len(wrong)} result(s) disagree with the reference and were not "
+              f"timed (WRONG RESULT rows above).", file=sys.stderr)
+        return 1
+    return 0
 
 
 def cli(args):
@@ -74,6 +152,8 @@ def cli(args):
         return fail(str(e))
     sim = where == "simulator"
     torch = _torch_cuda()
+    if args.variants:
+        return _cli_variants(args, fail, sim, torch)
     try:
         if args.shapes is None:
             shapes = list(SIM_DEFAULT_SHAPES if sim else GPU_DEFAULT_SHAPES)
@@ -84,10 +164,11 @@ def cli(args):
                 raise ValueError(f"--shapes: {e}") from None
             if not shapes:
                 raise ValueError("--shapes is empty")
-        passes = _comma_list(args.passes, PASSES, "passes")
+        passes = (_comma_list(args.passes, PASSES, "passes") if args.passes is not None
+                  else list(PASSES))
         extra = _comma_list(args.versions, FORWARD_VERSIONS, "versions") if args.versions else []
         versions = [None] + extra
-        causal = {"no": (False,), "yes": (True,), "both": (False, True)}[args.causal]
+        causal = {"no": (False,), "yes": (True,), "both": (False, True)}[args.causal or "both"]
         repeats = args.repeats if args.repeats is not None else (2 if sim else 20)
         warmup = args.warmup if args.warmup is not None else (1 if sim else 3)
         if args.plot:
@@ -106,17 +187,7 @@ def cli(args):
     except ValueError as e:
         return fail(str(e))
 
-    env = environment()
-    print(f"numbaflash bench: backend {env['backend']}, GPU {env['gpu']}; numba-cuda "
-          f"{env['numba_cuda']}, numpy {env['numpy']}, torch {env['torch'] or 'not installed'}")
-    if sim:
-        print(f"WARNING: {SIMULATOR_WARNING}. The agreement checks still mean what they say.")
-    if torch is None:
-        print("PyTorch with CUDA is not available: no SDPA baseline; results are checked "
-              "against numbaflash.reference (float64) on the first (batch, head) slice.")
-    elif args.no_sdpa:
-        print("--no-sdpa: SDPA is not timed (results are still checked against SDPA MATH "
-              "float64).")
+    env = _header(sim, torch, args.no_sdpa)
     try:
         records = run(shapes, causal=causal, dtype=args.dtype, passes=passes,
                       versions=versions, repeats=repeats, warmup=warmup,
