@@ -8,6 +8,11 @@ same-precision" baseline of tests/tolerance.py (e.g. the same formula in float32
 Shapes: q (..., Sq, d), k and v (..., Sk, d); any leading dims (batch, heads) broadcast
 as in NumPy. Returns O (..., Sq, d) and the row-wise logsumexp L (..., Sq).
 Fully masked rows (no visible key) give O = 0 and L = -inf, and zero gradients.
+
+Dropout (``dropout_p``, ``dropout_keep``): the probabilities are dropped after the softmax,
+O = (P * keep / (1 - p)) V; L stays the logsumexp of the undropped scores. The keep mask
+is an input here; numbaflash/dropout.py builds it from a seed with ``philox4x32`` (the
+last section of this file), as the kernels will.
 """
 
 import numpy as np
@@ -120,18 +125,42 @@ def _softmax_rows(S, mask):
     return P, L[..., 0]
 
 
-def forward(q, k, v, causal=False, scale=None, dtype=np.float64, **variants):
+def forward(q, k, v, causal=False, scale=None, dtype=np.float64, *, dropout_p=0.0,
+            dropout_keep=None, **variants):
     """Dense attention: O = softmax(scale * Q K^T [masked, modified]) V.
 
     ``variants``: the keyword arguments of ``numbaflash.attention`` (window_size,
     alibi_slopes, softcap, attn_mask, score_mod, mask_mod; see ``scores``); k and v may
     have fewer heads than q (GQA). Returns ``(O, L)`` with O (..., Sq, d) and L (..., Sq),
     both of ``dtype``.
+
+    Dropout: ``dropout_keep`` a bool array broadcastable to (..., Sq, Sk), True = kept,
+    and ``dropout_p`` in [0, 1); then O = (P * keep / (1 - p)) V (``dropped``), while L is
+    still the logsumexp of the undropped scores (what the backward needs). Raises
+    ValueError for p outside [0, 1) or p > 0 without a mask, TypeError for a non-bool
+    mask. Without a mask (and p = 0) nothing changes.
     """
     S, mask = _scores(q, k, causal, scale, dtype, **variants)
     P, L = _softmax_rows(S, mask)
+    P = dropped(P, dropout_p, dropout_keep, dtype)
     O = masked_matmul(P, np.asarray(expand_kv(q, v), dtype=dtype), mask)
     return O, L
+
+
+def dropped(P, dropout_p=0.0, dropout_keep=None, dtype=np.float64):
+    """P * keep / (1 - p): the probabilities that multiply V under dropout (P itself when
+    ``dropout_keep`` is None and p = 0). The backward applies it to dO V^T as well.
+
+    The rescaling is a multiplication by 1 / (1 - p) rounded to ``dtype``, as a kernel
+    does it (one reciprocal per launch); dropped entries are exactly 0 (``np.where``, so a
+    NaN in P does not survive in a dropped entry). With p = 0 and a mask that is all True,
+    the result equals P bitwise (P * 1.0).
+    """
+    rescale = _dropout_rescale(dropout_p, dropout_keep, dtype)
+    if rescale is None:
+        return P
+    keep = _keep_mask(dropout_keep, P.shape)
+    return np.where(keep, P * rescale, dtype(0)).astype(dtype)
 
 
 def masked_matmul(P, V, mask):
@@ -148,13 +177,19 @@ def masked_matmul(P, V, mask):
     return np.where(mask[..., :, :, None], terms, 0).sum(axis=-2)
 
 
-def probabilities(q, k, causal=False, scale=None, dtype=np.float64, **variants):
-    """The full (…, Sq, Sk) matrix P; for pictures and for checking "rows of P sum to 1"."""
+def probabilities(q, k, causal=False, scale=None, dtype=np.float64, *, dropout_p=0.0,
+                  dropout_keep=None, **variants):
+    """The full (…, Sq, Sk) matrix P; for pictures and for checking "rows of P sum to 1".
+
+    With dropout (see ``forward``) the matrix that multiplies V, P * keep / (1 - p), whose
+    rows no longer sum to 1 (only in expectation over the masks).
+    """
     S, mask = _scores(q, k, causal, scale, dtype, **variants)
-    return _softmax_rows(S, mask)[0]
+    return dropped(_softmax_rows(S, mask)[0], dropout_p, dropout_keep, dtype)
 
 
-def backward(dout, q, k, v, causal=False, scale=None, dtype=np.float64, **variants):
+def backward(dout, q, k, v, causal=False, scale=None, dtype=np.float64, *, dropout_p=0.0,
+             dropout_keep=None, **variants):
     """Analytic gradients of O = attention(q, k, v) against the upstream gradient dO.
 
         dV = P^T dO
@@ -174,6 +209,17 @@ def backward(dout, q, k, v, causal=False, scale=None, dtype=np.float64, **varian
     kernels: a NaN in a row's inputs makes that row's terms NaN, and so the dK, dV rows of
     the keys it sees, but never reaches a key the row cannot see (a plain matmul would,
     through 0 * NaN).
+
+    Dropout (``dropout_p``, ``dropout_keep`` as in ``forward``): the gradients of
+    O = Pd V with Pd = P * keep / (1 - p) (``dropped``):
+
+        dV = Pd^T dO
+        dP = (dO V^T) * keep / (1 - p)
+        D  = rowsum(dO * O)            (= rowsum(P * dP) still, O being the dropped output)
+        dS = P * (dP - D)              (times G, as above)
+
+    A dropped key still "sees" its row: a NaN in its V reaches the row through 0 * NaN,
+    as it does in a kernel that multiplies the zeroed probability by V.
     """
     d = np.shape(q)[-1]
     scale = default_scale(d) if scale is None else scale
@@ -183,12 +229,107 @@ def backward(dout, q, k, v, causal=False, scale=None, dtype=np.float64, **varian
     S, mask, G = scores(Q, K, causal, scale, dtype, **variants)
     P, _ = _softmax_rows(S, mask)
     P = np.where(mask, P, 0)            # a NaN row's masked entries are 0, not 0/NaN
+    Pd = dropped(P, dropout_p, dropout_keep, dtype)     # P itself without dropout
     mask_T = np.swapaxes(mask, -1, -2)
-    O = masked_matmul(P, V, mask)
-    dV = masked_matmul(np.swapaxes(P, -1, -2), dO, mask_T)
-    dP = dO @ np.swapaxes(V, -1, -2)
+    O = masked_matmul(Pd, V, mask)
+    dV = masked_matmul(np.swapaxes(Pd, -1, -2), dO, mask_T)
+    dP = dropped(dO @ np.swapaxes(V, -1, -2), dropout_p, dropout_keep, dtype)
     D = np.sum(dO * O, axis=-1, keepdims=True)
     dS = np.where(mask, P * (dP - D) * G, 0)
     dQ = masked_matmul(dS, K, mask) * dtype(scale)
     dK = masked_matmul(np.swapaxes(dS, -1, -2), Q, mask_T) * dtype(scale)
     return dQ, reduce_kv(dK, k_shape), reduce_kv(dV, k_shape)
+
+
+# --- dropout in the dense reference: checking dropout_p and dropout_keep -----------------
+
+def _dropout_rescale(dropout_p, dropout_keep, dtype):
+    """1 / (1 - p) as ``dtype``, or None when there is nothing to drop (no mask, p = 0)."""
+    from .dropout import check_dropout_p   # here: dropout.py imports this module
+
+    p = check_dropout_p(dropout_p)
+    if dropout_keep is None:
+        if p > 0:
+            raise ValueError(f"dropout_p = {p} > 0 needs dropout_keep, the bool mask of kept "
+                             "entries (e.g. numbaflash.dropout.dropout_mask(...))")
+        return None
+    return dtype(1.0 / (1.0 - p))
+
+
+def _keep_mask(dropout_keep, shape):
+    """dropout_keep as a bool array of ``shape`` (broadcast; ValueError if it cannot be)."""
+    keep = np.asarray(dropout_keep)
+    if keep.dtype != np.bool_:
+        raise TypeError(f"dropout_keep must be a bool array (True = kept), got {keep.dtype}")
+    try:
+        return np.broadcast_to(keep, shape)
+    except ValueError:
+        raise ValueError(f"dropout_keep of shape {keep.shape} does not broadcast to the "
+                         f"probabilities' shape {tuple(shape)}") from None
+
+
+# ---------------------------------------------------------------------------------------
+# Philox-4x32-10: the counter-based random numbers behind dropout
+# ---------------------------------------------------------------------------------------
+#
+# Salmon, Moraes, Dror, Shaw, "Parallel random numbers: as easy as 1, 2, 3" (SC'11), and
+# their Random123 library. A pure function of a 128-bit counter and a 64-bit key: no state,
+# so any thread can draw the numbers of any (b, h, i, j) in any order, and the backward
+# draws the forward's numbers again instead of reading a stored mask (numbaflash/dropout.py).
+# The device version, for kernels, is numbaflash/kernels/philox.py; both are checked
+# against Random123's known-answer vectors in tests/test_dropout_rng.py.
+
+PHILOX_M0 = 0xD2511F53          # round multipliers (Random123's PHILOX_M4x32_0, _1)
+PHILOX_M1 = 0xCD9E8D57
+PHILOX_W0 = 0x9E3779B9          # Weyl key increments: golden ratio, sqrt(3) - 1, times 2**32
+PHILOX_W1 = 0xBB67AE85
+PHILOX_ROUNDS = 10
+_MASK32 = np.uint64(0xFFFFFFFF)
+_SHIFT32 = np.uint64(32)
+
+
+def _uint32_words(a, n, name):
+    """``a`` as a uint64 array (..., n) of 32-bit words (ValueError outside [0, 2**32))."""
+    a = np.asarray(a)
+    if a.shape[-1:] != (n,):
+        raise ValueError(f"philox4x32: {name} must have shape (..., {n}), got {a.shape}")
+    if a.dtype.kind in "iu":
+        if a.size and (a.min() < 0 or a.max() > 0xFFFFFFFF):
+            raise ValueError(f"philox4x32: {name} words must lie in [0, 2**32)")
+    elif a.dtype.kind != "b":
+        a = a.astype(np.uint32)              # "anything castable", e.g. an object array
+    return a.astype(np.uint64)
+
+
+def philox4x32(counter, key, rounds=PHILOX_ROUNDS):
+    """Philox-4x32 (10 rounds by default): four uint32 random words per counter.
+
+    counter: array-like (..., 4) of uint32 words (c0, c1, c2, c3); key: (..., 2) words
+    (k0, k1); leading dims broadcast against each other as in NumPy. Integer inputs must
+    lie in [0, 2**32) (ValueError otherwise). Returns a uint32 array (broadcast dims..., 4).
+
+    One round, with mulhilo32(a, b) = (high, low) 32-bit halves of the 64-bit product:
+
+        (hi0, lo0) = mulhilo32(M0, c0);  (hi1, lo1) = mulhilo32(M1, c2)
+        (c0, c1, c2, c3) <- (hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0)
+
+    and between rounds the key is bumped: (k0, k1) <- (k0 + W0, k1 + W1) mod 2**32. Every
+    product of two 32-bit words fits in uint64, so NumPy's uint64 arithmetic is exact.
+    """
+    c = _uint32_words(counter, 4, "counter")
+    k = _uint32_words(key, 2, "key")
+    shape = np.broadcast_shapes(c.shape[:-1], k.shape[:-1])
+    c0, c1, c2, c3 = (np.broadcast_to(c[..., t], shape) for t in range(4))
+    k0, k1 = (np.broadcast_to(k[..., t], shape) for t in range(2))
+    M0, M1 = np.uint64(PHILOX_M0), np.uint64(PHILOX_M1)
+    W0, W1 = np.uint64(PHILOX_W0), np.uint64(PHILOX_W1)
+    for r in range(rounds):
+        if r > 0:                                   # the first round uses the key as given
+            k0 = (k0 + W0) & _MASK32
+            k1 = (k1 + W1) & _MASK32
+        prod0 = M0 * c0                             # < 2**64: exact in uint64
+        prod1 = M1 * c2
+        hi0, lo0 = prod0 >> _SHIFT32, prod0 & _MASK32
+        hi1, lo1 = prod1 >> _SHIFT32, prod1 & _MASK32
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+    return np.stack([c0, c1, c2, c3], axis=-1).astype(np.uint32)
