@@ -405,6 +405,59 @@ check_dS(my_dS)
 # my_dS = solutions.my_dS
 
 # %% [markdown]
+# ## Dropout: randomness the backward can recompute
+#
+# Attention dropout zeroes each probability with chance $p$ and scales the survivors by
+# $1/(1-p)$: $O = (P \circ Z / (1-p))\, V$, with $Z$ a random 0/1 matrix. The backward needs
+# the same $Z$: $dV = (P \circ Z/(1-p))^T dO$ and $dP = (dO\, V^T) \circ Z / (1-p)$.
+# Storing $Z$ would bring back exactly what FlashAttention removed, an $N \times N$ matrix per
+# head:
+
+# %%
+B, H, N = 2, 16, 16384
+inputs = 3 * B * H * N * 64 * 2                 # q, k, v in float16 at d = 64
+mask = B * H * N * N                            # one byte per entry (a bool)
+print(f"q, k, v: {inputs / 2**20:,.0f} MiB; a stored dropout mask: {mask / 2**30:,.1f} GiB")
+
+# %% [markdown]
+# So the kernels *regenerate* $Z$ instead. The trick is a **counter-based** random number
+# generator: a function that maps a counter and a key to random bits, with no state carried
+# from one call to the next. Philox-4x32-10 (Salmon et al., 2011) takes four 32-bit counter
+# words and two key words and returns four random 32-bit words after ten rounds of
+# multiply-and-xor. numbaflash uses the counter $(j \,//\, 4,\ i,\ h,\ b)$ and the seed as
+# the key, and keeps entry $(b, h, i, j)$ iff word $j \bmod 4$ is below
+# $\lfloor (1-p)\, 2^{32} \rfloor$. Any thread, in any kernel, with any tile size, can ask
+# about any entry and gets the same answer, and the forward and the backward agree without
+# sharing a byte.
+#
+# Here is the whole mask of a small problem, built by hand from the NumPy Philox:
+
+# %%
+from numbaflash.dropout import keep_threshold, seed_words
+
+p, seed, Sq, Sk = 0.3, 2024, 6, 10
+i, j = np.meshgrid(np.arange(Sq), np.arange(Sk), indexing="ij")
+counter = np.stack([j // 4, i, np.zeros_like(i), np.zeros_like(i)], axis=-1)   # h = b = 0
+words = reference.philox4x32(counter, np.array(seed_words(seed), dtype=np.uint32))
+Z = np.take_along_axis(words, (j % 4)[..., None], axis=-1)[..., 0] < keep_threshold(p)
+print(Z.astype(int))
+print("kept:", Z.mean(), "(1 - p =", 1 - p, ")")
+assert np.array_equal(Z, numbaflash.dropout_mask(1, 1, Sq, Sk, p, seed)[0, 0])
+
+# %% [markdown]
+# A kernel with dropout, checked against the dense reference given that mask
+# (`numbaflash.attention(..., dropout_p, dropout_seed)`; the lse it returns is the
+# undropped softmax's, which is what the backward needs):
+
+# %%
+rng = np.random.default_rng(5)
+q, k, v = (rng.standard_normal((S, 8)).astype(np.float32) for S in (Sq, Sk, Sk))
+out = numbaflash.attention(q, k, v, dropout_p=p, dropout_seed=seed)
+want, _ = reference.forward(q, k, v, dropout_p=p, dropout_keep=Z)
+print("max |kernel - reference| =", np.abs(out - want).max())
+assert np.allclose(out, want, rtol=1e-5, atol=1e-5)
+
+# %% [markdown]
 # ---
 # *For the test suite:* CI runs this notebook top to bottom, with the exercise above not
 # yet written. This cell runs the same checker on the solution in `solutions.py`, without

@@ -8,6 +8,8 @@ Public API:
     attention_vjp(q, k, v, *, causal=False, scale=None, ...) -> (out, vjp), vjp(dout) -> (dq, dk, dv)
     explain_backward(q, k, v, ...) -> the Plans (one per kernel) the backward would run
     backend()               -> "gpu" or "simulator"
+    dropout_mask(batch, heads, sq, sk, p, seed) -> the keep mask attention(...,
+                               dropout_p=p, dropout_seed=seed) applies (NumPy bool)
 
 Tiers (each the test oracle for the next): ``reference`` (dense NumPy), ``tiled``
 (FlashAttention-2 tile loops in NumPy), ``kernels`` (Numba CUDA).
@@ -15,10 +17,11 @@ Tiers (each the test oracle for the next): ``reference`` (dense NumPy), ``tiled`
 
 from . import reference, tiled
 from .api import attention, attention_backward, attention_vjp, explain, explain_backward
+from .dropout import dropout_mask
 from .kernels.plan import Plan, Plans
 from .policy import backend
 from .masks import CAUSAL_MODES
 
 __all__ = ["attention", "attention_backward", "attention_vjp", "explain", "explain_backward",
-           "backend", "Plan", "Plans", "CAUSAL_MODES", "reference", "tiled"]
+           "backend", "dropout_mask", "Plan", "Plans", "CAUSAL_MODES", "reference", "tiled"]
 __version__ = "0.1.0"

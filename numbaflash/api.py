@@ -12,10 +12,10 @@ from .validate import (backward_memory, check_attention_inputs, check_backward_i
 
 
 def _variants(window_size, alibi_slopes, softcap, attn_mask, score_mod, score_mod_grad,
-              mask_mod):
+              mask_mod, dropout_p=0.0, dropout_seed=None):
     return dict(window_size=window_size, alibi_slopes=alibi_slopes, softcap=softcap,
                 attn_mask=attn_mask, score_mod=score_mod, score_mod_grad=score_mod_grad,
-                mask_mod=mask_mod)
+                mask_mod=mask_mod, dropout_p=dropout_p, dropout_seed=dropout_seed)
 
 
 def _variant_arrays(p, stream=DEFAULT):
@@ -76,7 +76,8 @@ def _forward_problem_and_plan(q, k, v, causal, scale, variants, version, tiles):
 
 def attention(q, k, v, *, causal=False, scale=None, window_size=None, alibi_slopes=None,
               softcap=None, attn_mask=None, score_mod=None, score_mod_grad=None,
-              mask_mod=None, return_lse=False, version=None, tiles=None, stream=None):
+              mask_mod=None, dropout_p=0.0, dropout_seed=None, return_lse=False, version=None,
+              tiles=None, stream=None):
     """Exact attention O = softmax(scale * Q K^T [masked, modified]) V, by a FlashAttention
     kernel.
 
@@ -98,6 +99,13 @@ def attention(q, k, v, *, causal=False, scale=None, window_size=None, alibi_slop
         score_mod_grad(score, b, h, q_idx, kv_idx): its derivative d score_mod / d score,
             needed by the backward.
         mask_mod(b, h, q_idx, kv_idx) -> bool: a Numba device function; False hides the key.
+    Dropout (numbaflash/dropout.py): ``dropout_p`` in [0, 1) drops each probability with
+    that chance and scales the rest by 1 / (1 - p), O = (P * keep / (1 - p)) V, as
+    flash-attention does; ``dropout_seed``, an int in [0, 2**64), is required with p > 0.
+    The mask is a pure function of (seed, batch, query head, row, column), generated in
+    the kernels (Philox-4x32-10) and never stored: ``numbaflash.dropout_mask`` returns it,
+    and the backward, given the same p and seed, regenerates it. lse is the undropped
+    softmax's. p = 0 is plain attention, bit for bit.
     GQA/MQA: k and v may have fewer heads than q (a divisor of q's); query head h reads
     K/V head h // (Hq // Hkv), without copying K or V.
 
@@ -128,6 +136,7 @@ def attention(q, k, v, *, causal=False, scale=None, window_size=None, alibi_slop
             uses the documented rule in the version's file.
         window_size, alibi_slopes, softcap, attn_mask, score_mod, score_mod_grad, mask_mod:
             attention variants (see "Variants" above).
+        dropout_p, dropout_seed: dropout (see "Variants" above).
         stream: the CUDA stream to run on: a Numba, PyTorch or CuPy stream, or a CUstream
             handle (int). None: the stream device inputs name in their CUDA Array
             Interface (PyTorch's or CuPy's current stream), else the default stream
@@ -154,7 +163,7 @@ def attention(q, k, v, *, causal=False, scale=None, window_size=None, alibi_slop
             than about 30 s; the message has the estimate (validate.simulator_seconds).
     """
     variants = _variants(window_size, alibi_slopes, softcap, attn_mask, score_mod,
-                         score_mod_grad, mask_mod)
+                         score_mod_grad, mask_mod, dropout_p, dropout_seed)
     host = not arrays.on_device((q, k, v))
     p, plan = _forward_problem_and_plan(q, k, v, causal, scale, variants, version, tiles)
     s = call_stream((q, k, v), stream)
@@ -202,8 +211,8 @@ def explain(q, k, v, *, causal=False, scale=None, version=None, tiles=None, back
 
 def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, window_size=None,
                        alibi_slopes=None, softcap=None, attn_mask=None, score_mod=None,
-                       score_mod_grad=None, mask_mod=None, version=None, tiles=None,
-                       stream=None):
+                       score_mod_grad=None, mask_mod=None, dropout_p=0.0, dropout_seed=None,
+                       version=None, tiles=None, stream=None):
     """Gradients of ``attention`` (FlashAttention-2 backward, Algorithm 2).
 
     Args:
@@ -219,6 +228,8 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, win
             the forward. No gradient is returned for alibi_slopes or attn_mask.
         score_mod_grad: d score_mod / d score (a Numba device function), required with a
             score_mod (ValueError otherwise).
+        dropout_p, dropout_seed: as given to the forward; the kernels regenerate its
+            dropout mask from them (the gradients are those of the dropped output).
         version: backward version ("v1": deterministic, the first rung; "v2":
             atomic dQ, a lesson, float32/float64 only; "v3": register-blocked,
             deterministic, the default for plain attention in float64 and at d > 128
@@ -257,7 +268,7 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, win
         validate.SimulatorSlowWarning: as ``attention``.
     """
     variants = _variants(window_size, alibi_slopes, softcap, attn_mask, score_mod,
-                         score_mod_grad, mask_mod)
+                         score_mod_grad, mask_mod, dropout_p, dropout_seed)
     p = check_backward_inputs(dout, q, k, v, out, lse, causal, scale, **variants)
     host = not arrays.on_device((dout, q, k, v, out, lse))
     plans = plan_backward(p, version, tiles)
@@ -311,7 +322,8 @@ def attention_vjp(q, k, v, *, causal=False, scale=None, forward_version=None,
     Args:
         q, k, v, causal, scale: as for ``attention``; ``variants``: its variant keyword
             arguments (window_size, alibi_slopes, softcap, attn_mask, score_mod,
-            score_mod_grad, mask_mod).
+            score_mod_grad, mask_mod) and dropout_p, dropout_seed (the same mask in the
+            forward and every ``vjp`` call).
         forward_version, forward_tiles: ``version`` and ``tiles`` of the forward.
         backward_version, backward_tiles: ``version`` and ``tiles`` of the backward.
         stream: as for ``attention``, for the forward and every ``vjp`` call.

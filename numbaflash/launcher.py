@@ -41,6 +41,7 @@ from numba import cuda
 from .kernels import backward as backward_kernels
 from .kernels import forward as forward_kernels
 from .kernels import simulating, smem
+from . import dropout
 from .kernels import variants as variant_kernels
 from .streams import DEFAULT
 
@@ -90,7 +91,7 @@ def _array_words(a):
 
 
 _SCALARS = {"float32": ctypes.c_float, "float64": ctypes.c_double,
-            "int32": ctypes.c_int32, "int64": ctypes.c_int64}
+            "int32": ctypes.c_int32, "int64": ctypes.c_int64, "uint32": ctypes.c_uint32}
 
 
 def _word_maker(numba_type):
@@ -131,8 +132,8 @@ class _DirectLaunch:
 
     def __call__(self, args, stream):
         c = self.numba_config
-        if self.makers is None:
-            self.compiled.launch(args, c.griddim, c.blockdim, stream.numba, c.sharedmem)
+        if self.makers is None:                 # through Numba's dispatcher, on the stream
+            self.kernel[c.griddim, c.blockdim, stream.numba, c.sharedmem](*args)
             return
         device = device_id()
         function = self.functions.get(device)
@@ -229,14 +230,25 @@ def tile_table(p, Br, Bc, attn_mask, stream=DEFAULT):
 
 def variant_arguments(p, slopes, attn_mask, tiles=None):
     """The run-time arguments that follow ``causal_offset`` in every kernel that supports
-    variants: (window_lo, Hq, group, softcap, slopes, attn_mask, tiles). ``slopes``,
-    ``attn_mask`` and ``tiles`` (from ``tile_table``) are device arrays or None (then a
-    1-element placeholder that the kernel, compiled without that variant, never reads)."""
+    variants: (window_lo, Hq, group, softcap, slopes, attn_mask, tiles, seed_lo, seed_hi,
+    keep_threshold, keep_scale). ``slopes``, ``attn_mask`` and ``tiles`` (from
+    ``tile_table``) are device arrays or None (then a 1-element placeholder that the
+    kernel, compiled without that variant, never reads). The last four are dropout's
+    (kernels/variants.py): the seed's two 32-bit words and the keep threshold as uint32
+    (32-bit arithmetic in Philox), and 1 / (1 - p) in the accumulator's dtype."""
     acc = np.dtype(p.acc_dtype)
     no_slopes, no_mask, no_tiles = _placeholders(p.acc_dtype, _context_key())
+    if p.variant.dropout:
+        seed_lo, seed_hi = dropout.seed_words(p.dropout_seed)
+        threshold = dropout.keep_threshold(p.dropout_p)
+        keep_scale = 1.0 / (1.0 - p.dropout_p)
+    else:
+        seed_lo = seed_hi = threshold = 0
+        keep_scale = 1.0
     return (np.int64(p.window_lo), np.int64(p.Hq), np.int64(p.group), acc.type(p.softcap),
             no_slopes if slopes is None else slopes, no_mask if attn_mask is None else attn_mask,
-            no_tiles if tiles is None else tiles)
+            no_tiles if tiles is None else tiles, np.uint32(seed_lo), np.uint32(seed_hi),
+            np.uint32(threshold), acc.type(keep_scale))
 
 
 def _context_key():

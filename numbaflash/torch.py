@@ -47,6 +47,7 @@ except ImportError as e:            # pragma: no cover - only without PyTorch
                       "(or pip install torch)") from e
 
 from . import api, arrays
+from .dropout import check_dropout_p
 from .validate import check_attention_inputs
 
 __all__ = ["attention", "scaled_dot_product_attention", "flash_attn_func"]
@@ -257,10 +258,17 @@ def _backward_of_forward_op(ctx, dout, _dlse):
 _forward_op.register_autograd(_backward_of_forward_op, setup_context=_setup_forward_op)
 
 
+def _torch_seed():
+    """A dropout seed in [0, 2**64) from PyTorch's default CPU generator, so that
+    ``torch.manual_seed`` makes a run with dropout reproducible."""
+    lo, hi = (int(x) for x in torch.randint(0, 2**32, (2,), dtype=torch.int64))
+    return lo | (hi << 32)
+
+
 def attention(q, k, v, *, causal=False, scale=None, window_size=None, alibi_slopes=None,
               softcap=None, attn_mask=None, score_mod=None, score_mod_grad=None,
-              mask_mod=None, version=None, tiles=None, backward_version=None,
-              backward_tiles=None):
+              mask_mod=None, dropout_p=0.0, dropout_seed=None, version=None, tiles=None,
+              backward_version=None, backward_tiles=None):
     """``numbaflash.attention`` for torch tensors, differentiable through torch.autograd.
 
     The forward runs numbaflash.attention(..., return_lse=True) and saves out and lse;
@@ -278,6 +286,9 @@ def attention(q, k, v, *, causal=False, scale=None, window_size=None, alibi_slop
             are not C-contiguous are copied first (``.contiguous()``).
         causal, scale, window_size, softcap, score_mod, score_mod_grad, mask_mod, version,
             tiles: as for ``numbaflash.attention`` (version and tiles: the forward's).
+        dropout_p, dropout_seed: as for ``numbaflash.attention``; with dropout_p > 0 and
+            no seed, a seed is drawn from PyTorch's default generator (``torch.manual_seed``
+            reproduces it), and the backward regenerates the same mask from it.
         alibi_slopes, attn_mask: tensors on q's device, as for ``numbaflash.attention``
             (an attn_mask broadcast with ``expand`` is not materialised). No gradient.
         backward_version, backward_tiles: ``version`` and ``tiles`` of the backward
@@ -292,8 +303,11 @@ def attention(q, k, v, *, causal=False, scale=None, window_size=None, alibi_slop
             when a gradient is needed; raised before anything is launched.
     """
     _check_tensors(q=q, k=k, v=v, alibi_slopes=alibi_slopes, attn_mask=attn_mask)
+    if dropout_p != 0.0 and dropout_seed is None:
+        check_dropout_p(dropout_p)                  # a bad p fails here, before any copy
+        dropout_seed = _torch_seed()
     if _compiling():
-        if score_mod is None and score_mod_grad is None and mask_mod is None:
+        if score_mod is None and score_mod_grad is None and mask_mod is None and not dropout_p:
             return _compiled_attention(q, k, v, causal, scale, window_size, alibi_slopes,
                                        softcap, attn_mask, version, tiles, backward_version,
                                        backward_tiles)
@@ -301,12 +315,14 @@ def attention(q, k, v, *, causal=False, scale=None, window_size=None, alibi_slop
                                 alibi_slopes=alibi_slopes, softcap=softcap,
                                 attn_mask=attn_mask, score_mod=score_mod,
                                 score_mod_grad=score_mod_grad, mask_mod=mask_mod,
+                                dropout_p=dropout_p, dropout_seed=dropout_seed,
                                 version=version, tiles=tiles,
                                 backward_version=backward_version,
                                 backward_tiles=backward_tiles)
     _refuse_capture(q.device)
     variants = dict(window_size=window_size, softcap=softcap, score_mod=score_mod,
-                    score_mod_grad=score_mod_grad, mask_mod=mask_mod)
+                    score_mod_grad=score_mod_grad, mask_mod=mask_mod, dropout_p=dropout_p,
+                    dropout_seed=dropout_seed)
     needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
     if needs_grad and score_mod is not None and score_mod_grad is None:
         raise ValueError("the backward of a score_mod needs its derivative: pass "
@@ -350,8 +366,9 @@ def _compiled_attention(q, k, v, causal, scale, window_size, alibi_slopes, softc
 
 @torch.compiler.disable
 def _eager_attention(q, k, v, **options):
-    """``attention`` with a score_mod or mask_mod under torch.compile: run eagerly (a graph
-    break), since an op's schema cannot carry a Numba device function."""
+    """``attention`` with a score_mod or mask_mod, or with dropout, under torch.compile: run
+    eagerly (a graph break), since an op's schema cannot carry a Numba device function
+    (and the dropout seed is drawn on the host)."""
     return attention(q, k, v, **options)
 
 
@@ -379,24 +396,22 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             given; higher ranks have their leading dims flattened into one batch dim).
         key, value: (N, ..., Hkv, S, E) with query's leading dims and dtype; value's
             head dim must equal E (PyTorch allows another Ev; numbaflash does not yet).
-        attn_mask, dropout_p, is_causal, scale, enable_gqa: as in PyTorch.
+        attn_mask, dropout_p, is_causal, scale, enable_gqa: as in PyTorch. Dropout keeps
+            PyTorch's semantics (each probability dropped with chance dropout_p, the rest
+            scaled by 1 / (1 - p)) with numbaflash's mask: the seed is drawn from PyTorch's
+            default generator (``torch.manual_seed`` reproduces it), but the masks are not
+            PyTorch's bits.
 
     Returns:
         (N, ..., Hq, L, E) tensor on query's device, query's dtype. Query rows that see
         no key give 0 (as PyTorch's math backend does), never NaN.
 
     Raises:
-        NotImplementedError: dropout_p != 0 (dropout is not implemented yet).
         RuntimeError: differing head counts without enable_gqa; attn_mask with is_causal.
         ValueError, TypeError: what numbaflash does not support (value head dim != E,
             batch dims that only broadcast, a mask that does not broadcast, bfloat16, ...),
             and what ``attention`` raises; all before anything is launched.
     """
-    if dropout_p != 0.0:
-        raise NotImplementedError(
-            f"numbaflash does not implement dropout yet (dropout_p={dropout_p}); pass "
-            f"dropout_p=0.0, e.g. dropout_p=self.dropout if self.training else 0.0 and "
-            f"train without attention dropout")
     if is_causal and attn_mask is not None:
         raise RuntimeError("scaled_dot_product_attention: an explicit attn_mask must not be "
                            "given with is_causal=True (PyTorch raises too)")
@@ -444,7 +459,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         query, key, value = (x.reshape((-1,) + tuple(x.shape[-3:]))
                              for x in (query, key, value))
     out = attention(query, key, value, causal="top_left" if is_causal else False,
-                    scale=scale, attn_mask=attn_mask)
+                    scale=scale, attn_mask=attn_mask, dropout_p=dropout_p)
     return out.reshape(lead + tuple(out.shape[-2:]))
 
 
@@ -477,7 +492,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     Args:
         q: (batch, Sq, Hq, d); k, v: (batch, Sk, Hkv, d). float16, float32 or float64
             (flash-attn takes float16 and bfloat16; bfloat16 is not supported yet).
-        dropout_p: must be 0.0 (dropout is not implemented yet).
+        dropout_p: the dropout probability (flash-attn's semantics; the seed is drawn from
+            PyTorch's default generator, the mask is numbaflash's: numbaflash.dropout_mask).
         softmax_scale: default 1/sqrt(d).
         return_attn_probs: must be False (not implemented).
 
@@ -485,14 +501,10 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
         out: (batch, Sq, Hq, d), q's dtype and device.
 
     Raises:
-        NotImplementedError: dropout_p != 0 or return_attn_probs=True.
+        NotImplementedError: return_attn_probs=True.
         ValueError, TypeError: inputs that are not 4-dim, and what ``attention`` raises;
             all before anything is launched.
     """
-    if dropout_p != 0.0:
-        raise NotImplementedError(
-            f"numbaflash does not implement dropout yet (dropout_p={dropout_p}); pass "
-            f"dropout_p=0.0")
     if return_attn_probs:
         raise NotImplementedError(
             "return_attn_probs=True is not implemented: numbaflash.torch.flash_attn_func "
@@ -512,10 +524,12 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     variants = dict(causal=bool(causal), scale=softmax_scale,
                     window_size=None if window == (-1, -1) else window,
                     softcap=None if softcap == 0.0 else softcap, alibi_slopes=alibi_slopes)
+    check_dropout_p(dropout_p)                  # a bad p fails here, before any copy
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))        # (batch, heads, seqlen, d) views
     # Validate before the copies below (on a GPU, launches); under torch.compile the
     # op validates when it runs.
     if not _compiling():
         check_attention_inputs(qt, kt, vt, **variants)
-    out = attention(qt.contiguous(), kt.contiguous(), vt.contiguous(), **variants)
+    out = attention(qt.contiguous(), kt.contiguous(), vt.contiguous(), dropout_p=dropout_p,
+                    **variants)
     return out.transpose(1, 2).contiguous()                     # (batch, Sq, Hq, d)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .dropout import check_dropout
 from .kernels.variants import PLAIN, Variant
 from .masks import band, parse_causal, parse_window
 
@@ -55,6 +56,9 @@ class Problem:
     # run-time arrays of the variant (NumPy or device; not compared)
     alibi_slopes: object = field(default=None, compare=False)   # (1 or B, Hq)
     attn_mask: object = field(default=None, compare=False)      # 4D, broadcastable
+    # dropout (numbaflash/dropout.py): run-time values; variant.dropout says p > 0
+    dropout_p: float = field(default=0.0, compare=False)
+    dropout_seed: int = field(default=0, compare=False)
 
     @property
     def BHkv(self):
@@ -77,12 +81,13 @@ def _shape_dtype(x, name):
 
 def check_attention_inputs(q, k, v, causal=False, scale=None, *, window_size=None,
                            alibi_slopes=None, softcap=None, attn_mask=None, score_mod=None,
-                           score_mod_grad=None, mask_mod=None):
+                           score_mod_grad=None, mask_mod=None, dropout_p=0.0,
+                           dropout_seed=None):
     """Validate q, k, v and the options; return a ``Problem``. Raises ValueError/TypeError.
 
     q is (..., Sq, d); k and v are (..., Sk, d) with the same rank (2, 3 or 4) and batch,
     and a number of heads that divides q's (GQA/MQA). The variant options are described
-    in ``numbaflash.attention``.
+    in ``numbaflash.attention``; dropout's in numbaflash/dropout.py (``check_dropout``).
     """
     (qs, qt), (ks, kt), (vs, vt) = (_shape_dtype(a, n) for a, n in ((q, "q"), (k, "k"), (v, "v")))
     for name, s in (("q", qs), ("k", ks), ("v", vs)):
@@ -141,7 +146,9 @@ def check_attention_inputs(q, k, v, causal=False, scale=None, *, window_size=Non
                             f"device=True)); got {type(fn).__name__}")
     if score_mod_grad is not None and score_mod is None:
         raise ValueError("score_mod_grad was given without score_mod")
-    variant = Variant(window=lower is not None, softcap=softcap is not None,
+    dropout_p, dropout_seed = check_dropout(dropout_p, dropout_seed)
+    variant = Variant(window=lower is not None, dropout=dropout_p > 0,
+                      softcap=softcap is not None,
                       alibi=slopes is not None, mask=mask_kind, score_mod=score_mod,
                       score_mod_grad=score_mod_grad, mask_mod=mask_mod)
     return Problem(lead=lead, BH=BH, Sq=Sq, Sk=Sk, d=d, dtype=qt,
@@ -150,7 +157,8 @@ def check_attention_inputs(q, k, v, causal=False, scale=None, *, window_size=Non
                    softmax_scale=float(scale), upper=upper is not None, window=window,
                    window_lo=0 if lower is None else lower, k_lead=ks[:-2], B=B, Hq=Hq,
                    group=Hq // Hkv if Hkv else 1, softcap=0.0 if softcap is None else softcap,
-                   variant=variant, alibi_slopes=slopes, attn_mask=mask)
+                   variant=variant, alibi_slopes=slopes, attn_mask=mask,
+                   dropout_p=dropout_p, dropout_seed=dropout_seed or 0)
 
 
 def _check_softcap(softcap):

@@ -87,11 +87,12 @@ def forward_signature(dtype, acc):
 def variant_signature(acc, mask_dtype="bool"):
     """What follows causal_offset in kernels that take variants (launcher.variant_arguments):
     window_lo, Hq, group, softcap, slopes (2D), attn_mask (4D, bool or a float dtype),
-    tiles (3D bool, the table of visible tiles)."""
+    tiles (3D bool, the table of visible tiles), then dropout's seed_lo, seed_hi,
+    keep_threshold (uint32) and keep_scale."""
     import numpy as np
-    i64 = numba.int64
+    i64, u32 = numba.int64, numba.uint32
     return (i64, i64, i64, numba.from_dtype(acc), array(acc, 2), array(np.dtype(mask_dtype), 4),
-            array(np.dtype(np.bool_), 3))
+            array(np.dtype(np.bool_), 3), u32, u32, u32, numba.from_dtype(acc))
 
 
 def forward_variant_signature(dtype, acc, mask_dtype="bool"):
@@ -349,7 +350,8 @@ def variant_entries():
     from numbaflash.kernels.backward.v1_two_kernels import default_backward_tiles
     from numbaflash.kernels.variants import Variant
     variants = {
-        "builtins": (True, Variant(window=True, softcap=True, alibi=True, mask="bool"), "bool"),
+        "builtins": (True, Variant(window=True, dropout=True, softcap=True, alibi=True, mask="bool"),
+                     "bool"),
         "bias": (False, Variant(mask="bias"), None),
         "usermods": (True, Variant(score_mod=_relative_bias, score_mod_grad=_relative_bias_grad,
                                    mask_mod=_documents), "bool"),
@@ -375,8 +377,9 @@ def variant_entries():
                                      Br, Bc, kw["d"], kw["c"], kw["a"], kw["v"]), fsig, no_f64))
                 Br, Bc = default_backward_tiles(d, acc)
                 _, dkdv, dq, _ = backward_signatures(dt, at)
-                dkdv = dkdv[:-7] + extra
-                dq = dq[:-7] + extra
+                n_variant = len(variant_signature(at))     # what backward_signatures appended
+                dkdv = dkdv[:-n_variant] + extra
+                dq = dq[:-n_variant] + extra
                 out.append(Entry(f"backward_dkdv_v1-{tag}-tiles{Br}x{Bc}", "variants",
                                  lambda kw=kw, Br=Br, Bc=Bc: backward_v1.make_backward_dkdv_v1(
                                      Br, Bc, kw["d"], kw["c"], kw["a"], kw["v"]), dkdv, no_f64))

@@ -97,12 +97,40 @@ def test_attention_is_numbaflash_attention(dtype, options):
     check_backward(dO, Q, K, V, want_out, want_lse, [g.numpy() for g in grads], **options)
 
 
+def test_dropout_seed_comes_from_torch_and_the_backward_reuses_it():
+    """Without dropout_seed, a seed is drawn from PyTorch's default generator: the same
+    torch.manual_seed gives the same output, and forward and backward are numbaflash's
+    calls with that seed, bit for bit."""
+    q, k, v = qkv(Hq=2, Sq=6, Sk=7)
+    dout = randn(*q.shape, seed=9, grad=False)
+    torch.manual_seed(123)
+    out, grads = grads_of(lambda a, b, c: nft.attention(a, b, c, dropout_p=0.25), (q, k, v),
+                          dout)
+    torch.manual_seed(123)
+    again, _ = grads_of(lambda a, b, c: nft.attention(a, b, c, dropout_p=0.25), (q, k, v),
+                        dout)
+    assert_bitwise_equal("O (same torch seed)", again.numpy(), out.numpy())
+    torch.manual_seed(123)
+    seed = nft._torch_seed()
+    Q, K, V, dO = (x.detach().numpy() for x in (q, k, v, dout))
+    want_out, want_lse = numbaflash.attention(Q, K, V, return_lse=True, dropout_p=0.25,
+                                              dropout_seed=seed)
+    want_grads = numbaflash.attention_backward(dO, Q, K, V, want_out, want_lse,
+                                               dropout_p=0.25, dropout_seed=seed)
+    assert_bitwise_equal("O", out.numpy(), want_out)
+    for name, got, want in zip(("dQ", "dK", "dV"), grads, want_grads):
+        assert_bitwise_equal(name, got.numpy(), want)
+    # the mask is there: some entries of P were dropped for this seed
+    assert not numbaflash.dropout_mask(1, 2, 6, 7, 0.25, seed).all()
+
+
 # --- gradcheck --------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("Sq, Sk, options, fast", [
     (3, 4, dict(), False),
     (4, 3, dict(causal=True), True),          # bottom-right: row 0 sees no key
     (3, 4, dict(softcap=1.5, window_size=(1, 0)), True),
+    (4, 5, dict(dropout_p=0.4, dropout_seed=11), True),     # the gradients of the dropped O
 ])
 def test_gradcheck_float64(Sq, Sk, options, fast):
     """Full Jacobians for plain attention; gradcheck's fast mode (a random projection of
@@ -230,8 +258,8 @@ def _errors():
     q, k, v = (x.detach() for x in qkv(Hq=4, Hkv=2, Sq=3, Sk=3, d=2))
     qf, kf, vf = (x.transpose(1, 2) for x in (q, k, v))
     return {
-        "sdpa dropout": (NotImplementedError, "dropout",
-                         lambda: nft.scaled_dot_product_attention(q, q, q, dropout_p=0.1)),
+        "sdpa dropout 1": (ValueError, r"dropout_p must lie in \[0, 1\)",
+                           lambda: nft.scaled_dot_product_attention(q, q, q, dropout_p=1.0)),
         "sdpa gqa without enable_gqa": (RuntimeError, "enable_gqa",
                                         lambda: nft.scaled_dot_product_attention(q, k, v)),
         "sdpa mask and is_causal": (RuntimeError, "is_causal",
@@ -246,8 +274,11 @@ def _errors():
         "sdpa mask shape": (ValueError, "broadcast",
                             lambda: nft.scaled_dot_product_attention(
                                 q, q, q, attn_mask=torch.ones(2, 3, dtype=torch.bool))),
-        "flash dropout": (NotImplementedError, "dropout",
-                          lambda: nft.flash_attn_func(qf, kf, vf, dropout_p=0.1)),
+        "flash dropout negative": (ValueError, "dropout_p",
+                                   lambda: nft.flash_attn_func(qf, kf, vf, dropout_p=-0.1)),
+        "attention dropout seed": (ValueError, "dropout_seed",
+                                   lambda: nft.attention(q, q, q, dropout_p=0.1,
+                                                         dropout_seed=-1)),
         "flash attn probs": (NotImplementedError, "return_attn_probs",
                              lambda: nft.flash_attn_func(qf, kf, vf, return_attn_probs=True)),
         "flash 3 dims": (ValueError, "batch, seqlen, heads",

@@ -31,6 +31,24 @@ The built-ins, in the order they apply (masks first, then the score, step by ste
 A score of -inf (e.g. a -inf bias) gets probability exactly 0, like a masked entry, but it
 is computed.
 
+Dropout (``Variant.dropout``) is the third device function, ``make_dropout``'s:
+
+    kept(seed_lo, seed_hi, threshold, b, h, row, col) -> bool
+        Does entry (b, h, row, col) survive dropout? Philox-4x32-10 of the counter
+        (col // 4, row, h, b) (kernels/philox.py; numbaflash/dropout.py gives the scheme):
+        nothing is stored, the backward asks the same question and gets the same answer.
+    kept_pair(seed_lo, seed_hi, threshold, b, h, row, col) -> (bool, bool)
+        The same for col and col + 1 with col even (one Philox call: both lie in one
+        block of four), for the tensor-core fragments, which hold pairs of columns.
+
+Where it enters: the forward sums the row's undropped probabilities (L is the undropped
+softmax's logsumexp) and multiplies V by P~ only where kept; O is then scaled by
+``keep_scale`` = 1 / (1 - p). The backward drops the same entries of P for dV and of dP
+(dP = dO V^T * kept * keep_scale), and dS = P (dP - D) as before. The run-time arguments,
+after ``tiles``: seed_lo, seed_hi, keep_threshold (uint32) and keep_scale (the
+accumulator's dtype), from launcher.variant_arguments. Without dropout ``kept`` is the
+constant True and they are never read.
+
 Skipping empty tiles. Causal and window masks are bands: the tiled kernels find the
 first and last tile a block needs by arithmetic and never visit the others. A boolean
 attn_mask or a mask_mod can leave any tile empty, so for those (``Variant.tile_table``)
@@ -49,6 +67,7 @@ import numba
 from numba import cuda
 
 from . import acc_type
+from .philox import dropout_keep, philox4x32
 
 MASK_KINDS = (None, "bool", "bias")
 
@@ -59,6 +78,7 @@ class Variant:
 
     window: a left window bound exists (key col >= row + window_lo). The right bound, like
         the causal mask, is the kernels' ``causal`` flag with ``causal_offset``.
+    dropout: dropout_p > 0 (the seed and p are run-time arguments; ``make_dropout``).
     softcap, alibi: the built-in score modifiers (their values are run-time arguments).
     mask: None, "bool" (attn_mask says which keys are visible) or "bias" (attn_mask is
         added to the scores).
@@ -66,6 +86,7 @@ class Variant:
         or None.
     """
     window: bool = False
+    dropout: bool = False
     softcap: bool = False
     alibi: bool = False
     mask: str | None = None
@@ -94,6 +115,8 @@ class Variant:
             parts.append("window right bound")
         if self.window:
             parts.append("window left bound")
+        if self.dropout:
+            parts.append("dropout")
         if self.softcap:
             parts.append("softcap")
         if self.alibi:
@@ -186,6 +209,32 @@ def make_variant_functions(variant, causal, acc_dtype):
         return s, g
 
     return visible, score
+
+
+@functools.lru_cache(maxsize=None)
+def make_dropout(variant):
+    """``(kept, kept_pair)`` device functions for ``variant`` (module docstring); both are
+    the constant True without ``variant.dropout``."""
+    DROPOUT = variant.dropout
+
+    @cuda.jit(device=True, inline=True)
+    def kept(seed_lo, seed_hi, threshold, b, h, row, col):
+        if DROPOUT:
+            return dropout_keep(seed_lo, seed_hi, threshold, b, h, row, col)
+        return True
+
+    @cuda.jit(device=True, inline=True)
+    def kept_pair(seed_lo, seed_hi, threshold, b, h, row, col):
+        if DROPOUT:
+            c = numba.uint32(col)
+            r0, r1, r2, r3 = philox4x32(c >> numba.uint32(2), row, h, b, seed_lo, seed_hi)
+            t = numba.uint32(threshold)
+            if c & numba.uint32(2):
+                return r2 < t, r3 < t
+            return r0 < t, r1 < t
+        return True, True
+
+    return kept, kept_pair
 
 
 TILE_TABLE_THREADS = 64                 # threads per block of the tile-table kernel

@@ -53,13 +53,20 @@ v4 keep their blocks in registers without spills up to d = 128 (``tests/ptx_chec
 --link`` prints each kernel's registers and spills).
 
 Variants (kernels/variants.py, docs/variants.md): the v1, v4 and v6 kernels take a
-compile-time ``variant`` and seven more run-time arguments after causal_offset
-(window_lo, Hq, group, softcap, slopes, attn_mask, tiles). dS is multiplied by d score /
-d s (softcap, score_mod_grad). With GQA the dK/dV kernel runs one block per K/V head and
-tile, and walks the Q tiles of every query head of its group in a fixed order: dK, dV
-summed without atomics. Tiles that a boolean attn_mask or a mask_mod leaves empty are
-skipped through the table of visible tiles (``tiles``, variants.make_tile_table). v2, v3
-and v5 compute plain attention only: their plans refuse variants.
+compile-time ``variant`` and eleven more run-time arguments after causal_offset
+(window_lo, Hq, group, softcap, slopes, attn_mask, tiles, and dropout's seed_lo, seed_hi,
+keep_threshold, keep_scale). dS is multiplied by d score / d s (softcap, score_mod_grad).
+Dropout regenerates the forward's keep mask per entry (variants.make_dropout; nothing is
+stored) and, with z = keep_scale where kept and 0 where dropped, takes
+
+    dV[col] += p * z * dO[row]           dp = dO[row] . v * z          ds = p * (dp - D[row])
+
+(p the undropped probability, D from the dropped O). With GQA the dK/dV kernel runs one
+block per K/V head and tile, and walks the Q tiles of every query head of its group in a
+fixed order (each query head with its own dropout mask): dK, dV summed without atomics.
+Tiles that a boolean attn_mask or a mask_mod leaves empty are skipped through the table
+of visible tiles (``tiles``, variants.make_tile_table). v2, v3 and v5 compute plain
+attention only: their plans refuse variants (dropout included).
 
 Fully masked rows (causal with Sq > Sk, where L = -inf) have P = 0: the kernels skip them
 before computing exp, so they give a zero dQ row, add nothing to dK and dV, and no

@@ -28,13 +28,13 @@ from .. import acc_type, jit_options
 from ..bands import make_kv_tile_range, make_q_tile_range
 from ..plan import (MAX_THREADS, SHARED_MEM_LIMIT, TILE_TABLE_REASON, Plan, Plans, parse_tiles,
                     variant_description)
-from ..variants import PLAIN, make_variant_functions
+from ..variants import PLAIN, make_dropout, make_variant_functions
 
 
 @functools.lru_cache(maxsize=None)
 def make_backward_dkdv_v1(Br, Bc, d, causal, acc_dtype, variant=PLAIN):
     """v1 dK/dV kernel (Alg.2 l.5-19 without l.15); ``variant`` (kernels/variants.py) adds
-    masks and score modifiers.
+    masks, score modifiers and dropout.
 
     Launch: grid (Tc, B * Hkv) with Tc = ceil(Sk / Bc), block (Bc,): thread c owns key row
     j*Bc + c of one K/V head. With GQA (Hkv < Hq) the block walks the Q tiles of each query
@@ -52,19 +52,27 @@ def make_backward_dkdv_v1(Br, Bc, d, causal, acc_dtype, variant=PLAIN):
     broadcast), so Qi needs no padding. Registers: four rows of d accumulators per thread
     (dKj, dVj and their per-tile partials), so the kernel spills from d = 64 on
     (``tests/ptx_check.py --link`` prints how much).
+
+    Dropout (``variant.dropout``): each visible (row, col) asks ``kept`` (variants.py) the
+    forward's question again; z = keep_scale where kept, 0 where dropped. dVj takes the
+    dropped probability p * z, dP becomes dO . v * z, and dS = p (dP - D) keeps the
+    undropped p (flash-attention's gradients of O = (P * keep / (1 - p)) V).
     """
     acc = acc_type(acc_dtype)
     ZERO = acc(0)
     NEG_INF = acc(-math.inf)
     KJ_COLS = d + 1                     # shared array shapes must be plain constants
     visible, score = make_variant_functions(variant, causal, acc_dtype)
+    kept, _ = make_dropout(variant)
     WINDOW = variant.window
     TILE_TABLE = variant.tile_table
+    DROPOUT = variant.dropout
     q_tile_range = make_q_tile_range(Br, Bc, causal, WINDOW)
 
     @cuda.jit(**jit_options())
     def backward_dkdv_v1(Q, K, V, dO, L, D, dK, dV, softmax_scale, causal_offset, window_lo,
-                         Hq, group, softcap, slopes, attn_mask, tiles):
+                         Hq, group, softcap, slopes, attn_mask, tiles, seed_lo, seed_hi,
+                         keep_threshold, keep_scale):
         bh_kv = cuda.blockIdx.y         # b * Hkv + h_kv: the K/V head
         b = bh_kv // (Hq // group)
         h_kv = bh_kv % (Hq // group)
@@ -143,9 +151,17 @@ def make_backward_dkdv_v1(Br, Bc, d, causal, acc_dtype, variant=PLAIN):
                             s, g = score(s * softmax_scale, b, h, row, col, Sq, Sk, softcap,
                                          slopes, attn_mask)
                             p = math.exp(s - L_i[r])            # Alg.2 l.11
+                            pd = p                  # the probability that reached O
+                            if DROPOUT:
+                                # the forward's keep mask, asked again (variants.py):
+                                # z = keep_scale or 0; dV takes p z, dP = dO . v z
+                                z = keep_scale if kept(seed_lo, seed_hi, keep_threshold, b, h,
+                                                       row, col) else ZERO
+                                pd = p * z
+                                dp = dp * z
                             ds = p * (dp - D_i[r]) * g          # Alg.2 l.14, times d score / d s
                             for k in range(d):
-                                dv_t[k] += p * dOi[r, k]     # Alg.2 l.12: dVj += Pij^T dOi
+                                dv_t[k] += pd * dOi[r, k]    # Alg.2 l.12: dVj += Pij^T dOi
                                 dk_t[k] += ds * Qi[r, k]     # Alg.2 l.16: dKj += dSij^T Qi
                     for k in range(d):
                         dk_j[k] += dk_t[k]
@@ -162,7 +178,8 @@ def make_backward_dkdv_v1(Br, Bc, d, causal, acc_dtype, variant=PLAIN):
 @functools.lru_cache(maxsize=None)
 def make_backward_dq_v1(Br, Bc, d, causal, acc_dtype, variant=PLAIN):
     """v1 dQ kernel (Alg.2 l.15 as its own pass, so that no two blocks write one dQ row);
-    ``variant`` (kernels/variants.py) adds masks and score modifiers.
+    ``variant`` (kernels/variants.py) adds masks, score modifiers and dropout (dP times
+    keep_scale where kept, 0 where dropped, as in the dK/dV kernel).
 
     Launch: grid (Tr, B * Hq) with Tr = ceil(Sq / Br), block (Br,): thread r owns query row
     i*Br + r, walks the K/V tiles as forward v2 does and accumulates its row of dQi in
@@ -175,13 +192,16 @@ def make_backward_dq_v1(Br, Bc, d, causal, acc_dtype, variant=PLAIN):
     NEG_INF = acc(-math.inf)
     QI_COLS = d + 1                     # shared array shapes must be plain constants
     visible, score = make_variant_functions(variant, causal, acc_dtype)
+    kept, _ = make_dropout(variant)
     WINDOW = variant.window
     TILE_TABLE = variant.tile_table
+    DROPOUT = variant.dropout
     kv_tile_range = make_kv_tile_range(Br, Bc, causal, WINDOW)
 
     @cuda.jit(**jit_options())
     def backward_dq_v1(Q, K, V, dO, L, D, dQ, softmax_scale, causal_offset, window_lo, Hq,
-                       group, softcap, slopes, attn_mask, tiles):
+                       group, softcap, slopes, attn_mask, tiles, seed_lo, seed_hi,
+                       keep_threshold, keep_scale):
         bh = cuda.blockIdx.y            # b * Hq + h: the query head
         b = bh // Hq
         h = bh % Hq
@@ -237,6 +257,10 @@ def make_backward_dq_v1(Br, Bc, d, causal, acc_dtype, variant=PLAIN):
                         s, g = score(s * softmax_scale, b, h, row, col, Sq, Sk, softcap,
                                      slopes, attn_mask)
                         p = math.exp(s - L_row)             # Alg.2 l.11
+                        if DROPOUT:     # dP = dO . v z, z = keep_scale or 0 (as in dK/dV)
+                            z = keep_scale if kept(seed_lo, seed_hi, keep_threshold, b, h, row,
+                                                   col) else ZERO
+                            dp = dp * z
                         ds = p * (dp - D_row) * g           # Alg.2 l.14, times d score / d s
                         for k in range(d):
                             dq_t[k] += ds * Kj[c, k]     # Alg.2 l.15: dQi += dSij Kj

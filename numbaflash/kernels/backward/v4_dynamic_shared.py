@@ -22,8 +22,10 @@ a fixed order, so GQA/MQA dK and dV are summed without atomics and stay determin
 the dQ kernel reads its query head's K/V head. Windows narrow the tile ranges
 (bands.py), the table of visible tiles skips the tiles a boolean attn_mask or a
 mask_mod leaves empty, and visible() / score() (dS times d score / d s) run per entry
-for windows, masks and score modifiers. Plain attention (with or without the causal
-mask) compiles all of it away.
+for windows, masks and score modifiers. Dropout regenerates the forward's keep mask per
+entry (variants.make_dropout): Pij holds the dropped probabilities for dV, and dP is
+dropped before dS. Plain attention (with or without the causal mask) compiles all of it
+away.
 
 The default on the simulator for plain float32 and float16 attention with d <= 128, and
 on a GPU where v6 cannot run (an input holds NaN or inf, or no v6 tile fits). With the
@@ -43,7 +45,7 @@ from ..bands import make_kv_tile_range, make_q_tile_range
 from ..plan import (DYNAMIC_LIMIT_WHY, DYNAMIC_SHARED_MEM_LIMIT, check_thread_tiles,
                     device_dynamic_shared_limit)
 from ..smem import U
-from ..variants import PLAIN, make_variant_functions
+from ..variants import PLAIN, make_dropout, make_variant_functions
 from .v3_register_blocked import (BWD_V3_MAX_ACC_REGS, BWD_V3_SIM_TILES, backward_v3_acc_regs,
                                   plan_register_blocked, v3_thread_grid)
 
@@ -118,7 +120,8 @@ def make_backward_dkdv_v4(Br, Bc, TM, TN, d, causal, acc_dtype, variant=PLAIN):
     ``dkdv_v4_shared_layout``; ``dkdv_v4_shared_bytes``):
 
         kernel[grid, block, 0, nbytes](Q, K, V, dO, L, D, dK, dV, softmax_scale, causal_offset,
-                                       window_lo, Hq, group, softcap, slopes, attn_mask, tiles)
+                                       window_lo, Hq, group, softcap, slopes, attn_mask, tiles,
+                                       seed_lo, seed_hi, keep_threshold, keep_scale)
 
     Above 48 KB the compiled kernel must first be allowed that much (kernels/smem.py;
     numbaflash/launcher.py does it). Measured: the module docstring (v4).
@@ -132,7 +135,10 @@ def make_backward_dkdv_v4(Br, Bc, TM, TN, d, causal, acc_dtype, variant=PLAIN):
     ``visible()`` and ``score()`` (P = exp(s - L) with the modified score s, dS times its
     derivative g); where a tile is not wholly visible, a masked entry's P is stored as
     HIDDEN (-1, a value no exp gives), so that dKj and dVj skip it without reading its
-    rows of Q and dO. Plain attention compiles all of that away.
+    rows of Q and dO. Dropout (``DROPOUT``): z = keep_scale where the forward kept the
+    entry (``kept``, asked again), 0 where it dropped it; Pij holds p z (what dVj sums) and
+    dS = p (dP z - D) (times g), so a dropped entry is 0 in Pij, not HIDDEN: it is
+    visible and its row of Q still enters dKj. Plain attention compiles all of that away.
     """
     acc = acc_type(acc_dtype)
     ZERO = acc(0)
@@ -159,12 +165,15 @@ def make_backward_dkdv_v4(Br, Bc, TM, TN, d, causal, acc_dtype, variant=PLAIN):
     MASKS = variant.mask == "bool" or variant.mask_mod is not None
     TILE_TABLE = variant.tile_table
     PER_ELEMENT = WINDOW or SCORES or MASKS     # entries need visible() and score()
+    DROPOUT = variant.dropout           # entries need kept() (variants.make_dropout)
+    kept, _ = make_dropout(variant)
     HIDDEN = acc(-1)                    # P of a masked entry where the tile is tested
     q_tile_range = make_q_tile_range(Br, Bc, causal, WINDOW)
 
     @cuda.jit(**jit_options())
     def backward_dkdv_v4(Q, K, V, dO, L, D, dK, dV, softmax_scale, causal_offset, window_lo,
-                         Hq, group, softcap, slopes, attn_mask, tiles):
+                         Hq, group, softcap, slopes, attn_mask, tiles, seed_lo, seed_hi,
+                         keep_threshold, keep_scale):
         bh_kv = cuda.blockIdx.y         # batch * Hkv + h_kv: the K/V head
         batch = bh_kv // (Hq // group)
         h_kv = bh_kv % (Hq // group)
@@ -287,7 +296,8 @@ def make_backward_dkdv_v4(Br, Bc, TM, TN, d, causal, acc_dtype, variant=PLAIN):
                 # Alg.2 l.11 and l.14: Pij = exp(Sij - L_i), dSij = Pij * (dPij - D_i); masked
                 # pairs get exactly 0 without an exp (and without reading their S or dP).
                 # With a variant: visible() and score(), P from the modified score, dS
-                # times its derivative g (variants.py).
+                # times its derivative g (variants.py); with dropout Pij holds p z and dS
+                # takes dP z (z = keep_scale or 0: the forward's keep mask).
                 for a in range(TM):
                     r = ty + TY * a
                     row = i * Br + r
@@ -307,7 +317,13 @@ def make_backward_dkdv_v4(Br, Bc, TM, TN, d, causal, acc_dtype, variant=PLAIN):
                                 x, g = score(s[a, b] * softmax_scale, batch, h, row, col, Sq,
                                              Sk, softcap, slopes, attn_mask)
                                 p = math.exp2(x * LOG2E_ACC - L_r)
-                                ds = p * g * (dp[a, b] - D_r)
+                                if DROPOUT:
+                                    z = keep_scale if kept(seed_lo, seed_hi, keep_threshold,
+                                                           batch, h, row, col) else ZERO
+                                    ds = p * g * (dp[a, b] * z - D_r)
+                                    p = p * z
+                                else:
+                                    ds = p * g * (dp[a, b] - D_r)
                             elif not interior:
                                 p = HIDDEN      # masked: never reads Q or dO (below)
                         else:
@@ -315,7 +331,13 @@ def make_backward_dkdv_v4(Br, Bc, TM, TN, d, causal, acc_dtype, variant=PLAIN):
                                        and (not causal or col <= row + causal_offset))
                             if visible:
                                 p = math.exp2(s[a, b] * scale_log2 - L_r)
-                                ds = p * (dp[a, b] - D_r)
+                                if DROPOUT:
+                                    z = keep_scale if kept(seed_lo, seed_hi, keep_threshold,
+                                                           batch, h, row, col) else ZERO
+                                    ds = p * (dp[a, b] * z - D_r)
+                                    p = p * z
+                                else:
+                                    ds = p * (dp[a, b] - D_r)
                         Pij[U(r * BcP + c)] = p
                         dSij[U(r * BcP + c)] = ds
                 # Wait until Pij and dSij are complete.
@@ -414,7 +436,8 @@ def make_backward_dq_v4(Br, Bc, TM, TN, d, causal, acc_dtype, variant=PLAIN):
     (``PER_ELEMENT``) each entry goes through ``visible()`` and ``score()`` (dS times g).
     dSij has no value to spare for a marker (any dS is possible), so where a tile is not
     wholly visible dQi += dSij Kj asks ``visible()`` again per (row, key): a masked key
-    is never read for that row.
+    is never read for that row. Dropout: dS = p (dP z - D) (times g), z = keep_scale where
+    the forward kept the entry, 0 where it dropped it (as in the dK/dV kernel).
     """
     acc = acc_type(acc_dtype)
     ZERO = acc(0)
@@ -436,11 +459,14 @@ def make_backward_dq_v4(Br, Bc, TM, TN, d, causal, acc_dtype, variant=PLAIN):
     MASKS = variant.mask == "bool" or variant.mask_mod is not None
     TILE_TABLE = variant.tile_table
     PER_ELEMENT = WINDOW or SCORES or MASKS     # entries need visible() and score()
+    DROPOUT = variant.dropout           # entries need kept() (variants.make_dropout)
+    kept, _ = make_dropout(variant)
     kv_tile_range = make_kv_tile_range(Br, Bc, causal, WINDOW)
 
     @cuda.jit(**jit_options())
     def backward_dq_v4(Q, K, V, dO, L, D, dQ, softmax_scale, causal_offset, window_lo, Hq,
-                       group, softcap, slopes, attn_mask, tiles):
+                       group, softcap, slopes, attn_mask, tiles, seed_lo, seed_hi,
+                       keep_threshold, keep_scale):
         bh = cuda.blockIdx.y            # batch * Hq + h: the query head
         batch = bh // Hq
         h = bh % Hq
@@ -546,7 +572,8 @@ def make_backward_dq_v4(Br, Bc, TM, TN, d, causal, acc_dtype, variant=PLAIN):
                 k += 1
             # Alg.2 l.11 and l.14: Pij and dSij; masked pairs and rows that see no key
             # (L = -inf) get dS = 0 without an exp. With a variant: visible() and score(),
-            # P from the modified score, dS times its derivative g (variants.py).
+            # P from the modified score, dS times its derivative g (variants.py); with
+            # dropout dP times z (keep_scale where kept, 0 where dropped).
             for a in range(TM):
                 r = ty + TY * a
                 row = i * Br + r
@@ -561,13 +588,23 @@ def make_backward_dq_v4(Br, Bc, TM, TN, d, causal, acc_dtype, variant=PLAIN):
                             x, g = score(s[a, b] * softmax_scale, batch, h, row, col, Sq, Sk,
                                          softcap, slopes, attn_mask)
                             p = math.exp2(x * LOG2E_ACC - L_a[a])
-                            ds = p * g * (dp[a, b] - D_a[a])
+                            if DROPOUT:
+                                z = keep_scale if kept(seed_lo, seed_hi, keep_threshold, batch,
+                                                       h, row, col) else ZERO
+                                ds = p * g * (dp[a, b] * z - D_a[a])
+                            else:
+                                ds = p * g * (dp[a, b] - D_a[a])
                     else:
                         visible = (L_a[a] != NEG_INF and col < Sk
                                    and (not causal or col <= row + causal_offset))
                         if visible:
                             p = math.exp2(s[a, b] * scale_log2 - L_a[a])
-                            ds = p * (dp[a, b] - D_a[a])
+                            if DROPOUT:
+                                z = keep_scale if kept(seed_lo, seed_hi, keep_threshold, batch,
+                                                       h, row, col) else ZERO
+                                ds = p * (dp[a, b] * z - D_a[a])
+                            else:
+                                ds = p * (dp[a, b] - D_a[a])
                     dSij[U(r * BcP + c)] = ds
             # Wait until dSij is complete.
             cuda.syncthreads()

@@ -25,8 +25,10 @@ copying K/V (the dK/dV kernel runs one block per K/V tile and K/V head and sums 
 group's query heads in a fixed order, no atomics), softcap, ALiBi, boolean and additive
 attn_mask, score_mod with score_mod_grad, and mask_mod; a mask that depends on data
 skips the tiles its table marks empty (both kernels then take one pair of tiles, the
-table's). Each variant step is a compile-time switch (``_variant_flags``): plain
-attention compiles none of them and computes the same bits as before they existed.
+table's), and dropout (the forward's keep mask asked again per entry of a fragment:
+make_backward_dkdv_v6 says how). Each variant step is a compile-time switch
+(``_variant_flags``, ``variant.dropout``): plain attention compiles none of them and
+computes the same bits as before they existed.
 
 The default on a GPU for plain float32 and float16 attention with d <= 128 and finite
 inputs. Deterministic: the gradients are the same bits with any of its tiles, with or
@@ -48,7 +50,7 @@ from .. import LOG2E, acc_type, jit_options
 from ..bands import make_kv_tile_range, make_q_tile_range
 from ..plan import TILE_TABLE_REASON, Plans, device_dynamic_shared_limit, variant_description
 from ..smem import U
-from ..variants import PLAIN, make_variant_functions
+from ..variants import PLAIN, make_dropout, make_variant_functions
 from .v5_tensor_cores import (backward_tensor_core_refusal, bwd_v5_target, bwd_v5_tiles_within,
                               check_backward_v5_tiles, default_backward_v5_tiles,
                               dkdv_v5_shared_bytes, dkdv_v5_shared_layout, dq_v5_shared_bytes,
@@ -258,6 +260,14 @@ def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False,
     skipped (the same test for every thread of the block, so the barriers stay matched).
     Plain attention compiles none of it and computes the same bits as before.
 
+    Dropout (``variant.dropout``): z = keep_scale where the forward kept (query row, key)
+    (variants.make_dropout's ``kept``, asked again), 0 where it dropped it; dP^T is
+    multiplied by z before dS^T = P^T (dP^T - D), and P^T by z after (dVj sums the dropped
+    probabilities). In this kernel's S^T fragments a thread holds keys g and g + 8 of its
+    warp's 16 and query rows 2t and 2t + 1 of each n-tile: no two of its entries share a
+    query row and a block of four keys (one Philox counter), so each entry takes its own
+    call (``kept``; the dQ kernel's fragments hold pairs of adjacent keys: ``kept_pair``).
+
     Launch: grid (ceil(Sk / Bc), B * Hkv), block (2 * Bc,), END * 4 bytes of dynamic
     shared memory (``dkdv_v5_shared_layout(Br, Bc, d, pairs)``). ``gqa`` (Hkv < Hq): the
     block walks the Q tiles of each query head of its K/V head's group in turn, in a
@@ -289,12 +299,15 @@ def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False,
     flags = _variant_flags(variant)
     WINDOW, TILE_TABLE = flags.window, flags.tile_table
     PLAIN_ENTRY = not (flags.scores or flags.by_element)
+    DROPOUT = variant.dropout
+    kept, _ = make_dropout(variant)
     GQA = gqa
     q_tile_range = make_q_tile_range(Br, Bc, causal, WINDOW)
 
     @cuda.jit(**jit_options())
     def backward_dkdv_v6(Q, K, V, dO, L, D, dK, dV, softmax_scale, causal_offset, window_lo,
-                         Hq, group, softcap, slopes, attn_mask, tiles):
+                         Hq, group, softcap, slopes, attn_mask, tiles, seed_lo, seed_hi,
+                         keep_threshold, keep_scale):
         bh_kv = cuda.blockIdx.y         # b * Hkv + h_kv: the K/V head
         b = bh_kv // (Hq // group)
         h_kv = bh_kv % (Hq // group)
@@ -394,6 +407,13 @@ def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False,
                         row = i * Br + r
                         col = key0 + 8 * (x // 2)
                         y = nt * 4 + x
+                        if DROPOUT:
+                            # the forward's keep mask (one Philox call per entry: see the
+                            # docstring); dP^T times z = keep_scale or 0, in dp alone
+                            z = keep_scale if kept(seed_lo, seed_hi, keep_threshold, b, h,
+                                                   row, col) else ZERO
+                            dp[y] = (dp[y] + dpe[y]) * z
+                            dpe[y] = ZERO
                         if PLAIN_ENTRY:
                             seen = row < Sq and col < Sk and (not causal
                                                              or col <= row + causal_offset)
@@ -405,6 +425,8 @@ def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False,
                                           h, row, col, Sq, Sk, scale_log2, softmax_scale,
                                           causal_offset, window_lo, softcap, slopes,
                                           attn_mask)
+                        if DROPOUT:
+                            p = p * z           # dVj sums the dropped probabilities
                         pb[y], ps[y] = split_finite(p)
                         gb[y], gs[y] = split_finite(ds)
                 # dVj += P^T dOi, dKj += dS^T Qi
@@ -465,9 +487,9 @@ def make_backward_dq_v6(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False,
     """v6 dQ kernel: v5's with v6's changes (see make_backward_dkdv_v6; finite
     inputs); ``chunk``: the keys of Kj a step takes; ``pairs``: Kj and Vj split
     once as staged (as make_backward_dkdv_v6's Qi and dOi); ``gqa``, ``variant``: as
-    there. Launch: grid (ceil(Sq / Br), B * Hq), block (2 * Br,), END * 4 bytes
-    (``dq_v5_shared_layout(Br, Bc, d, pairs)``); with ``gqa`` query head h reads K/V head
-    h // group of its batch."""
+    there (dropout: dP times keep_scale or 0 before dS = P (dP - D)). Launch: grid
+    (ceil(Sq / Br), B * Hq), block (2 * Br,), END * 4 bytes (``dq_v5_shared_layout(Br,
+    Bc, d, pairs)``); with ``gqa`` query head h reads K/V head h // group of its batch."""
     helpers = _make_v6_helpers(d)
     split_finite, stage, a_fragment = helpers.split_finite, helpers.stage, helpers.a_fragment
     mma3, load_split = helpers.mma3, helpers.load_split
@@ -490,12 +512,15 @@ def make_backward_dq_v6(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False,
     flags = _variant_flags(variant)
     WINDOW, TILE_TABLE = flags.window, flags.tile_table
     PLAIN_ENTRY = not (flags.scores or flags.by_element)
+    DROPOUT = variant.dropout
+    _, kept_pair = make_dropout(variant)
     GQA = gqa
     kv_tile_range = make_kv_tile_range(Br, Bc, causal, WINDOW)
 
     @cuda.jit(**jit_options())
     def backward_dq_v6(Q, K, V, dO, L, D, dQ, softmax_scale, causal_offset, window_lo, Hq,
-                       group, softcap, slopes, attn_mask, tiles):
+                       group, softcap, slopes, attn_mask, tiles, seed_lo, seed_hi,
+                       keep_threshold, keep_scale):
         bh = cuda.blockIdx.y            # b * Hq + h: the query head
         b = bh // Hq
         h = bh % Hq
@@ -576,6 +601,20 @@ def make_backward_dq_v6(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False,
                             dp[nt * 4], dp[nt * 4 + 1], dp[nt * 4 + 2], dp[nt * 4 + 3],
                             dpe[nt * 4], dpe[nt * 4 + 1], dpe[nt * 4 + 2], dpe[nt * 4 + 3])
                 for nt in range(NT):
+                    if DROPOUT:
+                        # dP times z = keep_scale or 0, the forward's keep mask: a thread
+                        # holds keys 2t and 2t + 1 (the first even) of rows g and g + 8,
+                        # so one Philox call per row serves both keys (kept_pair)
+                        col = j * Bc + c_0 + nt * 8 + 2 * t
+                        for half in range(2):
+                            keep0, keep1 = kept_pair(seed_lo, seed_hi, keep_threshold, b, h,
+                                                     row0 + 8 * half, col)
+                            y = nt * 4 + 2 * half       # x = 2 half (key col), + 1 (col + 1)
+                            dp[y] = (dp[y] + dpe[y]) * (keep_scale if keep0 else ZERO)
+                            dpe[y] = ZERO
+                            dp[y + 1] = (dp[y + 1] + dpe[y + 1]) * (keep_scale if keep1
+                                                                    else ZERO)
+                            dpe[y + 1] = ZERO
                     for x in range(4):
                         half = x // 2
                         row = row0 + 8 * half

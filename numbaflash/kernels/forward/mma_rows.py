@@ -8,7 +8,9 @@ write-out of O and L (Alg.1 l.12-13). On the simulator through kernels/simulated
 
 Variants (kernels/variants.py) enter here, in the mask and the scale of softmax_step and
 in the visibility of add_nonfinite_values: the factory takes the compile-time ``variant``
-and the steps take its run-time arguments. With ``PLAIN`` they compile to the plain steps.
+and the steps take its run-time arguments. Dropout is a step of its own, ``drop``,
+between softmax_step and the product with V, and the ``keep_scale`` of write_rows. With
+``PLAIN`` they compile to the plain steps.
 """
 
 import functools
@@ -19,12 +21,12 @@ from numba import cuda
 
 from .. import acc_type
 from ..smem import U
-from ..variants import PLAIN, make_variant_functions
+from ..variants import PLAIN, make_dropout, make_variant_functions
 from ..warp import FULL_WARP, quad_max, quad_sum
 
 # What make_mma_row_steps returns: inlined device functions, by name.
 MmaRowSteps = namedtuple("MmaRowSteps", "finite whole_tile add_nonfinite_scores softmax_step "
-                         "add_nonfinite_values write_rows")
+                         "drop add_nonfinite_values write_rows")
 
 
 @functools.lru_cache(maxsize=None)
@@ -48,17 +50,24 @@ def make_mma_row_steps(d, causal, chunk, o_tiles, variant=PLAIN):
     skip. Rows past Sq are masked whenever the variant reads per-entry data (attn_mask,
     the user's functions), which has no entry for them.
 
-    Returns a MmaRowSteps (finite, whole_tile, add_nonfinite_scores, softmax_step,
+    Dropout (``variant.dropout``): ``drop`` zeroes the dropped entries of P~ after
+    softmax_step has added them to the row sums, one Philox call (``kept_pair``) per row
+    and n-tile, on every tile (whole ones too); write_rows multiplies O by keep_scale.
+
+    Returns a MmaRowSteps (finite, whole_tile, add_nonfinite_scores, softmax_step, drop,
     add_nonfinite_values, write_rows); each says what it does. The non-finite fix-ups are
     described in make_forward_v6."""
     acc = acc_type("float32")
     ZERO = acc(0)
+    ONE = acc(1)
     NEG_INF = acc(-math.inf)
     F32_MAX = acc(3.4028234663852886e38)
     LOG2E = acc(1.4426950408889634)
     NT = chunk // 8
     S_FRAGS = NT * 4
     visible, score = make_variant_functions(variant, causal, "float32")
+    _, kept_pair = make_dropout(variant)
+    DROPOUT = variant.dropout
     # Compile-time: does every visible entry need score()? Does the mask depend on data
     # (then every tile needs the per-entry visible(), and rows past Sq see nothing)?
     SCORES = (variant.softcap or variant.alibi or variant.mask == "bias"
@@ -181,6 +190,24 @@ def make_mma_row_steps(d, causal, chunk, o_tiles, variant=PLAIN):
         return alpha0, alpha1, mn0, mn1, alpha0 * l0 + lt0, alpha1 * l1 + lt1
 
     @cuda.jit(device=True, inline=True)
+    def drop(s, col0, row0, t, b, h, seed_lo, seed_hi, keep_threshold):
+        """Dropout, after softmax_step (whose row sums hold every P~: L is the undropped
+        softmax's): P~ = 0 where the entry is dropped, so that P~ Vj leaves it out. The
+        lane's pair of keys (2t, 2t + 1) of each n-tile lies in one block of four, one
+        Philox call per row (kept_pair). Nothing without ``variant.dropout``."""
+        if DROPOUT:
+            for nt in range(NT):
+                col = col0 + nt * 8 + 2 * t
+                for x in range(2):      # row0 (s[nt * 4], [+ 1]) and row0 + 8 ([+ 2], [+ 3])
+                    y = nt * 4 + 2 * x
+                    keep0, keep1 = kept_pair(seed_lo, seed_hi, keep_threshold, b, h,
+                                             row0 + 8 * x, col)
+                    if not keep0:
+                        s[y] = ZERO
+                    if not keep1:
+                        s[y + 1] = ZERO
+
+    @cuda.jit(device=True, inline=True)
     def add_nonfinite_values(o, s, V, bh_kv, col0, row0, row1, g, t, b, h, Sq, Sk,
                              causal_offset, window_lo, attn_mask):
         """Rare: a non-finite v of the chunk (keys from col0, K/V head bh_kv) was staged
@@ -218,23 +245,33 @@ def make_mma_row_steps(d, causal, chunk, o_tiles, variant=PLAIN):
             kk += 1
 
     @cuda.jit(device=True, inline=True)
-    def write_rows(O, L, o, bh, row0, row1, t, m0, m1, l0, l1, Sq):
-        """Alg.1 l.12-16: the quad's row sums, normalise once, write O and L (as v3)."""
+    def write_rows(O, L, o, bh, row0, row1, t, m0, m1, l0, l1, Sq, keep_scale=ONE):
+        """Alg.1 l.12-16: the quad's row sums, normalise once, write O and L (as v3).
+        With dropout O = o / l * keep_scale (1 / (1 - p)); without it keep_scale is never
+        read (v3 passes none)."""
         l0 = quad_sum(l0)
         l1 = quad_sum(l1)
         for nd in range(o_tiles):
             for h in range(2):
                 col = nd * 8 + 2 * t + h
                 if col < d:
-                    if row0 < Sq:
-                        O[bh, row0, col] = ZERO if l0 == ZERO else o[nd * 4 + h] / l0
-                    if row1 < Sq:
-                        O[bh, row1, col] = ZERO if l1 == ZERO else o[nd * 4 + 2 + h] / l1
+                    if DROPOUT:
+                        if row0 < Sq:
+                            O[bh, row0, col] = (ZERO if l0 == ZERO
+                                                else o[nd * 4 + h] / l0 * keep_scale)
+                        if row1 < Sq:
+                            O[bh, row1, col] = (ZERO if l1 == ZERO
+                                                else o[nd * 4 + 2 + h] / l1 * keep_scale)
+                    else:
+                        if row0 < Sq:
+                            O[bh, row0, col] = ZERO if l0 == ZERO else o[nd * 4 + h] / l0
+                        if row1 < Sq:
+                            O[bh, row1, col] = ZERO if l1 == ZERO else o[nd * 4 + 2 + h] / l1
         if t == 0:
             if row0 < Sq:
                 L[bh, row0] = NEG_INF if l0 == ZERO else m0 + math.log(l0)
             if row1 < Sq:
                 L[bh, row1] = NEG_INF if l1 == ZERO else m1 + math.log(l1)
 
-    return MmaRowSteps(finite, whole_tile, add_nonfinite_scores, softmax_step,
+    return MmaRowSteps(finite, whole_tile, add_nonfinite_scores, softmax_step, drop,
                        add_nonfinite_values, write_rows)

@@ -10,7 +10,8 @@ Cost: every thread re-reads all of K and V from HBM (Sq times in all), and every
 pays a rescale exp(m_old - m_new). H200, (2, 16, 4096, 64), float32: 5.3 TFLOP/s against
 SDPA EFFICIENT's 34.4 (lab/runs/2026-11-30/05_gpu_check.txt).
 
-Runs on the GPU and the simulator; takes every variant (kernels/variants.py).
+Runs on the GPU and the simulator; takes every variant (kernels/variants.py), and
+dropout: the key's P~ counts in l, and multiplies its V only if ``kept``.
 """
 
 import functools
@@ -20,22 +21,25 @@ from numba import cuda
 
 from .. import acc_type, jit_options
 from ..plan import Plan, variant_description
-from ..variants import PLAIN, make_variant_functions
+from ..variants import PLAIN, make_dropout, make_variant_functions
 
 
 @functools.lru_cache(maxsize=None)
 def make_forward_v1(d, causal, acc_dtype, variant=PLAIN):
     """v1 kernel for head dim ``d``. Launch: grid (ceil(Sq / threads), B * Hq), block
-    (threads,). ``variant`` (kernels/variants.py) adds masks and score modifiers."""
+    (threads,). ``variant`` (kernels/variants.py) adds masks, score modifiers and
+    dropout."""
     acc = acc_type(acc_dtype)
     ZERO = acc(0)
     NEG_INF = acc(-math.inf)
     visible, score = make_variant_functions(variant, causal, acc_dtype)
+    kept, _ = make_dropout(variant)
     WINDOW = variant.window
+    DROPOUT = variant.dropout
 
     @cuda.jit(**jit_options())
     def forward_v1(Q, K, V, O, L, softmax_scale, causal_offset, window_lo, Hq, group, softcap,
-                   slopes, attn_mask, tiles):
+                   slopes, attn_mask, tiles, seed_lo, seed_hi, keep_threshold, keep_scale):
         bh = cuda.blockIdx.y            # b * Hq + h: the query head
         row = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         Sq = Q.shape[1]
@@ -85,21 +89,33 @@ def make_forward_v1(d, causal, acc_dtype, variant=PLAIN):
             t = l_i + y
             l_err = (t - l_i) - y
             l_i = t
+            # Dropout: l has the key's p (L is the undropped softmax's); V gets it only if
+            # the key is kept (a dropped key adds 0 * v: NaN for a non-finite v, as in the
+            # reference)
+            p_v = p
+            if DROPOUT and not kept(seed_lo, seed_hi, keep_threshold, b, h, row, col):
+                p_v = ZERO
             for k in range(d):
-                o_i[k] = o_i[k] * alpha + p * acc(V[bh_kv, col, k])
+                o_i[k] = o_i[k] * alpha + p_v * acc(V[bh_kv, col, k])
             m_i = m_new
 
-        write_row(O, L, bh, row, o_i, m_i, l_i, d, ZERO, NEG_INF)
+        if DROPOUT:
+            write_row(O, L, bh, row, o_i, m_i, l_i, d, ZERO, NEG_INF, keep_scale)
+        else:
+            write_row(O, L, bh, row, o_i, m_i, l_i, d, ZERO, NEG_INF)
 
     return forward_v1
 
 
 @cuda.jit(device=True)
-def write_row(O, L, bh, row, o_i, m_i, l_i, d, ZERO, NEG_INF):
+def write_row(O, L, bh, row, o_i, m_i, l_i, d, ZERO, NEG_INF, keep_scale=None):
     """Normalise once and write one row: O = o / l, L = m + log(l) (Alg.1 l.12-13).
 
     l == 0 means the row saw no key (fully masked): O = 0 exactly and L = -inf. A NaN l
-    is not 0, so NaN propagates to O and L instead of being repaired.
+    is not 0, so NaN propagates to O and L instead of being repaired. With dropout the
+    caller passes ``keep_scale`` = 1 / (1 - p): O = o / l * keep_scale. Without it the
+    argument is omitted and the branch is gone at compile time (Numba prunes ``is None``
+    on an omitted argument): the plain kernels do not multiply.
     """
     if l_i == ZERO:
         for k in range(d):
@@ -107,7 +123,10 @@ def write_row(O, L, bh, row, o_i, m_i, l_i, d, ZERO, NEG_INF):
         L[bh, row] = NEG_INF
     else:
         for k in range(d):
-            O[bh, row, k] = o_i[k] / l_i
+            if keep_scale is None:
+                O[bh, row, k] = o_i[k] / l_i
+            else:
+                O[bh, row, k] = o_i[k] / l_i * keep_scale
         L[bh, row] = m_i + math.log(l_i)
 
 

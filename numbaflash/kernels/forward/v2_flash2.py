@@ -12,8 +12,9 @@ What it buys: K and V come from HBM once per Q tile instead of once per row (Br 
 less traffic). H200, (2, 16, 4096, 64), float32: 8.3 TFLOP/s, 1.6x v1
 (lab/runs/2026-11-30/05_gpu_check.txt).
 
-Runs on the GPU and the simulator; takes every variant, and is the default for variants,
-float64 and d > 128 (numbaflash/policy.py).
+Runs on the GPU and the simulator; takes every variant and dropout (a dropped key's P~
+counts in l but not in P~ij Vj), and is the default for variants, float64 and d > 128
+(numbaflash/policy.py).
 """
 
 import functools
@@ -27,14 +28,14 @@ from ..bands import make_kv_tile_range
 from ..plan import (
     MAX_THREADS, SHARED_MEM_LIMIT, TILE_TABLE_REASON, Plan, parse_tiles, variant_description
 )
-from ..variants import PLAIN, make_variant_functions
+from ..variants import PLAIN, make_dropout, make_variant_functions
 from .v1_plain import write_row
 
 
 @functools.lru_cache(maxsize=None)
 def make_forward_v2(Br, Bc, d, causal, acc_dtype, variant=PLAIN):
     """v2 (FlashAttention-2, Algorithm 1) kernel; ``variant`` (kernels/variants.py) adds
-    masks and score modifiers.
+    masks, score modifiers and dropout.
 
     Launch: grid (Tr, B * Hq) with Tr = ceil(Sq / Br), block (Br,): thread r owns row i*Br + r.
     Shared memory: Kj (Bc, d) and Vj (Bc, d) in the accumulator dtype. The Q tile lives in
@@ -48,13 +49,15 @@ def make_forward_v2(Br, Bc, d, causal, acc_dtype, variant=PLAIN):
     ZERO = acc(0)
     NEG_INF = acc(-math.inf)
     visible, score = make_variant_functions(variant, causal, acc_dtype)
+    kept, _ = make_dropout(variant)
     WINDOW = variant.window
+    DROPOUT = variant.dropout
     TILE_TABLE = variant.tile_table
     kv_tile_range = make_kv_tile_range(Br, Bc, causal, WINDOW)
 
     @cuda.jit(**jit_options())
     def forward_v2(Q, K, V, O, L, softmax_scale, causal_offset, window_lo, Hq, group, softcap,
-                   slopes, attn_mask, tiles):
+                   slopes, attn_mask, tiles, seed_lo, seed_hi, keep_threshold, keep_scale):
         bh = cuda.blockIdx.y            # b * Hq + h: the query head
         b = bh // Hq
         h = bh % Hq
@@ -122,6 +125,12 @@ def make_forward_v2(Br, Bc, d, causal, acc_dtype, variant=PLAIN):
                     if s_i[c] != NEG_INF:               # masked keys are never read (NaN-safe)
                         p = math.exp(s_i[c] - m_safe)
                         l_tile += p
+                        # Dropout: l has every p (L is the undropped softmax's), V only
+                        # the kept ones (a dropped key adds 0 * v: NaN for a non-finite v,
+                        # as in the reference)
+                        if DROPOUT and not kept(seed_lo, seed_hi, keep_threshold, b, h, row,
+                                                j * Bc + c):
+                            p = ZERO
                         for k in range(d):
                             o_i[k] += p * Vj[c, k]      # Alg.1 l.10: ... + P~ij Vj
                 # Alg.1 l.9: l_i = alpha l_i + rowsum(P~ij). Summing the tile first and then
@@ -130,8 +139,11 @@ def make_forward_v2(Br, Bc, d, causal, acc_dtype, variant=PLAIN):
                 l_i = alpha * l_i + l_tile
                 m_i = m_new
 
-        if active:
-            write_row(O, L, bh, row, o_i, m_i, l_i, d, ZERO, NEG_INF)   # Alg.1 l.12-16
+        if active:                                                      # Alg.1 l.12-16
+            if DROPOUT:
+                write_row(O, L, bh, row, o_i, m_i, l_i, d, ZERO, NEG_INF, keep_scale)
+            else:
+                write_row(O, L, bh, row, o_i, m_i, l_i, d, ZERO, NEG_INF)
 
     return forward_v2
 

@@ -18,8 +18,10 @@ Variants (kernels/variants.py), as forward v2 takes them: GQA/MQA (query head h 
 K/V head h // group, nothing copied), the window's left bound as a narrower K/V tile
 range (bands.py), the table of visible tiles for a boolean attn_mask or a mask_mod
 (empty tiles skipped whole), and visible() / score() per entry for windows, masks and
-score modifiers. All of it is compiled in only when asked for: plain attention (with or
-without the causal mask) compiles to the plain kernel, bitwise the same results.
+score modifiers. Dropout: a dropped entry's P~ij counts in the row sum l but is stored
+as 0 in Pij, so P~ij Vj leaves it out. All of it is compiled in only when asked for: plain
+attention (with or without the causal mask) compiles to the plain kernel, bitwise the
+same results.
 
 Runs on the GPU and the simulator: the default on the simulator for plain float32 and
 float16 attention with d <= 128, where the tensor-core versions cannot run, and on a GPU
@@ -40,7 +42,7 @@ from ..plan import (
     here
 )
 from ..smem import U
-from ..variants import PLAIN, make_variant_functions
+from ..variants import PLAIN, make_dropout, make_variant_functions
 from .v4_register_blocked import V4_MAX_O_REGS, V4_SIM_TILES, plan_blocked, v4_head_dim_padded
 
 # What v5_shared_layout returns, by name.
@@ -79,7 +81,8 @@ def make_forward_v5(Br, Bc, TM, TN, d, causal, acc_dtype, variant=PLAIN):
     bytes is the fourth item of the launch configuration (the third is the stream):
 
         kernel[grid, block, 0, nbytes](Q, K, V, O, L, softmax_scale, causal_offset,
-                                       window_lo, Hq, group, softcap, slopes, attn_mask, tiles)
+                                       window_lo, Hq, group, softcap, slopes, attn_mask, tiles,
+                                       seed_lo, seed_hi, keep_threshold, keep_scale)
 
     Up to 48 KB that is all; above it, the compiled kernel must first be allowed more
     (kernels/smem.py, ``allow_dynamic_shared_memory``, which numbaflash/launcher.py's
@@ -106,9 +109,11 @@ def make_forward_v5(Br, Bc, TM, TN, d, causal, acc_dtype, variant=PLAIN):
     window, masks or a score modifier (``PER_ELEMENT``) each entry of the thread's block
     of Sij goes through ``visible()`` and ``score()``, and in the tiles that are not
     wholly visible a masked entry's P~ij is stored as HIDDEN (-1, a value no exp gives),
-    so that P~ij Vj skips it without reading its row of V. Without them (plain
-    attention, with or without the causal mask and GQA) those steps compile away and the
-    kernel is the plain one.
+    so that P~ij Vj skips it without reading its row of V. Dropout (``kept``, one Philox
+    call per visible entry) stores a dropped entry's P~ij as 0 after adding it to l, and
+    O is multiplied by keep_scale at the end. Without them (plain attention, with or
+    without the causal mask and GQA) those steps compile away and the kernel is the
+    plain one.
     """
     acc = acc_type(acc_dtype)
     ZERO = acc(0)
@@ -133,7 +138,9 @@ def make_forward_v5(Br, Bc, TM, TN, d, causal, acc_dtype, variant=PLAIN):
     # The variant (compile-time): which steps exist. A plain kernel compiles all of them away.
     # variants.py's visible() is named "sees" here: the plain path keeps its local "visible".
     sees, score = make_variant_functions(variant, causal, acc_dtype)
+    kept, _ = make_dropout(variant)
     WINDOW = variant.window
+    DROPOUT = variant.dropout
     SCORES = (variant.softcap or variant.alibi or variant.mask == "bias"
               or variant.score_mod is not None)
     MASKS = variant.mask == "bool" or variant.mask_mod is not None
@@ -144,7 +151,7 @@ def make_forward_v5(Br, Bc, TM, TN, d, causal, acc_dtype, variant=PLAIN):
 
     @cuda.jit(**jit_options())
     def forward_v5(Q, K, V, O, L, softmax_scale, causal_offset, window_lo, Hq, group, softcap,
-                   slopes, attn_mask, tiles):
+                   slopes, attn_mask, tiles, seed_lo, seed_hi, keep_threshold, keep_scale):
         bh = cuda.blockIdx.y            # batch * Hq + h: the query head
         batch = bh // Hq
         h = bh % Hq
@@ -284,6 +291,20 @@ def make_forward_v5(Br, Bc, TM, TN, d, causal, acc_dtype, variant=PLAIN):
                 m_i[a] = m_new
                 for e in range(DN):
                     o[a, e] *= alpha            # Alg.1 l.10: diag(alpha) O_i ...
+            if DROPOUT:
+                # Dropout: this thread's entries of Pij that are dropped become 0, so that
+                # P~ij Vj leaves them out (0 * v); l above counted them. A loop of its own,
+                # on shared memory only: with the Philox rounds inside the loop above, it
+                # was not unrolled and s and o went to local memory (ptxas: 320 bytes of
+                # stack). Skipped: HIDDEN entries (< 0) and 0 (masked or underflowed).
+                for a in range(TM):
+                    r = ty + TY * a
+                    for b in range(TN):
+                        at = U(r * BcP + tx + TX * b)
+                        if not Pij[at] <= ZERO and not kept(
+                                seed_lo, seed_hi, keep_threshold, batch, h, i * Br + r,
+                                j * Bc + tx + TX * b):
+                            Pij[at] = ZERO
             # Wait until Pij is complete.
             cuda.syncthreads()
 
@@ -347,7 +368,11 @@ def make_forward_v5(Br, Bc, TM, TN, d, causal, acc_dtype, variant=PLAIN):
                 for e in range(DN):
                     k = tx + TX * e
                     if k < d:
-                        O[bh, row, k] = ZERO if l_row == ZERO else o[a, e] / l_row
+                        if DROPOUT:             # O = o / l * keep_scale, 1 / (1 - p)
+                            O[bh, row, k] = (ZERO if l_row == ZERO
+                                             else o[a, e] / l_row * keep_scale)
+                        else:
+                            O[bh, row, k] = ZERO if l_row == ZERO else o[a, e] / l_row
                 if tx == 0:
                     L[bh, row] = NEG_INF if l_row == ZERO else m_i[a] + math.log(l_row)
 

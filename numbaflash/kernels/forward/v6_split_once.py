@@ -18,9 +18,9 @@ the K/V tile loaded while no warp of the block computes
 
 Inline PTX and warp shuffles on a GPU; on the simulator kernels/simulated.py's stand-ins
 (the default there stays v5). Float32 accumulation, d <= 128; takes every variant
-(kernels/variants.py: the mask and score steps are mma_rows.py's, K/V staged from the
-query head's K/V head for GQA, band and tile-table skips); opt-in (version="v6"), its
-descendants v7, v8 and v9 being the GPU defaults.
+(kernels/variants.py: the mask, score and dropout steps are mma_rows.py's, K/V staged
+from the query head's K/V head for GQA, band and tile-table skips); opt-in
+(version="v6"), its descendants v7, v8 and v9 being the GPU defaults.
 """
 
 import functools
@@ -92,8 +92,10 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None, varia
     bound) and skips a tile the table marks empty (``tiles``, with a data mask: before
     its barriers, the same in every thread of the block); ``whole_tile`` is false on a
     window's edge tiles and on every tile of a data mask. What a variant costs per entry
-    is make_mma_row_steps's. With ``PLAIN`` (group 1, no window) the results are the
-    plain kernel's, bit for bit, and the chunk loop the same.
+    is make_mma_row_steps's. Dropout (the last four run-time arguments) is its ``drop``
+    step between the softmax and P~ Vj, on every tile, and the keep_scale of write_rows.
+    With ``PLAIN`` (group 1, no window) the results are the plain kernel's, bit for bit,
+    and the chunk loop the same.
 
     ``gqa`` (compile-time): query heads share K/V heads (group > 1, kernel() passes
     p.group > 1). Without it the kernel reads K/V head bh and ignores ``group``: the plain
@@ -125,6 +127,7 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None, varia
     rows = make_mma_row_steps(d, causal, CHUNK, KS, variant)
     add_nonfinite_scores, softmax_step = rows.add_nonfinite_scores, rows.softmax_step
     add_nonfinite_values, write_rows = rows.add_nonfinite_values, rows.write_rows
+    drop = rows.drop
     whole_tile_seen = rows.whole_tile
     steps = make_v6_tile_steps(Br, Bc, d, CHUNK)
     load_q, stage_kv, scores, values = steps.load_q, steps.stage_kv, steps.scores, steps.values
@@ -135,7 +138,7 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None, varia
 
     @cuda.jit(**options)
     def forward_v6(Q, K, V, O, L, softmax_scale, causal_offset, window_lo, Hq, group, softcap,
-                   slopes, attn_mask, tiles):
+                   slopes, attn_mask, tiles, seed_lo, seed_hi, keep_threshold, keep_scale):
         bh = cuda.blockIdx.y                    # b * Hq + h: the query head
         b = bh // Hq
         h = bh % Hq
@@ -211,13 +214,15 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None, varia
                 alpha0, alpha1, m0, m1, l0, l1 = softmax_step(
                     s, softmax_scale, whole_tile, j * Bc + key0, row0, t, b, h, Sq, Sk,
                     causal_offset, window_lo, softcap, slopes, attn_mask, m0, m1, l0, l1)
+                # Dropout: P~ = 0 where dropped (l above has every P~)
+                drop(s, j * Bc + key0, row0, t, b, h, seed_lo, seed_hi, keep_threshold)
                 values(o, s, pb, ps, VP, key0, g, t, alpha0, alpha1)         # Alg.1 l.10
                 if fix_values:          # rare: a non-finite v was staged as 0
                     add_nonfinite_values(o, s, V, bh_kv, j * Bc + key0, row0, row1, g, t, b, h,
                                          Sq, Sk, causal_offset, window_lo, attn_mask)
 
         # Alg.1 l.12-16: the quad's row sums, normalise once, write O and L (as v3).
-        write_rows(O, L, o, bh, row0, row1, t, m0, m1, l0, l1, Sq)
+        write_rows(O, L, o, bh, row0, row1, t, m0, m1, l0, l1, Sq, keep_scale)
 
     return forward_v6
 

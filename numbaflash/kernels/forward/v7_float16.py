@@ -145,6 +145,7 @@ def make_forward_v7(Br, Bc, d, causal, chunk=V7_CHUNK, variant=PLAIN,
     finite, add_nonfinite_scores = rows.finite, rows.add_nonfinite_scores
     softmax_step, add_nonfinite_values = rows.softmax_step, rows.add_nonfinite_values
     write_rows, whole_tile_seen = rows.write_rows, rows.whole_tile
+    drop = rows.drop
 
     @cuda.jit(device=True, inline=True)
     def q_value(Q, bh, r, k, Sq, bad):
@@ -158,7 +159,7 @@ def make_forward_v7(Br, Bc, d, causal, chunk=V7_CHUNK, variant=PLAIN,
 
     @cuda.jit(**jit_options())
     def forward_v7(Q, K, V, O, L, softmax_scale, causal_offset, window_lo, Hq, group, softcap,
-                   slopes, attn_mask, tiles):
+                   slopes, attn_mask, tiles, seed_lo, seed_hi, keep_threshold, keep_scale):
         bh = cuda.blockIdx.y                    # b * Hq + h: the query head
         b = bh // Hq
         h = bh % Hq
@@ -279,6 +280,8 @@ def make_forward_v7(Br, Bc, d, causal, chunk=V7_CHUNK, variant=PLAIN,
                 alpha0, alpha1, m0, m1, l0, l1 = softmax_step(
                     s, softmax_scale, whole_tile, j * Bc + key0, row0, t, b, h, Sq, Sk,
                     causal_offset, window_lo, softcap, slopes, attn_mask, m0, m1, l0, l1)
+                # Dropout: P~ = 0 where dropped (l above has every P~)
+                drop(s, j * Bc + key0, row0, t, b, h, seed_lo, seed_hi, keep_threshold)
                 # Alg.1 l.10: O = diag(alpha) O + P~ Vj. P~ rounded to float16, two S
                 # n-tiles (16 keys) to one A fragment: a0, a1 rows g and g + 8 of the
                 # first, a2, a3 of the second.
@@ -305,7 +308,7 @@ def make_forward_v7(Br, Bc, d, causal, chunk=V7_CHUNK, variant=PLAIN,
                                          Sq, Sk, causal_offset, window_lo, attn_mask)
 
         # Alg.1 l.12-16: the quad's row sums, normalise once, write O and L (as v6).
-        write_rows(O, L, o, bh, row0, row1, t, m0, m1, l0, l1, Sq)
+        write_rows(O, L, o, bh, row0, row1, t, m0, m1, l0, l1, Sq, keep_scale)
 
     return forward_v7
 

@@ -71,7 +71,9 @@ def make_forward_v8(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None, varia
     Registers at d = 64, (128, 64) tiles (CUDA 13.5's ptxas for sm_90, not yet timed on a
     GPU): plain 179, causal 244, no spills (as before variants); a bias 246; causal with
     window, softcap, ALiBi and a bool mask 255 and 88 bytes of spill stores; causal GQA
-    255 and 132.
+    255 and 132; dropout (make_mma_row_steps' ``drop``) alone 240, no spills, with
+    causal 255 and 64 bytes of spill stores, and with window, softcap, ALiBi, a bool mask
+    and GQA as without dropout (255, 12 bytes).
     """
     acc = acc_type("float32")
     ZERO = acc(0)
@@ -93,6 +95,7 @@ def make_forward_v8(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None, varia
     rows = make_mma_row_steps(d, causal, CHUNK, KS, variant)
     add_nonfinite_scores, softmax_step = rows.add_nonfinite_scores, rows.softmax_step
     add_nonfinite_values, write_rows = rows.add_nonfinite_values, rows.write_rows
+    drop = rows.drop
     whole_tile_seen = rows.whole_tile
     steps = make_v6_tile_steps(Br, Bc, d, CHUNK)
     load_q, stage_kv, scores, values = steps.load_q, steps.stage_kv, steps.scores, steps.values
@@ -114,7 +117,7 @@ def make_forward_v8(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None, varia
 
     @cuda.jit(**options)
     def forward_v8(Q, K, V, O, L, softmax_scale, causal_offset, window_lo, Hq, group, softcap,
-                   slopes, attn_mask, tiles):
+                   slopes, attn_mask, tiles, seed_lo, seed_hi, keep_threshold, keep_scale):
         bh = cuda.blockIdx.y                    # b * Hq + h: the query head
         b = bh // Hq
         h = bh % Hq
@@ -190,12 +193,14 @@ def make_forward_v8(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None, varia
                 alpha0, alpha1, m0, m1, l0, l1 = softmax_step(              # Alg.1 l.9
                     s, softmax_scale, whole_tile, j * Bc + key0, row0, t, b, h, Sq, Sk,
                     causal_offset, window_lo, softcap, slopes, attn_mask, m0, m1, l0, l1)
+                # Dropout: P~ = 0 where dropped (l above has every P~)
+                drop(s, j * Bc + key0, row0, t, b, h, seed_lo, seed_hi, keep_threshold)
                 values(o, s, pb, ps, VP, key0, g, t, alpha0, alpha1)         # Alg.1 l.10
                 if fix_values:
                     add_nonfinite_values(o, s, V, bh_kv, j * Bc + key0, row0, row1, g, t, b, h,
                                          Sq, Sk, causal_offset, window_lo, attn_mask)
 
-        write_rows(O, L, o, bh, row0, row1, t, m0, m1, l0, l1, Sq)
+        write_rows(O, L, o, bh, row0, row1, t, m0, m1, l0, l1, Sq, keep_scale)
 
     return forward_v8
 

@@ -130,6 +130,7 @@ def make_forward_v9(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None, varia
     rows = make_mma_row_steps(d, causal, CHUNK, KS, variant)
     add_nonfinite_scores, softmax_step = rows.add_nonfinite_scores, rows.softmax_step
     add_nonfinite_values, write_rows = rows.add_nonfinite_values, rows.write_rows
+    drop = rows.drop
     whole_tile_seen = rows.whole_tile
     steps = make_v6_tile_steps(Br, Bc, d, CHUNK)
     load_q, scores, values = steps.load_q, steps.scores, steps.values
@@ -217,7 +218,7 @@ def make_forward_v9(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None, varia
 
     @cuda.jit(**options)
     def forward_v9(Q, K, V, O, L, softmax_scale, causal_offset, window_lo, Hq, group, softcap,
-                   slopes, attn_mask, tiles):
+                   slopes, attn_mask, tiles, seed_lo, seed_hi, keep_threshold, keep_scale):
         bh = cuda.blockIdx.y                    # b * Hq + h: the query head
         b = bh // Hq
         h = bh % Hq
@@ -303,12 +304,14 @@ def make_forward_v9(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None, varia
                 alpha0, alpha1, m0, m1, l0, l1 = softmax_step(              # Alg.1 l.9
                     s, softmax_scale, whole_tile, j * Bc + key0, row0, t, b, h, Sq, Sk,
                     causal_offset, window_lo, softcap, slopes, attn_mask, m0, m1, l0, l1)
+                # Dropout: P~ = 0 where dropped (l above has every P~)
+                drop(s, j * Bc + key0, row0, t, b, h, seed_lo, seed_hi, keep_threshold)
                 values(o, s, pb, ps, VP, key0, g, t, alpha0, alpha1)         # Alg.1 l.10
                 if fix_values:
                     add_nonfinite_values(o, s, V, bh_kv, j * Bc + key0, row0, row1, g, t, b, h,
                                          Sq, Sk, causal_offset, window_lo, attn_mask)
 
-        write_rows(O, L, o, bh, row0, row1, t, m0, m1, l0, l1, Sq)
+        write_rows(O, L, o, bh, row0, row1, t, m0, m1, l0, l1, Sq, keep_scale)
 
     return forward_v9
 
