@@ -31,6 +31,17 @@ def _number(x):
     return f"{x:.2f}" if x >= 0.01 else f"{x:.1e}"
 
 
+def aligned_rows(head, rows, numeric):
+    """The lines of a text table: ``head``, a rule, ``rows``; the columns whose index is in
+    ``numeric`` right-aligned, the others left-aligned."""
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+
+    def line(cells):
+        return "  ".join(str(c).rjust(w) if i in numeric else str(c).ljust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+    return [line(head), line("-" * w for w in widths)] + [line(row) for row in rows]
+
+
 def format_table(records):
     """The records as a text table, one line each; notes (why something did not run)
     are numbered under it."""
@@ -53,13 +64,7 @@ def format_table(records):
             "-" if r["max_err"] is None else f"{r['max_err']:.2e}",
             "-" if r["bound"] is None else f"{r['bound']:.2e}",
             status, r["kernel"] or "-"))
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
-    numeric = {5, 6, 7, 8, 9, 10}
-
-    def line(cells):
-        return "  ".join(str(c).rjust(w) if i in numeric else str(c).ljust(w)
-                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
-    out = [line(head), line("-" * w for w in widths)] + [line(row) for row in rows]
+    out = aligned_rows(head, rows, numeric={5, 6, 7, 8, 9, 10})
     out += [f"[{i}] {n}" for i, n in enumerate(notes, 1)]
     if any(r["timer"] and r["timer"].startswith("simulator") for r in records):
         out.append(f"NOTE: {SIMULATOR_WARNING}.")

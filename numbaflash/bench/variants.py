@@ -38,6 +38,7 @@ from .agreement import MULT, _agreement, _lse_agreement
 from .cases import REFERENCE_DENSE_MATRICES, host_bytes_available
 from .library import backend, explain, explain_backward, reference
 from .pytorch import _torch_cuda
+from .report import aligned_rows
 from .runner import _api, _Progress, _worst
 from .timing import SIMULATOR_WARNING, _timer_name, time_ms
 
@@ -576,13 +577,7 @@ def format_variant_table(records):
             {True: "yes", False: "NO", None: "-"}[r["met"]],
             "-" if r["max_err"] is None else f"{r['max_err']:.2e}",
             "-" if r["bound"] is None else f"{r['bound']:.2e}", status))
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
-    numeric = {5, 7, 8, 11, 12}
-
-    def line(cells):
-        return "  ".join(str(c).rjust(w) if i in numeric else str(c).ljust(w)
-                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
-    out = [line(head), line("-" * w for w in widths)] + [line(row) for row in rows]
+    out = aligned_rows(head, rows, numeric={5, 7, 8, 11, 12})
     out += [f"[{i}] {n}" for i, n in enumerate(notes, 1)]
     if any(r["timer"] and r["timer"].startswith("simulator") for r in records):
         out.append(f"NOTE: {SIMULATOR_WARNING}.")
