@@ -1,6 +1,7 @@
 """Dropout on a GPU: agreement with the dense reference, bitwise reruns, and its cost.
 
-    python scripts/dropout_gpu.py [--repeats 10] [--reruns 50]
+    python scripts/dropout_gpu.py [--repeats 10] [--reruns 50] [--parts cost,agreement,reruns]
+                                  [--sizes 64,128] [--dtypes float32,float16] [--no-register-cap]
 
 1. Agreement: the default path's forward and backward with dropout (float32 and float16,
    causal and not, GQA) against ``numbaflash.reference`` in float64 given
@@ -9,7 +10,12 @@
 2. Reruns: the backward with dropout ``--reruns`` times; every run bitwise the first.
 3. Cost: forward and forward + backward with dropout_p = 0.1 against the same call
    without dropout, at (2, 16, 4096, 64) and (2, 16, 4096, 128), float32 and float16,
-   one process, CUDA events (median). Prints "ratio" = with / without.
+   one process, CUDA events (median). Prints "ratio" = with / without, and the backward's
+   own time (fwd+bwd minus forward) with and without.
+
+``--no-register-cap`` turns off the register cap of backward v6's dK/dV kernel with
+dropout (kernels/backward/v6_split_pairs.py, DKDV_DROPOUT_MAX_REGISTERS) before any kernel
+is compiled, so that two processes time the kernel with and without it.
 
 Every line is printed as it comes (flush), so a run cut short keeps what it measured.
 """
@@ -80,14 +86,15 @@ def reruns(n):
     return same + 1 != n
 
 
-def cost(repeats):
-    for d in (64, 128):
-        for dtype in (np.float32, np.float16):
+def cost(repeats, sizes, dtypes):
+    for d in sizes:
+        for dtype in dtypes:
             rng = np.random.default_rng(0)
             q, k, v, dout = (cuda.to_device(
                 rng.standard_normal((2, 16, 4096, d)).astype(dtype)) for _ in range(4))
+            both = {}
             for what in ("forward", "fwd+bwd"):
-                ms = {}
+                ms = both[what] = {}
                 for name, opts in (("plain", {}), ("dropout 0.1",
                                                    dict(dropout_p=0.1, dropout_seed=5))):
                     def call(opts=opts):
@@ -99,6 +106,10 @@ def cost(repeats):
                 print(f"cost (2, 16, 4096, {d}) {np.dtype(dtype).name} {what}: plain "
                       f"{ms['plain']:.3f} ms, dropout {ms['dropout 0.1']:.3f} ms, ratio "
                       f"{ms['dropout 0.1'] / ms['plain']:.3f}", flush=True)
+            bwd = {name: both["fwd+bwd"][name] - both["forward"][name] for name in both["forward"]}
+            print(f"cost (2, 16, 4096, {d}) {np.dtype(dtype).name} backward alone: plain "
+                  f"{bwd['plain']:.3f} ms, dropout {bwd['dropout 0.1']:.3f} ms, ratio "
+                  f"{bwd['dropout 0.1'] / bwd['plain']:.3f}", flush=True)
 
 
 def main(argv=None):
@@ -106,14 +117,22 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--reruns", type=int, default=50)
     ap.add_argument("--parts", default="cost,agreement,reruns")
+    ap.add_argument("--sizes", default="64,128", help="head dims of the cost part")
+    ap.add_argument("--dtypes", default="float32,float16", help="dtypes of the cost part")
+    ap.add_argument("--no-register-cap", action="store_true")
     args = ap.parse_args(argv)
     parts = args.parts.split(",")
-    print(f"numbaflash dropout on {numbaflash.backend()}, {time.strftime('%Y-%m-%d %H:%M')}",
-          flush=True)
+    if args.no_register_cap:
+        from numbaflash.kernels.backward import v6_split_pairs
+        v6_split_pairs.DKDV_DROPOUT_MAX_REGISTERS = None
+    cap = "off" if args.no_register_cap else "on"
+    print(f"numbaflash dropout on {numbaflash.backend()}, {time.strftime('%Y-%m-%d %H:%M')}, "
+          f"dK/dV register cap {cap}", flush=True)
     failed = 0
     for part in parts:
         if part == "cost":
-            cost(args.repeats)
+            cost(args.repeats, [int(x) for x in args.sizes.split(",")],
+                 [np.dtype(x).type for x in args.dtypes.split(",")])
         elif part == "agreement":
             failed += agreement()
         elif part == "reruns":

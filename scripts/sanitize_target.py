@@ -4,12 +4,13 @@
     compute-sanitizer --tool racecheck python scripts/sanitize_target.py --variants
 
 ``--backward V`` runs only backward version V (after forward v2); ``--forward V`` only
-forward version V. ``--variants`` runs the kernels that support attention variants instead (every version
-whose module says VARIANTS, and the tile-table kernel) with windows, GQA, ALiBi, softcap,
-masks and a mask_mod, on ragged shapes, in float32 and float16 (a version that refuses a
-dtype says why and is not run); with ``--forward V``, ``--backward V`` (after forward v2)
-or ``--dtype T`` it runs only those, so that one process per kernel can run in parallel
-(lab/sweeps/variants_fast_path_gpu.sh).
+forward version V. ``--variants`` runs the kernels that support attention variants
+instead (every version whose module says VARIANTS, and the tile-table kernel) with
+windows, GQA, ALiBi, softcap, masks, a mask_mod and dropout, on ragged shapes, in float32
+and float16 (a version that refuses a dtype says why and is not run); with ``--forward
+V``, ``--backward V`` (after forward v2) or ``--dtype T`` it runs only those, so that one
+process per kernel can run in parallel (lab/sweeps/variants_fast_path_gpu.sh), and with
+``--cases TEXT`` only the cases whose name contains TEXT (e.g. ``--cases dropout``).
 
 ``--forward V`` also runs forward V once on inputs with a NaN in q and k and an inf in v,
 so that the paths that handle non-finite inputs (forward v6's fix-ups) are checked too.
@@ -56,6 +57,10 @@ def variant_cases(rng):
          dict(attn_mask=mask, alibi_slopes=np.array([0.1, 0.3], np.float32))),
         ("float bias", (1, 2, 2, 45, 70, 16),
          dict(attn_mask=rng.standard_normal((45, 70)).astype(np.float32))),
+        ("dropout + causal + GQA", (2, 4, 2, 77, 130, 64),
+         dict(causal=True, dropout_p=0.2, dropout_seed=11)),
+        ("dropout + window + softcap", (1, 2, 2, 100, 100, 64),
+         dict(window_size=(20, 3), softcap=4.0, dropout_p=0.3, dropout_seed=2**40 + 7)),
     ]
 
 
@@ -70,8 +75,13 @@ def main_variants():
     dtypes = (np.float32, np.float16)
     if "--dtype" in sys.argv[1:]:
         dtypes = (np.dtype(sys.argv[sys.argv.index("--dtype") + 1]).type,)
+    only = None
+    if "--cases" in sys.argv[1:]:           # --cases TEXT: the cases whose name contains it
+        only = sys.argv[sys.argv.index("--cases") + 1]
     rng = np.random.default_rng(1)
     for name, (B, Hq, Hkv, Sq, Sk, d), opts in variant_cases(rng):
+        if only is not None and only not in name:
+            continue
         for dtype in dtypes:
             q = cuda.to_device(rng.standard_normal((B, Hq, Sq, d)).astype(dtype))
             k, v = (cuda.to_device(rng.standard_normal((B, Hkv, Sk, d)).astype(dtype))

@@ -36,8 +36,13 @@ def simulating():
     return bool(config.ENABLE_CUDASIM)
 
 
-def jit_options():
-    """Options for every @cuda.jit kernel of numbaflash (none at the moment).
+def jit_options(max_registers=None):
+    """Options for a @cuda.jit kernel of numbaflash: none by default.
+
+    ``max_registers`` caps the registers a thread may use (ptxas's -maxrregcount, given
+    when the kernel is linked): a kernel whose register count would cost it a block per
+    SM asks for it (backward v6's dK/dV kernel with dropout). On the simulator, which has
+    no registers and rejects the option, it is left out.
 
     ``lineinfo=True`` would let compute-sanitizer and profilers name source lines, but
     with numba-cuda 0.30.4 and NVVM from CUDA 13.0 and 13.5 it made the v2 forward's PTX
@@ -45,7 +50,9 @@ def jit_options():
     the H200 on 2026-11-30; tests/ptx_check.py checks for it). The simulator rejects it
     anyway. Options the simulator rejects must only be added when not ``simulating()``.
     """
-    return {}
+    if max_registers is None or simulating():
+        return {}
+    return {"max_registers": max_registers}
 
 
 def acc_type(acc_dtype):

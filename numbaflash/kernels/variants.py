@@ -37,9 +37,23 @@ Dropout (``Variant.dropout``) is the third device function, ``make_dropout``'s:
         Does entry (b, h, row, col) survive dropout? Philox-4x32-10 of the counter
         (col // 4, row, h, b) (kernels/philox.py; numbaflash/dropout.py gives the scheme):
         nothing is stored, the backward asks the same question and gets the same answer.
-    kept_pair(seed_lo, seed_hi, threshold, b, h, row, col) -> (bool, bool)
-        The same for col and col + 1 with col even (one Philox call: both lie in one
-        block of four), for the tensor-core fragments, which hold pairs of columns.
+    kept_rows(seed_lo, seed_hi, threshold, b, h, row0, col, t) -> 4 x bool
+        For the tensor-core kernels' row fragments (forward v6 to v9, backward v6's dQ):
+        a lane holds keys col and col + 1 (col = 8-aligned base + 2 t) of rows row0 and
+        row0 + 8. Lanes t and t ^ 1 need the same two blocks of four, (row0, col // 4)
+        and (row0 + 8, col // 4); each lane computes one of them and the pair swaps the
+        two words the other needs (a warp shuffle): one Philox call per lane where each
+        lane asking for its own two would make two.
+    kept_keys(seed_lo, seed_hi, threshold, b, h, row, key, g) -> 4 x bool
+        For backward v6's transposed dK/dV fragments: a lane holds rows row and row + 1
+        (queries) of keys key and key + 8 (key = 16-aligned base + g). The four lanes
+        g & 3 = 0..3 of the same t need the same four blocks, (row or row + 1, key // 4 or
+        key // 4 + 2), and one word of each; each computes one block and the four swap
+        them (four shuffles): one Philox call per lane instead of four.
+
+    Both are warp collectives (every lane of the warp calls them together, as the mma
+    instructions around them require anyway) and give the bits ``kept`` gives, entry
+    for entry: the mask does not depend on which lane computes it.
 
 Where it enters: the forward sums the row's undropped probabilities (L is the undropped
 softmax's logsumexp) and multiplies V by P~ only where kept; O is then scaled by
@@ -62,12 +76,14 @@ broadcasting works here: nothing is expanded on the host.
 import functools
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numba
 from numba import cuda
 
 from . import acc_type
 from .philox import dropout_keep, philox4x32
+from .warp import FULL_WARP
 
 MASK_KINDS = (None, "bool", "bias")
 
@@ -212,9 +228,28 @@ def make_variant_functions(variant, causal, acc_dtype):
 
 
 @functools.lru_cache(maxsize=None)
+class DropoutTests(NamedTuple):
+    """``make_dropout``'s device functions (module docstring)."""
+    kept: object
+    kept_rows: object
+    kept_keys: object
+
+
+@cuda.jit(device=True, inline=True)
+def _keep_bits(seed_lo, seed_hi, threshold, b, h, row, block):
+    """The keep bits of block ``block`` (keys 4 block to 4 block + 3) of ``row``: bit w
+    is set iff word w of Philox((block, row, h, b), (seed_lo, seed_hi)) < threshold."""
+    r0, r1, r2, r3 = philox4x32(block, row, h, b, seed_lo, seed_hi)
+    th = numba.uint32(threshold)
+    return ((numba.int32(1) if r0 < th else numba.int32(0))
+            | (numba.int32(2) if r1 < th else numba.int32(0))
+            | (numba.int32(4) if r2 < th else numba.int32(0))
+            | (numba.int32(8) if r3 < th else numba.int32(0)))
+
+
 def make_dropout(variant):
-    """``(kept, kept_pair)`` device functions for ``variant`` (module docstring); both are
-    the constant True without ``variant.dropout``."""
+    """A DropoutTests of device functions for ``variant`` (module docstring); each gives
+    the constant True (every entry kept) without ``variant.dropout``."""
     DROPOUT = variant.dropout
 
     @cuda.jit(device=True, inline=True)
@@ -224,17 +259,40 @@ def make_dropout(variant):
         return True
 
     @cuda.jit(device=True, inline=True)
-    def kept_pair(seed_lo, seed_hi, threshold, b, h, row, col):
+    def kept_rows(seed_lo, seed_hi, threshold, b, h, row0, col, t):
         if DROPOUT:
-            c = numba.uint32(col)
-            r0, r1, r2, r3 = philox4x32(c >> numba.uint32(2), row, h, b, seed_lo, seed_hi)
-            t = numba.uint32(threshold)
-            if c & numba.uint32(2):
-                return r2 < t, r3 < t
-            return r0 < t, r1 < t
-        return True, True
+            # this lane computes the block of row row0 + 8 (t & 1); the keys it holds are
+            # words 2 (t & 1) and 2 (t & 1) + 1 of each row's block
+            odd = t & 1
+            bits = _keep_bits(seed_lo, seed_hi, threshold, b, h, row0 + 8 * odd,
+                              numba.uint32(col) >> numba.uint32(2))
+            lane = cuda.laneid
+            top = cuda.shfl_sync(FULL_WARP, bits, lane & ~1)        # row0's block
+            bottom = cuda.shfl_sync(FULL_WARP, bits, lane | 1)      # row0 + 8's
+            top >>= 2 * odd
+            bottom >>= 2 * odd
+            return (top & 1) != 0, (top & 2) != 0, (bottom & 1) != 0, (bottom & 2) != 0
+        return True, True, True, True
 
-    return kept, kept_pair
+    @cuda.jit(device=True, inline=True)
+    def kept_keys(seed_lo, seed_hi, threshold, b, h, row, key, g):
+        if DROPOUT:
+            # lane m = g & 3 of the four computes block m: row row + (m & 1), keys of
+            # key - m + 8 (m >> 1); entry x of every lane (row + x % 2, key + 8 (x // 2))
+            # is word m of block x, computed by the lane whose g & 3 is x
+            m = g & 3
+            bits = _keep_bits(seed_lo, seed_hi, threshold, b, h, row + (m & 1),
+                              numba.uint32(key - m + 8 * (m >> 1)) >> numba.uint32(2))
+            base = cuda.laneid & ~12                    # the lane of this t with g & 3 = 0
+            k0 = cuda.shfl_sync(FULL_WARP, bits, base)
+            k1 = cuda.shfl_sync(FULL_WARP, bits, base | 4)
+            k2 = cuda.shfl_sync(FULL_WARP, bits, base | 8)
+            k3 = cuda.shfl_sync(FULL_WARP, bits, base | 12)
+            return (((k0 >> m) & 1) != 0, ((k1 >> m) & 1) != 0, ((k2 >> m) & 1) != 0,
+                    ((k3 >> m) & 1) != 0)
+        return True, True, True, True
+
+    return DropoutTests(kept, kept_rows, kept_keys)
 
 
 TILE_TABLE_THREADS = 64                 # threads per block of the tile-table kernel

@@ -166,7 +166,7 @@ def make_backward_dkdv_v4(Br, Bc, TM, TN, d, causal, acc_dtype, variant=PLAIN):
     TILE_TABLE = variant.tile_table
     PER_ELEMENT = WINDOW or SCORES or MASKS     # entries need visible() and score()
     DROPOUT = variant.dropout           # entries need kept() (variants.make_dropout)
-    kept, _ = make_dropout(variant)
+    kept = make_dropout(variant).kept
     HIDDEN = acc(-1)                    # P of a masked entry where the tile is tested
     q_tile_range = make_q_tile_range(Br, Bc, causal, WINDOW)
 
@@ -460,7 +460,7 @@ def make_backward_dq_v4(Br, Bc, TM, TN, d, causal, acc_dtype, variant=PLAIN):
     TILE_TABLE = variant.tile_table
     PER_ELEMENT = WINDOW or SCORES or MASKS     # entries need visible() and score()
     DROPOUT = variant.dropout           # entries need kept() (variants.make_dropout)
-    kept, _ = make_dropout(variant)
+    kept = make_dropout(variant).kept
     kv_tile_range = make_kv_tile_range(Br, Bc, causal, WINDOW)
 
     @cuda.jit(**jit_options())

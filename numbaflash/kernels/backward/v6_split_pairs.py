@@ -70,6 +70,16 @@ V6_CHUNK = 16           # backward v6: streamed rows per step, by default
 # fastest of the three pairs tried (64_bwd_chunks_d64.txt).
 V6_CHUNKS = {"dkdv": V6_CHUNK, "dq": 32}
 
+# With dropout, ptxas gives the dK/dV kernel at d <= 64 all 255 registers (167 without,
+# tests/ptx_check.py's link report, sm_90), which leaves two of its blocks of 128 threads
+# on an SM instead of three; capped at 168 it keeps three, at the price of 8 to 24 bytes
+# of spill stores (float16 / float32, causal or not; at d = 128 the kernel without
+# dropout already takes 255: no cap). Only dropout alone is capped: a score modifier or
+# mask on top needs registers of its own.
+# None turns the cap off (scripts/dropout_gpu.py --no-register-cap times both).
+DKDV_DROPOUT_MAX_REGISTERS = 168
+DKDV_DROPOUT_CAP_MAX_HEAD_DIM = 64
+
 
 # What _make_v6_helpers and _streamed_tile_steps return: device functions, by name.
 V6Helpers = namedtuple("V6Helpers", "split_finite stage a_fragment mma3 load_split stage_pairs")
@@ -261,12 +271,15 @@ def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False,
     Plain attention compiles none of it and computes the same bits as before.
 
     Dropout (``variant.dropout``): z = keep_scale where the forward kept (query row, key)
-    (variants.make_dropout's ``kept``, asked again), 0 where it dropped it; dP^T is
-    multiplied by z before dS^T = P^T (dP^T - D), and P^T by z after (dVj sums the dropped
+    (the forward's keep mask, asked again), 0 where it dropped it; dP^T is multiplied by
+    z before dS^T = P^T (dP^T - D), and P^T by z after (dVj sums the dropped
     probabilities). In this kernel's S^T fragments a thread holds keys g and g + 8 of its
-    warp's 16 and query rows 2t and 2t + 1 of each n-tile: no two of its entries share a
-    query row and a block of four keys (one Philox counter), so each entry takes its own
-    call (``kept``; the dQ kernel's fragments hold pairs of adjacent keys: ``kept_pair``).
+    warp's 16 and query rows 2t and 2t + 1 of each n-tile: its four entries lie in four
+    different blocks of four keys (Philox counters), but the four lanes of the same t
+    whose g share g // 4 need the same four blocks. Each computes one and the four swap
+    them by shuffles (variants.make_dropout's ``kept_keys``): one Philox call per lane
+    and n-tile, where one per entry made four and took the kernel from 167 to 255
+    registers (ptxas, sm_90, d = 64).
 
     Launch: grid (ceil(Sk / Bc), B * Hkv), block (2 * Bc,), END * 4 bytes of dynamic
     shared memory (``dkdv_v5_shared_layout(Br, Bc, d, pairs)``). ``gqa`` (Hkv < Hq): the
@@ -300,11 +313,13 @@ def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False,
     WINDOW, TILE_TABLE = flags.window, flags.tile_table
     PLAIN_ENTRY = not (flags.scores or flags.by_element)
     DROPOUT = variant.dropout
-    kept, _ = make_dropout(variant)
+    kept_keys = make_dropout(variant).kept_keys
     GQA = gqa
     q_tile_range = make_q_tile_range(Br, Bc, causal, WINDOW)
+    capped = (DROPOUT and PLAIN_ENTRY and not WINDOW and not TILE_TABLE
+              and d <= DKDV_DROPOUT_CAP_MAX_HEAD_DIM)
 
-    @cuda.jit(**jit_options())
+    @cuda.jit(**jit_options(DKDV_DROPOUT_MAX_REGISTERS if capped else None))
     def backward_dkdv_v6(Q, K, V, dO, L, D, dK, dV, softmax_scale, causal_offset, window_lo,
                          Hq, group, softcap, slopes, attn_mask, tiles, seed_lo, seed_hi,
                          keep_threshold, keep_scale):
@@ -339,6 +354,7 @@ def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False,
         ps = cuda.local.array(S_FRAGS, acc)
         gb = cuda.local.array(S_FRAGS, acc)     # dS^T, split
         gs = cuda.local.array(S_FRAGS, acc)
+        zs = cuda.local.array(4, acc)           # dropout: keep_scale or 0 per entry
 
         stage(Kj, K, bh_kv, j * Bc, Sk, Bc, tid, THREADS)
         stage(Vj, V, bh_kv, j * Bc, Sk, Bc, tid, THREADS)
@@ -402,16 +418,23 @@ def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False,
                             dpe[nt * 4], dpe[nt * 4 + 1], dpe[nt * 4 + 2], dpe[nt * 4 + 3])
                 # P^T and dS^T on the visible pairs, split for the tensor cores
                 for nt in range(NT):
+                    if DROPOUT:
+                        # the forward's keep mask for the lane's four entries, one Philox
+                        # call per lane (kept_keys, a warp collective: see the docstring)
+                        k0, k1, k2, k3 = kept_keys(seed_lo, seed_hi, keep_threshold, b, h,
+                                                   i * Br + r0 + nt * 8 + 2 * t, key0, g)
+                        zs[0] = keep_scale if k0 else ZERO
+                        zs[1] = keep_scale if k1 else ZERO
+                        zs[2] = keep_scale if k2 else ZERO
+                        zs[3] = keep_scale if k3 else ZERO
                     for x in range(4):
                         r = r0 + nt * 8 + 2 * t + x % 2
                         row = i * Br + r
                         col = key0 + 8 * (x // 2)
                         y = nt * 4 + x
                         if DROPOUT:
-                            # the forward's keep mask (one Philox call per entry: see the
-                            # docstring); dP^T times z = keep_scale or 0, in dp alone
-                            z = keep_scale if kept(seed_lo, seed_hi, keep_threshold, b, h,
-                                                   row, col) else ZERO
+                            # dP^T times z = keep_scale or 0, in dp alone
+                            z = zs[x]
                             dp[y] = (dp[y] + dpe[y]) * z
                             dpe[y] = ZERO
                         if PLAIN_ENTRY:
@@ -513,7 +536,7 @@ def make_backward_dq_v6(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False,
     WINDOW, TILE_TABLE = flags.window, flags.tile_table
     PLAIN_ENTRY = not (flags.scores or flags.by_element)
     DROPOUT = variant.dropout
-    _, kept_pair = make_dropout(variant)
+    kept_rows = make_dropout(variant).kept_rows
     GQA = gqa
     kv_tile_range = make_kv_tile_range(Br, Bc, causal, WINDOW)
 
@@ -603,18 +626,14 @@ def make_backward_dq_v6(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False,
                 for nt in range(NT):
                     if DROPOUT:
                         # dP times z = keep_scale or 0, the forward's keep mask: a thread
-                        # holds keys 2t and 2t + 1 (the first even) of rows g and g + 8,
-                        # so one Philox call per row serves both keys (kept_pair)
-                        col = j * Bc + c_0 + nt * 8 + 2 * t
-                        for half in range(2):
-                            keep0, keep1 = kept_pair(seed_lo, seed_hi, keep_threshold, b, h,
-                                                     row0 + 8 * half, col)
-                            y = nt * 4 + 2 * half       # x = 2 half (key col), + 1 (col + 1)
-                            dp[y] = (dp[y] + dpe[y]) * (keep_scale if keep0 else ZERO)
+                        # holds keys 2t and 2t + 1 of rows g and g + 8, each pair of lanes
+                        # one Philox call each (kept_rows, a warp collective)
+                        keeps = kept_rows(seed_lo, seed_hi, keep_threshold, b, h, row0,
+                                          j * Bc + c_0 + nt * 8 + 2 * t, t)
+                        for x in range(4):              # y = nt * 4 + x, as below
+                            y = nt * 4 + x
+                            dp[y] = (dp[y] + dpe[y]) * (keep_scale if keeps[x] else ZERO)
                             dpe[y] = ZERO
-                            dp[y + 1] = (dp[y + 1] + dpe[y + 1]) * (keep_scale if keep1
-                                                                    else ZERO)
-                            dpe[y + 1] = ZERO
                     for x in range(4):
                         half = x // 2
                         row = row0 + 8 * half

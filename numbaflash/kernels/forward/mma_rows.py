@@ -51,8 +51,9 @@ def make_mma_row_steps(d, causal, chunk, o_tiles, variant=PLAIN):
     the user's functions), which has no entry for them.
 
     Dropout (``variant.dropout``): ``drop`` zeroes the dropped entries of P~ after
-    softmax_step has added them to the row sums, one Philox call (``kept_pair``) per row
-    and n-tile, on every tile (whole ones too); write_rows multiplies O by keep_scale.
+    softmax_step has added them to the row sums, one Philox call per lane and n-tile
+    (``kept_rows``, shared by the lanes of a pair), on every tile (whole ones too);
+    write_rows multiplies O by keep_scale.
 
     Returns a MmaRowSteps (finite, whole_tile, add_nonfinite_scores, softmax_step, drop,
     add_nonfinite_values, write_rows); each says what it does. The non-finite fix-ups are
@@ -66,7 +67,7 @@ def make_mma_row_steps(d, causal, chunk, o_tiles, variant=PLAIN):
     NT = chunk // 8
     S_FRAGS = NT * 4
     visible, score = make_variant_functions(variant, causal, "float32")
-    _, kept_pair = make_dropout(variant)
+    kept_rows = make_dropout(variant).kept_rows
     DROPOUT = variant.dropout
     # Compile-time: does every visible entry need score()? Does the mask depend on data
     # (then every tile needs the per-entry visible(), and rows past Sq see nothing)?
@@ -193,19 +194,22 @@ def make_mma_row_steps(d, causal, chunk, o_tiles, variant=PLAIN):
     def drop(s, col0, row0, t, b, h, seed_lo, seed_hi, keep_threshold):
         """Dropout, after softmax_step (whose row sums hold every P~: L is the undropped
         softmax's): P~ = 0 where the entry is dropped, so that P~ Vj leaves it out. The
-        lane's pair of keys (2t, 2t + 1) of each n-tile lies in one block of four, one
-        Philox call per row (kept_pair). Nothing without ``variant.dropout``."""
+        lane's keys 2t and 2t + 1 of each n-tile, in rows row0 and row0 + 8, lie in two
+        blocks of four that lane t ^ 1 needs too: one Philox call per lane and n-tile,
+        shared by a shuffle (kept_rows, a warp collective). Nothing without
+        ``variant.dropout``."""
         if DROPOUT:
             for nt in range(NT):
-                col = col0 + nt * 8 + 2 * t
-                for x in range(2):      # row0 (s[nt * 4], [+ 1]) and row0 + 8 ([+ 2], [+ 3])
-                    y = nt * 4 + 2 * x
-                    keep0, keep1 = kept_pair(seed_lo, seed_hi, keep_threshold, b, h,
-                                             row0 + 8 * x, col)
-                    if not keep0:
-                        s[y] = ZERO
-                    if not keep1:
-                        s[y + 1] = ZERO
+                keep00, keep01, keep10, keep11 = kept_rows(
+                    seed_lo, seed_hi, keep_threshold, b, h, row0, col0 + nt * 8 + 2 * t, t)
+                if not keep00:                  # s[nt * 4], [+ 1]: row0; [+ 2], [+ 3]: + 8
+                    s[nt * 4] = ZERO
+                if not keep01:
+                    s[nt * 4 + 1] = ZERO
+                if not keep10:
+                    s[nt * 4 + 2] = ZERO
+                if not keep11:
+                    s[nt * 4 + 3] = ZERO
 
     @cuda.jit(device=True, inline=True)
     def add_nonfinite_values(o, s, V, bh_kv, col0, row0, row1, g, t, b, h, Sq, Sk,

@@ -33,7 +33,7 @@ def make_forward_v1(d, causal, acc_dtype, variant=PLAIN):
     ZERO = acc(0)
     NEG_INF = acc(-math.inf)
     visible, score = make_variant_functions(variant, causal, acc_dtype)
-    kept, _ = make_dropout(variant)
+    kept = make_dropout(variant).kept
     WINDOW = variant.window
     DROPOUT = variant.dropout
 

@@ -138,7 +138,7 @@ def make_forward_v5(Br, Bc, TM, TN, d, causal, acc_dtype, variant=PLAIN):
     # The variant (compile-time): which steps exist. A plain kernel compiles all of them away.
     # variants.py's visible() is named "sees" here: the plain path keeps its local "visible".
     sees, score = make_variant_functions(variant, causal, acc_dtype)
-    kept, _ = make_dropout(variant)
+    kept = make_dropout(variant).kept
     WINDOW = variant.window
     DROPOUT = variant.dropout
     SCORES = (variant.softcap or variant.alibi or variant.mask == "bias"
