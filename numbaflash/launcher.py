@@ -145,6 +145,29 @@ class _DirectLaunch:
             words.extend(make(a))
         self.core_launch(stream.core or c.stream, self.core_config, function, *words)
 
+    def launch_words(self, words, stream, device):
+        """Launch with parameter words built by the caller (``array_words`` for each
+        array, the ctypes scalars of ``scalar_words``), on a device this kernel has
+        already run on; False (nothing launched) if it has not, or if this kernel is
+        launched through Numba's dispatcher. numbaflash.torch's repeated calls use it."""
+        function = self.functions.get(device)
+        if function is None or self.makers is None:
+            return False
+        self.core_launch(stream.core or self.numba_config.stream, self.core_config,
+                         function, *words)
+        return True
+
+
+def array_words(size, itemsize, pointer, shape, byte_strides):
+    """The parameter words of a C-contiguous array given by its numbers (``_array_words``
+    reads them from a Numba device array): for tensors of other libraries."""
+    return (0, 0, size, itemsize, pointer, *shape, *byte_strides)
+
+
+def scalar_words(values, numba_types):
+    """The parameter words of scalar arguments of these Numba types (``_SCALARS``)."""
+    return tuple(_SCALARS[str(t)](x) for x, t in zip(values, numba_types))
+
 
 # --- plans to launches ---------------------------------------------------------------
 

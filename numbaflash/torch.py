@@ -37,6 +37,8 @@ its outputs and the backward reads a flag back to the host, which a capture forb
 """
 
 import contextlib
+import ctypes
+import logging
 
 import numpy as np
 
@@ -46,8 +48,9 @@ except ImportError as e:            # pragma: no cover - only without PyTorch
     raise ImportError("numbaflash.torch needs PyTorch: pip install numbaflash[torch] "
                       "(or pip install torch)") from e
 
-from . import api, arrays
-from .dropout import check_dropout_p
+from . import api, arrays, launcher, streams
+from .dropout import check_dropout_p, seed_words
+from .kernels import forward as forward_kernels
 from .validate import check_attention_inputs
 
 __all__ = ["attention", "scaled_dot_product_attention", "flash_attn_func"]
@@ -127,6 +130,154 @@ def _compact(x):
                    for stride, size in zip(x.stride(), x.shape))].contiguous()
 
 
+# --- the forward, and its repeated calls on CUDA tensors --------------------------------------
+#
+# What numbaflash.attention does before its launch (checking the inputs, planning, Numba's
+# view of each tensor, the output buffers' views) depends only on the shapes, the dtype,
+# the device and the options, and at (1, 1, 128, 64) it costs many times the kernel. So a
+# forward call on CUDA tensors that repeats an earlier one in all of those (a training or
+# decoding loop) launches the kernel that call compiled directly, with the tensors'
+# pointers (launcher._DirectLaunch.launch_words), on PyTorch's current stream, into outputs
+# from PyTorch's allocator. The first call of each kind takes the whole path, so bad input
+# still raises before any launch; only calls without arrays or device functions among
+# their options (no alibi_slopes, attn_mask, score_mod or mask_mod) and on kernels that
+# take no tile table are remembered. The dropout seed may differ from call to call.
+
+_FAST = {}                  # _fast_key -> _FastForward
+_FAST_MAX = 256
+_STREAMS = {}               # (device, CUstream handle) -> streams.CallStream
+_NO_SEED = (ctypes.c_uint32(0), ctypes.c_uint32(0))
+
+
+def _fast_key(q, k, v, alibi_slopes, attn_mask, options):
+    """What the forward's checks and plan depend on, for a call that may be repeated
+    directly (above); None for calls that may not."""
+    if (not q.is_cuda or alibi_slopes is not None or attn_mask is not None
+            or options["score_mod"] is not None or options["score_mod_grad"] is not None
+            or options["mask_mod"] is not None):
+        return None
+    window, tiles = options["window_size"], options["tiles"]
+    try:
+        key = (q.shape, k.shape, v.shape, q.dtype, q.device, type(options["causal"]),
+               options["causal"], options["scale"], options["version"],
+               None if tiles is None else tuple(tiles),
+               None if window is None else tuple(window), options["softcap"],
+               options["dropout_p"])
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+class _FastForward:
+    """One kind of forward call (``_fast_key``), ready to launch again: the Problem and
+    plan of its first call, the kernel that call launched (a launcher._DirectLaunch), and
+    every parameter word that does not change between calls."""
+
+    def __init__(self, p, plan, direct, device_index):
+        self.plan, self.direct, self.device_index = plan, direct, device_index
+        self.out_shape = p.lead + (p.Sq, p.d)
+        self.lse_shape = p.lead + (p.Sq,)
+        self.lse_dtype = _TORCH_DTYPES[np.dtype(p.acc_dtype)]
+        self.q3, self.k3, self.l2 = (p.BH, p.Sq, p.d), (p.BHkv, p.Sk, p.d), (p.BH, p.Sq)
+        self.dropout = p.variant.dropout
+        # the arguments after the five arrays, as launch_forward passes them
+        acc = np.dtype(p.acc_dtype)
+        rest = (acc.type(p.softmax_scale), np.int64(p.causal_offset),
+                *launcher.variant_arguments(p, None, None, None))
+        words = []
+        for make, a in zip(direct.makers[5:], rest):
+            words.append(tuple(make(a)))
+        # (scale, offset, window_lo, Hq, group, softcap, slopes, attn_mask, tiles) | seed
+        # words | (keep_threshold, keep_scale)
+        self.before_seed = sum(words[:9], ())
+        self.after_seed = sum(words[11:], ())
+
+    def __call__(self, q, k, v, seed):
+        """(out, lse) for tensors of this kind, or None if the kernel cannot be launched
+        directly here (another current device: the caller takes the whole path)."""
+        index = q.device.index
+        if index != self.device_index or torch.cuda.current_device() != index:
+            return None
+        if self.dropout:
+            lo, hi = seed_words(seed)           # ValueError for a bad seed, before anything
+            seed_part = (ctypes.c_uint32(lo), ctypes.c_uint32(hi))
+        else:
+            seed_part = _NO_SEED
+        stream = _torch_stream(q.device)
+        out = torch.empty(self.out_shape, dtype=q.dtype, device=q.device)
+        lse = torch.empty(self.lse_shape, dtype=self.lse_dtype, device=q.device)
+        words = (*_tensor_words(q, self.q3), *_tensor_words(k, self.k3),
+                 *_tensor_words(v, self.k3), *_tensor_words(out, self.q3),
+                 *_tensor_words(lse, self.l2), *self.before_seed, *seed_part,
+                 *self.after_seed)
+        if not self.direct.launch_words(words, stream, index):
+            return None
+        if launcher.log.isEnabledFor(logging.INFO):
+            launcher.log.info("%s", self.plan)
+        return out, lse
+
+
+def _tensor_words(t, shape3):
+    """The parameter words of C-contiguous tensor ``t`` seen as ``shape3``."""
+    item = t.element_size()
+    strides, step = [], item
+    for n in reversed(shape3):
+        strides.append(step)
+        step *= n
+    return launcher.array_words(t.numel(), item, t.data_ptr(), shape3, strides[::-1])
+
+
+def _torch_stream(device):
+    """The streams.CallStream of PyTorch's current stream on ``device`` (cached per
+    handle: a CallStream wraps the handle, it does not own the stream)."""
+    handle = torch.cuda.current_stream(device).cuda_stream
+    key = (device.index, handle)
+    call = _STREAMS.get(key)
+    if call is None:
+        call = _STREAMS[key] = streams.call_stream((), handle)
+    return call
+
+
+def _remember(key, q, k, v, options):
+    """After a whole-path forward call on CUDA tensors: keep what repeating it directly
+    needs (``_FastForward``), if its kernel was launched directly."""
+    o = options
+    variants = api._variants(o["window_size"], None, o["softcap"], None, None, None, None,
+                             o["dropout_p"], o["dropout_seed"])
+    p, plan = api._forward_problem_and_plan(_array(q), _array(k), _array(v), o["causal"],
+                                            o["scale"], variants, o["version"], o["tiles"])
+    module = forward_kernels.module(plan.version)
+    if p.BH == 0 or p.Sq == 0 or p.Sk == 0 or not module.VARIANTS or module.TILE_TABLE:
+        return
+    nbytes = plan.shared_bytes if plan.dynamic_shared else 0
+    direct = launcher._DIRECT.get((module.kernel(plan, p), (p.dtype, p.acc_dtype),
+                                   plan.grid, plan.block, nbytes))
+    if direct is None or direct.makers is None or q.device.index not in direct.functions:
+        return
+    if len(_FAST) >= _FAST_MAX:
+        _FAST.clear()
+    _FAST[key] = _FastForward(p, plan, direct, q.device.index)
+
+
+def _forward(q, k, v, alibi_slopes, attn_mask, options):
+    """numbaflash.attention(..., return_lse=True) on tensors: (out, lse) tensors on q's
+    device; a repeated call on CUDA tensors launches directly (above)."""
+    key = _fast_key(q, k, v, alibi_slopes, attn_mask, options)
+    fast = _FAST.get(key) if key is not None else None
+    if fast is not None:
+        got = fast(q, k, v, options["dropout_seed"])
+        if got is not None:
+            return got
+    with _outputs_from(q.device):
+        out, lse = api.attention(_array(q), _array(k), _array(v), return_lse=True,
+                                 alibi_slopes=_array(alibi_slopes),
+                                 attn_mask=_array(attn_mask), **options)
+    if key is not None and fast is None:
+        _remember(key, q, k, v, options)
+    return _tensor(out, q.device), _tensor(lse, q.device)
+
+
 # --- autograd --------------------------------------------------------------------------------
 
 class _Attention(torch.autograd.Function):
@@ -139,11 +290,7 @@ class _Attention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, alibi_slopes, attn_mask, forward_options, backward_options):
-        with _outputs_from(q.device):
-            out, lse = api.attention(_array(q), _array(k), _array(v), return_lse=True,
-                                     alibi_slopes=_array(alibi_slopes),
-                                     attn_mask=_array(attn_mask), **forward_options)
-        out, lse = _tensor(out, q.device), _tensor(lse, q.device)
+        out, lse = _forward(q, k, v, alibi_slopes, attn_mask, forward_options)
         ctx.mark_non_differentiable(lse)
         ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, attn_mask)
         ctx.backward_options = backward_options
@@ -342,6 +489,10 @@ def attention(q, k, v, *, causal=False, scale=None, window_size=None, alibi_slop
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     forward_options = dict(causal=causal, scale=scale, version=version, tiles=tiles,
                            **variants)
+    if not needs_grad:                  # nothing to save for a backward: no autograd node
+        out, _ = _forward(q, k, v, _compact(alibi_slopes), _compact(attn_mask),
+                          forward_options)
+        return out
     backward_options = dict(causal=causal, scale=scale, version=backward_version,
                             tiles=backward_tiles, **variants)
     out, _ = _Attention.apply(q, k, v, _compact(alibi_slopes), _compact(attn_mask),

@@ -452,3 +452,54 @@ def test_cuda_outputs_come_from_pytorchs_allocator():
     out.sum().backward()
     grads = q.numel() + k.numel() + v.numel()
     assert torch.cuda.memory_allocated() - before >= grads * 4
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("options", [dict(), dict(causal=True, window_size=(40, 0)),
+                                     dict(dropout_p=0.2, dropout_seed=7)],
+                         ids=["plain", "window", "dropout"])
+def test_repeated_cuda_calls_launch_directly_with_the_same_bits(monkeypatch, dtype, options):
+    """The second call of a kind (shapes, dtype, device, options) on CUDA tensors takes
+    the direct launch (torch.py's _FastForward: numbaflash.attention is not called) and
+    gives the bits of the whole path, for new tensors of that kind, on a side stream, in
+    and out of autograd; another dropout seed gives that seed's results."""
+    def inputs(seed):
+        q, k, v = qkv(B=2, Hq=4, Hkv=2, Sq=77, Sk=130, d=64, dtype=dtype, seed=seed)
+        return [x.detach().cuda() for x in (q, k, v)]
+
+    def whole_path(q, k, v, **opts):            # with the direct calls forgotten
+        nft._FAST.clear()
+        with torch.no_grad():
+            out = nft.attention(q, k, v, **opts)
+        nft._FAST.clear()
+        return out
+
+    other_seed = dict(options, dropout_seed=2**40 + 3) if "dropout_p" in options else None
+    q2, k2, v2 = inputs(10)
+    want = whole_path(q2, k2, v2, **options)
+    want_other = whole_path(q2, k2, v2, **other_seed) if other_seed else None
+    q, k, v = inputs(0)
+    with torch.no_grad():
+        nft.attention(q, k, v, **options)       # the whole path, remembered
+    assert len(nft._FAST) == 1
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the repeated call took the whole path")
+
+    monkeypatch.setattr(nft.api, "attention", refuse)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        with torch.no_grad():
+            fast = nft.attention(q2, k2, v2, **options)
+            other = nft.attention(q2, k2, v2, **other_seed) if other_seed else None
+        graded = [x.clone().requires_grad_() for x in (q2, k2, v2)]
+        fast_grad = nft.attention(*graded, **options)
+    torch.cuda.synchronize()
+    assert torch.equal(fast, want)
+    assert torch.equal(fast_grad.detach(), want)
+    assert fast_grad.grad_fn is not None
+    if other_seed:
+        assert torch.equal(other, want_other)
+        assert not torch.equal(other, fast)
