@@ -248,7 +248,7 @@ def _remember(key, q, k, v, options):
     p, plan = api._forward_problem_and_plan(_array(q), _array(k), _array(v), o["causal"],
                                             o["scale"], variants, o["version"], o["tiles"])
     module = forward_kernels.module(plan.version)
-    if p.BH == 0 or p.Sq == 0 or p.Sk == 0 or not module.VARIANTS or module.TILE_TABLE:
+    if p.BH == 0 or p.Sq == 0 or p.Sk == 0 or not module.VARIANTS or p.variant.tile_table:
         return
     nbytes = plan.shared_bytes if plan.dynamic_shared else 0
     direct = launcher._DIRECT.get((module.kernel(plan, p), (p.dtype, p.acc_dtype),
