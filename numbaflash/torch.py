@@ -180,6 +180,11 @@ class _FastForward:
         self.lse_shape = p.lead + (p.Sq,)
         self.lse_dtype = _TORCH_DTYPES[np.dtype(p.acc_dtype)]
         self.q3, self.k3, self.l2 = (p.BH, p.Sq, p.d), (p.BHkv, p.Sk, p.d), (p.BH, p.Sq)
+        # each array's words around its pointer (_tensor_words), the same on every call
+        item = np.dtype(p.dtype).itemsize
+        self.q_words = _words_around_pointer(self.q3, item)
+        self.k_words = _words_around_pointer(self.k3, item)
+        self.l_words = _words_around_pointer(self.l2, np.dtype(p.acc_dtype).itemsize)
         self.dropout = p.variant.dropout
         # the arguments after the five arrays, as launch_forward passes them
         acc = np.dtype(p.acc_dtype)
@@ -207,10 +212,11 @@ class _FastForward:
         stream = _torch_stream(q.device)
         out = torch.empty(self.out_shape, dtype=q.dtype, device=q.device)
         lse = torch.empty(self.lse_shape, dtype=self.lse_dtype, device=q.device)
-        words = (*_tensor_words(q, self.q3), *_tensor_words(k, self.k3),
-                 *_tensor_words(v, self.k3), *_tensor_words(out, self.q3),
-                 *_tensor_words(lse, self.l2), *self.before_seed, *seed_part,
-                 *self.after_seed)
+        q_words, k_words, l_words = self.q_words, self.k_words, self.l_words
+        words = (*q_words[0], q.data_ptr(), *q_words[1], *k_words[0], k.data_ptr(),
+                 *k_words[1], *k_words[0], v.data_ptr(), *k_words[1], *q_words[0],
+                 out.data_ptr(), *q_words[1], *l_words[0], lse.data_ptr(), *l_words[1],
+                 *self.before_seed, *seed_part, *self.after_seed)
         if not self.direct.launch_words(words, stream, index):
             return None
         if launcher.log.isEnabledFor(logging.INFO):
@@ -220,18 +226,32 @@ class _FastForward:
 
 def _tensor_words(t, shape3):
     """The parameter words of C-contiguous tensor ``t`` seen as ``shape3``."""
-    item = t.element_size()
-    strides, step = [], item
-    for n in reversed(shape3):
+    before, after = _words_around_pointer(shape3, t.element_size())
+    return (*before, t.data_ptr(), *after)
+
+
+def _words_around_pointer(shape, itemsize):
+    """The words of a C-contiguous array of this shape before and after its pointer."""
+    strides, step = [], itemsize
+    for n in reversed(shape):
         strides.append(step)
         step *= n
-    return launcher.array_words(t.numel(), item, t.data_ptr(), shape3, strides[::-1])
+    words = launcher.array_words(step // itemsize, itemsize, 0, shape, strides[::-1])
+    return words[:4], words[5:]
+
+
+# PyTorch's current stream as a raw handle, without building a torch.cuda.Stream (a
+# private function Triton uses too); torch.cuda.current_stream where it is missing
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 def _torch_stream(device):
     """The streams.CallStream of PyTorch's current stream on ``device`` (cached per
     handle: a CallStream wraps the handle, it does not own the stream)."""
-    handle = torch.cuda.current_stream(device).cuda_stream
+    if _raw_stream is not None:
+        handle = _raw_stream(device.index)
+    else:
+        handle = torch.cuda.current_stream(device).cuda_stream
     key = (device.index, handle)
     call = _STREAMS.get(key)
     if call is None:

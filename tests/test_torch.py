@@ -505,3 +505,22 @@ def test_repeated_cuda_calls_launch_directly_with_the_same_bits(monkeypatch, dty
     if other_seed:
         assert torch.equal(other, want_other)
         assert not torch.equal(other, fast)
+
+
+def test_tensor_words_are_a_c_contiguous_arrays_launch_words():
+    """The direct calls' parameter words for a tensor seen as (BH, S, d): Numba's words of
+    a C-contiguous array (launcher._array_words): two null words, size, itemsize, the
+    pointer, the shape, the byte strides."""
+    t = torch.zeros(2, 3, 5, 4, dtype=torch.float16)
+    assert nft._tensor_words(t, (6, 5, 4)) == (0, 0, 120, 2, t.data_ptr(), 6, 5, 4, 40, 8, 2)
+    assert nft._tensor_words(t, (6, 20)) == (0, 0, 120, 2, t.data_ptr(), 6, 20, 40, 2)
+
+
+def test_cpu_tensors_are_never_launched_directly():
+    """Only CUDA tensors take the direct calls; CPU calls leave nothing remembered."""
+    nft._FAST.clear()
+    q, k, v = qkv(dtype=torch.float32)
+    with torch.no_grad():
+        nft.attention(q, k, v)
+        nft.attention(q, k, v)
+    assert nft._FAST == {}
