@@ -32,7 +32,9 @@ functions, so a compiled model keeps them in its graph (no graph break) whenever
 has no Python device functions; a call with ``score_mod`` or ``mask_mod`` (Numba device
 functions, which an op's schema cannot carry) runs eagerly: one graph break there.
 Outside compilation the same kernels run through a ``torch.autograd.Function`` (less
-Python per call). CUDA graph capture is refused with a RuntimeError: a call allocates
+Python per call), or without one when no input needs a gradient; a forward call on CUDA
+tensors that repeats an earlier one in shapes, dtype, device and options launches that
+call's kernel directly (``_FastForward``, below). CUDA graph capture is refused with a RuntimeError: a call allocates
 its outputs and the backward reads a flag back to the host, which a capture forbids.
 """
 
