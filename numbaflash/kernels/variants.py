@@ -227,7 +227,6 @@ def make_variant_functions(variant, causal, acc_dtype):
     return visible, score
 
 
-@functools.lru_cache(maxsize=None)
 class DropoutTests(NamedTuple):
     """``make_dropout``'s device functions (module docstring)."""
     kept: object
@@ -247,6 +246,7 @@ def _keep_bits(seed_lo, seed_hi, threshold, b, h, row, block):
             | (numba.int32(8) if r3 < th else numba.int32(0)))
 
 
+@functools.lru_cache(maxsize=None)
 def make_dropout(variant):
     """A DropoutTests of device functions for ``variant`` (module docstring); each gives
     the constant True (every entry kept) without ``variant.dropout``."""
