@@ -32,6 +32,7 @@ from numba import cuda
 import numbaflash
 from numbaflash import launcher, policy
 from numbaflash.kernels import forward, smem
+from numbaflash.streams import DEFAULT
 from numbaflash.validate import check_attention_inputs
 
 
@@ -91,6 +92,8 @@ def breakdown(q, k, v, calls):
     O = cuda.device_array(shape3, np.float32)
     L = cuda.device_array((p.BH, p.Sq), np.float32)
     args = (Q, K, V, O, L, np.float32(p.softmax_scale), np.int64(p.causal_offset))
+    if forward.module(plan.version).VARIANTS:       # (placeholders for plain attention)
+        args += launcher.variant_arguments(p, None, None)
     dynamic = dynamic_bytes(plan)
     smem.allow_dynamic_shared_memory(kernel, args, dynamic)     # above 48 KB (v5)
     config = kernel[plan.grid, plan.block, 0, dynamic]
@@ -113,7 +116,7 @@ def breakdown(q, k, v, calls):
         ("launch: compiled kernel", lambda: compiled.launch(args, config.griddim,
                                                             config.blockdim, config.stream,
                                                             config.sharedmem)),
-        ("launch: launcher._DirectLaunch (numbaflash's)", lambda: direct(args)),
+        ("launch: launcher._DirectLaunch (numbaflash's)", lambda: direct(args, DEFAULT)),
         ("numbaflash.attention, whole call", lambda: numbaflash.attention(q, k, v)),
         ("  the same, DIRECT_LAUNCH = False", lambda: without_direct_launch(
             lambda: numbaflash.attention(q, k, v))),
@@ -148,8 +151,10 @@ def main():
         O = cuda.device_array((p.BH, p.Sq, p.d), np.float32)
         L = cuda.device_array((p.BH, p.Sq), np.float32)
         scale, offset = np.float32(p.softmax_scale), np.int64(p.causal_offset)
-        # v1 and v2 also take the variant arguments (placeholders for plain attention)
-        extra = launcher.variant_arguments(p, None, None) if plan.version in ("v1", "v2") else ()
+        # the versions that take variants also take their arguments (placeholders for
+        # plain attention), as launcher.launch_forward passes them
+        extra = (launcher.variant_arguments(p, None, None)
+                 if forward.module(plan.version).VARIANTS else ())
 
         args_raw = (Q, K, V, O, L, scale, offset, *extra)
         dynamic = dynamic_bytes(plan)     # v5: bytes go with the launch
