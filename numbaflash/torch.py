@@ -257,6 +257,8 @@ def _torch_stream(device):
     key = (device.index, handle)
     call = _STREAMS.get(key)
     if call is None:
+        if len(_STREAMS) >= _FAST_MAX:         # a loop that makes a new stream per call
+            _STREAMS.clear()
         call = _STREAMS[key] = streams.call_stream((), handle)
     return call
 
