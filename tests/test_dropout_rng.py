@@ -11,7 +11,9 @@ What is checked, and against what:
 - The device functions of numbaflash/kernels/philox.py against reference.philox4x32 and
   dropout.dropout_mask, in a tiny kernel; and their PTX (compiled for sm_90 in a
   subprocess, no GPU needed): 20 mul.wide.u32 for the 10 rounds, no 64-bit xor, no
-  float64.
+  float64. The tensor-core kernels' warp-shared tests (kernels/variants.py's kept_rows
+  and kept_keys) in a one-warp kernel whose lanes hold the kernels' fragment entries,
+  against dropout_mask at those entries.
 - Statistics of the mask, each a z-test of a count of independent Bernoulli trials with a
   false-alarm rate of 1e-6 per test (z = 4.89, two-sided): the keep rate, the rate of each
   of the four words, and the rate at which two elements that share all coordinates but
@@ -47,6 +49,7 @@ from numbaflash.dropout import (check_dropout, check_dropout_p, dropout_mask,
                                 keep_threshold, seed_words)
 from numbaflash.kernels import simulating
 from numbaflash.kernels.philox import dropout_keep, philox4x32
+from numbaflash.kernels.variants import Variant, make_dropout
 from strategies import attention_cases, examples
 
 MANY = examples(5)          # NumPy only: five times a kernel test's count
@@ -228,6 +231,69 @@ def test_device_dropout_keep_matches_dropout_mask(p, seed):
                                       np.uint32(keep_threshold(p)), keep)
     np.testing.assert_array_equal(keep.copy_to_host(), dropout_mask(B, H, Sq, Sk, p, seed))
 
+
+
+# The warp-shared keep tests of the tensor-core kernels (kernels/variants.py, make_dropout):
+# one warp whose lanes hold the fragment entries the kernels give them, each lane writing
+# the four bits it gets, against dropout_mask at those entries.
+_SHARED = make_dropout(Variant(dropout=True))
+
+
+@cuda.jit
+def kept_rows_kernel(seed_lo, seed_hi, threshold, b, h, row_base, col_base, out):
+    """Lane (g, t) = (lane // 4, lane % 4) holds keys col_base + 8 n + 2 t, + 1 of rows
+    row_base + g and + g + 8, as in forward v6-v9's S fragments (n-tile n = blockIdx.x)."""
+    lane = cuda.threadIdx.x
+    n = cuda.blockIdx.x
+    g, t = lane // 4, lane % 4
+    k0, k1, k2, k3 = _SHARED.kept_rows(seed_lo, seed_hi, threshold, b, h, row_base + g,
+                                       col_base + 8 * n + 2 * t, t)
+    out[n, lane, 0] = k0
+    out[n, lane, 1] = k1
+    out[n, lane, 2] = k2
+    out[n, lane, 3] = k3
+
+
+@cuda.jit
+def kept_keys_kernel(seed_lo, seed_hi, threshold, b, h, row_base, key_base, out):
+    """Lane (g, t) holds query rows row_base + 8 n + 2 t, + 1 of keys key_base + g and
+    + g + 8, as in backward v6's S^T fragments (key_base a multiple of 16)."""
+    lane = cuda.threadIdx.x
+    n = cuda.blockIdx.x
+    g, t = lane // 4, lane % 4
+    k0, k1, k2, k3 = _SHARED.kept_keys(seed_lo, seed_hi, threshold, b, h,
+                                       row_base + 8 * n + 2 * t, key_base + g, g)
+    out[n, lane, 0] = k0
+    out[n, lane, 1] = k1
+    out[n, lane, 2] = k2
+    out[n, lane, 3] = k3
+
+
+@needs_cuda
+@pytest.mark.parametrize("p, seed", [(0.5, 2**40 + 17), (0.1, 0xFEDCBA9876543210)])
+def test_warp_shared_keep_tests_match_dropout_mask(p, seed):
+    """kept_rows and kept_keys give every lane the bits dropout_mask has at the entries
+    its fragment holds (b = 1, h = 2; rows and keys away from 0; two n-tiles)."""
+    B, H, Sq, Sk, b, h = 2, 3, 64, 96, 1, 2
+    mask = dropout_mask(B, H, Sq, Sk, p, seed)[b, h]
+    lo, hi = seed_words(seed)
+    args = (np.uint32(lo), np.uint32(hi), np.uint32(keep_threshold(p)), b, h)
+    rows = cuda.to_device(np.zeros((2, 32, 4), np.bool_))
+    kept_rows_kernel[2, 32](*args, 16, 32, rows)
+    keys = cuda.to_device(np.zeros((2, 32, 4), np.bool_))
+    kept_keys_kernel[2, 32](*args, 24, 48, keys)
+    rows, keys = rows.copy_to_host(), keys.copy_to_host()
+    for n in range(2):
+        for lane in range(32):
+            g, t = lane // 4, lane % 4
+            col = 32 + 8 * n + 2 * t
+            want = [mask[16 + g, col], mask[16 + g, col + 1], mask[24 + g, col],
+                    mask[24 + g, col + 1]]
+            assert rows[n, lane].tolist() == want, ("kept_rows", n, lane)
+            row, key = 24 + 8 * n + 2 * t, 48 + g
+            want = [mask[row, key], mask[row + 1, key], mask[row, key + 8],
+                    mask[row + 1, key + 8]]
+            assert keys[n, lane].tolist() == want, ("kept_keys", n, lane)
 
 PTX_SCRIPT = r"""
 import re, sys
