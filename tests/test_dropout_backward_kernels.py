@@ -290,3 +290,25 @@ def test_v6_window_two_batches():
     grads = backward(case, variants, out, lse, "v6")
     check_dropout_backward(case.dout, case.q, case.k, case.v, out, lse, keep, grads,
                            **variants)
+
+
+def test_dkdv_register_cap_only_for_dropout_alone_at_small_head_dims(monkeypatch):
+    """Backward v6's dK/dV kernel asks ptxas for at most DKDV_DROPOUT_MAX_REGISTERS with
+    dropout alone at d <= 64 (v6_split_pairs.py says why), for nothing else; the option
+    reaches @cuda.jit on a GPU and is left out on the simulator, which rejects it."""
+    import numbaflash.kernels as kernels
+    from numbaflash.kernels.backward import v6_split_pairs as v6
+    from numbaflash.kernels.variants import Variant
+    cap = v6.DKDV_DROPOUT_MAX_REGISTERS
+    assert v6.dkdv_register_cap(Variant(dropout=True), 64) == cap
+    assert v6.dkdv_register_cap(Variant(dropout=True), 1) == cap
+    assert v6.dkdv_register_cap(Variant(dropout=True), 65) is None
+    assert v6.dkdv_register_cap(Variant(dropout=True, softcap=True), 64) is None
+    assert v6.dkdv_register_cap(Variant(dropout=True, window=True), 64) is None
+    assert v6.dkdv_register_cap(Variant(), 64) is None
+    monkeypatch.setattr(v6, "DKDV_DROPOUT_MAX_REGISTERS", None)      # --no-register-cap
+    assert v6.dkdv_register_cap(Variant(dropout=True), 64) is None
+    assert kernels.jit_options(cap) == ({} if kernels.simulating() else {"max_registers": cap})
+    monkeypatch.setattr(kernels, "simulating", lambda: False)
+    assert kernels.jit_options(cap) == {"max_registers": cap}
+    assert kernels.jit_options(None) == {}

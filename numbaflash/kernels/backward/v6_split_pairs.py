@@ -81,6 +81,17 @@ DKDV_DROPOUT_MAX_REGISTERS = 168
 DKDV_DROPOUT_CAP_MAX_HEAD_DIM = 64
 
 
+def dkdv_register_cap(variant, d):
+    """The registers the dK/dV kernel for ``variant`` at head dim ``d`` may use (above),
+    or None (no cap)."""
+    flags = _variant_flags(variant)
+    dropout_alone = variant.dropout and not (flags.scores or flags.by_element
+                                             or flags.window or flags.tile_table)
+    if dropout_alone and d <= DKDV_DROPOUT_CAP_MAX_HEAD_DIM:
+        return DKDV_DROPOUT_MAX_REGISTERS
+    return None
+
+
 # What _make_v6_helpers and _streamed_tile_steps return: device functions, by name.
 V6Helpers = namedtuple("V6Helpers", "split_finite stage a_fragment mma3 load_split stage_pairs")
 StreamedTileSteps = namedtuple("StreamedTileSteps", "stage load")
@@ -316,10 +327,8 @@ def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False,
     kept_keys = make_dropout(variant).kept_keys
     GQA = gqa
     q_tile_range = make_q_tile_range(Br, Bc, causal, WINDOW)
-    capped = (DROPOUT and PLAIN_ENTRY and not WINDOW and not TILE_TABLE
-              and d <= DKDV_DROPOUT_CAP_MAX_HEAD_DIM)
 
-    @cuda.jit(**jit_options(DKDV_DROPOUT_MAX_REGISTERS if capped else None))
+    @cuda.jit(**jit_options(dkdv_register_cap(variant, d)))
     def backward_dkdv_v6(Q, K, V, dO, L, D, dK, dV, softmax_scale, causal_offset, window_lo,
                          Hq, group, softcap, slopes, attn_mask, tiles, seed_lo, seed_hi,
                          keep_threshold, keep_scale):
