@@ -458,6 +458,17 @@ print("max |kernel - reference| =", np.abs(out - want).max())
 assert np.allclose(out, want, rtol=1e-5, atol=1e-5)
 
 # %% [markdown]
+# Regenerating costs arithmetic: ten rounds of two 32-bit multiplies per Philox call, next
+# to a handful of tensor-core products per entry. One call answers for four neighbouring
+# keys of one row, so the kernels try not to waste any of it. In the tensor-core kernels'
+# register tiles a lane holds two keys of each of two rows: asking for its own entries it
+# would call Philox twice and use half of each answer (and four times, using a quarter,
+# in the backward's transposed tile). Instead each lane computes one block of four and
+# swaps bits with the lanes that need the rest, through warp shuffles (`kept_rows` and
+# `kept_keys` in `numbaflash/kernels/variants.py`): one call per lane and tile.
+# docs/variants.md has what dropout costs on a GPU.
+
+# %% [markdown]
 # ---
 # *For the test suite:* CI runs this notebook top to bottom, with the exercise above not
 # yet written. This cell runs the same checker on the solution in `solutions.py`, without
