@@ -241,6 +241,63 @@ def backward(dout, q, k, v, causal=False, scale=None, dtype=np.float64, *, dropo
     return dQ, reduce_kv(dK, k_shape), reduce_kv(dV, k_shape)
 
 
+# --- split-KV: attention over ranges of keys, merged by their logsumexp ------------------
+#
+# A row's softmax over all keys can be assembled from softmaxes over disjoint key ranges
+# ("splits"), each with its own output and logsumexp: the online softmax's rescaling, one
+# level up. Decoding (one query row against a long KV cache) uses it to give the GPU
+# enough blocks: each split is one block's work, and a small kernel merges them.
+
+def combine_splits(outs, lses):
+    """Merge the results of attention over disjoint key ranges into the whole.
+
+    ``outs`` (n, ..., Sq, d): O_s, the attention of each row over split s's keys alone
+    (normalised within the split); ``lses`` (n, ..., Sq): L_s, its logsumexp, -inf where
+    the row sees no key of the split. Returns ``(O, L)``: L = log sum_s exp(L_s) and
+    O = sum_s exp(L_s - L) O_s, in float64; a row that sees no key of any split gets
+    O = 0 and L = -inf (as ``forward`` gives it). A split whose O_s holds NaN or inf
+    (a non-finite input it sees) passes it on, as in ``forward``.
+    """
+    outs = np.asarray(outs, dtype=np.float64)
+    lses = np.asarray(lses, dtype=np.float64)
+    m = lses.max(axis=0) if lses.shape[0] else np.full(lses.shape[1:], -np.inf)
+    seen = m != -np.inf
+    m_safe = np.where(seen, m, 0.0)                 # avoid (-inf) - (-inf) = nan
+    w = np.where(lses == -np.inf, 0.0, np.exp(lses - m_safe))     # (n, ..., Sq)
+    total = np.where(seen, w.sum(axis=0), 1.0)
+    L = np.where(seen, m_safe + np.log(total), -np.inf)
+    terms = np.where((w > 0)[..., None], w[..., None] * outs, 0.0)  # unseen splits add 0
+    O = np.where(seen[..., None], terms.sum(axis=0) / total[..., None], 0.0)
+    return O, L
+
+
+def split_ranges(Sk, num_splits):
+    """The key ranges [start, stop) of ``num_splits`` splits of Sk keys, as even as the
+    division allows (the first Sk % num_splits get one key more); some are empty when
+    num_splits > Sk."""
+    if num_splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    sizes = [Sk // num_splits + (s < Sk % num_splits) for s in range(num_splits)]
+    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
+    return [(int(a), int(b)) for a, b in zip(starts[:-1], starts[1:])]
+
+
+def forward_splits(q, k, v, num_splits, causal=False, scale=None, **variants):
+    """Attention computed split by split over the keys, then merged (``combine_splits``):
+    the same (O, L) as ``forward`` up to float64 rounding. Each split sees its keys with
+    the masks and modifiers of their place in the whole sequence (a causal mask is not
+    re-aligned to the split). Returns ``(O, L, parts)`` with parts the per-split
+    ``(O_s, L_s)``, for pictures and for checking a split kernel."""
+    S, mask = _scores(q, k, causal, scale, np.float64, **variants)
+    V = np.asarray(expand_kv(q, v), dtype=np.float64)
+    parts = []
+    for a, b in split_ranges(S.shape[-1], num_splits):
+        P, L = _softmax_rows(S[..., a:b], mask[..., a:b])
+        parts.append((masked_matmul(P, V[..., a:b, :], mask[..., a:b]), L))
+    O, L = combine_splits([o for o, _ in parts], [l for _, l in parts])
+    return O, L, parts
+
+
 # --- dropout in the dense reference: checking dropout_p and dropout_keep -----------------
 
 def _dropout_rescale(dropout_p, dropout_keep, dtype):

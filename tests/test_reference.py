@@ -17,7 +17,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from numbaflash import reference
-from numbaflash.masks import causal_offset, parse_causal, visible
+from numbaflash.masks import causal_offset, parse_causal, visible, visible_band
 from numbaflash.online_softmax import naive_softmax, online_softmax, online_softmax_steps
 from strategies import (attention_cases, blind_columns, examples, moved_permutation,
                         split_points)
@@ -313,6 +313,39 @@ def test_split_kv_merge(case, data):
     mO, mL = mags(case)
     assert_close_f64("O", Om, O, RTOL, mO)
     assert_close_f64("lse", Lm, L, RTOL, mL)
+
+
+@settings(max_examples=MANY)
+@given(case=attention_cases(dtypes=F64, tiles=None, min_seqlen=0, max_seqlen=24),
+       data=st.data())
+def test_forward_splits_is_forward(case, data):
+    """reference.forward_splits (the keys cut into num_splits ranges, attention over each
+    with its place in the whole mask, merged by combine_splits) gives forward's O and
+    lse, for 1 split to more splits than keys (empty ones), every causal mode and a
+    window; each part's lse is -inf exactly where its row sees none of its keys."""
+    n = data.draw(st.integers(1, case.Sk + 2), label="num_splits")
+    window = data.draw(st.sampled_from([None, (3, 1), (0, -1)]), label="window")
+    kw = dict(causal=case.causal, scale=case.scale, window_size=window)
+    O, L = reference.forward(case.q, case.k, case.v, **kw)
+    Os, Ls, parts = reference.forward_splits(case.q, case.k, case.v, n, **kw)
+    assert len(parts) == n
+    mO, mL = forward_magnitudes(case.q, case.k, case.v, causal=case.causal, scale=case.scale)
+    assert_close_f64("O", Os, O, RTOL, mO)
+    assert_close_f64("lse", Ls, L, RTOL, mL)
+    assert np.array_equal(np.isneginf(Ls), np.isneginf(L))
+    for (a, b), (_, Lp) in zip(reference.split_ranges(case.Sk, n), parts):
+        sees = visible_band(case.Sq, case.Sk, case.causal, window)[..., a:b].any(axis=-1)
+        assert np.array_equal(np.isneginf(Lp), np.broadcast_to(~sees, Lp.shape))
+
+
+def test_split_ranges():
+    """Even ranges that cover the keys in order, the larger first; empty ones past Sk;
+    ValueError for no split."""
+    assert reference.split_ranges(10, 3) == [(0, 4), (4, 7), (7, 10)]
+    assert reference.split_ranges(2, 4) == [(0, 1), (1, 2), (2, 2), (2, 2)]
+    assert reference.split_ranges(0, 1) == [(0, 0)]
+    with pytest.raises(ValueError, match="num_splits"):
+        reference.split_ranges(5, 0)
 
 
 def test_split_kv_merge_with_minus_inf_partials():

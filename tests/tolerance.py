@@ -316,12 +316,6 @@ def merge_partials(O1, L1, O2, L2):
         L = logaddexp(L1, L2),  O = exp(L1 - L) O1 + exp(L2 - L) O2
 
     Rows where both parts saw no key (L1 = L2 = -inf) give O = 0 and L = -inf; a part
-    with L = -inf gets weight exactly 0. In float64."""
-    O1, L1, O2, L2 = (np.asarray(a, dtype=np.float64) for a in (O1, L1, O2, L2))
-    L = np.logaddexp(L1, L2)
-    none = np.isneginf(L)
-    L_safe = np.where(none, 0.0, L)
-    w1 = np.where(np.isneginf(L1), 0.0, np.exp(L1 - L_safe))[..., None]
-    w2 = np.where(np.isneginf(L2), 0.0, np.exp(L2 - L_safe))[..., None]
-    O = np.where(none[..., None], 0.0, w1 * O1 + w2 * O2)
-    return O, L
+    with L = -inf gets weight exactly 0. In float64: ``reference.combine_splits`` of the
+    two, the tier-1 merge that split-KV uses."""
+    return reference.combine_splits([O1, O2], [L1, L2])
