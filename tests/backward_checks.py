@@ -268,11 +268,19 @@ def check_backward(dout, q, k, v, out, lse, grads, *, causal=None, scale=None, *
     p_mags = p_error_magnitudes(dout, q, k, v, **kw)
     _, mask = score_terms(q, k, **kw)
     exact = exact_masks(q.shape[-2], np.shape(k)[-2], causal, mask, np.shape(k))
+    return judge_gradients(grads, q.dtype, ref, base, mags, p_mags, size_S, exact)
+
+
+def judge_gradients(grads, dtype, ref, base, mags, p_mags, size_S, exact):
+    """TESTING.md's rule for each of (dq, dk, dv) = ``grads`` (device or host arrays of
+    ``dtype``): against the float64 ``ref`` within the float64 bound when ``base`` is None
+    (float64 inputs), else within the gradient rule against the same-precision ``base``;
+    ``exact`` entries exactly. Returns ``{name: (error, bound)}``."""
     result = {}
     for i, (name, got) in enumerate(zip(GRADS, grads)):
         got = to_host(got)
-        if got.dtype != q.dtype:
-            raise AssertionError(f"{name}: dtype {got.dtype}, expected the inputs' dtype {q.dtype}")
+        if got.dtype != dtype:
+            raise AssertionError(f"{name}: dtype {got.dtype}, expected the inputs' dtype {dtype}")
         if base is None:
             result[name] = assert_matches_reference(name, got, ref[i], exact=exact[name],
                                                     magnitude=mags[name])

@@ -39,10 +39,10 @@ import pytest
 
 import numbaflash
 from numbaflash import reference
-from backward_checks import (GRADS, _expanded, acc_dtype, assert_gradient_rule, exact_masks,
+from backward_checks import (GRADS, _expanded, acc_dtype, exact_masks, judge_gradients,
                              scale_of, score_size)
 from strategies import make_case, on_gpu
-from tolerance import assert_bitwise_equal, assert_matches_reference, score_terms, to_host
+from tolerance import assert_bitwise_equal, score_terms, to_host
 
 pytestmark = pytest.mark.usefixtures("nan_prefilled_outputs")
 
@@ -170,17 +170,7 @@ def check_dropout_backward(dout, q, k, v, out, lse, keep, grads, *, p=P_DROP, ca
     size_S = score_size(q, k, **kw)
     _, mask = score_terms(q, k, **kw)
     exact = exact_masks(q.shape[-2], np.shape(k)[-2], causal, mask, np.shape(k))
-    result = {}
-    for i, (name, got) in enumerate(zip(GRADS, grads)):
-        got = to_host(got)
-        assert got.dtype == q.dtype, f"{name}: dtype {got.dtype}, expected {q.dtype}"
-        if base is None:
-            result[name] = assert_matches_reference(name, got, ref[i], exact=exact[name],
-                                                    magnitude=mags[name])
-        else:
-            result[name] = assert_gradient_rule(name, got, ref[i], base[i], mags[name],
-                                                exact[name], size_S, p_mags[name])
-    return result
+    return judge_gradients(grads, q.dtype, ref, base, mags, p_mags, size_S, exact)
 
 
 # --- running a case ------------------------------------------------------------------------
