@@ -86,8 +86,15 @@ def launch(kernel, grid, block, args, types_key=None, dynamic_shared_bytes=0,
 
 def _array_words(a):
     """The parameter words of a C-contiguous device array (module docstring, step 4)."""
-    return (0, 0, a.size, a.dtype.itemsize, int(a.gpu_data.device_pointer),
-            *a.shape, *a.strides)
+    return array_words(a.size, a.dtype.itemsize, int(a.gpu_data.device_pointer), a.shape,
+                       a.strides)
+
+
+def array_words(size, itemsize, pointer, shape, byte_strides):
+    """The parameter words of a C-contiguous array given by its numbers: two null words
+    (Numba's meminfo and parent), size, itemsize, the pointer, the shape, the strides in
+    bytes. numbaflash.torch builds a tensor's from its own numbers."""
+    return (0, 0, size, itemsize, pointer, *shape, *byte_strides)
 
 
 _SCALARS = {"float32": ctypes.c_float, "float64": ctypes.c_double,
@@ -136,37 +143,25 @@ class _DirectLaunch:
             self.kernel[c.griddim, c.blockdim, stream.numba, c.sharedmem](*args)
             return
         device = device_id()
-        function = self.functions.get(device)
-        if function is None:                    # the first launch on this device
+        if device not in self.functions:        # the first launch on this device
             smem.allow_dynamic_shared_memory(self.kernel, args, c.sharedmem)
-            function = self.functions[device] = self.compiled.library.get_cufunc().kernel
+            self.functions[device] = self.compiled.library.get_cufunc().kernel
         words = []
         for make, a in zip(self.makers, args):
             words.extend(make(a))
-        self.core_launch(stream.core or c.stream, self.core_config, function, *words)
+        self.launch_words(words, stream, device)
 
     def launch_words(self, words, stream, device):
         """Launch with parameter words built by the caller (``array_words`` for each
-        array, the ctypes scalars of ``scalar_words``), on a device this kernel has
-        already run on; False (nothing launched) if it has not, or if this kernel is
-        launched through Numba's dispatcher. numbaflash.torch's repeated calls use it."""
+        array, the makers' words for the rest), on a device this kernel has already run
+        on; False (nothing launched) if it has not, or if this kernel is launched through
+        Numba's dispatcher. ``__call__`` and numbaflash.torch's repeated calls use it."""
         function = self.functions.get(device)
         if function is None or self.makers is None:
             return False
         self.core_launch(stream.core or self.numba_config.stream, self.core_config,
                          function, *words)
         return True
-
-
-def array_words(size, itemsize, pointer, shape, byte_strides):
-    """The parameter words of a C-contiguous array given by its numbers (``_array_words``
-    reads them from a Numba device array): for tensors of other libraries."""
-    return (0, 0, size, itemsize, pointer, *shape, *byte_strides)
-
-
-def scalar_words(values, numba_types):
-    """The parameter words of scalar arguments of these Numba types (``_SCALARS``)."""
-    return tuple(_SCALARS[str(t)](x) for x, t in zip(values, numba_types))
 
 
 # --- plans to launches ---------------------------------------------------------------

@@ -196,7 +196,8 @@ class _FastForward:
         for make, a in zip(direct.makers[5:], rest):
             words.append(tuple(make(a)))
         # (scale, offset, window_lo, Hq, group, softcap, slopes, attn_mask, tiles) | seed
-        # words | (keep_threshold, keep_scale)
+        # words | (keep_threshold, keep_scale): launcher.variant_arguments' order
+        assert len(words) == 13, "launcher.variant_arguments changed: update the splice"
         self.before_seed = sum(words[:9], ())
         self.after_seed = sum(words[11:], ())
 
