@@ -7,6 +7,9 @@ Public API:
                        tiles=None) -> (dq, dk, dv)
     attention_vjp(q, k, v, *, causal=False, scale=None, ...) -> (out, vjp), vjp(dout) -> (dq, dk, dv)
     explain_backward(q, k, v, ...) -> the Plans (one per kernel) the backward would run
+    attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens, k=None, v=None, ...)
+                            -> decoding: append k, v to the caches, attend q to them
+    explain_kvcache(...)    -> its Plans (the split-KV kernel, how many splits, and why)
     backend()               -> "gpu" or "simulator"
     dropout_mask(batch, heads, sq, sk, p, seed) -> the keep mask attention(...,
                                dropout_p=p, dropout_seed=seed) applies (NumPy bool)
@@ -18,10 +21,11 @@ Tiers (each the test oracle for the next): ``reference`` (dense NumPy), ``tiled`
 from . import reference, tiled
 from .api import attention, attention_backward, attention_vjp, explain, explain_backward
 from .dropout import dropout_mask
+from .kvcache import attention_with_kvcache, explain_kvcache
 from .kernels.plan import Plan, Plans
 from .policy import backend
 from .masks import CAUSAL_MODES
 
 __all__ = ["attention", "attention_backward", "attention_vjp", "explain", "explain_backward",
-           "backend", "dropout_mask", "Plan", "Plans", "CAUSAL_MODES", "reference", "tiled"]
+           "attention_with_kvcache", "explain_kvcache", "backend", "dropout_mask", "Plan", "Plans", "CAUSAL_MODES", "reference", "tiled"]
 __version__ = "0.1.0"

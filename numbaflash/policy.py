@@ -21,6 +21,7 @@ from numba import cuda
 from . import arrays
 from .kernels import backward, forward, simulating
 from .kernels.backward.nonfinite import nonfinite_check
+from .kernels.decode.split_kv import rows_per_block
 from .kernels.plan import Plans, device_dynamic_shared_limit, needs_variants
 from .launcher import launch
 from .streams import DEFAULT
@@ -220,3 +221,44 @@ def finite_inputs_plans(plans, p, asked, Q, K, V, O, dO, L, stream=DEFAULT):
     return Plans(replace(plan, reason=f"{why}: {other} instead of the default {version}; "
                                       f"{plan.reason}")
                  for plan in plan_backward(p, other, where=where))
+
+
+# --- decoding against a KV cache: how many splits ------------------------------------
+
+SPLIT_BLOCKS_PER_SM = 4         # split until the grid has this many blocks per SM ...
+SPLIT_MIN_KEYS = 512            # ... while each split keeps at least this many keys
+SPLIT_MAX = 64
+
+
+def sm_count(where):
+    """The GPU's streaming multiprocessors (132 on the H200; assumed when there is no GPU
+    to ask)."""
+    if where == "gpu" and not simulating() and cuda.is_available():
+        return cuda.get_current_device().MULTIPROCESSOR_COUNT
+    return 132
+
+
+def default_num_splits(p, where):
+    """How many ranges the split-KV kernel cuts each batch's keys into, and why
+    (kernels/decode/split_kv.py). In order:
+
+    1. On the simulator, one: there is no GPU to fill, and each split is work.
+    2. One when the grid already has SPLIT_BLOCKS_PER_SM blocks per SM without splitting
+       (many batches and heads, or many query rows).
+    3. Otherwise enough splits to reach that, each keeping at least SPLIT_MIN_KEYS keys
+       of the longest sequence, and at most SPLIT_MAX.
+    """
+    blocks = p.B * p.Hk * math.ceil(p.group * p.Sq / rows_per_block(p.group * p.Sq, p.d))
+    if where != "gpu":
+        return 1, ("one split on the simulator: there is no GPU to fill (num_splits= "
+                   "forces more)")
+    sms = sm_count(where)
+    target = SPLIT_BLOCKS_PER_SM * sms
+    if blocks >= target:
+        return 1, (f"one split: {blocks} blocks without splitting already give "
+                   f"{SPLIT_BLOCKS_PER_SM} per SM on this GPU's {sms}")
+    n = min(math.ceil(target / blocks), max(1, p.n_max // SPLIT_MIN_KEYS), SPLIT_MAX)
+    return n, (f"{n} split(s): {blocks} blocks without splitting for {sms} SMs; splitting "
+               f"the keys (up to {p.n_max} a batch) gives {n * blocks} blocks, aiming at "
+               f"{SPLIT_BLOCKS_PER_SM} per SM with at least {SPLIT_MIN_KEYS} keys a split "
+               f"and at most {SPLIT_MAX} splits")

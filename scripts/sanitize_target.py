@@ -12,6 +12,11 @@ V``, ``--backward V`` (after forward v2) or ``--dtype T`` it runs only those, so
 process per kernel can run in parallel (lab/sweeps/variants_fast_path_gpu.sh), and with
 ``--cases TEXT`` only the cases whose name contains TEXT (e.g. ``--cases dropout``).
 
+``--kvcache`` runs the decoding kernels instead (kernels/decode/: the cache update, split-KV
+with one and several splits, and the combine): device caches with per-batch lengths that
+end mid-step, new keys appended, GQA, causal, a window, softcap, ALiBi, d = 40 (two
+head-dim columns per lane, the second ragged), float32 and float16.
+
 ``--forward V`` also runs forward V once on inputs with a NaN in q and k and an inf in v,
 so that the paths that handle non-finite inputs (forward v6's fix-ups) are checked too.
 ``--dtype T`` runs every case in dtype T only (e.g. ``--forward v7 --dtype float16``:
@@ -126,7 +131,35 @@ def nonfinite_forward(versions, rng, shape, causal, dtype=np.float32):
               flush=True)
 
 
+def main_kvcache():
+    rng = np.random.default_rng(5)
+    cases = [  # (B, Hq, Hk, Sq, S_max, S_new, d, options)
+        (3, 4, 2, 1, 300, 1, 40, dict(causal=True)),
+        (2, 4, 1, 3, 257, 3, 64, dict(causal=True, window_size=(50, 0), softcap=10.0)),
+        (2, 2, 2, 2, 190, 0, 128, dict(alibi_slopes=np.array([0.1, 0.2], np.float32))),
+    ]
+    for B, Hq, Hk, Sq, S_max, S_new, d, options in cases:
+        for dtype in (np.float32, np.float16):
+            q = cuda.to_device(rng.standard_normal((B, Hq, Sq, d)).astype(dtype))
+            kc, vc = (cuda.to_device(rng.standard_normal((B, Hk, S_max, d)).astype(dtype))
+                      for _ in range(2))
+            new = {}
+            if S_new:
+                new = {n: cuda.to_device(rng.standard_normal((B, Hk, S_new, d)).astype(dtype))
+                       for n in ("k", "v")}
+            lens = rng.integers(0, S_max - S_new + 1, B).astype(np.int32)
+            lens[0] = 0
+            for splits in (1, 4, None):
+                numbaflash.attention_with_kvcache(q, kc, vc, cache_seqlens=lens,
+                                                  num_splits=splits, **new, **options)
+                cuda.synchronize()
+                print(f"kvcache {(B, Hq, Hk, Sq, S_max, S_new, d)} {sorted(options)} "
+                      f"{np.dtype(dtype).name} splits={splits}: ok", flush=True)
+
+
 def main():
+    if "--kvcache" in sys.argv[1:]:
+        return main_kvcache()
     if "--variants" in sys.argv[1:]:
         return main_variants()
     forward_versions, backward_versions = FORWARD_VERSIONS, BACKWARD_VERSIONS

@@ -449,7 +449,41 @@ def fast_variant_entries(dtype, acc, tag, variant, causal, fsig, dkdv, dq, no_f6
     return out
 
 
-GROUPS = {"forward": forward_entries, "backward": backward_entries, "variants": variant_entries}
+def decode_entries():
+    """The decoding kernels (kernels/decode/): split_kv x float16/float32/float64 x d in
+    8, 64, 128, 256 (the rows per block of a GQA group of 8 and of one row), plain, causal,
+    and causal with a window, softcap and ALiBi; combine and append per dtype."""
+    import numpy as np
+    from numbaflash.kernels.decode import append, combine, split_kv
+    from numbaflash.kernels.variants import PLAIN, Variant
+    i64 = numba.int64
+    full = Variant(window=True, softcap=True, alibi=True)
+    out = []
+    for dtype in ("float16", "float32", "float64"):
+        acc = "float64" if dtype == "float64" else "float32"
+        dt, at = np.dtype(dtype), np.dtype(acc)
+        a = numba.from_dtype(at)
+        sig = (array(dt, 3), array(dt, 3), array(dt, 3), array(np.dtype(np.int32), 1), i64,
+               array(dt, 3), array(at, 2), array(at, 4), array(at, 3), a, i64, i64, i64, i64,
+               a, array(at, 2), array(np.dtype(np.bool_), 4))
+        no_f64 = dtype != "float64"
+        for d in (8, 64, 128, 256):
+            for rows_needed in (1, 8):
+                rows = split_kv.rows_per_block(rows_needed, d)
+                for causal, variant, what in ((False, PLAIN, "full"), (True, PLAIN, "causal"),
+                                              (True, full, "causal-window-softcap-alibi")):
+                    out.append(Entry(f"split_kv-{dtype}-d{d}-rows{rows}-{what}", "decode",
+                                     lambda d=d, r=rows, c=causal, ac=acc, v=variant:
+                                     split_kv.make_split_kv(d, r, c, ac, v), sig, no_f64))
+        out.append(Entry(f"combine-{dtype}", "decode", lambda ac=acc: combine.make_combine(ac),
+                         (array(at, 4), array(at, 3), array(dt, 3), array(at, 2)), no_f64))
+        out.append(Entry(f"append-{dtype}", "decode", append.make_append,
+                         (array(dt, 3),) * 4 + (array(np.dtype(np.int32), 1), i64), no_f64))
+    return out
+
+
+GROUPS = {"forward": forward_entries, "backward": backward_entries, "variants": variant_entries,
+          "decode": decode_entries}
 
 
 F64_RE = re.compile(r"\.f64\b")

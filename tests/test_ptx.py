@@ -154,6 +154,18 @@ def test_variant_kernels_compile_and_link_for_sm90(dtype, record_property):
     assert_compiled_without_f64(results, dtype)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_decode_kernels_compile_and_link_for_sm90(dtype, record_property):
+    """The decoding kernels (kernels/decode/, ptx_check.decode_entries) compile and link
+    for sm_90: split_kv at four head dims x one and two rows per block x plain, causal
+    and causal with window, softcap and ALiBi, then combine and append; the float16 and
+    float32 ones without float64."""
+    results = run_ptx_check("--group", "decode", f"--match=-{dtype}", "--link")
+    record_property("ptx_report", table(results))
+    assert len(results) == 4 * 2 * 3 + 2, [r["name"] for r in results]
+    assert_compiled_without_f64(results, dtype)
+
+
 def test_fingerprint_record_covers_every_entry():
     """The record names exactly the kernels ptx_check.py compiles (none added unrecorded,
     none recorded that no longer exist), and it was made with the toolchain CI installs."""

@@ -1,0 +1,317 @@
+"""Decoding against a KV cache: ``attention_with_kvcache`` and ``explain_kvcache``.
+
+A model that generates text appends each new token's key and value to a per-sequence
+cache and attends its new query rows to everything cached so far. The call here does
+both (flash-attention's ``flash_attn_with_kvcache`` semantics): it writes the new keys
+and values into the caches in place, then runs the split-KV kernels
+(numbaflash/kernels/decode/) over each batch's first cache_seqlens[b] + S_new keys.
+"""
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import arrays
+from .kernels.decode import append as append_kernels
+from .kernels.decode import combine as combine_kernels
+from .kernels.decode import split_kv as split_kv_kernels
+from .kernels.plan import Plans
+from .kernels.variants import Variant
+from .launcher import _context_key, _placeholders, launch
+from .masks import band, parse_causal, parse_window
+from .policy import default_num_splits, where_to_plan
+from .streams import call_stream, wait_for
+from .validate import (GRID_Y_MAX, HEAD_DIM_MAX, SUPPORTED_DTYPES, _check_alibi,
+                       _check_softcap, _shape_dtype)
+
+MAX_SPLITS = 256                # a forced num_splits above this is refused
+
+
+@dataclass(frozen=True)
+class CacheProblem:
+    """One ``attention_with_kvcache`` call, after validation (what the plans need)."""
+    B: int
+    Hq: int
+    Hk: int
+    Sq: int
+    S_max: int           # the caches' length
+    S_new: int           # new keys and values appended by this call (0: none)
+    d: int
+    dtype: np.dtype
+    acc_dtype: str
+    causal: bool         # bottom-right within each batch's length
+    softmax_scale: float
+    window: tuple | None = None
+    upper_shift: int = 0         # key j visible from row i iff j <= i + n_b - Sq + upper_shift
+    lower_shift: int = 0         # ... and j >= i + n_b - Sq + lower_shift (with a window)
+    softcap: float = 0.0
+    variant: Variant = Variant()
+    n_max: int = 0       # the most keys any batch sees (S_max when the lengths are on the GPU)
+    alibi_slopes: object = field(default=None, compare=False)
+    seqlens: object = field(default=None, compare=False)     # (B,) int32, host or device
+
+    @property
+    def group(self):
+        return self.Hq // self.Hk
+
+    @property
+    def upper(self):
+        return self.causal or (self.window is not None and self.window[1] >= 0)
+
+
+def _check_seqlens(cache_seqlens, B, S_max, S_new, device):
+    """cache_seqlens as a (B,) int32 array (host or device) and the most keys a batch
+    sees; ValueError/TypeError naming the problem. Host values are checked against the
+    cache: 0 <= cache_seqlens[b] and cache_seqlens[b] + S_new <= S_max."""
+    if isinstance(cache_seqlens, (int, np.integer)) and not isinstance(cache_seqlens, bool):
+        seqlens = np.full(B, int(cache_seqlens), np.int64)
+    elif arrays.is_device_array(cache_seqlens):
+        if not device:
+            raise TypeError("cache_seqlens is a device array but the caches are on the "
+                            "host: pass it as a NumPy array or an int")
+        shape, dtype = _shape_dtype(cache_seqlens, "cache_seqlens")
+        if shape != (B,) or dtype != np.int32:
+            raise ValueError(f"cache_seqlens must be an int or a (batch,) = ({B},) int32 "
+                             f"array; got a device array of shape {shape} and dtype {dtype}")
+        return cache_seqlens, S_max
+    else:
+        seqlens = np.asarray(cache_seqlens)
+        if seqlens.dtype.kind not in "iu" or seqlens.shape != (B,):
+            raise ValueError(f"cache_seqlens must be an int or a (batch,) = ({B},) integer "
+                             f"array; got shape {seqlens.shape} and dtype {seqlens.dtype}")
+    if B and (seqlens.min() < 0 or seqlens.max() + S_new > S_max):
+        raise ValueError(f"cache_seqlens must be >= 0 and leave room for the {S_new} new "
+                         f"keys in the caches' {S_max} rows (cache_seqlens[b] + {S_new} <= "
+                         f"{S_max}); got {seqlens.tolist()}")
+    n_max = int(seqlens.max()) + S_new if B else 0
+    return seqlens.astype(np.int32), n_max
+
+
+def check_kvcache_inputs(q, k_cache, v_cache, cache_seqlens, k=None, v=None, causal=False,
+                         scale=None, window_size=None, softcap=None, alibi_slopes=None,
+                         num_splits=None):
+    """Validate an ``attention_with_kvcache`` call; return a ``CacheProblem``."""
+    names = [("q", q), ("k_cache", k_cache), ("v_cache", v_cache)]
+    if (k is None) != (v is None):
+        raise ValueError("pass both k and v (the new keys and values) or neither")
+    if k is not None:
+        names += [("k", k), ("v", v)]
+    shapes = {}
+    dtypes = {}
+    for name, x in names:
+        shapes[name], dtypes[name] = _shape_dtype(x, name)
+        if len(shapes[name]) != 4:
+            raise ValueError(f"{name} must have rank 4 (batch, heads, seqlen, d); got shape "
+                             f"{shapes[name]}")
+    device = arrays.on_device([x for _, x in names])
+    B, Hq, Sq, d = shapes["q"]
+    if shapes["k_cache"] != shapes["v_cache"]:
+        raise ValueError(f"k_cache and v_cache must have the same shape; got "
+                         f"{shapes['k_cache']} and {shapes['v_cache']}")
+    Bc, Hk, S_max, dk = shapes["k_cache"]
+    if Bc != B or dk != d:
+        raise ValueError(f"the caches must be (batch, heads, S_max, d) with q's batch {B} and "
+                         f"head dim {d}; got q {shapes['q']} and caches {shapes['k_cache']}")
+    if Hk == 0 or Hq % Hk:
+        raise ValueError(f"q has {Hq} heads and the caches {Hk}: the number of query heads "
+                         f"must be a multiple of the caches' (GQA/MQA)")
+    S_new = 0
+    if k is not None:
+        if shapes["k"] != shapes["v"] or shapes["k"][:2] != (B, Hk) or shapes["k"][3] != d:
+            raise ValueError(f"k and v (the new keys and values) must both have shape (batch, "
+                             f"heads, S_new, d) = ({B}, {Hk}, S_new, {d}); got {shapes['k']} "
+                             f"and {shapes['v']}")
+        S_new = shapes["k"][2]
+    if len(set(dtypes.values())) > 1:
+        raise TypeError(f"q, the caches and the new k, v must have the same dtype; got "
+                        + ", ".join(f"{n} {t}" for n, t in dtypes.items()))
+    dtype = dtypes["q"]
+    if dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"unsupported dtype {dtype}: numbaflash supports float16 (computed in "
+                        f"float32), float32 and float64")
+    if not 1 <= d <= HEAD_DIM_MAX:
+        raise ValueError(f"head dim must be in 1..{HEAD_DIM_MAX}; got {d}")
+    if B * Hk > GRID_Y_MAX:
+        raise ValueError(f"batch * K/V heads = {B * Hk} exceeds {GRID_Y_MAX}, the CUDA grid "
+                         f"limit numbaflash uses for it; split the batch")
+    mode = parse_causal(causal)
+    if mode == "top_left":
+        raise ValueError("attention_with_kvcache aligns causal masks bottom-right within "
+                         "each batch's length (the new rows are the last ones); "
+                         "causal='top_left' has no meaning here: use causal=True")
+    window = parse_window(window_size)
+    # The band at Sk = Sq: its bounds relative to n_b - Sq, the same for every batch.
+    upper, lower = band(Sq, Sq, mode, window)
+    if scale is None:
+        scale = 1.0 / math.sqrt(d) if d else 1.0
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)):
+        raise TypeError(f"scale must be a real number or None; got {type(scale).__name__}")
+    elif not math.isfinite(scale):
+        raise ValueError(f"scale must be finite; got {scale}")
+    softcap = _check_softcap(softcap)
+    slopes = _check_alibi(alibi_slopes, B, Hq)
+    if num_splits is not None and (isinstance(num_splits, bool)
+                                   or not isinstance(num_splits, (int, np.integer))
+                                   or not 1 <= num_splits <= MAX_SPLITS):
+        raise ValueError(f"num_splits must be None (the planner chooses) or an int in "
+                         f"1..{MAX_SPLITS}; got {num_splits!r}")
+    seqlens, n_max = _check_seqlens(cache_seqlens, B, S_max, S_new, device)
+    variant = Variant(window=lower is not None, softcap=softcap is not None,
+                      alibi=slopes is not None)
+    return CacheProblem(B=B, Hq=Hq, Hk=Hk, Sq=Sq, S_max=S_max, S_new=S_new, d=d, dtype=dtype,
+                        acc_dtype="float64" if dtype == np.float64 else "float32",
+                        causal=mode is not None, softmax_scale=float(scale), window=window,
+                        upper_shift=0 if upper is None else upper,
+                        lower_shift=0 if lower is None else lower,
+                        softcap=0.0 if softcap is None else softcap, variant=variant,
+                        n_max=n_max, alibi_slopes=slopes, seqlens=seqlens)
+
+
+def plan_kvcache(p, num_splits=None, where=None):
+    """The Plans of a CacheProblem, in launch order: the cache update (device caches with
+    new keys), the split-KV kernel, and the combine if there is more than one split."""
+    where = where_to_plan(where)
+    if num_splits is None:
+        n, reason = default_num_splits(p, where)
+    else:
+        n, reason = int(num_splits), f"{num_splits} split(s) asked for by the caller"
+    plans = [split_kv_kernels.plan(p, where, n, reason)]
+    if n > 1:
+        plans.append(combine_kernels.plan(p, where))
+    return Plans(plans)
+
+
+def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens, k=None, v=None,
+                           causal=False, scale=None, window_size=None, softcap=None,
+                           alibi_slopes=None, num_splits=None, return_lse=False, stream=None):
+    """Attention of new query rows against a KV cache, appending new keys and values
+    first (flash-attention's ``flash_attn_with_kvcache``).
+
+    Batch b sees the first n_b = cache_seqlens[b] + S_new keys of its caches: the
+    cache_seqlens[b] already there, then the S_new new ones written by this call.
+
+    Args:
+        q: (batch, Hq, Sq, d), the new query rows (Sq = 1 for one decoding step).
+        k_cache, v_cache: (batch, Hk, S_max, d) with Hk dividing Hq (GQA/MQA). NumPy
+            arrays (the result is then on the host) or device arrays (Numba, CuPy,
+            PyTorch CUDA tensors; C-contiguous), like q.
+        cache_seqlens: an int, or a (batch,) integer array: the keys already cached per
+            batch. Host values are checked (0 <= cache_seqlens[b] and cache_seqlens[b] +
+            S_new <= S_max); a device array (int32, with device caches) is used as it is,
+            each n_b clamped to S_max, since checking it would wait for the GPU.
+        k, v: None, or the new keys and values (batch, Hk, S_new, d): written into the
+            caches in place at rows cache_seqlens[b], ..., cache_seqlens[b] + S_new - 1
+            before the attention (NumPy caches on the host, device caches on the GPU).
+            cache_seqlens itself is not changed.
+        causal: False, or True / "bottom_right": row i sees keys j <= i + n_b - Sq (the
+            last row sees every key of its batch).
+        scale, window_size, softcap, alibi_slopes: as for ``numbaflash.attention``, with
+            positions taken within each batch's n_b keys (bottom-right aligned).
+        num_splits: None lets the planner choose how many ranges the keys are split into
+            (``explain_kvcache`` says why); an int in 1..256 forces it.
+        return_lse: also return the logsumexp (batch, Hq, Sq), float32 (float64 for
+            float64 inputs).
+        stream: as for ``numbaflash.attention``.
+
+    Returns:
+        out (batch, Hq, Sq, d) in q's dtype, or ``(out, lse)``. Rows that see no key
+        (n_b = 0, or a window that hides them all) give out = 0 and lse = -inf.
+
+    Raises:
+        ValueError, TypeError: bad shapes, dtypes, lengths or options, before anything is
+            written or launched.
+    """
+    p = check_kvcache_inputs(q, k_cache, v_cache, cache_seqlens, k, v, causal, scale,
+                             window_size, softcap, alibi_slopes, num_splits)
+    plans = plan_kvcache(p, num_splits)
+    inputs = [q, k_cache, v_cache] + ([k, v] if k is not None else [])
+    host = not arrays.on_device(inputs)
+    s = call_stream(inputs, stream)
+    acc = np.dtype(p.acc_dtype)
+    BH = p.B * p.Hq
+    out_shape, lse_shape = (p.B, p.Hq, p.Sq, p.d), (p.B, p.Hq, p.Sq)
+
+    if host and k is not None:                  # the new rows, into the host caches
+        for b in range(p.B):
+            at = int(p.seqlens[b])
+            k_cache[b, :, at:at + p.S_new] = k[b]
+            v_cache[b, :, at:at + p.S_new] = v[b]
+    n_keys = p.n_max if host else p.S_max       # cache rows the kernels may read
+    if BH == 0 or p.Sq == 0 or n_keys == 0:
+        out = arrays.filled(out_shape, 0, p.dtype, host, s)
+        lse = arrays.filled(lse_shape, -np.inf, acc, host, s)
+        return (out, lse) if return_lse else out
+
+    if host:    # only the rows some batch sees travel to the GPU
+        K = arrays.as_kernel_array(k_cache[:, :, :n_keys], (p.B * p.Hk, n_keys, p.d), "k", s)
+        V = arrays.as_kernel_array(v_cache[:, :, :n_keys], (p.B * p.Hk, n_keys, p.d), "v", s)
+    else:
+        K = arrays.as_kernel_array(k_cache, (p.B * p.Hk, p.S_max, p.d), "k_cache", s)
+        V = arrays.as_kernel_array(v_cache, (p.B * p.Hk, p.S_max, p.d), "v_cache", s)
+    Q = arrays.as_kernel_array(q, (BH, p.Sq, p.d), "q", s)
+    if arrays.is_device_array(p.seqlens):
+        wait_for(p.seqlens, s)
+        seqlens = (p.seqlens if hasattr(p.seqlens, "copy_to_host")
+                   else arrays.cuda.as_cuda_array(p.seqlens, sync=False))
+    else:
+        seqlens = arrays.cuda.to_device(p.seqlens, stream=s.numba)
+    if not host and k is not None:              # the new rows, into the device caches
+        K_new = arrays.as_kernel_array(k, (p.B * p.Hk, p.S_new, p.d), "k", s)
+        V_new = arrays.as_kernel_array(v, (p.B * p.Hk, p.S_new, p.d), "v", s)
+        update = append_kernels.plan(p, plans[0].backend)
+        if p.S_new:
+            launch(append_kernels.kernel(update, p), update.grid, update.block,
+                   (K, V, K_new, V_new, seqlens, np.int64(p.Hk)), stream=s)
+    O, L = launch_kvcache(plans, p, Q, K, V, seqlens, s)
+    out = arrays.finish(O, out_shape, host, s)
+    if not return_lse:
+        return out
+    return out, arrays.finish(L, lse_shape, host, s)
+
+
+def launch_kvcache(plans, p, Q, K, V, seqlens, stream):
+    """Launch the split-KV kernel (and the combine) on device arrays, on ``stream``;
+    return the outputs O (B*Hq, Sq, d) and L (B*Hq, Sq)."""
+    BH = p.B * p.Hq
+    acc = np.dtype(p.acc_dtype)
+    O = arrays.device_empty((BH, p.Sq, p.d), p.dtype, stream)
+    L = arrays.device_empty((BH, p.Sq), acc, stream)
+    split_plan = plans[0]
+    n = split_plan.grid[0]
+    if n > 1:
+        O_parts = arrays.device_empty((n, BH, p.Sq, p.d), acc, stream)
+        L_parts = arrays.device_empty((n, BH, p.Sq), acc, stream)
+    else:   # never written with one split: the smallest arrays of the right types
+        O_parts = arrays.device_empty((1, 1, 1, 1), acc, stream)
+        L_parts = arrays.device_empty((1, 1, 1), acc, stream)
+    no_slopes, no_mask, _ = _placeholders(p.acc_dtype, _context_key())
+    slopes = no_slopes
+    if p.alibi_slopes is not None:
+        slopes = p.alibi_slopes
+        if not arrays.is_device_array(slopes):
+            slopes = arrays.cuda.to_device(np.ascontiguousarray(slopes), stream=stream.numba)
+        elif not hasattr(slopes, "copy_to_host"):
+            slopes = arrays.cuda.as_cuda_array(slopes, sync=False)
+    args = (Q, K, V, seqlens, np.int64(p.S_new), O, L, O_parts, L_parts,
+            acc.type(p.softmax_scale), np.int64(p.upper_shift), np.int64(p.lower_shift),
+            np.int64(p.Hq), np.int64(p.group), acc.type(p.softcap), slopes, no_mask)
+    launch(split_kv_kernels.kernel(split_plan, p), split_plan.grid, split_plan.block, args,
+           stream=stream)
+    if n > 1:
+        merge = plans[1]
+        launch(combine_kernels.kernel(merge, p), merge.grid, merge.block,
+               (O_parts, L_parts, O, L), stream=stream)
+    return O, L
+
+
+def explain_kvcache(q, k_cache, v_cache, *, cache_seqlens, k=None, v=None, causal=False,
+                    scale=None, num_splits=None, backend=None, **variants):
+    """Validate like ``attention_with_kvcache`` and return its ``Plans`` without running
+    them (nothing is written into the caches): the split-KV kernel, with the number of
+    splits and why, and the combine when there is more than one split. ``backend`` as
+    for ``numbaflash.explain``. q, the caches, k and v may be anything with ``shape`` and
+    ``dtype``."""
+    p = check_kvcache_inputs(q, k_cache, v_cache, cache_seqlens, k, v, causal, scale,
+                             num_splits=num_splits, **variants)
+    return plan_kvcache(p, num_splits, where=backend)

@@ -1,0 +1,255 @@
+"""Decoding against a KV cache on a GPU: agreement, split counts, and bandwidth against
+SDPA and the HBM copy limit.
+
+    python scripts/decode_gpu.py [--parts agreement,splits,rows,bandwidth] [--repeats 20]
+                                 [--dtypes float16,float32] [--shapes NAME,...]
+
+1. agreement: ``attention_with_kvcache`` (new keys appended on the GPU, per-batch
+   lengths, causal or not, GQA, window, softcap, ALiBi, split counts 1 and default and
+   forced) against ``numbaflash.reference.forward`` in float64 on each batch's slice of
+   the caches, by the bench's rule (``bench._agreement``).
+2. splits: the time of one decode call for num_splits in 1, 2, 4, ..., 64 and the
+   planner's choice, at each shape (the evidence behind policy.default_num_splits).
+3. rows (GQA shapes): the default split count's time with a block holding at most 1, 2,
+   4 or 8 of the group's query rows (split_kv.MAX_ROWS, set before the plans are made):
+   more rows read each key once for more heads, and cost registers.
+4. bandwidth: numbaflash's default against SDPA (FLASH for float16, EFFICIENT for
+   float32; ``enable_gqa`` for GQA) and the HBM copy bandwidth (a device-to-device copy
+   of 4 GiB, bytes read + written / time). Bandwidth = K and V bytes read / time.
+
+Shapes (batch, Hq, Hk, Sq, S_max, d): the decode shapes of the targets in docs/kvcache.md.
+Timing: CUDA events on PyTorch's current stream (numbaflash launches there), median of
+``--repeats`` after 3 warm-ups, one process. Every line is printed as it comes (flush).
+"""
+
+import argparse
+import sys
+import warnings
+
+import numpy as np
+
+import numbaflash
+from numbaflash import bench, reference
+
+SHAPES = {  # name: (B, Hq, Hk, Sq, S_max, d)
+    "b8-mha": (8, 32, 32, 1, 32768, 128),
+    "b8-gqa": (8, 32, 8, 1, 32768, 128),
+    "b1-mha": (1, 32, 32, 1, 131072, 128),
+    "b1-gqa": (1, 32, 8, 1, 131072, 128),
+}
+
+
+def agreement():
+    import torch
+    rng = np.random.default_rng(11)
+    cases = [  # (B, Hq, Hk, Sq, S_max, S_new, d, dtype, options, splits)
+        (3, 8, 8, 1, 5000, 1, 128, np.float16, {}, None),
+        (3, 8, 2, 1, 5000, 1, 128, np.float32, {}, None),
+        (2, 8, 2, 4, 3000, 4, 64, np.float16, dict(causal=True), 5),
+        (2, 4, 4, 3, 4096, 3, 128, np.float32, dict(causal=True, window_size=(700, 0)), None),
+        (2, 4, 1, 2, 2000, 2, 96, np.float32, dict(softcap=20.0), 3),
+        (2, 4, 2, 1, 2500, 1, 128, np.float16, dict(alibi_slopes=True), None),
+        (1, 16, 4, 8, 9000, 8, 128, np.float32, dict(causal=True), 1),
+    ]
+    bad = 0
+    for B, Hq, Hk, Sq, S_max, S_new, d, dtype, options, splits in cases:
+        options = dict(options)
+        if options.get("alibi_slopes"):
+            options["alibi_slopes"] = rng.uniform(0.01, 0.2, Hq).astype(np.float32)
+        q = rng.standard_normal((B, Hq, Sq, d)).astype(dtype)
+        kc, vc = (rng.standard_normal((B, Hk, S_max, d)).astype(dtype) for _ in range(2))
+        k, v = (rng.standard_normal((B, Hk, S_new, d)).astype(dtype) for _ in range(2))
+        lens = rng.integers(0, S_max - S_new + 1, B).astype(np.int32)
+        tq, tkc, tvc, tk, tv = (torch.from_numpy(x).cuda() for x in (q, kc, vc, k, v))
+        out, lse = numbaflash.attention_with_kvcache(
+            tq, tkc, tvc, cache_seqlens=lens, k=tk, v=tv, num_splits=splits,
+            return_lse=True, **options)
+        plans = numbaflash.explain_kvcache(q, kc, vc, cache_seqlens=lens, k=k, v=v,
+                                           num_splits=splits, **options)
+        out = out.copy_to_host()
+        lse = lse.copy_to_host()
+        kc_after, vc_after = tkc.cpu().numpy(), tvc.cpu().numpy()
+        worst, ok = 0.0, True
+        for b in range(B):
+            n = lens[b] + S_new
+            at = slice(lens[b], n)
+            ok &= np.array_equal(kc_after[b, :, at], k[b]) and np.array_equal(vc_after[b, :, at], v[b])
+            kw = dict(options)
+            if "alibi_slopes" in kw:
+                kw["alibi_slopes"] = kw["alibi_slopes"].astype(np.float64)
+            f64 = [x.astype(np.float64) for x in (q[b], kc_after[b, :, :n], vc_after[b, :, :n])]
+            want, want_lse = reference.forward(*f64, kw.pop("causal", False), **kw)
+            low = [x.astype(dtype) for x in f64]
+            base, _ = reference.forward(*low, options.get("causal", False), dtype=dtype, **kw)
+            c = bench._agreement(out[b].astype(np.float64), want, base, dtype, bench.MULT["out"],
+                                 None)
+            ok &= c["ok"]
+            worst = max(worst, c["max_err"] / c["bound"])
+            seen = np.isfinite(want_lse)
+            ok &= np.array_equal(seen, np.isfinite(lse[b]))
+            ok &= np.allclose(lse[b][seen], want_lse[seen], rtol=1e-5, atol=1e-5)
+        bad += not ok
+        opts = {k: ("..." if k == "alibi_slopes" else val) for k, val in options.items()}
+        print(f"{'OK  ' if ok else 'FAIL'} agreement {(B, Hq, Hk, Sq, S_max, d)} S_new={S_new} "
+              f"{np.dtype(dtype).name} {opts} splits={plans[0].grid[0]}: max err/bound "
+              f"{worst:.3f}", flush=True)
+    return bad
+
+
+def _median_ms(fn, repeats):
+    import torch
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    return float(np.median(times))
+
+
+def _inputs(shape, dtype):
+    import torch
+    B, Hq, Hk, Sq, S_max, d = shape
+    g = torch.Generator(device="cuda").manual_seed(0)
+    tdt = getattr(torch, dtype)
+    q = torch.randn((B, Hq, Sq, d), generator=g, device="cuda", dtype=tdt)
+    kc = torch.randn((B, Hk, S_max, d), generator=g, device="cuda", dtype=tdt)
+    vc = torch.randn((B, Hk, S_max, d), generator=g, device="cuda", dtype=tdt)
+    return q, kc, vc
+
+
+def _kv_bytes(shape, dtype):
+    B, Hq, Hk, Sq, S_max, d = shape
+    return 2 * B * Hk * S_max * d * np.dtype(dtype).itemsize
+
+
+def splits(shapes, dtypes, repeats):
+    for name in shapes:
+        shape = SHAPES[name]
+        for dtype in dtypes:
+            q, kc, vc = _inputs(shape, dtype)
+            n_bytes = _kv_bytes(shape, dtype)
+            chosen = numbaflash.explain_kvcache(q, kc, vc, cache_seqlens=shape[4])[0].grid[0]
+            row = []
+            for n in (1, 2, 4, 8, 16, 32, 64):
+                ms = _median_ms(lambda: numbaflash.attention_with_kvcache(
+                    q, kc, vc, cache_seqlens=shape[4], num_splits=n), repeats)
+                row.append(f"{n}:{ms:.3f}ms/{n_bytes / ms / 1e6:.0f}GB/s")
+            print(f"splits {name} {shape} {dtype} (default {chosen}): " + " ".join(row),
+                  flush=True)
+            del q, kc, vc
+
+
+def rows(shapes, dtypes, repeats):
+    from numbaflash.kernels.decode import split_kv
+    keep = split_kv.MAX_ROWS
+    for name in shapes:
+        shape = SHAPES[name]
+        if shape[1] == shape[2]:
+            continue
+        for dtype in dtypes:
+            q, kc, vc = _inputs(shape, dtype)
+            n_bytes = _kv_bytes(shape, dtype)
+            row = []
+            for most in (1, 2, 4, 8):
+                split_kv.MAX_ROWS = most
+                n = numbaflash.explain_kvcache(q, kc, vc, cache_seqlens=shape[4])[0].grid[0]
+                ms = _median_ms(lambda: numbaflash.attention_with_kvcache(
+                    q, kc, vc, cache_seqlens=shape[4]), repeats)
+                row.append(f"rows<={most} ({n} splits):{ms:.3f}ms/{n_bytes / ms / 1e6:.0f}GB/s")
+            split_kv.MAX_ROWS = keep
+            print(f"rows {name} {shape} {dtype}: " + " ".join(row), flush=True)
+            del q, kc, vc
+
+
+def copy_bandwidth(repeats):
+    import torch
+    x = torch.empty(2**30, dtype=torch.float32, device="cuda")      # 4 GiB
+    y = torch.empty_like(x)
+    ms = _median_ms(lambda: y.copy_(x), repeats)
+    gbs = 2 * x.numel() * 4 / ms / 1e6
+    print(f"HBM copy: 4 GiB device-to-device, {ms:.3f} ms, {gbs:.0f} GB/s (read + written)",
+          flush=True)
+    del x, y
+    return gbs
+
+
+def bandwidth(shapes, dtypes, repeats):
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import torch.nn.functional as F
+    hbm = copy_bandwidth(repeats)
+    for name in shapes:
+        shape = SHAPES[name]
+        B, Hq, Hk, Sq, S_max, d = shape
+        for dtype in dtypes:
+            q, kc, vc = _inputs(shape, dtype)
+            n_bytes = _kv_bytes(shape, dtype)
+            plans = numbaflash.explain_kvcache(q, kc, vc, cache_seqlens=S_max)
+            ours = _median_ms(lambda: numbaflash.attention_with_kvcache(
+                q, kc, vc, cache_seqlens=S_max), repeats)
+            # SDPA as a user calls it (its own choice of backend), and the fused backend
+            # for the dtype where it takes the call (FLASH for float16, EFFICIENT for
+            # float32; with GQA they may not: then only the default is timed)
+            gqa = Hk != Hq
+            sdpa = lambda: F.scaled_dot_product_attention(q, kc, vc, enable_gqa=gqa)
+            default_ms = _median_ms(sdpa, repeats)
+            backend = SDPBackend.FLASH_ATTENTION if dtype == "float16" else \
+                SDPBackend.EFFICIENT_ATTENTION
+            try:
+                with sdpa_kernel(backend):
+                    fused_ms = _median_ms(sdpa, repeats)
+            except RuntimeError:
+                fused_ms = float("nan")
+            theirs = min(default_ms, fused_ms) if fused_ms == fused_ms else default_ms
+            how = (f"default {default_ms:.3f} ms, {backend.name} "
+                   + (f"{fused_ms:.3f} ms" if fused_ms == fused_ms else "refuses the call"))
+            out = torch.as_tensor(numbaflash.attention_with_kvcache(q, kc, vc,
+                                                                  cache_seqlens=S_max),
+                                  device="cuda")
+            want = sdpa()
+            diff = (out.float() - want.float()).abs().max().item()
+            ours_gbs, theirs_gbs = n_bytes / ours / 1e6, n_bytes / theirs / 1e6
+            print(f"bandwidth {name} {shape} {dtype}: numbaflash {ours:.3f} ms {ours_gbs:.0f} "
+                  f"GB/s ({plans[0].grid[0]} splits); SDPA ({how}) best {theirs:.3f} ms "
+                  f"{theirs_gbs:.0f} GB/s; ratio {ours_gbs / theirs_gbs:.3f} of SDPA, "
+                  f"{ours_gbs / hbm:.3f} of HBM copy; max |ours - SDPA| {diff:.2e}",
+                  flush=True)
+            del q, kc, vc, out, want
+            torch.cuda.empty_cache()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--parts", default="agreement,splits,rows,bandwidth")
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--dtypes", default="float16,float32")
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    args = ap.parse_args()
+    warnings.filterwarnings("ignore", message=".*(under-utilization|kernel not used|runtime "
+                            "disabled|same num_heads).*")
+    parts = args.parts.split(",")
+    dtypes = args.dtypes.split(",")
+    shapes = args.shapes.split(",")
+    import torch
+    print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}, numbaflash "
+          f"{numbaflash.__version__}", flush=True)
+    bad = 0
+    if "agreement" in parts:
+        bad += agreement()
+    if "splits" in parts:
+        splits(shapes, dtypes, args.repeats)
+    if "rows" in parts:
+        rows(shapes, dtypes, args.repeats)
+    if "bandwidth" in parts:
+        bandwidth(shapes, dtypes, args.repeats)
+    print(f"decode_gpu: {bad} agreement failure(s)", flush=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,576 @@
+"""L2 (simulator) / L3 (GPU): ``attention_with_kvcache`` and ``explain_kvcache`` against
+the float64 reference (numbaflash/kvcache.py, numbaflash/kernels/decode/).
+
+The contract, per batch b: the new keys and values k[b], v[b] (S_new rows, optional) are
+first written into the caches at rows cache_seqlens[b] .. cache_seqlens[b] + S_new - 1;
+then batch b's query rows attend to the first n_b = cache_seqlens[b] + S_new keys of its
+caches, causal masks and windows aligned bottom-right within n_b. So batch b's (out, lse)
+is ``reference.forward(q[b:b+1], k_cache[b:b+1, :, :n_b], v_cache[b:b+1, :, :n_b], ...)``
+with ALiBi slopes of batch b; every check below is that, per batch, with TESTING.md's rule
+(tolerance.check_forward: float64 reference on the already-rounded inputs, the naive
+same-dtype baseline, exact zeros and -inf for rows that see no key, NaN positions exact).
+Outputs (and the split kernel's partial outputs) are pre-filled with NaN
+(conftest.nan_prefilled_outputs), so an element a kernel never writes shows.
+
+Cost on the simulator: the split-KV kernel launches 128-thread blocks, one per (split,
+row tile, batch x K/V head); a call at B=2, Hk=2, d=8, S_max=40 takes about 2 s. The
+drawn problems stay within B, Hk <= 2, Sq <= 3, S_max <= 48; the Hypothesis tests use a
+fraction of the profile's examples (strategies.examples).
+
+Lengths are biased toward 0 and the kernel's step boundaries: each warp loads KEYS = 8
+keys a step (split_kv.keys_per_step for d <= 128) and the 4 warps of a block together 32,
+so n_b in {0, 1, 7, 8, 9, 31, 32, 33, room} crosses them. Head dims 8, 3, 20 and 40: not
+multiples of 32 (lanes past d hold zeros), and d = 40 gives two columns per lane.
+
+Two cases that once went wrong have their own tests: a window's right side without
+causal=True (``test_window_right_side_without_causal``), and a NaN score that is the
+only visible score of a warp's share of the keys or of a split
+(``test_nan_score_propagates``: the warp or split kept m = -inf and was skipped).
+"""
+
+import types
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+from numba import cuda
+
+import numbaflash
+import numbaflash.kvcache
+import numbaflash.launcher
+from numbaflash.kernels.decode import split_kv
+from strategies import examples, random_values
+from tolerance import (assert_bitwise_equal, assert_close_f64, check_forward,
+                       forward_magnitudes, to_host)
+
+pytestmark = pytest.mark.usefixtures("nan_prefilled_outputs")
+
+DTYPES = ("float32", "float16", "float64")
+HEAD_DIMS = (8, 3, 20, 40)          # the first is where Hypothesis shrinks to
+MAX_CACHE = 48                      # S_max
+SPLITS = (None, 1, 2, 3, 4, 5)
+WINDOW_SIDES = (-1, 0, 1, 2, 5)
+SOFTCAPS = (0.5, 2.0, 30.0)
+STEP = split_kv.WARPS * split_kv.keys_per_step(8)       # keys one block step covers (32)
+LENGTH_BOUNDARIES = (0, 1, 7, 8, 9, STEP - 1, STEP, STEP + 1)
+
+
+# --- cases --------------------------------------------------------------------------------
+
+@dataclass(frozen=True, repr=False)
+class CacheCase:
+    """A drawn ``attention_with_kvcache`` problem (arrays from ``seed``, NumPy)."""
+    B: int
+    Hk: int
+    group: int
+    Sq: int
+    S_max: int
+    d: int
+    dtype: str
+    lengths: tuple              # cache_seqlens, one per batch
+    S_new: int                  # new keys and values (0: k = v = None)
+    causal: bool
+    scale: float | None
+    num_splits: int | None
+    window: tuple | None
+    softcap: float | None
+    alibi: str | None           # None, "heads" ((Hq,) slopes) or "batch" ((B, Hq) slopes)
+    seed: int
+    q: np.ndarray = field(compare=False)
+    k_cache: np.ndarray = field(compare=False)
+    v_cache: np.ndarray = field(compare=False)
+    k: np.ndarray | None = field(compare=False)
+    v: np.ndarray | None = field(compare=False)
+    alibi_slopes: np.ndarray | None = field(compare=False)
+
+    @property
+    def Hq(self):
+        return self.Hk * self.group
+
+    def variants(self):
+        """The variant keyword arguments, as attention_with_kvcache takes them."""
+        kw = {}
+        if self.window is not None:
+            kw["window_size"] = self.window
+        if self.softcap is not None:
+            kw["softcap"] = self.softcap
+        if self.alibi is not None:
+            kw["alibi_slopes"] = self.alibi_slopes
+        return kw
+
+    def __repr__(self):
+        return (f"make_cache_case(B={self.B}, Hk={self.Hk}, group={self.group}, Sq={self.Sq}, "
+                f"S_max={self.S_max}, d={self.d}, dtype={self.dtype!r}, "
+                f"lengths={self.lengths!r}, S_new={self.S_new}, causal={self.causal}, "
+                f"scale={self.scale!r}, num_splits={self.num_splits!r}, "
+                f"window={self.window!r}, softcap={self.softcap!r}, alibi={self.alibi!r}, "
+                f"seed={self.seed})")
+
+    def _repr_pretty_(self, p, cycle):
+        p.text(repr(self))
+
+
+def make_cache_case(B, Hk, group, Sq, S_max, d, dtype="float32", lengths=None, S_new=0,
+                    causal=False, scale=None, num_splits=None, window=None, softcap=None,
+                    alibi=None, seed=0):
+    """Build a CacheCase deterministically (what the strategy draws; for @example)."""
+    lengths = tuple(int(n) for n in (lengths if lengths is not None else [S_max - S_new] * B))
+    rng = np.random.default_rng(seed)
+    Hq = Hk * group
+    q = random_values(rng, (B, Hq, Sq, d), dtype)
+    k_cache = random_values(rng, (B, Hk, S_max, d), dtype)
+    v_cache = random_values(rng, (B, Hk, S_max, d), dtype)
+    k = random_values(rng, (B, Hk, S_new, d), dtype) if S_new else None
+    v = random_values(rng, (B, Hk, S_new, d), dtype) if S_new else None
+    slopes = None
+    if alibi is not None:
+        shape = {"heads": (Hq,), "batch": (B, Hq)}[alibi]
+        slopes = rng.uniform(0.05, 1.0, shape).astype(np.float32)
+    return CacheCase(B, Hk, group, Sq, S_max, d, np.dtype(dtype).name, lengths, S_new, causal,
+                     scale, num_splits, None if window is None else tuple(window), softcap,
+                     alibi, seed, q, k_cache, v_cache, k, v, slopes)
+
+
+@st.composite
+def cache_cases(draw, *, dtypes=DTYPES, head_dims=HEAD_DIMS, variants=False, max_new=2,
+                splits=SPLITS):
+    """Draw a CacheCase: B, Hk in 1..2, groups of 1..3, Sq in 1..3, S_max <= MAX_CACHE,
+    per-batch lengths biased toward LENGTH_BOUNDARIES (0 included), S_new new keys in
+    0..max_new, causal or not, num_splits from ``splits``; with ``variants`` also a
+    window, softcap and ALiBi slopes ((Hq,) or (B, Hq)), each half the time."""
+    dtype = draw(st.sampled_from(dtypes))
+    d = draw(st.sampled_from(head_dims))
+    B = draw(st.integers(1, 2))
+    Hk = draw(st.integers(1, 2))
+    group = draw(st.integers(1, 3))
+    Sq = draw(st.integers(1, 3))
+    S_new = draw(st.integers(0, max_new))
+    S_max = draw(st.integers(max(1, S_new), MAX_CACHE))
+    room = S_max - S_new
+    near = sorted({n for n in LENGTH_BOUNDARIES + (room,) if n <= room})
+    lengths = tuple(draw(st.one_of(st.sampled_from(near), st.integers(0, room)))
+                    for _ in range(B))
+    causal = draw(st.booleans())
+    scale = draw(st.sampled_from((None, 0.5)))
+    num_splits = draw(st.sampled_from(splits))
+    window = softcap = alibi = None
+    if variants:
+        if draw(st.booleans()):
+            right = draw(st.sampled_from(WINDOW_SIDES))
+            window = (draw(st.sampled_from(WINDOW_SIDES)), right)
+        if draw(st.booleans()):
+            softcap = draw(st.sampled_from(SOFTCAPS))
+        if draw(st.booleans()):
+            alibi = draw(st.sampled_from(("heads", "batch")))
+    seed = draw(st.integers(0, 2 ** 32 - 1))
+    return make_cache_case(B, Hk, group, Sq, S_max, d, dtype, lengths, S_new, causal, scale,
+                           num_splits, window, softcap, alibi, seed)
+
+
+# --- running and checking -------------------------------------------------------------------
+
+def updated_caches(case):
+    """The caches as the call must leave them: the new rows written at each length."""
+    k_cache, v_cache = case.k_cache.copy(), case.v_cache.copy()
+    for b, at in enumerate(case.lengths):
+        if case.S_new:
+            k_cache[b, :, at:at + case.S_new] = case.k[b]
+            v_cache[b, :, at:at + case.S_new] = case.v[b]
+    return k_cache, v_cache
+
+
+def run(case, device=False, **override):
+    """Call attention_with_kvcache on copies of the case's caches (host or device);
+    return (out, lse, k_cache, v_cache) on the host, the caches as the call left them."""
+    k_cache, v_cache = case.k_cache.copy(), case.v_cache.copy()
+    args = [case.q, k_cache, v_cache]
+    k, v = case.k, case.v
+    lengths = np.array(case.lengths, np.int32)
+    if device:
+        args = [cuda.to_device(a) for a in args]
+        k, v = (None, None) if k is None else (cuda.to_device(k), cuda.to_device(v))
+    kw = dict(cache_seqlens=lengths, k=k, v=v, causal=case.causal, scale=case.scale,
+              num_splits=case.num_splits, return_lse=True, **case.variants())
+    kw.update(override)
+    out, lse = numbaflash.attention_with_kvcache(*args, **kw)
+    return to_host(out), to_host(lse), to_host(args[1]), to_host(args[2])
+
+
+def check_against_reference(case, out, lse, k_cache, v_cache, lengths=None):
+    """Each batch's (out, lse) against reference.forward over its first n_b keys of the
+    given caches (TESTING.md's rule, tolerance.check_forward)."""
+    lengths = case.lengths if lengths is None else lengths
+    assert out.shape == case.q.shape and lse.shape == case.q.shape[:3]
+    for b, cached in enumerate(lengths):
+        n = min(cached + case.S_new, case.S_max)
+        kw = case.variants()
+        if case.alibi == "batch":
+            kw["alibi_slopes"] = case.alibi_slopes[b:b + 1]
+        try:
+            check_forward(case.q[b:b + 1], k_cache[b:b + 1, :, :n], v_cache[b:b + 1, :, :n],
+                          out[b:b + 1], lse[b:b + 1],
+                          causal="bottom_right" if case.causal else None, scale=case.scale,
+                          **kw)
+        except AssertionError as err:
+            raise AssertionError(f"batch {b} (n_b = {n} keys): {err}") from None
+
+
+def run_and_check(case, device=False, **override):
+    """Run the case, check the caches (bitwise) and the result; return (out, lse)."""
+    out, lse, k_cache, v_cache = run(case, device, **override)
+    want_k, want_v = updated_caches(case)
+    assert_bitwise_equal("k_cache", k_cache, want_k)
+    assert_bitwise_equal("v_cache", v_cache, want_v)
+    check_against_reference(case, out, lse, want_k, want_v)
+    return out, lse
+
+
+# --- 1. the reference, drawn shapes ---------------------------------------------------------
+
+@settings(max_examples=examples())
+@given(case=cache_cases())
+@example(case=make_cache_case(B=2, Hk=2, group=2, Sq=3, S_max=41, d=40, dtype="float16",
+                              lengths=(0, 33), S_new=0, causal=True, num_splits=3, seed=1))
+@example(case=make_cache_case(B=2, Hk=1, group=3, Sq=2, S_max=40, d=20, dtype="float32",
+                              lengths=(9, 31), S_new=2, causal=False, scale=0.5, seed=2))
+def test_matches_reference(case):
+    run_and_check(case)
+
+
+# --- 2. variants: window, softcap, ALiBi, GQA -----------------------------------------------
+
+@settings(max_examples=examples(0.75))
+@given(case=cache_cases(variants=True))
+def test_variants_match_reference(case):
+    run_and_check(case)
+
+
+FIXED_VARIANTS = {
+    "window_causal": dict(causal=True, window=(5, 0)),
+    "window_causal_right": dict(causal=True, window=(2, 3)),
+    "window_left_only": dict(causal=False, window=(3, -1)),
+    "window_hides_rows": dict(causal=True, window=(0, 0)),
+    "softcap": dict(softcap=2.0, scale=0.5),
+    "alibi_heads": dict(alibi="heads"),
+    "alibi_batch_causal": dict(alibi="batch", causal=True),
+    "all_together": dict(causal=True, window=(7, 0), softcap=30.0, alibi="batch"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FIXED_VARIANTS))
+def test_variant(name):
+    """Each variant once at a fixed GQA shape: 2 batches with different lengths, 2 K/V
+    heads of 2 query heads each (a wrong head or batch mapping gives wrong values)."""
+    case = make_cache_case(B=2, Hk=2, group=2, Sq=2, S_max=24, d=8, dtype="float32",
+                           lengths=(6, 20), S_new=1, num_splits=2, seed=7,
+                           **FIXED_VARIANTS[name])
+    run_and_check(case)
+
+
+@pytest.mark.parametrize("window", [(-1, 0), (2, 0)])
+def test_window_right_side_without_causal(window):
+    case = make_cache_case(B=1, Hk=1, group=1, Sq=2, S_max=12, d=4, dtype="float64",
+                           lengths=(10,), window=window, seed=3)
+    run_and_check(case)
+
+
+def test_gqa_heads_map_to_their_kv_head():
+    """K/V heads far apart in value: query head h must read K/V head h // group of its
+    own batch; any other mapping shows in O's values."""
+    case = make_cache_case(B=2, Hk=2, group=2, Sq=1, S_max=20, d=8, dtype="float64",
+                           lengths=(12, 19), seed=11)
+    for b in range(2):
+        for h in range(2):
+            case.v_cache[b, h] += 10 * (2 * b + h)
+    run_and_check(case)
+
+
+# --- 3. split counts -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype,splits", [("float64", (1, 2, 3, 7, 12)),
+                                          ("float32", (1, 3, 12))])
+def test_split_counts_agree(dtype, splits):
+    """The same call with 1, 2, 3, 7 and more splits than keys (12 > 10): each matches
+    the reference; in float64 they agree with each other to 1e-12 (TESTING.md's
+    split-merge property). Batch 0 sees no key (every split empty), the causal window
+    leaves some splits without a visible key for some rows (-inf partials)."""
+    case = make_cache_case(B=2, Hk=1, group=2, Sq=3, S_max=12, d=8, dtype=dtype,
+                           lengths=(0, 10), causal=True, window=(5, 0), seed=5)
+    results = {n: run_and_check(case, num_splits=n) for n in splits}
+    if dtype == "float64":
+        mag_O, mag_L = forward_magnitudes(case.q[1:], case.k_cache[1:, :, :10],
+                                          case.v_cache[1:, :, :10], causal="bottom_right",
+                                          window_size=case.window)
+        out1, lse1 = results[1]
+        for n in splits[1:]:
+            out, lse = results[n]
+            assert_close_f64(f"O ({n} splits vs 1)", out, out1, magnitude=mag_O)
+            assert_close_f64(f"lse ({n} splits vs 1)", lse, lse1, magnitude=mag_L)
+
+
+# --- 4. appending in place -----------------------------------------------------------------
+
+def test_append_host_caches():
+    """Host caches: rows [n_b, n_b + S_new) hold k[b], v[b] exactly, every other row is
+    unchanged (bitwise), and the result is the reference over the updated caches; one
+    batch appends at 0, the other fills the cache to its last row."""
+    case = make_cache_case(B=2, Hk=2, group=1, Sq=3, S_max=20, d=8, dtype="float16",
+                           lengths=(0, 17), S_new=3, causal=True, seed=13)
+    run_and_check(case)
+
+
+@pytest.mark.parametrize("lengths_on", ["host", "device"])
+def test_append_device_caches(lengths_on):
+    """Device caches (and q, k, v): the append kernel writes the new rows in place; the
+    caches copied back are checked bitwise, the result against the reference. The
+    lengths as a NumPy array or an int32 device array."""
+    case = make_cache_case(B=2, Hk=2, group=2, Sq=2, S_max=24, d=20, dtype="float32",
+                           lengths=(5, 22), S_new=2, causal=True, num_splits=2, seed=17)
+    lengths = np.array(case.lengths, np.int32)
+    if lengths_on == "device":
+        lengths = cuda.to_device(lengths)
+    run_and_check(case, device=True, cache_seqlens=lengths)
+
+
+def test_device_lengths_past_the_cache_are_clamped():
+    """A device array of lengths is not checked (it would wait for the GPU): new rows
+    that would land at or past S_max are not written, and n_b is clamped to S_max
+    (the docstring's contract)."""
+    case = make_cache_case(B=1, Hk=1, group=1, Sq=1, S_max=10, d=8, dtype="float64",
+                           lengths=(9,), S_new=2, seed=19)
+    out, lse, k_cache, v_cache = run(case, device=True,
+                                     cache_seqlens=cuda.to_device(np.array([9], np.int32)))
+    want_k, want_v = case.k_cache.copy(), case.v_cache.copy()
+    want_k[0, :, 9], want_v[0, :, 9] = case.k[0, :, 0], case.v[0, :, 0]
+    assert_bitwise_equal("k_cache", k_cache, want_k)
+    assert_bitwise_equal("v_cache", v_cache, want_v)
+    check_against_reference(case, out, lse, want_k, want_v, lengths=(8,))   # n_b = 10
+
+
+# --- 5. rows that see no key --------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_empty_caches_give_zeros_and_minus_inf(dtype):
+    """Every length 0 and no new keys: out exactly 0, lse -inf (no launch needed)."""
+    case = make_cache_case(B=2, Hk=1, group=2, Sq=2, S_max=8, d=8, dtype=dtype,
+                           lengths=(0, 0))
+    out, lse, k_cache, v_cache = run(case)
+    assert out.dtype == np.dtype(dtype) and lse.dtype == np.float32
+    assert np.array_equal(out, np.zeros_like(out))
+    assert np.array_equal(lse, np.full_like(lse, -np.inf))
+    assert_bitwise_equal("k_cache", k_cache, case.k_cache)
+
+
+def test_rows_that_see_no_key():
+    """One batch empty, the other with more query rows than keys under causal and a
+    window (0, 0): the rows that see nothing give exactly 0 and -inf (check_forward's
+    exact rows), the others match the reference."""
+    case = make_cache_case(B=2, Hk=1, group=2, Sq=3, S_max=8, d=8, dtype="float32",
+                           lengths=(0, 2), causal=True, window=(0, 0), num_splits=2, seed=23)
+    out, lse = run_and_check(case)
+    assert np.array_equal(out[0], np.zeros_like(out[0])) and np.isneginf(lse[0]).all()
+    assert np.isneginf(lse[1, :, 0]).all() and np.isfinite(lse[1, :, 1:]).all()
+
+
+# --- 6. NaN -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", [False, True], ids=["host", "device"])
+def test_nan_beyond_the_length_or_masked_has_no_effect(device):
+    """NaN in cache rows at or past n_b (read by no one; on the host still inside the
+    rows copied for the longer batch) and in a key that causal hides from row 0: no
+    effect on rows that do not see it; the NaN key propagates to the row that sees it
+    (the last one) only."""
+    case = make_cache_case(B=2, Hk=2, group=1, Sq=2, S_max=24, d=8, dtype="float32",
+                           lengths=(6, 20), causal=True, seed=29)
+    case.k_cache[0, :, 6:] = np.nan
+    case.v_cache[0, :, 6:] = np.nan
+    case.k_cache[1, :, 20:] = np.nan
+    case.v_cache[1, :, 20:] = np.nan
+    case.v_cache[1, 1, 19, :] = np.nan          # key 19: only row 1 sees it (via V)
+    out, lse = run_and_check(case, device=device)
+    assert np.isfinite(out[0]).all() and np.isfinite(lse).all()
+    assert np.isfinite(out[1, 0]).all() and np.isfinite(out[1, 1, 0]).all()
+    assert np.isnan(out[1, 1, 1]).all()
+
+
+def test_nan_in_a_visible_value_reaches_its_batch_only():
+    """NaN in one visible value element of batch 1, K/V head 1: O is NaN in that column
+    for the query heads of that K/V head, in every row that sees the key; batch 0 and
+    the other head are unaffected (the same positions as the reference)."""
+    case = make_cache_case(B=2, Hk=2, group=2, Sq=2, S_max=16, d=8, dtype="float32",
+                           lengths=(14, 9), num_splits=3, seed=31)
+    case.v_cache[1, 1, 4, 2] = np.nan
+    out, lse = run_and_check(case)
+    nan = np.isnan(out)
+    assert nan[1, 2:, :, 2].all() and nan.sum() == 2 * 2
+    assert np.isfinite(lse).all()
+
+
+@pytest.mark.parametrize("where", ["q", "only_key", "warp_only_key", "split_only_seen"])
+def test_nan_score_propagates(where):
+    """A NaN score must reach the row (TESTING.md: NaN in a visible input propagates,
+    no silent repair), as numbaflash.attention does. ``split_only_seen``: row 0 sees
+    keys 0 and 1, both in split 0 of 2 (causal, n = 4, Sq = 3); key 1 is NaN, so split
+    0's L is NaN and split 1's -inf for that row: the combine, whose max skips NaN, must
+    still not take the row for one that saw nothing."""
+    lengths, Sq, splits = {"q": (5, 1, None), "only_key": (1, 1, None),
+                           "warp_only_key": (9, 1, None), "split_only_seen": (4, 3, 2)}[where]
+    case = make_cache_case(B=1, Hk=1, group=1, Sq=Sq, S_max=12, d=8, dtype="float32",
+                           lengths=(lengths,), causal=Sq > 1, num_splits=splits, seed=37)
+    if where == "q":
+        case.q[0, 0, 0, 3] = np.nan                 # every score NaN
+    elif where == "only_key":
+        case.k_cache[0, 0, 0, 0] = np.nan           # the row's only key
+    elif where == "warp_only_key":
+        case.k_cache[0, 0, 8, 0] = np.nan           # warp 1's only key (keys 8..15)
+    else:
+        case.k_cache[0, 0, 1, 0] = np.nan           # seen by every row
+    out, lse = run_and_check(case)
+    assert np.isnan(out).all() and np.isnan(lse).all()
+
+
+# --- 7. errors, before anything is written --------------------------------------------------
+
+@pytest.fixture
+def no_kvcache_launch(monkeypatch):
+    """Fail the test if anything is launched (kvcache imports ``launch`` by name)."""
+    def launched(*args, **kwargs):
+        raise AssertionError("a kernel was launched; validation should have raised first")
+    monkeypatch.setattr(numbaflash.kvcache, "launch", launched)
+    monkeypatch.setattr(numbaflash.launcher, "launch", launched)
+
+
+def error_inputs(dtype=np.float32):
+    """q (2, 4, 1, 8), caches (2, 2, 8, 8) with lengths (2, 5), new k, v of 2 rows."""
+    rng = np.random.default_rng(0)
+    q = random_values(rng, (2, 4, 1, 8), dtype)
+    k_cache = random_values(rng, (2, 2, 8, 8), dtype)
+    v_cache = random_values(rng, (2, 2, 8, 8), dtype)
+    k = random_values(rng, (2, 2, 2, 8), dtype)
+    v = random_values(rng, (2, 2, 2, 8), dtype)
+    return dict(q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=np.array([2, 5]),
+                k=k, v=v)
+
+
+def f16(x):
+    return x.astype(np.float16)
+
+
+ERRORS = {
+    "q_rank_3": (ValueError, r"q must have rank 4", lambda a: dict(q=a["q"][0])),
+    "cache_rank_5": (ValueError, r"k_cache must have rank 4",
+                     lambda a: dict(k_cache=a["k_cache"][None])),
+    "caches_differ": (ValueError, r"k_cache and v_cache must have the same shape",
+                      lambda a: dict(v_cache=a["v_cache"][:, :, :7])),
+    "cache_batch": (ValueError, r"q's batch 2", lambda a: dict(
+        k_cache=a["k_cache"][:1], v_cache=a["v_cache"][:1])),
+    "cache_head_dim": (ValueError, r"head dim 8", lambda a: dict(
+        k_cache=a["k_cache"][..., :4], v_cache=a["v_cache"][..., :4])),
+    "heads_not_multiple": (ValueError, r"multiple of the caches'",
+                           lambda a: dict(q=a["q"][:, :3])),
+    "new_k_heads": (ValueError, r"k and v \(the new keys and values\) must both have shape",
+                    lambda a: dict(k=a["k"][:, :1], v=a["v"][:, :1])),
+    "new_k_v_differ": (ValueError, r"must both have shape", lambda a: dict(v=a["v"][:, :, :1])),
+    "length_past_cache": (ValueError, r"cache_seqlens\[b\] \+ 2 <= 8\)",
+                          lambda a: dict(cache_seqlens=np.array([2, 7]))),
+    "int_length_past_cache": (ValueError, r"\+ 2 <= 8", lambda a: dict(cache_seqlens=7)),
+    "negative_length": (ValueError, r"must be >= 0",
+                        lambda a: dict(cache_seqlens=np.array([-1, 2]))),
+    "lengths_shape": (ValueError, r"\(batch,\) = \(2,\)",
+                      lambda a: dict(cache_seqlens=np.array([1, 2, 3]))),
+    "lengths_float": (ValueError, r"integer array",
+                      lambda a: dict(cache_seqlens=np.array([1.0, 2.0]))),
+    "k_without_v": (ValueError, r"both k and v", lambda a: dict(v=None)),
+    "v_without_k": (ValueError, r"both k and v", lambda a: dict(k=None)),
+    "num_splits_0": (ValueError, r"num_splits .* 1\.\.256", lambda a: dict(num_splits=0)),
+    "num_splits_300": (ValueError, r"num_splits .* 1\.\.256", lambda a: dict(num_splits=300)),
+    "num_splits_bool": (ValueError, r"num_splits", lambda a: dict(num_splits=True)),
+    "top_left": (ValueError, r"top_left", lambda a: dict(causal="top_left")),
+    "causal_unknown": (ValueError, r"causal must be", lambda a: dict(causal="sideways")),
+    "alibi_shape": (ValueError, r"alibi_slopes must have shape",
+                    lambda a: dict(alibi_slopes=np.ones(3, np.float32))),
+    "dtype_q": (TypeError, r"same dtype", lambda a: dict(q=f16(a["q"]))),
+    "dtype_cache": (TypeError, r"same dtype", lambda a: dict(v_cache=f16(a["v_cache"]))),
+    "dtype_new": (TypeError, r"same dtype", lambda a: dict(k=f16(a["k"]), v=f16(a["v"]))),
+    "mixed_host_device": (TypeError, r"mix host", lambda a: dict(q=cuda.to_device(a["q"]))),
+    "device_lengths_host_caches": (TypeError, r"device array but the caches are on the host",
+                                   lambda a: dict(cache_seqlens=cuda.to_device(
+                                       np.array([2, 5], np.int32)))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ERRORS))
+def test_errors_before_anything_is_written(name, no_kvcache_launch):
+    exc, match, change = ERRORS[name]
+    """Each bad input raises its ValueError/TypeError, from attention_with_kvcache and
+    explain_kvcache alike, with nothing launched and the caches (the originals, which
+    the replaced arguments are views or copies of) unchanged bitwise."""
+    exc, match, change = ERRORS[name]
+    args = error_inputs()
+    k_cache, v_cache = args["k_cache"], args["v_cache"]
+    before_k, before_v = k_cache.copy(), v_cache.copy()
+    args.update(change(args))
+    with pytest.raises(exc, match=match):
+        numbaflash.attention_with_kvcache(**args)
+    with pytest.raises(exc, match=match):       # explain validates the same way
+        numbaflash.explain_kvcache(**args)
+    assert_bitwise_equal("k_cache", k_cache, before_k)
+    assert_bitwise_equal("v_cache", v_cache, before_v)
+
+
+def test_error_on_device_caches_writes_nothing(no_kvcache_launch):
+    """A length past the cache with device caches: ValueError before the append kernel."""
+    args = error_inputs()
+    before_k, before_v = args["k_cache"].copy(), args["v_cache"].copy()
+    dev = {name: cuda.to_device(args[name]) for name in ("q", "k_cache", "v_cache", "k", "v")}
+    with pytest.raises(ValueError, match=r"\+ 2 <= 8"):
+        numbaflash.attention_with_kvcache(**dev, cache_seqlens=np.array([7, 0]))
+    assert_bitwise_equal("k_cache", dev["k_cache"], before_k)
+    assert_bitwise_equal("v_cache", dev["v_cache"], before_v)
+
+
+# --- 8. explain_kvcache ------------------------------------------------------------------
+
+def shaped(shape, dtype="float16"):
+    return types.SimpleNamespace(shape=shape, dtype=np.dtype(dtype))
+
+
+DECODE = dict(q=shaped((8, 32, 1, 128)), k_cache=shaped((8, 32, 32768, 128)),
+              v_cache=shaped((8, 32, 32768, 128)), cache_seqlens=32000)
+
+
+def test_explain_gpu_decode_splits_and_says_why(no_kvcache_launch):
+    plans = numbaflash.explain_kvcache(**DECODE, backend="gpu")
+    split, combine = plans          # the split kernel, then the combine
+    assert split.kernel == "split_kv" and combine.kernel == "combine"
+    n = split.grid[0]
+    assert n > 1 and split.grid[1:] == (1, 8 * 32) and split.block == (split_kv.THREADS,)
+    assert f"{n} split(s)" in split.reason and "SM" in split.reason
+    assert split.backend == "gpu" and "Why:" in str(plans)
+
+
+def test_explain_forced_and_simulator_splits(no_kvcache_launch):
+    plans = numbaflash.explain_kvcache(**DECODE, backend="gpu", num_splits=5)
+    assert plans[0].grid[0] == 5 and "asked for by the caller" in plans[0].reason
+    assert len(plans) == 2
+    plans = numbaflash.explain_kvcache(**DECODE, backend="gpu", num_splits=1)
+    assert len(plans) == 1 and plans[0].grid[0] == 1
+    plans = numbaflash.explain_kvcache(**DECODE, backend="simulator")
+    assert len(plans) == 1 and plans[0].grid[0] == 1 and plans[0].backend == "simulator"
+    assert "simulator" in plans[0].reason
+    # Enough batches and heads to fill the GPU without splitting: one split.
+    many = dict(DECODE, q=shaped((64, 32, 1, 128)), k_cache=shaped((64, 32, 4096, 128)),
+                v_cache=shaped((64, 32, 4096, 128)), cache_seqlens=4000)
+    plans = numbaflash.explain_kvcache(**many, backend="gpu")
+    assert len(plans) == 1 and plans[0].grid[0] == 1 and "one split" in plans[0].reason
+
+
+def test_explain_writes_nothing(no_kvcache_launch):
+    args = error_inputs()
+    before_k, before_v = args["k_cache"].copy(), args["v_cache"].copy()
+    plans = numbaflash.explain_kvcache(**args, causal=True, window_size=(3, 0), softcap=5.0)
+    assert plans[0].kernel == "split_kv" and "window" in plans[0].variant
+    assert_bitwise_equal("k_cache", args["k_cache"], before_k)
+    assert_bitwise_equal("v_cache", args["v_cache"], before_v)
