@@ -1,7 +1,7 @@
 """Decoding against a KV cache on a GPU: agreement, split counts, and bandwidth against
 SDPA and the HBM copy limit.
 
-    python scripts/decode_gpu.py [--parts agreement,splits,rows,bandwidth] [--repeats 20]
+    python scripts/decode_gpu.py [--parts agreement,splits,rows,registers,bandwidth] [--repeats 20]
                                  [--dtypes float16,float32] [--shapes NAME,...]
 
 1. agreement: ``attention_with_kvcache`` (new keys appended on the GPU, per-batch
@@ -13,7 +13,10 @@ SDPA and the HBM copy limit.
 3. rows (GQA shapes): the default split count's time with a block holding at most 1, 2,
    4 or 8 of the group's query rows (split_kv.MAX_ROWS, set before the plans are made):
    more rows read each key once for more heads, and cost registers.
-4. bandwidth: numbaflash's default against SDPA (FLASH for float16, EFFICIENT for
+4. registers (the multi-head shapes): the default call with the split kernel's registers
+   capped (split_kv.MAX_REGISTERS: 64, 80) against ptxas's own choice; fewer registers
+   let more blocks share an SM.
+5. bandwidth: numbaflash's default against SDPA (FLASH for float16, EFFICIENT for
    float32; ``enable_gqa`` for GQA) and the HBM copy bandwidth (a device-to-device copy
    of 4 GiB, bytes read + written / time). Bandwidth = K and V bytes read / time.
 
@@ -166,6 +169,29 @@ def rows(shapes, dtypes, repeats):
             del q, kc, vc
 
 
+def registers(shapes, dtypes, repeats):
+    from numbaflash.kernels.decode import split_kv
+    keep = split_kv.MAX_REGISTERS
+    for name in shapes:
+        shape = SHAPES[name]
+        if shape[1] != shape[2]:
+            continue
+        for dtype in dtypes:
+            q, kc, vc = _inputs(shape, dtype)
+            n_bytes = _kv_bytes(shape, dtype)
+            row = []
+            for cap in (None, 80, 64):
+                split_kv.MAX_REGISTERS = cap
+                split_kv.make_split_kv.cache_clear()
+                ms = _median_ms(lambda: numbaflash.attention_with_kvcache(
+                    q, kc, vc, cache_seqlens=shape[4]), repeats)
+                row.append(f"cap {cap}:{ms:.3f}ms/{n_bytes / ms / 1e6:.0f}GB/s")
+            split_kv.MAX_REGISTERS = keep
+            split_kv.make_split_kv.cache_clear()
+            print(f"registers {name} {shape} {dtype}: " + " ".join(row), flush=True)
+            del q, kc, vc
+
+
 def copy_bandwidth(repeats):
     import torch
     x = torch.empty(2**30, dtype=torch.float32, device="cuda")      # 4 GiB
@@ -225,7 +251,7 @@ def bandwidth(shapes, dtypes, repeats):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--parts", default="agreement,splits,rows,bandwidth")
+    ap.add_argument("--parts", default="agreement,splits,rows,registers,bandwidth")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--dtypes", default="float16,float32")
     ap.add_argument("--shapes", default=",".join(SHAPES))
@@ -245,6 +271,8 @@ def main():
         splits(shapes, dtypes, args.repeats)
     if "rows" in parts:
         rows(shapes, dtypes, args.repeats)
+    if "registers" in parts:
+        registers(shapes, dtypes, args.repeats)
     if "bandwidth" in parts:
         bandwidth(shapes, dtypes, args.repeats)
     print(f"decode_gpu: {bad} agreement failure(s)", flush=True)

@@ -57,6 +57,8 @@ def test_the_direct_launchs_words_are_numbas():
     O = arrays.device_empty((p.BH, p.Sq, p.d), np.float32)     # from the output cache
     L = cuda.device_array((p.BH, p.Sq), np.float32)            # from Numba
     args = (Q, K, V, O, L, np.float32(p.softmax_scale), np.int64(-3))
+    if forward.module(plan.version).VARIANTS:   # the defaults take the variant arguments
+        args += launcher.variant_arguments(p, None, None)   # (their placeholders)
     nbytes = plan.shared_bytes if plan.dynamic_shared else 0
     launcher.launch(kernel, plan.grid, plan.block, args, ("test",), nbytes)
     direct = launcher._DIRECT[(kernel, ("test",), plan.grid, plan.block, nbytes)]

@@ -59,6 +59,7 @@ THREADS = 32 * WARPS
 # 128) at 1.81 ms (float16) and 1.90 ms (float32), against 2.57-2.80 and 2.84-2.87 with
 # four or eight (lab/runs/2026-12-04/95_decode_gpu_unbranched_loads.txt, "rows" lines).
 MAX_ROWS = 2
+MAX_REGISTERS = None            # no cap (ptxas's choice); scripts/decode_gpu.py tries caps
 LANE_VALUES = 32                # per lane: rows x NC (q, o) and KEYS x NC (k, v) at most
 
 
@@ -119,6 +120,7 @@ def make_split_kv(d, rows, causal, acc_dtype, variant=PLAIN):
     NEG_INF = acc(-math.inf)
     NC = columns_per_lane(d)
     DP = NC * 32                       # the head dim padded to whole warps
+    WHOLE_WARPS = d % 32 == 0          # every lane's columns are inside the head dim
     KEYS = keys_per_step(d)
     ROWS = rows
     ROW_VALUES = ROWS * NC             # a lane's share of the rows' q (and of o)
@@ -163,7 +165,7 @@ def make_split_kv(d, rows, causal, acc_dtype, variant=PLAIN):
         m = m_safe
         return o, l, m
 
-    @cuda.jit(**jit_options())
+    @cuda.jit(**jit_options(MAX_REGISTERS))
     def split_kv(Q, K, V, seqlens, n_new, O, L, O_parts, L_parts, softmax_scale, upper_shift,
                  lower_shift, Hq, group, softcap, slopes, attn_mask):
         split = cuda.blockIdx.x
@@ -219,21 +221,22 @@ def make_split_kv(d, rows, causal, acc_dtype, variant=PLAIN):
         base = first + warp * KEYS
         while base < last:
             # Load a step of keys and values, whole rows across the warp (coalesced). Every
-            # load is issued, from a row and column inside the cache (clamped), and what is
-            # outside is zeroed after: no branch between the loads, so all of them are in
-            # flight together (kernels/forward/v6_tile_steps.py stages its tiles the same way).
+            # load is issued, from a row and column inside the cache (clamped), with no
+            # branch between the loads, so all of them are in flight together
+            # (kernels/forward/v6_tile_steps.py stages its tiles the same way). A key past
+            # the split (clamped to its last row) is never used: its score is set to -inf
+            # below and its value is not added. Columns past d (d not a multiple of 32)
+            # are zeroed, since every lane's partial dot product sums all its columns.
             for e in range(KEYS):
-                key = base + e
-                row_at = (bhk * S_max + min(key, last - 1)) * d     # flat index of its row
+                row_at = (bhk * S_max + min(base + e, last - 1)) * d  # flat index of the row
                 for c in range(NC):
-                    col = lane + 32 * c
-                    at = row_at + min(col, d - 1)
+                    at = row_at + (lane + 32 * c if WHOLE_WARPS else min(lane + 32 * c, d - 1))
                     kx[e * NC + c] = acc(flat_load(K, U(at)))
                     vx[e * NC + c] = acc(flat_load(V, U(at)))
-                for c in range(NC):
-                    inside = key < last and lane + 32 * c < d
-                    kx[e * NC + c] = kx[e * NC + c] if inside else ZERO
-                    vx[e * NC + c] = vx[e * NC + c] if inside else ZERO
+                    if not WHOLE_WARPS:
+                        inside = lane + 32 * c < d
+                        kx[e * NC + c] = kx[e * NC + c] if inside else ZERO
+                        vx[e * NC + c] = vx[e * NC + c] if inside else ZERO
             for r in range(ROWS):
                 # A padded row (past the group's last) repeats the last one's work, so that
                 # every row runs the same code (a loop ptxas can unroll); never written.
