@@ -56,7 +56,7 @@ rng = np.random.default_rng(0)
 
 ROOT = Path(numbaflash.__file__).resolve().parent.parent
 # The H200 measurements of the decode kernels (scripts/decode_gpu.py); sections 2 and 5.
-LAB_RECORD = ROOT / "lab" / "runs" / "2026-12-04" / "96_decode_gpu.txt"
+LAB_RECORD = ROOT / "lab" / "runs" / "2026-12-04" / "101_decode_gpu.txt"
 
 
 def spec(shape, dtype):
@@ -318,7 +318,7 @@ for n in (1, 3, 7, 25):
 # %%
 source = inspect.getsource(split_kv.make_split_kv)
 start = source.index("    @cuda.jit(device=True, inline=True)\n    def merge_warps")
-print(source[start:source.index("    @cuda.jit(**jit_options())", start)])
+print(source[start:source.index("    @cuda.jit(**jit_options(", start)])
 print(inspect.getsource(combine.make_combine))
 
 # %% [markdown]
