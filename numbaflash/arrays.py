@@ -57,6 +57,41 @@ def as_kernel_array(x, shape3, name, stream=DEFAULT):
     return _view(x, shape3)
 
 
+def strided_view(x, name, stream=DEFAULT):
+    """x as a device array the kernels can index with its own strides, ready for work on
+    ``stream``: host arrays are copied to the device (C-contiguous); device arrays are
+    wrapped without a copy, whatever their strides (a transposed view reads and writes
+    the memory it views). Negative strides are refused (ValueError)."""
+    if not is_device_array(x):
+        return cuda.to_device(np.ascontiguousarray(x), stream=stream.numba)
+    wait_for(x, stream)
+    if not hasattr(x, "copy_to_host"):      # CuPy, PyTorch, ...: wrap without a copy
+        x = cuda.as_cuda_array(x, sync=False)
+    if any(st < 0 for st in x.strides):
+        raise ValueError(f"{name} has negative strides {tuple(x.strides)}; numbaflash reads "
+                         f"device arrays with positive strides only")
+    return x
+
+
+def flat_with_strides(x, name):
+    """``(flat, strides)`` for a device array x whose last dimension is contiguous: flat a
+    1-dimensional view of its memory from its first element to its last, strides x's in
+    elements, so that x[i, j, k, l] is flat[i * s0 + j * s1 + k * s2 + l]. ValueError if
+    the last dimension is not contiguous."""
+    itemsize = x.dtype.itemsize
+    shape, byte_strides = tuple(x.shape), tuple(x.strides)
+    if shape[-1] > 1 and byte_strides[-1] != itemsize:
+        raise ValueError(f"{name}: its last dimension (the head dim) must be contiguous in "
+                         f"memory; got strides {byte_strides} (bytes) for shape {shape}")
+    if any(st % itemsize for st in byte_strides):
+        raise ValueError(f"{name}: strides {byte_strides} are not whole elements")
+    strides = tuple(st // itemsize for st in byte_strides)
+    extent = 1 + sum((n - 1) * st for n, st in zip(shape, strides))
+    if simulating():
+        return np.lib.stride_tricks.as_strided(x._ary, (extent,), (itemsize,)), strides
+    return DeviceNDArray((extent,), (itemsize,), x.dtype, gpu_data=x.gpu_data), strides
+
+
 def flat_view(x):
     """The C-contiguous device array ``x`` as one dimension, the same data (``_view``)."""
     return _view(x, (x.size,))

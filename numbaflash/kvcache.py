@@ -195,7 +195,11 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens, k=None, v=None
         q: (batch, Hq, Sq, d), the new query rows (Sq = 1 for one decoding step).
         k_cache, v_cache: (batch, Hk, S_max, d) with Hk dividing Hq (GQA/MQA). NumPy
             arrays (the result is then on the host) or device arrays (Numba, CuPy,
-            PyTorch CUDA tensors; C-contiguous), like q.
+            PyTorch CUDA tensors), like q. Device arrays are read (and the caches written)
+            in place with their own strides, as long as the head dim is contiguous: a
+            cache kept as (batch, S_max, Hk, d), as flash-attn keeps it, is passed as its
+            ``transpose(1, 2)`` view, without a copy (numbaflash.torch's
+            ``flash_attn_with_kvcache`` does that).
         cache_seqlens: an int, or a (batch,) integer array: the keys already cached per
             batch. Host values are checked (0 <= cache_seqlens[b] and cache_seqlens[b] +
             S_new <= S_max); a device array (int32, with device caches) is used as it is,
@@ -244,35 +248,41 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens, k=None, v=None
         return (out, lse) if return_lse else out
 
     if host:    # only the rows some batch sees travel to the GPU
-        K = arrays.as_kernel_array(k_cache[:, :, :n_keys], (p.B * p.Hk, n_keys, p.d), "k", s)
-        V = arrays.as_kernel_array(v_cache[:, :, :n_keys], (p.B * p.Hk, n_keys, p.d), "v", s)
-    else:
-        K = arrays.as_kernel_array(k_cache, (p.B * p.Hk, p.S_max, p.d), "k_cache", s)
-        V = arrays.as_kernel_array(v_cache, (p.B * p.Hk, p.S_max, p.d), "v_cache", s)
-    Q = arrays.as_kernel_array(q, (BH, p.Sq, p.d), "q", s)
+        K = arrays.strided_view(k_cache[:, :, :n_keys], "k_cache", s)
+        V = arrays.strided_view(v_cache[:, :, :n_keys], "v_cache", s)
+    else:       # read and written in place, whatever the order of their dimensions
+        K = arrays.strided_view(k_cache, "k_cache", s)
+        V = arrays.strided_view(v_cache, "v_cache", s)
+    # The caches as flat views with strides (ValueError here, before anything is written,
+    # if the head dim is not contiguous).
+    K_flat, k_strides = arrays.flat_with_strides(K, "k_cache")
+    V_flat, v_strides = arrays.flat_with_strides(V, "v_cache")
+    Q = arrays.strided_view(q, "q", s)
     if arrays.is_device_array(p.seqlens):
         wait_for(p.seqlens, s)
         seqlens = (p.seqlens if hasattr(p.seqlens, "copy_to_host")
                    else arrays.cuda.as_cuda_array(p.seqlens, sync=False))
     else:
         seqlens = arrays.cuda.to_device(p.seqlens, stream=s.numba)
-    if not host and k is not None:              # the new rows, into the device caches
-        K_new = arrays.as_kernel_array(k, (p.B * p.Hk, p.S_new, p.d), "k", s)
-        V_new = arrays.as_kernel_array(v, (p.B * p.Hk, p.S_new, p.d), "v", s)
+    if not host and k is not None and p.S_new:  # the new rows, into the device caches
+        K_new = arrays.strided_view(k, "k", s)
+        V_new = arrays.strided_view(v, "v", s)
         update = append_kernels.plan(p, plans[0].backend)
-        if p.S_new:
-            launch(append_kernels.kernel(update, p), update.grid, update.block,
-                   (K, V, K_new, V_new, seqlens, np.int64(p.Hk)), stream=s)
-    O, L = launch_kvcache(plans, p, Q, K, V, seqlens, s)
+        launch(append_kernels.kernel(update, p), update.grid, update.block,
+               (K, V, K_new, V_new, seqlens), stream=s)
+    O, L = launch_kvcache(plans, p, Q, (K_flat, k_strides), (V_flat, v_strides),
+                          K.shape[2], seqlens, s)
     out = arrays.finish(O, out_shape, host, s)
     if not return_lse:
         return out
     return out, arrays.finish(L, lse_shape, host, s)
 
 
-def launch_kvcache(plans, p, Q, K, V, seqlens, stream):
-    """Launch the split-KV kernel (and the combine) on device arrays, on ``stream``;
-    return the outputs O (B*Hq, Sq, d) and L (B*Hq, Sq)."""
+def launch_kvcache(plans, p, Q, K, V, S, seqlens, stream):
+    """Launch the split-KV kernel (and the combine) on device arrays, on ``stream``: Q
+    (B, Hq, Sq, d), any strides; the caches K and V as ``(flat, strides)`` of a (B, Hk,
+    S, d) array (arrays.flat_with_strides); return the outputs O (B*Hq, Sq, d) and L
+    (B*Hq, Sq)."""
     BH = p.B * p.Hq
     acc = np.dtype(p.acc_dtype)
     O = arrays.device_empty((BH, p.Sq, p.d), p.dtype, stream)
@@ -293,9 +303,12 @@ def launch_kvcache(plans, p, Q, K, V, seqlens, stream):
             slopes = arrays.cuda.to_device(np.ascontiguousarray(slopes), stream=stream.numba)
         elif not hasattr(slopes, "copy_to_host"):
             slopes = arrays.cuda.as_cuda_array(slopes, sync=False)
-    args = (Q, K, V, seqlens, np.int64(p.S_new), O, L, O_parts, L_parts,
+    (K_flat, k_strides), (V_flat, v_strides) = K, V
+    args = (Q, K_flat, V_flat, seqlens, np.int64(p.S_new), O, L, O_parts, L_parts,
             acc.type(p.softmax_scale), np.int64(p.upper_shift), np.int64(p.lower_shift),
-            np.int64(p.Hq), np.int64(p.group), acc.type(p.softcap), slopes, no_mask)
+            np.int64(p.Hq), np.int64(p.group), acc.type(p.softcap), slopes, no_mask,
+            np.int64(S), *(np.int64(x) for x in k_strides[:3]),
+            *(np.int64(x) for x in v_strides[:3]))
     launch(split_kv_kernels.kernel(split_plan, p), split_plan.grid, split_plan.block, args,
            stream=stream)
     if n > 1:

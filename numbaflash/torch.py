@@ -1,8 +1,8 @@
 """numbaflash for PyTorch: autograd, and drop-ins for SDPA and flash-attn's ``flash_attn_func``.
 
 An optional layer: ``import numbaflash`` never imports PyTorch; ``import numbaflash.torch``
-does (``pip install numbaflash[torch]``). Three functions, all differentiable through
-``torch.autograd`` with respect to q, k and v:
+does (``pip install numbaflash[torch]``). Three functions differentiable through
+``torch.autograd`` with respect to q, k and v, and one for decoding:
 
     attention(q, k, v, **options)        numbaflash.attention's (batch, heads, seqlen, d)
                                          layout and keyword arguments
@@ -12,6 +12,9 @@ does (``pip install numbaflash[torch]``). Three functions, all differentiable th
     flash_attn_func(...)                 flash_attn.flash_attn_func's signature, its
                                          (batch, seqlen, heads, d) layout and semantics
                                          (bottom-right causal, window_size, softcap, ALiBi)
+    flash_attn_with_kvcache(...)         flash-attn's decoding call: new keys and values
+                                         written into the caches in place, split-KV
+                                         (inference only: no autograd)
 
 Where the tensors live decides the path:
 
@@ -51,11 +54,13 @@ except ImportError as e:            # pragma: no cover - only without PyTorch
                       "(or pip install torch)") from e
 
 from . import api, arrays, launcher, streams
+from . import kvcache as api_kvcache
 from .dropout import check_dropout_p, seed_words
 from .kernels import forward as forward_kernels
 from .validate import check_attention_inputs
 
-__all__ = ["attention", "scaled_dot_product_attention", "flash_attn_func"]
+__all__ = ["attention", "scaled_dot_product_attention", "flash_attn_func",
+           "flash_attn_with_kvcache"]
 
 _compiling = getattr(torch.compiler, "is_compiling", lambda: False)
 
@@ -709,3 +714,86 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     out = attention(qt.contiguous(), kt.contiguous(), vt.contiguous(), dropout_p=dropout_p,
                     **variants)
     return out.transpose(1, 2).contiguous()                     # (batch, Sq, Hq, d)
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
+                            rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
+                            cache_leftpad=None, block_table=None, softmax_scale=None,
+                            causal=False, window_size=(-1, -1), softcap=0.0,
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0,
+                            return_softmax_lse=False):
+    """A drop-in for flash-attn's ``flash_attn_with_kvcache``: decoding against a KV cache,
+    with its (batch, seqlen, heads, d) layout, signature and semantics
+    (numbaflash.attention_with_kvcache underneath; docs/kvcache.md).
+
+    - k, v (batch, S_new, Hk, d), if given, are written into k_cache and v_cache in place
+      at rows cache_seqlens[b], ...; then q attends to the first cache_seqlens[b] + S_new
+      keys of batch b. ``cache_seqlens`` itself is not changed (the caller advances it).
+    - The caches (batch, S_max, Hk, d) are read and written where they are: no copy, on
+      CUDA tensors through their transposed views (the head dim must be contiguous).
+    - ``causal``, ``window_size``, ``softcap``, ``alibi_slopes``: as in flash_attn_func,
+      bottom-right within each sequence's length.
+    - ``num_splits``: 0 lets numbaflash choose the split-KV count (explain_kvcache says
+      why), 1 turns splitting off, n > 1 forces n.
+    - No autograd: this is the inference path, as in flash-attn.
+
+    Args:
+        q: (batch, Sq, Hq, d); k_cache, v_cache: (batch, S_max, Hk, d), Hk dividing Hq.
+        cache_seqlens: an int or a (batch,) int32 tensor; None means every cache is full
+            (S_max keys, no new k and v).
+        rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, block_table: must be None
+            (not implemented; rotary_interleaved is then unused).
+
+    Returns:
+        out (batch, Sq, Hq, d), q's dtype and device; with ``return_softmax_lse``,
+        ``(out, lse)`` with lse (batch, Hq, Sq) in float32.
+
+    Raises:
+        NotImplementedError: rotary embeddings, cache_batch_idx, cache_leftpad or a paged
+            cache (block_table).
+        ValueError, TypeError: as numbaflash.attention_with_kvcache, before anything is
+            written or launched.
+    """
+    for name, x in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
+                    ("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad),
+                    ("block_table", block_table)):
+        if x is not None:
+            raise NotImplementedError(f"flash_attn_with_kvcache: {name} is not implemented "
+                                      f"in numbaflash; pass None")
+    _check_tensors(q=q, k=k_cache, v=v_cache, k_new=k, v_new=v, alibi_slopes=alibi_slopes)
+    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
+        if x is not None and x.dim() != 4:
+            raise ValueError(f"flash_attn_with_kvcache takes {name} as (batch, seqlen, "
+                             f"heads, head_dim); got shape {tuple(x.shape)}")
+    try:
+        left, right = window_size
+        window = (-1 if left < 0 else int(left), -1 if right < 0 else int(right))
+    except (TypeError, ValueError):
+        raise ValueError(f"window_size must be a pair of ints (left, right); got "
+                         f"{window_size!r}") from None
+    if cache_seqlens is None:
+        if k is not None:
+            raise ValueError("flash_attn_with_kvcache: new k and v need cache_seqlens (where "
+                             "to write them)")
+        cache_seqlens = k_cache.shape[1]
+    elif isinstance(cache_seqlens, torch.Tensor):
+        if cache_seqlens.device != q.device:
+            raise ValueError(f"cache_seqlens is on {cache_seqlens.device} but q is on "
+                             f"{q.device}")
+        cache_seqlens = _array(cache_seqlens)
+    if q.is_cuda:
+        _refuse_capture(q.device)
+    T = lambda x: None if x is None else _array(x.transpose(1, 2))   # (batch, heads, s, d)
+    with _outputs_from(q.device):
+        result = api_kvcache.attention_with_kvcache(
+            T(q), T(k_cache), T(v_cache), cache_seqlens=cache_seqlens, k=T(k), v=T(v),
+            causal=bool(causal), scale=softmax_scale,
+            window_size=None if window == (-1, -1) else window,
+            softcap=None if softcap == 0.0 else softcap,
+            alibi_slopes=_array(_compact(alibi_slopes)),
+            num_splits=None if num_splits == 0 else num_splits,
+            return_lse=return_softmax_lse)
+    if not return_softmax_lse:
+        return _tensor(result, q.device).transpose(1, 2)
+    out, lse = result
+    return _tensor(out, q.device).transpose(1, 2), _tensor(lse, q.device)

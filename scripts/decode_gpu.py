@@ -1,7 +1,7 @@
 """Decoding against a KV cache on a GPU: agreement, split counts, and bandwidth against
 SDPA and the HBM copy limit.
 
-    python scripts/decode_gpu.py [--parts agreement,splits,rows,registers,bandwidth] [--repeats 20]
+    python scripts/decode_gpu.py [--parts agreement,splits,rows,registers,layout,bandwidth] [--repeats 20]
                                  [--dtypes float16,float32] [--shapes NAME,...]
 
 1. agreement: ``attention_with_kvcache`` (new keys appended on the GPU, per-batch
@@ -16,7 +16,11 @@ SDPA and the HBM copy limit.
 4. registers (the multi-head shapes): the default call with the split kernel's registers
    capped (split_kv.MAX_REGISTERS: 64, 80) against ptxas's own choice; fewer registers
    let more blocks share an SM.
-5. bandwidth: numbaflash's default against SDPA (FLASH for float16, EFFICIENT for
+5. layout: numbaflash.torch.flash_attn_with_kvcache on caches in flash-attn's (batch,
+   S_max, heads, d) order (read in place through strides) against attention_with_kvcache
+   on the same values in (batch, heads, S_max, d) order: bitwise the same out, and the
+   time ratio; one new key appended on the GPU first in both.
+6. bandwidth: numbaflash's default against SDPA (FLASH for float16, EFFICIENT for
    float32; ``enable_gqa`` for GQA) and the HBM copy bandwidth (a device-to-device copy
    of 4 GiB, bytes read + written / time). Bandwidth = K and V bytes read / time.
 
@@ -192,6 +196,33 @@ def registers(shapes, dtypes, repeats):
             del q, kc, vc
 
 
+def layout(shapes, dtypes, repeats):
+    import torch
+    import numbaflash.torch as nft
+    for name in shapes:
+        shape = SHAPES[name]
+        B, Hq, Hk, Sq, S_max, d = shape
+        for dtype in dtypes:
+            q, kc, vc = _inputs(shape, dtype)
+            k, v = (torch.randn((B, Hk, 1, d), device="cuda", dtype=q.dtype) for _ in range(2))
+            lens = torch.full((B,), S_max - 1, dtype=torch.int32, device="cuda")
+            kc2, vc2 = (x.transpose(1, 2).contiguous() for x in (kc, vc))    # (B, S, H, d)
+            ours = lambda: numbaflash.attention_with_kvcache(q, kc, vc, cache_seqlens=lens,
+                                                              k=k, v=v)
+            flash = lambda: nft.flash_attn_with_kvcache(
+                q.transpose(1, 2), kc2, vc2, k=k.transpose(1, 2), v=v.transpose(1, 2),
+                cache_seqlens=lens)
+            a = torch.as_tensor(ours(), device="cuda")
+            b = flash().transpose(1, 2)
+            same = torch.equal(a, b) and torch.equal(kc2.transpose(1, 2), kc)
+            t_ours, t_flash = _median_ms(ours, repeats), _median_ms(flash, repeats)
+            print(f"layout {name} {shape} {dtype}: (b, h, s, d) {t_ours:.3f} ms, flash-attn's "
+                  f"(b, s, h, d) {t_flash:.3f} ms, ratio {t_flash / t_ours:.3f}; out and "
+                  f"caches bitwise equal: {same}", flush=True)
+            del q, kc, vc, kc2, vc2
+            torch.cuda.empty_cache()
+
+
 def copy_bandwidth(repeats):
     import torch
     x = torch.empty(2**30, dtype=torch.float32, device="cuda")      # 4 GiB
@@ -251,7 +282,7 @@ def bandwidth(shapes, dtypes, repeats):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--parts", default="agreement,splits,rows,registers,bandwidth")
+    ap.add_argument("--parts", default="agreement,splits,rows,registers,layout,bandwidth")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--dtypes", default="float16,float32")
     ap.add_argument("--shapes", default=",".join(SHAPES))
@@ -273,6 +304,8 @@ def main():
         rows(shapes, dtypes, args.repeats)
     if "registers" in parts:
         registers(shapes, dtypes, args.repeats)
+    if "layout" in parts:
+        layout(shapes, dtypes, args.repeats)
     if "bandwidth" in parts:
         bandwidth(shapes, dtypes, args.repeats)
     print(f"decode_gpu: {bad} agreement failure(s)", flush=True)

@@ -463,9 +463,9 @@ def decode_entries():
         acc = "float64" if dtype == "float64" else "float32"
         dt, at = np.dtype(dtype), np.dtype(acc)
         a = numba.from_dtype(at)
-        sig = (array(dt, 3), array(dt, 3), array(dt, 3), array(np.dtype(np.int32), 1), i64,
+        sig = (array(dt, 4), array(dt, 1), array(dt, 1), array(np.dtype(np.int32), 1), i64,
                array(dt, 3), array(at, 2), array(at, 4), array(at, 3), a, i64, i64, i64, i64,
-               a, array(at, 2), array(np.dtype(np.bool_), 4))
+               a, array(at, 2), array(np.dtype(np.bool_), 4)) + (i64,) * 7
         no_f64 = dtype != "float64"
         for d in (8, 64, 128, 256):
             for rows_needed in (1, 8):
@@ -478,7 +478,7 @@ def decode_entries():
         out.append(Entry(f"combine-{dtype}", "decode", lambda ac=acc: combine.make_combine(ac),
                          (array(at, 4), array(at, 3), array(dt, 3), array(at, 2)), no_f64))
         out.append(Entry(f"append-{dtype}", "decode", append.make_append,
-                         (array(dt, 3),) * 4 + (array(np.dtype(np.int32), 1), i64), no_f64))
+                         (array(dt, 4),) * 4 + (array(np.dtype(np.int32), 1),), no_f64))
     return out
 
 

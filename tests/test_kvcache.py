@@ -41,7 +41,7 @@ import numbaflash
 import numbaflash.kvcache
 import numbaflash.launcher
 from numbaflash.kernels.decode import split_kv
-from strategies import examples, random_values
+from strategies import examples, on_gpu, random_values
 from tolerance import (assert_bitwise_equal, assert_close_f64, check_forward,
                        forward_magnitudes, to_host)
 
@@ -574,3 +574,55 @@ def test_explain_writes_nothing(no_kvcache_launch):
     assert plans[0].kernel == "split_kv" and "window" in plans[0].variant
     assert_bitwise_equal("k_cache", args["k_cache"], before_k)
     assert_bitwise_equal("v_cache", args["v_cache"], before_v)
+
+
+# --- 9. strided inputs: flash-attn's (batch, seqlen, heads, d) order -----------------------
+
+def _bshd(x):
+    """x (batch, heads, s, d) stored as (batch, s, heads, d)."""
+    return None if x is None else np.ascontiguousarray(x.transpose(0, 2, 1, 3))
+
+
+def _view(x):
+    """The (batch, heads, s, d) view of a (batch, s, heads, d) array, host or device (Numba
+    transposes device arrays of two dimensions only: on a GPU the view is built from the
+    strides, as a tensor's transpose(1, 2) arrives through the CUDA Array Interface)."""
+    if x is None:
+        return None
+    if not hasattr(x, "copy_to_host"):
+        return x.transpose(0, 2, 1, 3)
+    if on_gpu():
+        from numba.cuda.cudadrv.devicearray import DeviceNDArray
+        (s0, s1, s2, s3), (t0, t1, t2, t3) = x.shape, x.strides
+        return DeviceNDArray((s0, s2, s1, s3), (t0, t2, t1, t3), x.dtype, gpu_data=x.gpu_data)
+    return x.transpose((0, 2, 1, 3))
+
+
+@pytest.mark.parametrize("device", [False, True], ids=["host", "device"])
+def test_caches_in_flash_attn_order_are_read_and_written_in_place(device):
+    """q, the caches and the new k, v stored as (batch, s, heads, d) and passed as their
+    (batch, heads, s, d) views: the reference's result, and the new rows written into the
+    very arrays given (a device cache is read and written where it is, no copy)."""
+    case = make_cache_case(B=2, Hk=2, group=2, Sq=2, S_max=24, d=40, dtype="float32",
+                           lengths=(6, 20), S_new=1, causal=True, num_splits=2, seed=41)
+    q, kc, vc, k, v = (_bshd(x) for x in (case.q, case.k_cache, case.v_cache, case.k, case.v))
+    if device:
+        q, kc, vc, k, v = (cuda.to_device(x) for x in (q, kc, vc, k, v))
+    out, lse = numbaflash.attention_with_kvcache(
+        _view(q), _view(kc), _view(vc), cache_seqlens=np.array(case.lengths, np.int32),
+        k=_view(k), v=_view(v), causal=True, num_splits=2, return_lse=True)
+    want_k, want_v = updated_caches(case)
+    assert_bitwise_equal("k_cache", to_host(kc).transpose(0, 2, 1, 3), want_k)
+    assert_bitwise_equal("v_cache", to_host(vc).transpose(0, 2, 1, 3), want_v)
+    check_against_reference(case, to_host(out), to_host(lse), want_k, want_v)
+
+
+def test_a_cache_without_a_contiguous_head_dim_is_refused():
+    """The kernels read whole head-dim rows: a cache whose last dimension is strided gets
+    a ValueError naming it, before anything is written."""
+    case = make_cache_case(B=1, Hk=1, group=1, Sq=1, S_max=8, d=4, dtype="float32",
+                           lengths=(3,), seed=43)
+    wide = cuda.to_device(np.zeros((1, 1, 8, 8), np.float32))
+    with pytest.raises(ValueError, match="head dim"):
+        numbaflash.attention_with_kvcache(cuda.to_device(case.q), wide[:, :, :, ::2],
+                                          cuda.to_device(case.v_cache), cache_seqlens=3)

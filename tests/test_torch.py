@@ -524,3 +524,39 @@ def test_cpu_tensors_are_never_launched_directly():
         nft.attention(q, k, v)
         nft.attention(q, k, v)
     assert nft._FAST == {}
+
+
+def test_flash_attn_with_kvcache_layout_and_in_place_writes():
+    """flash-attn's decoding call on CPU tensors: (batch, seqlen, heads, d) caches get the
+    new rows in place at cache_seqlens (the rest untouched), and out and lse are bitwise
+    numbaflash.attention_with_kvcache's on the same arrays in (batch, heads, seqlen, d)
+    order (the layer adds no arithmetic; tests/test_kvcache.py checks that call against
+    the float64 reference)."""
+    g = torch.Generator().manual_seed(5)
+    B, S_max, Hk, Hq, d = 2, 16, 1, 2, 8
+    q = torch.randn(B, 1, Hq, d, generator=g)
+    k_cache, v_cache = (torch.randn(B, S_max, Hk, d, generator=g) for _ in range(2))
+    k, v = (torch.randn(B, 1, Hk, d, generator=g) for _ in range(2))
+    lengths = torch.tensor([3, 9], dtype=torch.int32)
+    k0, v0 = k_cache.clone(), v_cache.clone()
+    out, lse = nft.flash_attn_with_kvcache(q, k_cache, v_cache, k=k, v=v,
+                                           cache_seqlens=lengths, causal=True,
+                                           num_splits=2, return_softmax_lse=True)
+    assert out.shape == q.shape and lse.shape == (B, Hq, 1)
+    want_k, want_v = k0.clone(), v0.clone()
+    for b, n in enumerate(lengths.tolist()):
+        want_k[b, n], want_v[b, n] = k[b, 0], v[b, 0]
+    assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
+    T = lambda x: np.ascontiguousarray(x.numpy().transpose(0, 2, 1, 3))
+    kh, vh = T(k0), T(v0)
+    want, want_lse = numbaflash.attention_with_kvcache(
+        T(q), kh, vh, cache_seqlens=lengths.numpy(), k=T(k), v=T(v), causal=True,
+        num_splits=2, return_lse=True)
+    assert_bitwise_equal("out", out.transpose(1, 2).numpy(), want)
+    assert_bitwise_equal("lse", lse.numpy(), want_lse)
+    for bad in ("rotary_cos", "cache_batch_idx", "block_table"):
+        with pytest.raises(NotImplementedError, match=bad):
+            nft.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths,
+                                        **{bad: torch.zeros(1)})
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        nft.flash_attn_with_kvcache(q, k_cache, v_cache, k=k, v=v)

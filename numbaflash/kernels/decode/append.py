@@ -18,19 +18,23 @@ THREADS = 128
 
 @functools.lru_cache(maxsize=None)
 def make_append():
-    """The kernel: K_new, V_new (B*Hk, S_new, d) into K, V (B*Hk, S_max, d)."""
+    """The kernel: K_new, V_new (B, Hk, S_new, d) into K, V (B, Hk, S_max, d), any
+    strides (a cache in flash-attn's (batch, seqlen, heads, d) order is written in place
+    through its transposed view)."""
 
     @cuda.jit(**jit_options())
-    def append(K, V, K_new, V_new, seqlens, Hk):
+    def append(K, V, K_new, V_new, seqlens):
         t = cuda.blockIdx.x                     # the new row
         bhk = cuda.blockIdx.y
+        Hk = K.shape[1]
         b = bhk // Hk
+        h = bhk % Hk
         at = seqlens[b] + t
-        if at < 0 or at >= K.shape[1]:
+        if at < 0 or at >= K.shape[2]:
             return
-        for col in range(cuda.threadIdx.x, K.shape[2], THREADS):
-            K[bhk, at, col] = K_new[bhk, t, col]
-            V[bhk, at, col] = V_new[bhk, t, col]
+        for col in range(cuda.threadIdx.x, K.shape[3], THREADS):
+            K[b, h, at, col] = K_new[b, h, t, col]
+            V[b, h, at, col] = V_new[b, h, t, col]
 
     return append
 

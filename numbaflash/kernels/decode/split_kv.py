@@ -107,7 +107,11 @@ def make_split_kv(d, rows, causal, acc_dtype, variant=PLAIN):
     rows rr = t * rows + r of the (batch, K/V head): query head hk * group + rr // Sq,
     query row rr % Sq. Shared memory: the warps' (m, l, o) for the merge.
 
-    Arguments: Q (B*Hq, Sq, d); K, V (B*Hk, S_max, d) the caches; seqlens (B,) int32 and
+    Arguments: Q (B, Hq, Sq, d), any strides; K, V the caches as flat views of their
+    memory from element (0, 0, 0, 0), with (B, Hk, S_max, d) element strides (k_batch,
+    k_head, k_row, 1) and (v_batch, v_head, v_row, 1) given after S_max: a cache whose
+    head dim is contiguous is read in place, whatever the order of its other dimensions
+    (flash-attn's (batch, seqlen, heads, d) caches included); seqlens (B,) int32 and
     n_new (keys appended this call): batch b sees n_b = min(seqlens[b] + n_new, S_max)
     keys; O (B*Hq, Sq, d), L (B*Hq, Sq) written with one split, else O_parts (n_splits,
     B*Hq, Sq, d) and L_parts (n_splits, B*Hq, Sq) in the accumulator dtype;
@@ -167,7 +171,8 @@ def make_split_kv(d, rows, causal, acc_dtype, variant=PLAIN):
 
     @cuda.jit(**jit_options(MAX_REGISTERS))
     def split_kv(Q, K, V, seqlens, n_new, O, L, O_parts, L_parts, softmax_scale, upper_shift,
-                 lower_shift, Hq, group, softcap, slopes, attn_mask):
+                 lower_shift, Hq, group, softcap, slopes, attn_mask, S_max, k_batch, k_head,
+                 k_row, v_batch, v_head, v_row):
         split = cuda.blockIdx.x
         n_splits = cuda.gridDim.x
         tile = cuda.blockIdx.y
@@ -178,8 +183,7 @@ def make_split_kv(d, rows, causal, acc_dtype, variant=PLAIN):
         tid = cuda.threadIdx.x
         warp = tid // 32
         lane = tid % 32
-        Sq = Q.shape[1]
-        S_max = K.shape[1]
+        Sq = Q.shape[2]
         n_rows = group * Sq                 # the rows that read this K/V head
 
         # This batch's keys, and the band its rows see (bands.py's bounds, in keys).
@@ -210,10 +214,10 @@ def make_split_kv(d, rows, causal, acc_dtype, variant=PLAIN):
 
         for r in range(ROWS):                               # Alg.1 l.4-5
             rr = tile * ROWS + r
-            bh = b * Hq + hk * group + rr // Sq
+            h = hk * group + rr // Sq
             for c in range(NC):
                 col = lane + 32 * c
-                q[r * NC + c] = acc(Q[bh, rr % Sq, col]) if rr < n_rows and col < d else ZERO
+                q[r * NC + c] = acc(Q[b, h, rr % Sq, col]) if rr < n_rows and col < d else ZERO
                 o[r * NC + c] = ZERO
             m[r] = NEG_INF
             l[r] = ZERO
@@ -228,11 +232,13 @@ def make_split_kv(d, rows, causal, acc_dtype, variant=PLAIN):
             # below and its value is not added. Columns past d (d not a multiple of 32)
             # are zeroed, since every lane's partial dot product sums all its columns.
             for e in range(KEYS):
-                row_at = (bhk * S_max + min(base + e, last - 1)) * d  # flat index of the row
+                key = min(base + e, last - 1)
+                k_at = b * k_batch + hk * k_head + key * k_row     # where the rows start
+                v_at = b * v_batch + hk * v_head + key * v_row
                 for c in range(NC):
-                    at = row_at + (lane + 32 * c if WHOLE_WARPS else min(lane + 32 * c, d - 1))
-                    kx[e * NC + c] = acc(flat_load(K, U(at)))
-                    vx[e * NC + c] = acc(flat_load(V, U(at)))
+                    col = lane + 32 * c if WHOLE_WARPS else min(lane + 32 * c, d - 1)
+                    kx[e * NC + c] = acc(flat_load(K, U(k_at + col)))
+                    vx[e * NC + c] = acc(flat_load(V, U(v_at + col)))
                     if not WHOLE_WARPS:
                         inside = lane + 32 * c < d
                         kx[e * NC + c] = kx[e * NC + c] if inside else ZERO
