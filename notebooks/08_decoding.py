@@ -56,7 +56,7 @@ rng = np.random.default_rng(0)
 
 ROOT = Path(numbaflash.__file__).resolve().parent.parent
 # The H200 measurements of the decode kernels (scripts/decode_gpu.py); sections 2 and 5.
-LAB_RECORD = ROOT / "lab" / "runs" / "2026-12-04" / "101_decode_gpu.txt"
+LAB_RECORD = ROOT / "lab" / "runs" / "2026-12-04" / "102_decode_strided_gpu.txt"
 
 
 def spec(shape, dtype):
