@@ -227,9 +227,10 @@ def finite_inputs_plans(plans, p, asked, Q, K, V, O, dO, L, stream=DEFAULT):
 
 # Split until the grid has SPLIT_BLOCKS_PER_SM blocks per SM, each split keeping at least
 # SPLIT_MIN_KEYS keys. Measured on the H200 at d = 128 (lab/runs/2026-12-04/100_decode_gpu.txt,
-# the "splits" lines, ms for 1, 2, 4, 8, 16, 32, 64 splits): 7.8-15.5 blocks per SM were
-# the fastest or within noise of it at all four decode shapes (8 splits at batch 8, 32 at
-# batch 1), and 2-4 per SM 5-30 % slower.
+# the "splits" lines, ms for 1, 2, 4, 8, 16, 32, 64 splits): the fastest count gave 4 to
+# 16 blocks per SM; about 8 per SM was within 2 % of the fastest at three of the four
+# decode shapes and 12 % off at batch 8 without GQA in float16 (16 per SM fastest there);
+# about 2 per SM was 23-48 % slower everywhere.
 SPLIT_BLOCKS_PER_SM = 8
 SPLIT_MIN_KEYS = 512
 SPLIT_MAX = 64
