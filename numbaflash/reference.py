@@ -298,6 +298,70 @@ def forward_splits(q, k, v, num_splits, causal=False, scale=None, **variants):
     return O, L, parts
 
 
+# --- variable-length batches: sequences packed one after another -------------------------
+#
+# A packed batch keeps B sequences of different lengths back to back: q is (total_q, H, d)
+# with sequence b in rows cu_seqlens_q[b]:cu_seqlens_q[b + 1] (k and v likewise with
+# cu_seqlens_k), so no padding is stored or computed. Each sequence is plain attention of
+# its own rows (causal masks and windows aligned within it); these two functions are that
+# definition, sequence by sequence, the oracle for packed kernels. lse is (H, total_q), as
+# flash-attention lays it out.
+
+def _sequences(cu_seqlens_q, cu_seqlens_k):
+    """The (query rows, key rows) slices of each packed sequence."""
+    cu_q, cu_k = np.asarray(cu_seqlens_q), np.asarray(cu_seqlens_k)
+    if cu_q.shape != cu_k.shape or cu_q.ndim != 1 or cu_q.size < 1:
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must be (batch + 1,) arrays of the "
+                         f"same length; got shapes {cu_q.shape} and {cu_k.shape}")
+    return [(slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1])))
+            for b in range(cu_q.size - 1)]
+
+
+def _sequence_variants(variants, b):
+    """The variant arguments of sequence b: (batch, heads) ALiBi slopes cut to its row."""
+    slopes = variants.get("alibi_slopes")
+    if slopes is not None and np.ndim(slopes) == 2:
+        return dict(variants, alibi_slopes=np.asarray(slopes)[b])
+    return variants
+
+
+def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, scale=None,
+                   dtype=np.float64, **variants):
+    """Attention of a packed batch: q (total_q, Hq, d), k and v (total_k, Hkv, d), sequence
+    b in rows cu_seqlens_q[b]:cu_seqlens_q[b + 1] of q and cu_seqlens_k[b]:cu_seqlens_k[b + 1]
+    of k and v. Returns ``(O, L)``: O (total_q, Hq, d) and L (Hq, total_q), sequence by
+    sequence ``forward`` of its own rows (a sequence without keys gives O = 0, L = -inf).
+    ``variants`` as for ``forward``; ALiBi slopes may be (Hq,) or (batch, Hq)."""
+    q, k, v = (np.asarray(x) for x in (q, k, v))
+    O = np.zeros(q.shape, dtype)
+    L = np.full((q.shape[1], q.shape[0]), -np.inf, dtype)
+    for b, (rows, keys) in enumerate(_sequences(cu_seqlens_q, cu_seqlens_k)):
+        if rows.stop == rows.start:
+            continue
+        Ob, Lb = forward(*(np.swapaxes(x, 0, 1) for x in (q[rows], k[keys], v[keys])),
+                         causal, scale, dtype, **_sequence_variants(variants, b))
+        O[rows] = np.swapaxes(Ob, 0, 1)
+        L[:, rows] = Lb
+    return O, L
+
+
+def backward_varlen(dout, q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, scale=None,
+                    dtype=np.float64, **variants):
+    """Gradients of ``forward_varlen`` for the upstream gradient dout (total_q, Hq, d):
+    ``(dq, dk, dv)`` packed like q, k, v, sequence by sequence ``backward``."""
+    dout, q, k, v = (np.asarray(x) for x in (dout, q, k, v))
+    dq, dk, dv = (np.zeros(x.shape, dtype) for x in (q, k, v))
+    for b, (rows, keys) in enumerate(_sequences(cu_seqlens_q, cu_seqlens_k)):
+        if rows.stop == rows.start or keys.stop == keys.start:
+            continue
+        grads = backward(*(np.swapaxes(x, 0, 1) for x in (dout[rows], q[rows], k[keys],
+                                                            v[keys])),
+                         causal, scale, dtype, **_sequence_variants(variants, b))
+        for out, g, at in zip((dq, dk, dv), grads, (rows, keys, keys)):
+            out[at] = np.swapaxes(g, 0, 1)
+    return dq, dk, dv
+
+
 # --- dropout in the dense reference: checking dropout_p and dropout_keep -----------------
 
 def _dropout_rescale(dropout_p, dropout_keep, dtype):
