@@ -15,19 +15,23 @@ here the keys are spread, three ways:
 * over the 32 lanes of a warp, by head-dim column: lane x holds columns x, x + 32, ...
   (NC of them) of every row it touches, so a warp reads each cached key and value row in
   whole, coalesced 32-element pieces. A score q . k is the sum of 32 lanes' partial dot
-  products: a warp all-reduce (``warp_sum``: five xor shuffles), after which every lane
-  holds it and runs the same online-softmax step for its own columns of o.
+  products: a warp all-reduce (``warp_sums``: five rounds of xor shuffles, each round
+  for all of a step's keys at once), after which every lane holds it and runs the same
+  online-softmax step for its own columns of o.
 
 Every block holds several query rows at once (``rows``: up to MAX_ROWS of the group x Sq
-rows of one (batch, K/V head)), so with GQA each key and value is read once for them (for a group of four, two
-blocks read it).
+rows of one (batch, K/V head)), so with GQA each key and value is read once for them
+(for a group of four, two blocks read it).
 Each warp ends with its own (m, l, o) per row; the block merges its four warps by their
 logsumexp through shared memory (``merge_warps``), then writes O and L directly (one
 split) or its split's normalised O_s and L_s for the combine kernel (combine.py).
 
-What it buys: decode-shaped calls are memory-bound (the whole cache is read once per
-call); lab/runs/2026-12-04/ holds their bandwidth against SDPA and the HBM copy limit
-(docs/kvcache.md cites the file).
+What it buys: a decode call reads the whole cache once, so it is memory-bound, and the
+splits let it use the whole GPU. At (8, 32, 1, 32768, 128) it read 2787 GB/s in float32
+(2.0x SDPA's bandwidth, 0.65 of the HBM copy) and 2114 GB/s in float16 (0.46x SDPA, 0.50
+of the copy); with GQA (8 K/V heads) far less in float16 (0.12x SDPA): the per-(key, row)
+work of the reductions limits it there (lab/runs/2026-12-04/102_decode_strided_gpu.txt;
+docs/performance.md, "Decoding").
 
 Lengths: batch b sees the first n_b = cache_seqlens[b] + S_new keys of its cache (never
 more than S_max). Causal and windows are bottom-right aligned within that length:
@@ -57,7 +61,9 @@ THREADS = 32 * WARPS
 # local memory (a stack frame of 160-320 bytes at d = 128, rows indexed in a loop it does
 # not unroll), and on the H200 the GQA shapes ran fastest with two: (8, 32/8, 1, 32768,
 # 128) at 1.81 ms (float16) and 1.90 ms (float32), against 2.57-2.80 and 2.84-2.87 with
-# four or eight (lab/runs/2026-12-04/95_decode_gpu_unbranched_loads.txt, "rows" lines).
+# four or eight (lab/runs/2026-12-04/95_decode_gpu_unbranched_loads.txt, "rows" lines;
+# in lab/runs/2026-12-04/100_decode_gpu.txt two rows were 6-17 % faster than one at three
+# of the four GQA readings and 9 % slower at the fourth, four and eight again the slowest).
 MAX_ROWS = 2
 MAX_REGISTERS = None            # no cap (ptxas's choice); scripts/decode_gpu.py tries caps
 LANE_VALUES = 32                # per lane: rows x NC (q, o) and KEYS x NC (k, v) at most
@@ -83,17 +89,6 @@ def rows_per_block(rows_needed, d):
     while rows < rows_needed and rows < cap:
         rows *= 2
     return rows
-
-
-@cuda.jit(device=True, inline=True)
-def warp_sum(x):
-    """The sum of x over the 32 lanes of a warp, in every lane (butterfly of xor
-    shuffles; the same order in every lane, so every lane gets the same bits)."""
-    x += cuda.shfl_xor_sync(FULL_WARP, x, 16)
-    x += cuda.shfl_xor_sync(FULL_WARP, x, 8)
-    x += cuda.shfl_xor_sync(FULL_WARP, x, 4)
-    x += cuda.shfl_xor_sync(FULL_WARP, x, 2)
-    return x + cuda.shfl_xor_sync(FULL_WARP, x, 1)
 
 
 @functools.lru_cache(maxsize=None)
@@ -134,9 +129,10 @@ def make_split_kv(d, rows, causal, acc_dtype, variant=PLAIN):
 
     @cuda.jit(device=True, inline=True)
     def warp_sums(s):
-        """Each of the KEYS values of s summed over the warp's 32 lanes, in every lane:
-        ``warp_sum``'s butterfly, one round for all KEYS values before the next, so that
-        KEYS shuffles are in flight at once instead of one chain after another."""
+        """Each of the KEYS values of s summed over the warp's 32 lanes, in every lane (a
+        butterfly of xor shuffles: the same order in every lane, so every lane gets the
+        same bits), one round for all KEYS values before the next, so that KEYS shuffles
+        are in flight at once instead of one chain after another."""
         for e in range(KEYS):
             s[e] += cuda.shfl_xor_sync(FULL_WARP, s[e], 16)
         for e in range(KEYS):
