@@ -28,7 +28,7 @@ split) or its split's normalised O_s and L_s for the combine kernel (combine.py)
 
 What it buys: a decode call reads the whole cache once, so it is memory-bound, and the
 splits let it use the whole GPU. At (8, 32, 1, 32768, 128) it read 2787 GB/s in float32
-(2.0x SDPA's bandwidth, 0.65 of the HBM copy) and 2114 GB/s in float16 (0.46x SDPA, 0.50
+(2.0x SDPA's bandwidth, 0.65 of the HBM copy) and 2114 GB/s in float16 (0.46x SDPA, 0.496
 of the copy); with GQA (8 K/V heads) far less in float16 (0.12x SDPA): the per-(key, row)
 work of the reductions limits it there (lab/runs/2026-12-04/102_decode_strided_gpu.txt;
 docs/performance.md, "Decoding").
