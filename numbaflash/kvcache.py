@@ -7,7 +7,6 @@ and values into the caches in place, then runs the split-KV kernels
 (numbaflash/kernels/decode/) over each batch's first cache_seqlens[b] + S_new keys.
 """
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,7 +22,7 @@ from .masks import band, parse_causal, parse_window
 from .policy import default_num_splits, where_to_plan
 from .streams import call_stream, wait_for
 from .validate import (GRID_Y_MAX, HEAD_DIM_MAX, SUPPORTED_DTYPES, _check_alibi,
-                       _check_softcap, _shape_dtype)
+                       _check_softcap, _shape_dtype, check_scale)
 
 MAX_SPLITS = 256                # a forced num_splits above this is refused
 
@@ -143,12 +142,7 @@ def check_kvcache_inputs(q, k_cache, v_cache, cache_seqlens, k=None, v=None, cau
     window = parse_window(window_size)
     # The band at Sk = Sq: its bounds relative to n_b - Sq, the same for every batch.
     upper, lower = band(Sq, Sq, mode, window)
-    if scale is None:
-        scale = 1.0 / math.sqrt(d) if d else 1.0
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)):
-        raise TypeError(f"scale must be a real number or None; got {type(scale).__name__}")
-    elif not math.isfinite(scale):
-        raise ValueError(f"scale must be finite; got {scale}")
+    scale = check_scale(scale, d)
     softcap = _check_softcap(softcap)
     slopes = _check_alibi(alibi_slopes, B, Hq)
     if num_splits is not None and (isinstance(num_splits, bool)
@@ -296,13 +290,8 @@ def launch_kvcache(plans, p, Q, K, V, S, seqlens, stream):
         O_parts = arrays.device_empty((1, 1, 1, 1), acc, stream)
         L_parts = arrays.device_empty((1, 1, 1), acc, stream)
     no_slopes, no_mask, _ = _placeholders(p.acc_dtype, _context_key())
-    slopes = no_slopes
-    if p.alibi_slopes is not None:
-        slopes = p.alibi_slopes
-        if not arrays.is_device_array(slopes):
-            slopes = arrays.cuda.to_device(np.ascontiguousarray(slopes), stream=stream.numba)
-        elif not hasattr(slopes, "copy_to_host"):
-            slopes = arrays.cuda.as_cuda_array(slopes, sync=False)
+    slopes = (no_slopes if p.alibi_slopes is None
+              else arrays.strided_view(p.alibi_slopes, "alibi_slopes", stream))
     (K_flat, k_strides), (V_flat, v_strides) = K, V
     args = (Q, K_flat, V_flat, seqlens, np.int64(p.S_new), O, L, O_parts, L_parts,
             acc.type(p.softmax_scale), np.int64(p.upper_shift), np.int64(p.lower_shift),

@@ -646,6 +646,26 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
 # --- flash-attn's flash_attn_func -------------------------------------------------------------
 
+def _check_flash_layout(function, **tensors):
+    """ValueError unless every given tensor has 4 dims, flash-attn's (batch, seqlen, heads,
+    head_dim)."""
+    for name, x in tensors.items():
+        if x is not None and x.dim() != 4:
+            raise ValueError(f"{function} takes {name} as (batch, seqlen, heads, head_dim); "
+                             f"got shape {tuple(x.shape)}")
+
+
+def _flash_window(window_size):
+    """flash-attn's window_size as (left, right) with -1 for an unbounded side; ValueError
+    if it is not a pair of ints."""
+    try:
+        left, right = window_size
+        return (-1 if left < 0 else int(left), -1 if right < 0 else int(right))
+    except (TypeError, ValueError):
+        raise ValueError(f"window_size must be a pair of ints (left, right); got "
+                         f"{window_size!r}") from None
+
+
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                     deterministic=False, return_attn_probs=False):
@@ -692,16 +712,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
             "returns out only (numbaflash.attention(..., return_lse=True) gives the "
             "logsumexp)")
     _check_tensors(q=q, k=k, v=v, alibi_slopes=alibi_slopes)
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if x.dim() != 4:
-            raise ValueError(f"flash_attn_func takes {name} as (batch, seqlen, heads, "
-                             f"head_dim); got shape {tuple(x.shape)}")
-    try:
-        left, right = window_size
-        window = (-1 if left < 0 else int(left), -1 if right < 0 else int(right))
-    except (TypeError, ValueError):
-        raise ValueError(f"window_size must be a pair of ints (left, right); got "
-                         f"{window_size!r}") from None
+    _check_flash_layout("flash_attn_func", q=q, k=k, v=v)
+    window = _flash_window(window_size)
     variants = dict(causal=bool(causal), scale=softmax_scale,
                     window_size=None if window == (-1, -1) else window,
                     softcap=None if softcap == 0.0 else softcap, alibi_slopes=alibi_slopes)
@@ -761,16 +773,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             raise NotImplementedError(f"flash_attn_with_kvcache: {name} is not implemented "
                                       f"in numbaflash; pass None")
     _check_tensors(q=q, k=k_cache, v=v_cache, k_new=k, v_new=v, alibi_slopes=alibi_slopes)
-    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
-        if x is not None and x.dim() != 4:
-            raise ValueError(f"flash_attn_with_kvcache takes {name} as (batch, seqlen, "
-                             f"heads, head_dim); got shape {tuple(x.shape)}")
-    try:
-        left, right = window_size
-        window = (-1 if left < 0 else int(left), -1 if right < 0 else int(right))
-    except (TypeError, ValueError):
-        raise ValueError(f"window_size must be a pair of ints (left, right); got "
-                         f"{window_size!r}") from None
+    _check_flash_layout("flash_attn_with_kvcache", q=q, k_cache=k_cache, v_cache=v_cache,
+                        k=k, v=v)
+    window = _flash_window(window_size)
     if cache_seqlens is None:
         if k is not None:
             raise ValueError("flash_attn_with_kvcache: new k and v need cache_seqlens (where "

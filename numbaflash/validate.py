@@ -122,12 +122,7 @@ def check_attention_inputs(q, k, v, causal=False, scale=None, *, window_size=Non
                          f"every variant keep K/V tiles in 48 KB of static shared memory")
     mode = parse_causal(causal)
     window = parse_window(window_size)
-    if scale is None:
-        scale = 1.0 / math.sqrt(d)
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)):
-        raise TypeError(f"scale must be a real number or None; got {type(scale).__name__}")
-    elif not math.isfinite(scale):
-        raise ValueError(f"scale must be finite; got {scale}")
+    scale = check_scale(scale, d)
     lead = qs[:-2]
     BH = math.prod(lead)
     if BH > GRID_Y_MAX:
@@ -159,6 +154,18 @@ def check_attention_inputs(q, k, v, causal=False, scale=None, *, window_size=Non
                    group=Hq // Hkv if Hkv else 1, softcap=0.0 if softcap is None else softcap,
                    variant=variant, alibi_slopes=slopes, attn_mask=mask,
                    dropout_p=dropout_p, dropout_seed=dropout_seed or 0)
+
+
+def check_scale(scale, d):
+    """The softmax scale: 1/sqrt(d) for None, else a finite real number (TypeError or
+    ValueError otherwise)."""
+    if scale is None:
+        return 1.0 / math.sqrt(d)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)):
+        raise TypeError(f"scale must be a real number or None; got {type(scale).__name__}")
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be finite; got {scale}")
+    return scale
 
 
 def _check_softcap(softcap):

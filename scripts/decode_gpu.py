@@ -25,8 +25,9 @@ SDPA and the HBM copy limit.
    of 4 GiB, bytes read + written / time). Bandwidth = K and V bytes read / time.
 
 Shapes (batch, Hq, Hk, Sq, S_max, d): the decode shapes of the targets in docs/kvcache.md.
-Timing: CUDA events on PyTorch's current stream (numbaflash launches there), median of
-``--repeats`` after 3 warm-ups, one process. Every line is printed as it comes (flush).
+Timing: ``numbaflash.bench.time_ms`` (CUDA events on the default stream, PyTorch's current
+stream here, where numbaflash launches), median of ``--repeats`` after 3 warm-ups, one
+process. Every line is printed as it comes (flush).
 """
 
 import argparse
@@ -103,19 +104,10 @@ def agreement():
     return bad
 
 
-def _median_ms(fn, repeats):
-    import torch
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return float(np.median(times))
+def _ms(fn, repeats):
+    """Median ms of fn() (``bench.time_ms``: CUDA events on the default stream, where
+    PyTorch's default current stream launches too), after 3 warm-up calls."""
+    return bench.time_ms(fn, repeats=repeats, warmup=3)
 
 
 def _inputs(shape, dtype):
@@ -143,7 +135,7 @@ def splits(shapes, dtypes, repeats):
             chosen = numbaflash.explain_kvcache(q, kc, vc, cache_seqlens=shape[4])[0].grid[0]
             row = []
             for n in (1, 2, 4, 8, 16, 32, 64):
-                ms = _median_ms(lambda: numbaflash.attention_with_kvcache(
+                ms = _ms(lambda: numbaflash.attention_with_kvcache(
                     q, kc, vc, cache_seqlens=shape[4], num_splits=n), repeats)
                 row.append(f"{n}:{ms:.3f}ms/{n_bytes / ms / 1e6:.0f}GB/s")
             print(f"splits {name} {shape} {dtype} (default {chosen}): " + " ".join(row),
@@ -165,7 +157,7 @@ def rows(shapes, dtypes, repeats):
             for most in (1, 2, 4, 8):
                 split_kv.MAX_ROWS = most
                 n = numbaflash.explain_kvcache(q, kc, vc, cache_seqlens=shape[4])[0].grid[0]
-                ms = _median_ms(lambda: numbaflash.attention_with_kvcache(
+                ms = _ms(lambda: numbaflash.attention_with_kvcache(
                     q, kc, vc, cache_seqlens=shape[4]), repeats)
                 row.append(f"rows<={most} ({n} splits):{ms:.3f}ms/{n_bytes / ms / 1e6:.0f}GB/s")
             split_kv.MAX_ROWS = keep
@@ -187,7 +179,7 @@ def registers(shapes, dtypes, repeats):
             for cap in (None, 80, 64):
                 split_kv.MAX_REGISTERS = cap
                 split_kv.make_split_kv.cache_clear()
-                ms = _median_ms(lambda: numbaflash.attention_with_kvcache(
+                ms = _ms(lambda: numbaflash.attention_with_kvcache(
                     q, kc, vc, cache_seqlens=shape[4]), repeats)
                 row.append(f"cap {cap}:{ms:.3f}ms/{n_bytes / ms / 1e6:.0f}GB/s")
             split_kv.MAX_REGISTERS = keep
@@ -215,7 +207,7 @@ def layout(shapes, dtypes, repeats):
             a = torch.as_tensor(ours(), device="cuda")
             b = flash().transpose(1, 2)
             same = torch.equal(a, b) and torch.equal(kc2.transpose(1, 2), kc)
-            t_ours, t_flash = _median_ms(ours, repeats), _median_ms(flash, repeats)
+            t_ours, t_flash = _ms(ours, repeats), _ms(flash, repeats)
             print(f"layout {name} {shape} {dtype}: (b, h, s, d) {t_ours:.3f} ms, flash-attn's "
                   f"(b, s, h, d) {t_flash:.3f} ms, ratio {t_flash / t_ours:.3f}; out and "
                   f"caches bitwise equal: {same}", flush=True)
@@ -227,7 +219,7 @@ def copy_bandwidth(repeats):
     import torch
     x = torch.empty(2**30, dtype=torch.float32, device="cuda")      # 4 GiB
     y = torch.empty_like(x)
-    ms = _median_ms(lambda: y.copy_(x), repeats)
+    ms = _ms(lambda: y.copy_(x), repeats)
     gbs = 2 * x.numel() * 4 / ms / 1e6
     print(f"HBM copy: 4 GiB device-to-device, {ms:.3f} ms, {gbs:.0f} GB/s (read + written)",
           flush=True)
@@ -247,19 +239,19 @@ def bandwidth(shapes, dtypes, repeats):
             q, kc, vc = _inputs(shape, dtype)
             n_bytes = _kv_bytes(shape, dtype)
             plans = numbaflash.explain_kvcache(q, kc, vc, cache_seqlens=S_max)
-            ours = _median_ms(lambda: numbaflash.attention_with_kvcache(
+            ours = _ms(lambda: numbaflash.attention_with_kvcache(
                 q, kc, vc, cache_seqlens=S_max), repeats)
             # SDPA as a user calls it (its own choice of backend), and the fused backend
             # for the dtype where it takes the call (FLASH for float16, EFFICIENT for
             # float32; with GQA they may not: then only the default is timed)
             gqa = Hk != Hq
             sdpa = lambda: F.scaled_dot_product_attention(q, kc, vc, enable_gqa=gqa)
-            default_ms = _median_ms(sdpa, repeats)
+            default_ms = _ms(sdpa, repeats)
             backend = SDPBackend.FLASH_ATTENTION if dtype == "float16" else \
                 SDPBackend.EFFICIENT_ATTENTION
             try:
                 with sdpa_kernel(backend):
-                    fused_ms = _median_ms(sdpa, repeats)
+                    fused_ms = _ms(sdpa, repeats)
             except RuntimeError:
                 fused_ms = float("nan")
             theirs = min(default_ms, fused_ms) if fused_ms == fused_ms else default_ms
