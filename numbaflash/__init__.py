@@ -10,6 +10,11 @@ Public API:
     attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens, k=None, v=None, ...)
                             -> decoding: append k, v to the caches, attend q to them
     explain_kvcache(...)    -> its Plans (the split-KV kernel, how many splits, and why)
+    attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, ...)
+                            -> a packed batch of sequences of different lengths, no padding
+    attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, ...)
+                            -> its (dq, dk, dv), packed
+    explain_varlen(...)     -> the Plan attention_varlen would run
     backend()               -> "gpu" or "simulator"
     dropout_mask(batch, heads, sq, sk, p, seed) -> the keep mask attention(...,
                                dropout_p=p, dropout_seed=seed) applies (NumPy bool)
@@ -25,7 +30,10 @@ from .kvcache import attention_with_kvcache, explain_kvcache
 from .kernels.plan import Plan, Plans
 from .policy import backend
 from .masks import CAUSAL_MODES
+from .varlen import attention_varlen, attention_varlen_backward, explain_varlen
 
 __all__ = ["attention", "attention_backward", "attention_vjp", "explain", "explain_backward",
-           "attention_with_kvcache", "explain_kvcache", "backend", "dropout_mask", "Plan", "Plans", "CAUSAL_MODES", "reference", "tiled"]
+           "attention_with_kvcache", "explain_kvcache", "attention_varlen",
+           "attention_varlen_backward", "explain_varlen", "backend", "dropout_mask", "Plan",
+           "Plans", "CAUSAL_MODES", "reference", "tiled"]
 __version__ = "0.1.0"

@@ -92,6 +92,19 @@ def flat_with_strides(x, name):
     return DeviceNDArray((extent,), (itemsize,), x.dtype, gpu_data=x.gpu_data), strides
 
 
+def heads_first(x):
+    """The C-contiguous device array ``x`` (rows, heads, d) as a (heads, rows, d) view of the
+    same memory (strides only, no copy): how the kernels read a packed batch
+    (numbaflash/varlen.py)."""
+    shape = (x.shape[1], x.shape[0]) + tuple(x.shape[2:])
+    c = _c_strides(tuple(x.shape), x.dtype.itemsize)
+    strides = (c[1], c[0]) + c[2:]
+    if simulating():
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+        return FakeCUDAArray(np.lib.stride_tricks.as_strided(x._ary, shape, strides))
+    return DeviceNDArray(shape, strides, x.dtype, gpu_data=x.gpu_data)
+
+
 def flat_view(x):
     """The C-contiguous device array ``x`` as one dimension, the same data (``_view``)."""
     return _view(x, (x.size,))

@@ -289,7 +289,7 @@ def launch_kvcache(plans, p, Q, K, V, S, seqlens, stream):
     else:   # never written with one split: the smallest arrays of the right types
         O_parts = arrays.device_empty((1, 1, 1, 1), acc, stream)
         L_parts = arrays.device_empty((1, 1, 1), acc, stream)
-    no_slopes, no_mask, _ = _placeholders(p.acc_dtype, _context_key())
+    no_slopes, no_mask = _placeholders(p.acc_dtype, _context_key())[:2]
     slopes = (no_slopes if p.alibi_slopes is None
               else arrays.strided_view(p.alibi_slopes, "alibi_slopes", stream))
     (K_flat, k_strides), (V_flat, v_strides) = K, V

@@ -167,10 +167,13 @@ class _DirectLaunch:
 # --- plans to launches ---------------------------------------------------------------
 
 
-def launch_forward(plan, p, Q, K, V, O, L, slopes=None, attn_mask=None, stream=DEFAULT):
+def launch_forward(plan, p, Q, K, V, O, L, slopes=None, attn_mask=None, stream=DEFAULT,
+                   seqs=None):
     """Launch the planned forward kernel on device arrays: Q, O (B*Hq, Sq, d), K, V
     (B*Hkv, Sk, d), L (B*Hq, Sq); ``slopes`` and ``attn_mask`` as the Problem's, on the
-    device (or None); on ``stream`` (a streams.CallStream)."""
+    device (or None); on ``stream`` (a streams.CallStream). A packed batch
+    (``p.variant.varlen``): Q, O (Hq, total_q, d), K, V (Hkv, total_k, d), L (Hq, total_q)
+    views and ``seqs`` (2, B + 1) int32 on the device (kernels/sequences.py)."""
     log.info("%s", plan)
     version = forward_kernels.module(plan.version)
     scale = np.dtype(p.acc_dtype).type(p.softmax_scale)   # keep the kernel's arithmetic in acc dtype
@@ -178,22 +181,30 @@ def launch_forward(plan, p, Q, K, V, O, L, slopes=None, attn_mask=None, stream=D
     if version.VARIANTS:
         tiles = (tile_table(p, plan.Br, plan.Bc, attn_mask, stream) if version.TILE_TABLE
                  else None)
-        args += variant_arguments(p, slopes, attn_mask, tiles)
-    # The argument types follow from the input dtype, unless the caller passed arrays of
-    # their own (slopes, attn_mask: any dtype and layout); then Numba's dispatcher types them.
-    types_key = (p.dtype, p.acc_dtype) if slopes is None and attn_mask is None else None
-    launch(version.kernel(plan, p), plan.grid, plan.block, args, types_key,
+        args += variant_arguments(p, slopes, attn_mask, tiles, seqs)
+    launch(version.kernel(plan, p), plan.grid, plan.block, args,
+           _types_key(p, slopes, attn_mask, seqs),
            plan.shared_bytes if plan.dynamic_shared else 0, stream)
 
 
+def _types_key(p, slopes, attn_mask, seqs):
+    """``launch``'s types_key: the argument types follow from the input dtype, unless the
+    caller passed arrays of their own (slopes, attn_mask: any dtype and layout) or the
+    arrays are a packed batch's strided views; then Numba's dispatcher types them."""
+    if slopes is None and attn_mask is None and seqs is None:
+        return (p.dtype, p.acc_dtype)
+    return None
+
+
 def launch_backward(plans, p, Q, K, V, O, dO, L, D, dQ, dK, dV, slopes=None, attn_mask=None,
-                    stream=DEFAULT):
+                    stream=DEFAULT, seqs=None):
     """Launch the planned backward kernels, in order, on device arrays.
 
     Q, O, dO, dQ are (B*Hq, Sq, d); K, V, dK, dV are (B*Hkv, Sk, d); L and D are (B*Hq, Sq)
     in the accumulator dtype (D is scratch, written by the first kernel). For v2, dQ must
-    be zero-filled (its kernel adds into it). ``slopes``, ``attn_mask``, ``stream``: as
-    for the forward.
+    be zero-filled (its kernel adds into it). ``slopes``, ``attn_mask``, ``stream``,
+    ``seqs``: as for the forward (a packed batch: Q, O, dO, dQ (Hq, total_q, d), K, V, dK,
+    dV (Hkv, total_k, d), L and D (Hq, total_q)).
     """
     scale = np.dtype(p.acc_dtype).type(p.softmax_scale)   # keep the kernel's arithmetic in acc dtype
     offset = np.int64(p.causal_offset)
@@ -203,10 +214,8 @@ def launch_backward(plans, p, Q, K, V, O, dO, L, D, dQ, dK, dV, slopes=None, att
         tiled = plans[-1]
         tiles = (tile_table(p, tiled.Br, tiled.Bc, attn_mask, stream) if version.TILE_TABLE
                  else None)
-        extra = variant_arguments(p, slopes, attn_mask, tiles)
-    # As in launch_forward: the argument types follow from the dtypes unless the caller
-    # passed arrays of their own (slopes, attn_mask).
-    types_key = (p.dtype, p.acc_dtype) if slopes is None and attn_mask is None else None
+        extra = variant_arguments(p, slopes, attn_mask, tiles, seqs)
+    types_key = _types_key(p, slopes, attn_mask, seqs)
     for plan in plans:
         log.info("%s", plan)
         if plan.kernel == "backward_preprocess":
@@ -246,16 +255,17 @@ def tile_table(p, Br, Bc, attn_mask, stream=DEFAULT):
     return tiles
 
 
-def variant_arguments(p, slopes, attn_mask, tiles=None):
+def variant_arguments(p, slopes, attn_mask, tiles=None, seqs=None):
     """The run-time arguments that follow ``causal_offset`` in every kernel that supports
     variants: (window_lo, Hq, group, softcap, slopes, attn_mask, tiles, seed_lo, seed_hi,
-    keep_threshold, keep_scale). ``slopes``, ``attn_mask`` and ``tiles`` (from
-    ``tile_table``) are device arrays or None (then a 1-element placeholder that the
-    kernel, compiled without that variant, never reads). The last four are dropout's
+    keep_threshold, keep_scale, seqs). ``slopes``, ``attn_mask``, ``tiles`` (from
+    ``tile_table``) and ``seqs`` (a packed batch's sequences, kernels/sequences.py) are
+    device arrays or None (then a 1-element placeholder that the kernel, compiled without
+    that variant, never reads). seed_lo to keep_scale are dropout's
     (kernels/variants.py): the seed's two 32-bit words and the keep threshold as uint32
     (32-bit arithmetic in Philox), and 1 / (1 - p) in the accumulator's dtype."""
     acc = np.dtype(p.acc_dtype)
-    no_slopes, no_mask, no_tiles = _placeholders(p.acc_dtype, _context_key())
+    no_slopes, no_mask, no_tiles, no_seqs = _placeholders(p.acc_dtype, _context_key())
     if p.variant.dropout:
         seed_lo, seed_hi = dropout.seed_words(p.dropout_seed)
         threshold = dropout.keep_threshold(p.dropout_p)
@@ -266,7 +276,7 @@ def variant_arguments(p, slopes, attn_mask, tiles=None):
     return (np.int64(p.window_lo), np.int64(p.Hq), np.int64(p.group), acc.type(p.softcap),
             no_slopes if slopes is None else slopes, no_mask if attn_mask is None else attn_mask,
             no_tiles if tiles is None else tiles, np.uint32(seed_lo), np.uint32(seed_hi),
-            np.uint32(threshold), acc.type(keep_scale))
+            np.uint32(threshold), acc.type(keep_scale), no_seqs if seqs is None else seqs)
 
 
 def _context_key():
@@ -277,8 +287,9 @@ def _context_key():
 @functools.lru_cache(maxsize=None)
 def _placeholders(acc_dtype, context):
     """The 1-element device arrays passed for the variant arguments a kernel does not use
-    (slopes, attn_mask, tiles), made once per context rather than copied to the device on
+    (slopes, attn_mask, tiles, seqs), made once per context rather than copied to the device on
     every call (three host-to-device copies per launch, for nothing)."""
     return (cuda.to_device(np.zeros((1, 1), acc_dtype)),
             cuda.to_device(np.zeros((1, 1, 1, 1), np.bool_)),
-            cuda.to_device(np.zeros((1, 1, 1), np.bool_)))
+            cuda.to_device(np.zeros((1, 1, 1), np.bool_)),
+            cuda.to_device(np.zeros((1, 1), np.int32)))

@@ -317,11 +317,17 @@ def _sequences(cu_seqlens_q, cu_seqlens_k):
             for b in range(cu_q.size - 1)]
 
 
-def _sequence_variants(variants, b):
-    """The variant arguments of sequence b: (batch, heads) ALiBi slopes cut to its row."""
+def _sequence_variants(variants, b, rows, keys):
+    """The variant arguments of sequence b (query rows ``rows``, key rows ``keys``):
+    (batch, heads) ALiBi slopes cut to its row, and a (batch, heads, >= its Sq, >= its
+    Sk) dropout_keep mask to its block (rows and keys counted within the sequence)."""
     slopes = variants.get("alibi_slopes")
     if slopes is not None and np.ndim(slopes) == 2:
-        return dict(variants, alibi_slopes=np.asarray(slopes)[b])
+        variants = dict(variants, alibi_slopes=np.asarray(slopes)[b])
+    keep = variants.get("dropout_keep")
+    if keep is not None:
+        nq, nk = rows.stop - rows.start, keys.stop - keys.start
+        variants = dict(variants, dropout_keep=np.asarray(keep)[b, :, :nq, :nk])
     return variants
 
 
@@ -331,7 +337,9 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, scale=None
     b in rows cu_seqlens_q[b]:cu_seqlens_q[b + 1] of q and cu_seqlens_k[b]:cu_seqlens_k[b + 1]
     of k and v. Returns ``(O, L)``: O (total_q, Hq, d) and L (Hq, total_q), sequence by
     sequence ``forward`` of its own rows (a sequence without keys gives O = 0, L = -inf).
-    ``variants`` as for ``forward``; ALiBi slopes may be (Hq,) or (batch, Hq)."""
+    ``variants`` as for ``forward``; ALiBi slopes may be (Hq,) or (batch, Hq), and a
+    dropout_keep mask is (batch, Hq, max Sq, max Sk) (sequence b keeps its block of row
+    b, as attention_varlen's dropout does)."""
     q, k, v = (np.asarray(x) for x in (q, k, v))
     O = np.zeros(q.shape, dtype)
     L = np.full((q.shape[1], q.shape[0]), -np.inf, dtype)
@@ -339,7 +347,7 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, scale=None
         if rows.stop == rows.start:
             continue
         Ob, Lb = forward(*(np.swapaxes(x, 0, 1) for x in (q[rows], k[keys], v[keys])),
-                         causal, scale, dtype, **_sequence_variants(variants, b))
+                         causal, scale, dtype, **_sequence_variants(variants, b, rows, keys))
         O[rows] = np.swapaxes(Ob, 0, 1)
         L[:, rows] = Lb
     return O, L
@@ -356,7 +364,7 @@ def backward_varlen(dout, q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, sca
             continue
         grads = backward(*(np.swapaxes(x, 0, 1) for x in (dout[rows], q[rows], k[keys],
                                                             v[keys])),
-                         causal, scale, dtype, **_sequence_variants(variants, b))
+                         causal, scale, dtype, **_sequence_variants(variants, b, rows, keys))
         for out, g, at in zip((dq, dk, dv), grads, (rows, keys, keys)):
             out[at] = np.swapaxes(g, 0, 1)
     return dq, dk, dv

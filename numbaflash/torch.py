@@ -1,7 +1,7 @@
 """numbaflash for PyTorch: autograd, and drop-ins for SDPA and flash-attn's ``flash_attn_func``.
 
 An optional layer: ``import numbaflash`` never imports PyTorch; ``import numbaflash.torch``
-does (``pip install numbaflash[torch]``). Three functions differentiable through
+does (``pip install numbaflash[torch]``). Four functions differentiable through
 ``torch.autograd`` with respect to q, k and v, and one for decoding:
 
     attention(q, k, v, **options)        numbaflash.attention's (batch, heads, seqlen, d)
@@ -12,6 +12,8 @@ does (``pip install numbaflash[torch]``). Three functions differentiable through
     flash_attn_func(...)                 flash_attn.flash_attn_func's signature, its
                                          (batch, seqlen, heads, d) layout and semantics
                                          (bottom-right causal, window_size, softcap, ALiBi)
+    flash_attn_varlen_func(...)          flash-attn's packed-batch call: sequences of different
+                                         lengths back to back, no padding
     flash_attn_with_kvcache(...)         flash-attn's decoding call: new keys and values
                                          written into the caches in place, split-KV
                                          (inference only: no autograd)
@@ -55,12 +57,13 @@ except ImportError as e:            # pragma: no cover - only without PyTorch
 
 from . import api, arrays, launcher, streams
 from . import kvcache as api_kvcache
+from . import varlen as api_varlen
 from .dropout import check_dropout_p, seed_words
 from .kernels import forward as forward_kernels
 from .validate import check_attention_inputs
 
 __all__ = ["attention", "scaled_dot_product_attention", "flash_attn_func",
-           "flash_attn_with_kvcache"]
+           "flash_attn_varlen_func", "flash_attn_with_kvcache"]
 
 _compiling = getattr(torch.compiler, "is_compiling", lambda: False)
 
@@ -201,8 +204,8 @@ class _FastForward:
         for make, a in zip(direct.makers[5:], rest):
             words.append(tuple(make(a)))
         # (scale, offset, window_lo, Hq, group, softcap, slopes, attn_mask, tiles) | seed
-        # words | (keep_threshold, keep_scale): launcher.variant_arguments' order
-        assert len(words) == 13, "launcher.variant_arguments changed: update the splice"
+        # words | (keep_threshold, keep_scale, seqs): launcher.variant_arguments' order
+        assert len(words) == 14, "launcher.variant_arguments changed: update the splice"
         self.before_seed = sum(words[:9], ())
         self.after_seed = sum(words[11:], ())
 
@@ -685,10 +688,13 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     - ``deterministic`` is accepted and has no effect: numbaflash's backward is always
       deterministic (no atomics).
 
-    **Layout cost**: the kernels take (batch, heads, seqlen, d) C-contiguous arrays, so
-    q, k, v are transposed and copied on the way in, and the output transposed and copied
-    on the way out (a C-contiguous (batch, seqlen, heads, d) tensor, as flash-attn
-    returns). These copies stay until the kernels read strided inputs.
+    **Layout**: no copy for C-contiguous (batch, seqlen, heads, d) float16 and float32
+    tensors. The batch is run as a packed batch of equal-length sequences
+    (numbaflash.attention_varlen, whose kernels read the (heads, rows, d) views through
+    their strides), so out and the gradients come back in flash-attn's layout directly,
+    the same bits as numbaflash.attention on transposed copies (the same kernels run).
+    Other strides are copied first (``.contiguous()``). float64 tensors, and calls under
+    torch.compile (through the custom op of ``attention``), take transposed copies.
 
     Args:
         q: (batch, Sq, Hq, d); k, v: (batch, Sk, Hkv, d). float16, float32 or float64
@@ -719,13 +725,139 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     softcap=None if softcap == 0.0 else softcap, alibi_slopes=alibi_slopes)
     check_dropout_p(dropout_p)                  # a bad p fails here, before any copy
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))        # (batch, heads, seqlen, d) views
-    # Validate before the copies below (on a GPU, launches); under torch.compile the
-    # op validates when it runs.
-    if not _compiling():
-        check_attention_inputs(qt, kt, vt, **variants)
-    out = attention(qt.contiguous(), kt.contiguous(), vt.contiguous(), dropout_p=dropout_p,
-                    **variants)
-    return out.transpose(1, 2).contiguous()                     # (batch, Sq, Hq, d)
+    if _compiling() or q.dtype == torch.float64:
+        # Transposed copies: under torch.compile through the custom op (it validates when
+        # it runs); in float64 because its backward default (v3) takes no packed batch, so
+        # the packed path would run v1 and differ from attention() by rounding.
+        out = attention(qt.contiguous(), kt.contiguous(), vt.contiguous(),
+                        dropout_p=dropout_p, **variants)
+        return out.transpose(1, 2).contiguous()                 # (batch, Sq, Hq, d)
+    # Validate before anything is copied or launched.
+    check_attention_inputs(qt, kt, vt, **variants)
+    _refuse_capture(q.device)
+    # The batch as packed equal-length sequences: (batch * seqlen, heads, d) views.
+    B, Sq, Hq, d = q.shape
+    Sk = k.shape[1]
+    cu_q, cu_k = (torch.arange(B + 1, dtype=torch.int32) * n for n in (Sq, Sk))
+    packed = [x.contiguous().view(x.shape[0] * x.shape[1], x.shape[2], x.shape[3])
+              for x in (q, k, v)]
+    options = dict(max_seqlen_q=Sq, max_seqlen_k=Sk, causal=variants["causal"],
+                   scale=softmax_scale, window_size=variants["window_size"],
+                   softcap=variants["softcap"], dropout_p=dropout_p,
+                   dropout_seed=_torch_seed() if dropout_p != 0.0 else None)
+    slopes = _compact(alibi_slopes)
+    if torch.is_grad_enabled() and any(x.requires_grad for x in packed):
+        out, _ = _VarlenAttention.apply(*packed, cu_q, cu_k, slopes, options)
+    else:
+        out, _ = _varlen_forward(*packed, cu_q, cu_k, slopes, options)
+    return out.view(B, Sq, Hq, d)
+
+
+class _VarlenAttention(torch.autograd.Function):
+    """out = attention_varlen(q, k, v, ...); forward and backward by numbaflash's kernels.
+
+    ``forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, options)`` takes
+    C-contiguous packed q, k, v and returns (out, lse), lse not differentiable; ``options``
+    are the keyword arguments attention_varlen and its backward share."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, options):
+        out, lse = _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, options)
+        ctx.mark_non_differentiable(lse)
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
+        ctx.options = options
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse, cu_q, cu_k, alibi_slopes = ctx.saved_tensors
+        with _outputs_from(q.device):
+            dq, dk, dv = api_varlen.attention_varlen_backward(
+                _array(dout.contiguous()), _array(q), _array(k), _array(v), _array(out),
+                _array(lse), _array(cu_q), _array(cu_k), alibi_slopes=_array(alibi_slopes),
+                **ctx.options)
+        return (_tensor(dq, q.device), _tensor(dk, q.device), _tensor(dv, q.device),
+                None, None, None, None)
+
+
+def _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, options):
+    """numbaflash.attention_varlen(..., return_lse=True) on tensors: (out, lse) tensors."""
+    with _outputs_from(q.device):
+        out, lse = api_varlen.attention_varlen(
+            _array(q), _array(k), _array(v), _array(cu_seqlens_q), _array(cu_seqlens_k),
+            return_lse=True, alibi_slopes=_array(alibi_slopes), **options)
+    return _tensor(out, q.device), _tensor(lse, q.device)
+
+
+@torch.compiler.disable
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           dropout_p=0.0, softmax_scale=None, causal=False,
+                           window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                           deterministic=False, return_attn_probs=False, block_table=None):
+    """A drop-in for flash-attn's ``flash_attn_varlen_func``: packed batches of sequences
+    of different lengths (numbaflash.attention_varlen), differentiable through
+    torch.autograd with respect to q, k and v.
+
+    Semantics as ``flash_attn_func`` (bottom-right causal, window_size, softcap, ALiBi,
+    GQA, ``deterministic`` without effect) within each sequence.
+
+    Args:
+        q: (total_q, Hq, d); k, v: (total_k, Hkv, d). float16, float32 or float64.
+            Non-contiguous tensors are copied first.
+        cu_seqlens_q, cu_seqlens_k: (batch + 1,) int32 tensors on q's device: 0, then
+            non-decreasing, ending at total_q (total_k). On a GPU they are copied to the
+            host to be checked (the call waits for them).
+        max_seqlen_q, max_seqlen_k: the longest sequences (ints; larger is allowed).
+        dropout_p: as flash_attn_func (seed from PyTorch's default generator).
+        block_table: must be None (paged K/V is not implemented).
+        return_attn_probs: must be False (not implemented).
+
+    Returns:
+        out: (total_q, Hq, d), q's dtype and device.
+
+    torch.compile: runs eagerly (one graph break).
+
+    Raises:
+        NotImplementedError: block_table or return_attn_probs=True.
+        ValueError, TypeError: what ``numbaflash.attention_varlen`` raises, before anything
+            is launched.
+    """
+    if block_table is not None:
+        raise NotImplementedError("block_table (paged K/V) is not implemented: pass packed "
+                                  "k and v")
+    if return_attn_probs:
+        raise NotImplementedError("return_attn_probs=True is not implemented: "
+                                  "numbaflash.attention_varlen(..., return_lse=True) gives "
+                                  "the logsumexp")
+    _check_tensors(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                   alibi_slopes=alibi_slopes)
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if cu.dtype != torch.int32:
+            raise TypeError(f"{name} must be an int32 tensor; got {cu.dtype}")
+    _refuse_capture(q.device)
+    window = _flash_window(window_size)
+    seed = None
+    if dropout_p != 0.0:
+        check_dropout_p(dropout_p)
+        seed = _torch_seed()
+    options = dict(max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=bool(causal),
+                   scale=softmax_scale, window_size=None if window == (-1, -1) else window,
+                   softcap=None if softcap == 0.0 else softcap, dropout_p=dropout_p,
+                   dropout_seed=seed)
+    if not all(x.is_contiguous() for x in (q, k, v)):
+        # a copy comes next (on a GPU, a launch): validate first
+        api_varlen.check_varlen_inputs(
+            _array(q), _array(k), _array(v), _array(cu_seqlens_q), _array(cu_seqlens_k),
+            max_seqlen_q, max_seqlen_k, options["causal"], softmax_scale,
+            window_size=options["window_size"], softcap=options["softcap"],
+            alibi_slopes=_array(alibi_slopes), dropout_p=dropout_p, dropout_seed=seed)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    slopes = _compact(alibi_slopes)
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+        out, _ = _VarlenAttention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, slopes, options)
+    else:
+        out, _ = _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, slopes, options)
+    return out
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,

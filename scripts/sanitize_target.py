@@ -17,6 +17,11 @@ with one and several splits, and the combine): device caches with per-batch leng
 end mid-step, new keys appended, GQA, causal, a window, softcap, ALiBi, d = 40 (two
 head-dim columns per lane, the second ragged), float32 and float16.
 
+``--varlen`` runs packed batches instead (numbaflash.attention_varlen and its backward):
+every forward and backward version that takes variants, on sequences of ragged lengths
+(an empty one, Sq != Sk, one past a tile), GQA, causal and a window, float32 and float16
+(float64 for the versions that compute in it); a version that refuses says why.
+
 ``--forward V`` also runs forward V once on inputs with a NaN in q and k and an inf in v,
 so that the paths that handle non-finite inputs (forward v6's fix-ups) are checked too.
 ``--dtype T`` runs every case in dtype T only (e.g. ``--forward v7 --dtype float16``:
@@ -157,9 +162,45 @@ def main_kvcache():
                       f"{np.dtype(dtype).name} splits={splits}: ok", flush=True)
 
 
+def main_varlen():
+    from numbaflash.kernels import backward, forward
+    rng = np.random.default_rng(9)
+    lq, lk = [70, 0, 129, 5], [64, 33, 200, 5]
+    cu_q, cu_k = (np.concatenate([[0], np.cumsum(n)]).astype(np.int32) for n in (lq, lk))
+    for dtype in (np.float32, np.float16, np.float64):
+        for d, options in ((64, dict(causal=True)), (40, dict(window_size=(20, 3)))):
+            q = cuda.to_device(rng.standard_normal((cu_q[-1], 4, d)).astype(dtype))
+            k, v = (cuda.to_device(rng.standard_normal((cu_k[-1], 2, d)).astype(dtype))
+                    for _ in range(2))
+            dout = cuda.to_device(rng.standard_normal((cu_q[-1], 4, d)).astype(dtype))
+            out = lse = None
+            for version in forward.VERSIONS:
+                try:
+                    out, lse = numbaflash.attention_varlen(q, k, v, cu_q, cu_k, return_lse=True,
+                                                           version=version, **options)
+                except ValueError as e:
+                    print(f"varlen forward {version} {np.dtype(dtype).name}: not run ({e})")
+                    continue
+                cuda.synchronize()
+                print(f"varlen forward {version} d={d} {sorted(options)} "
+                      f"{np.dtype(dtype).name}: ok", flush=True)
+            for version in backward.VERSIONS:
+                try:
+                    numbaflash.attention_varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k,
+                                                         version=version, **options)
+                except ValueError as e:
+                    print(f"varlen backward {version} {np.dtype(dtype).name}: not run ({e})")
+                    continue
+                cuda.synchronize()
+                print(f"varlen backward {version} d={d} {sorted(options)} "
+                      f"{np.dtype(dtype).name}: ok", flush=True)
+
+
 def main():
     if "--kvcache" in sys.argv[1:]:
         return main_kvcache()
+    if "--varlen" in sys.argv[1:]:
+        return main_varlen()
     if "--variants" in sys.argv[1:]:
         return main_variants()
     forward_versions, backward_versions = FORWARD_VERSIONS, BACKWARD_VERSIONS

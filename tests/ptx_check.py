@@ -88,11 +88,13 @@ def variant_signature(acc, mask_dtype="bool"):
     """What follows causal_offset in kernels that take variants (launcher.variant_arguments):
     window_lo, Hq, group, softcap, slopes (2D), attn_mask (4D, bool or a float dtype),
     tiles (3D bool, the table of visible tiles), then dropout's seed_lo, seed_hi,
-    keep_threshold (uint32) and keep_scale."""
+    keep_threshold (uint32) and keep_scale, and seqs (2D int32, a packed batch's
+    sequences)."""
     import numpy as np
     i64, u32 = numba.int64, numba.uint32
     return (i64, i64, i64, numba.from_dtype(acc), array(acc, 2), array(np.dtype(mask_dtype), 4),
-            array(np.dtype(np.bool_), 3), u32, u32, u32, numba.from_dtype(acc))
+            array(np.dtype(np.bool_), 3), u32, u32, u32, numba.from_dtype(acc),
+            array(np.dtype(np.int32), 2))
 
 
 def forward_variant_signature(dtype, acc, mask_dtype="bool"):
@@ -482,8 +484,89 @@ def decode_entries():
     return out
 
 
+def varlen_entries():
+    """The kernels a packed batch runs by default (numbaflash/varlen.py), built with
+    ``Variant(varlen=True)``: the packed arrays are (heads, total, d) strided views (layout
+    "A"), lse, D and seqs C-contiguous. Forward v7 (float16), v8 (float32, d = 64), v9
+    (float32, d = 128), v2 (float64) and v5 (the simulator's); backward v6 (float16 and
+    float32, GQA), v4 and v1 (float64), and the D kernel on views; causal."""
+    import numpy as np
+    from numbaflash.kernels import backward as bwd
+    from numbaflash.kernels.backward import v1_two_kernels as bwd_v1
+    from numbaflash.kernels.backward import v4_dynamic_shared as bwd_v4
+    from numbaflash.kernels.backward import v6_split_pairs as bwd_v6
+    from numbaflash.kernels.variants import Variant
+    variant = Variant(varlen=True)
+    out = []
+
+    def view(dt):
+        return numba.types.Array(numba.from_dtype(dt), 3, "A")
+
+    for dtype in ("float16", "float32", "float64"):
+        acc = "float64" if dtype == "float64" else "float32"
+        dt, at = np.dtype(dtype), np.dtype(acc)
+        t3, a2 = view(dt), array(at, 2)
+        scale, offset = numba.from_dtype(at), numba.int64
+        extra = variant_signature(at)
+        fsig = (t3, t3, t3, t3, a2, scale, offset) + extra
+        dkdv = (t3, t3, t3, t3, a2, a2, t3, t3, scale, offset) + extra
+        dq = (t3, t3, t3, t3, a2, a2, t3, scale, offset) + extra
+        no_f64 = dtype != "float64"
+        tag = f"{dtype}-varlen-causal"
+        out.append(Entry(f"backward_preprocess-{dtype}-varlen-d64", "varlen",
+                         lambda a=acc: bwd.module("preprocess").make_backward_preprocess(64, a),
+                         (t3, t3, a2), no_f64))
+        if dtype == "float64":
+            Br, Bc = F["v2"].default_forward_tiles(64, acc)
+            out.append(Entry(f"forward_v2-{tag}-d64-tiles{Br}x{Bc}", "varlen",
+                             lambda t=(Br, Bc), a=acc: F["v2"].make_forward_v2(
+                                 *t, 64, True, a, variant), fsig, False))
+            Br, Bc = bwd_v1.default_backward_tiles(64, acc)
+            for kind, sig in (("dkdv", dkdv), ("dq", dq)):
+                make = getattr(bwd_v1, f"make_backward_{kind}_v1")
+                out.append(Entry(f"backward_{kind}_v1-{tag}-d64-tiles{Br}x{Bc}", "varlen",
+                                 lambda m=make, t=(Br, Bc), a=acc: m(*t, 64, True, a, variant),
+                                 sig, False))
+            continue
+        if dtype == "float16":
+            Br, Bc = F["v7"].tiles_within(64, DYNAMIC_SHARED_MEM_LIMIT)
+            out.append(Entry(f"forward_v7-{tag}-d64-gqa-tiles{Br}x{Bc}", "varlen",
+                             lambda t=(Br, Bc): F["v7"].make_forward_v7(*t, 64, True, gqa=True,
+                                                                        variant=variant),
+                             fsig, no_f64))
+        else:
+            for ver, d in (("v8", 64), ("v9", 128)):
+                shared = F["v9"].v9_shared_bytes if ver == "v9" else F["v6"].v6_shared_bytes
+                Br, Bc = F["v6"].default_v6_tiles(d, ver, shared)
+                make = getattr(F[ver], f"make_forward_{ver}")
+                out.append(Entry(f"forward_{ver}-{tag}-d{d}-gqa-tiles{Br}x{Bc}", "varlen",
+                                 lambda t=(Br, Bc), m=make, d=d: m(
+                                     *t, d, True, F["v8"].v8_chunk(d, t[1]), gqa=True,
+                                     variant=variant), fsig, no_f64))
+            t = F["v5"].default_v5_tiles(64, acc)
+            out.append(Entry(f"forward_v5-{tag}-d64-tiles{t[0]}x{t[1]}", "varlen",
+                             lambda t=t, a=acc: F["v5"].make_forward_v5(*t, 64, True, a,
+                                                                        variant=variant),
+                             fsig, no_f64))
+            t = bwd_v4.default_backward_v4_tiles(64, acc, "gpu")
+            for kind, sig in (("dkdv", dkdv), ("dq", dq)):
+                make = getattr(bwd_v4, f"make_backward_{kind}_v4")
+                out.append(Entry(f"backward_{kind}_v4-{tag}-d64-tiles{t[0]}x{t[1]}", "varlen",
+                                 lambda m=make, t=t, a=acc: m(*t, 64, True, a,
+                                                              variant=variant),
+                                 sig, no_f64))
+        for kind, sig in (("dkdv", dkdv), ("dq", dq)):
+            Br, Bc, pairs = bwd_v6.default_backward_v6_plan(64, True, dtype, "gpu")[kind]
+            make = getattr(bwd_v6, f"make_backward_{kind}_v6")
+            chunk = bwd_v6.backward_v6_chunk(kind, Br, Bc)
+            out.append(Entry(f"backward_{kind}_v6-{tag}-d64-gqa-tiles{Br}x{Bc}", "varlen",
+                             lambda m=make, t=(Br, Bc, 64, True, chunk, pairs):
+                             m(*t, gqa=True, variant=variant), sig, no_f64))
+    return out
+
+
 GROUPS = {"forward": forward_entries, "backward": backward_entries, "variants": variant_entries,
-          "decode": decode_entries}
+          "decode": decode_entries, "varlen": varlen_entries}
 
 
 F64_RE = re.compile(r"\.f64\b")

@@ -166,6 +166,20 @@ def test_decode_kernels_compile_and_link_for_sm90(dtype, record_property):
     assert_compiled_without_f64(results, dtype)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_varlen_kernels_compile_and_link_for_sm90(dtype, record_property):
+    """The kernels a packed batch runs by default (ptx_check.varlen_entries: built with
+    Variant(varlen=True), reading (heads, total, d) strided views) compile and link for
+    sm_90: float16 forward v7 and backward v6; float32 forward v5, v8, v9 and backward v4,
+    v6; float64 forward v2 and backward v1; and the D kernel on views. The float16 and
+    float32 ones without float64."""
+    results = run_ptx_check("--group", "varlen", f"--match=-{dtype}-varlen", "--link")
+    record_property("ptx_report", table(results))
+    assert len(results) == {"float16": 4, "float32": 8, "float64": 4}[dtype], (
+        [r["name"] for r in results])
+    assert_compiled_without_f64(results, dtype)
+
+
 def test_fingerprint_record_covers_every_entry():
     """The record names exactly the kernels ptx_check.py compiles (none added unrecorded,
     none recorded that no longer exist), and it was made with the toolchain CI installs."""

@@ -252,6 +252,44 @@ def test_flash_attn_func(Sq, Sk, Hkv, options):
         assert_close_f64("O vs SDPA", out.numpy(), want.numpy(), rtol=1e-13)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("options", [dict(causal=True), dict(window_size=(2, 1), softcap=3.0),
+                                     dict(dropout_p=0.3)])
+def test_flash_attn_func_reads_its_layout_with_the_same_bits(dtype, options, monkeypatch):
+    """float16 and float32: flash_attn_func runs the (batch, seqlen, heads, d) tensors as a
+    packed batch of equal-length sequences, without copying them, and gives the bits of
+    numbaflash.torch.attention on (batch, heads, seqlen, d) copies, out and gradients
+    (the same kernels run; GQA, Sq != Sk, a row past a tile). Dropout: the same seed (from
+    PyTorch's generator) gives the same mask."""
+    B, Sq, Sk, Hq, Hkv, d = 2, 5, 7, 4, 2, 8
+    q = randn(B, Sq, Hq, d, dtype=dtype, seed=31)
+    k = randn(B, Sk, Hkv, d, dtype=dtype, seed=32)
+    v = randn(B, Sk, Hkv, d, dtype=dtype, seed=33)
+    dout = randn(B, Sq, Hq, d, dtype=dtype, seed=34, grad=False)
+    seen = []                       # the packed path runs, on the tensors' own memory
+    packed = numbaflash.varlen.attention_varlen
+
+    def spy(q, *args, **kwargs):
+        seen.append(q.shape)
+        return packed(q, *args, **kwargs)
+    monkeypatch.setattr(numbaflash.varlen, "attention_varlen", spy)
+    torch.manual_seed(0)
+    out, grads = grads_of(lambda a, b, c: nft.flash_attn_func(a, b, c, **options), (q, k, v),
+                          dout)
+    assert seen == [(B * Sq, Hq, d)]
+    assert out.shape == (B, Sq, Hq, d) and out.is_contiguous()
+    kw = dict(options)
+    kw["window_size"] = kw.get("window_size")
+    qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_(True)
+                  for x in (q, k, v))
+    torch.manual_seed(0)
+    want, want_grads = grads_of(lambda a, b, c: nft.attention(a, b, c, **kw), (qt, kt, vt),
+                                dout.transpose(1, 2).contiguous())
+    assert_bitwise_equal("out", out.transpose(1, 2).numpy(), want.numpy())
+    for name, got, w in zip(("dq", "dk", "dv"), grads, want_grads):
+        assert_bitwise_equal(name, got.transpose(1, 2).numpy(), w.numpy())
+
+
 # --- errors, before any launch ---------------------------------------------------------------
 
 def _errors():
@@ -560,3 +598,39 @@ def test_flash_attn_with_kvcache_layout_and_in_place_writes():
                                         **{bad: torch.zeros(1)})
     with pytest.raises(ValueError, match="cache_seqlens"):
         nft.flash_attn_with_kvcache(q, k_cache, v_cache, k=k, v=v)
+
+
+def test_flash_attn_varlen_func_is_attention_varlen_with_autograd():
+    """flash-attn's packed-batch call on CPU tensors: out is bitwise
+    numbaflash.attention_varlen's on the same arrays, and the gradients autograd returns
+    are bitwise numbaflash.attention_varlen_backward's (the layer adds no arithmetic;
+    tests/test_varlen.py checks those calls against the float64 reference). Also: GQA,
+    an empty sequence, max_seqlen larger than needed, the refusals."""
+    g = torch.Generator().manual_seed(7)
+    lens_q, lens_k = [3, 0, 5], [4, 2, 5]
+    cu_q = torch.tensor(np.concatenate([[0], np.cumsum(lens_q)]), dtype=torch.int32)
+    cu_k = torch.tensor(np.concatenate([[0], np.cumsum(lens_k)]), dtype=torch.int32)
+    q = torch.randn(int(cu_q[-1]), 2, 8, generator=g, requires_grad=True)
+    k, v = (torch.randn(int(cu_k[-1]), 1, 8, generator=g, requires_grad=True)
+            for _ in range(2))
+    options = dict(causal=True, window_size=(3, 1), softcap=5.0)
+    out = nft.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 6, 5, **options)
+    dout = torch.randn(out.shape, generator=g)
+    out.backward(dout)
+    arrays = [x.detach().numpy() for x in (q, k, v)]
+    kw = dict(causal=True, window_size=(3, 1), softcap=5.0)
+    want, lse = numbaflash.attention_varlen(*arrays, cu_q.numpy(), cu_k.numpy(),
+                                            return_lse=True, **kw)
+    assert_bitwise_equal("out", out.detach().numpy(), want)
+    grads = numbaflash.attention_varlen_backward(dout.numpy(), *arrays, want, lse,
+                                                 cu_q.numpy(), cu_k.numpy(), **kw)
+    for name, x, want_grad in zip(("dq", "dk", "dv"), (q, k, v), grads):
+        assert_bitwise_equal(name, x.grad.numpy(), want_grad)
+    with pytest.raises(NotImplementedError, match="block_table"):
+        nft.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 5, 5, block_table=torch.zeros(1))
+    with pytest.raises(NotImplementedError, match="return_attn_probs"):
+        nft.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 5, 5, return_attn_probs=True)
+    with pytest.raises(TypeError, match="int32"):
+        nft.flash_attn_varlen_func(q, k, v, cu_q.long(), cu_k, 5, 5)
+    with pytest.raises(ValueError, match="max_seqlen_q"):
+        nft.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 4, 5)

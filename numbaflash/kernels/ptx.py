@@ -50,11 +50,13 @@ column of B:
 
 Three more helpers, plain LLVM IR rather than PTX (simulated there too):
 
-    flat_load(A, n) the element at flat position n of a C-contiguous array A of any
-                    number of dimensions (A.ravel()[n] without making a view): one
-                    address computation, where A[b, r, k] costs Numba's 64-bit
-                    arithmetic on the shape (about seven multiply-adds a load in forward
-                    v6's SASS). No bounds check; the caller keeps n inside.
+    flat_load(A, n) the element n places after A's first element in memory, for an
+                    array A of any number of dimensions: A.ravel()[n] for a C-contiguous
+                    A, without making a view; for a strided view (layout "A", a packed
+                    batch's, kernels/sequences.py) the caller computes n from the
+                    strides. One address computation, where A[b, r, k] costs Numba's
+                    64-bit arithmetic on the shape (about seven multiply-adds a load in
+                    forward v6's SASS). No bounds check; the caller keeps n inside.
     load_pair(A, n) -> (A[n], A[n + 1]), and store_pair(A, n, x, y): A[n], A[n + 1] = x, y
                     for a 1D float32 array (forward v6's shared tiles), as ONE 8-byte
                     access (LDS.64 / STS.64 in SASS) instead of two: n must be even and
@@ -63,8 +65,8 @@ Three more helpers, plain LLVM IR rather than PTX (simulated there too):
 Two for asynchronous copies from global to shared memory (sm_80 and later; forward v9):
 
     cp_async(S, n, A, m)
-                    start copying A.ravel()[m] (a float32 element of a C-contiguous array
-                    in global memory) into S[n] (a 1D float32 array in shared memory),
+                    start copying the float32 element m places after A's first (as
+                    flat_load: A.ravel()[m] for a C-contiguous A) from global memory into S[n] (a 1D float32 array in shared memory),
                     without waiting for it and without a register: ``cp.async.ca.shared.
                     global`` of 4 bytes. The shared address is S's generic address
                     converted with ``cvta.to.shared``. No bounds check.
@@ -193,8 +195,9 @@ def load_b32(typingctx, A, n):
 
 @intrinsic
 def flat_load(typingctx, A, n):
-    """A.ravel()[n] for a C-contiguous array A (see the module docstring)."""
-    if not isinstance(A, types.Array) or A.layout != "C" or not isinstance(n, types.Integer):
+    """The element n places after A's first in memory (see the module docstring)."""
+    if (not isinstance(A, types.Array) or A.layout not in ("C", "A")
+            or not isinstance(n, types.Integer)):
         return None
     sig = A.dtype(A, n)
 
@@ -286,9 +289,10 @@ def mma3_split_b(a0b, a1b, a2b, a3b, a0s, a1s, a2s, a3s, b0, b1, c0, c1, c2, c3,
 
 @intrinsic
 def cp_async(typingctx, S, n, A, m):
-    """Start copying A.ravel()[m] into S[n] (see the module docstring)."""
+    """Start copying the element m places after A's first into S[n] (module docstring)."""
     if not (isinstance(S, types.Array) and S.dtype == types.float32 and S.ndim == 1
-            and isinstance(A, types.Array) and A.dtype == types.float32 and A.layout == "C"
+            and isinstance(A, types.Array) and A.dtype == types.float32
+            and A.layout in ("C", "A")
             and isinstance(n, types.Integer) and isinstance(m, types.Integer)):
         return None
     sig = types.void(S, n, A, m)

@@ -501,9 +501,16 @@ def _d_of_lanes(A, B, C):
 # --- loads, stores and copies ---------------------------------------------------------
 
 
+def _memory_from(A, n):
+    """A's memory from its first element on, n + 1 elements of it, as a 1D NumPy view
+    (what flat_load's address arithmetic reads: A.ravel() for a C-contiguous A)."""
+    a = getattr(A, "_ary", A)               # the simulator's device arrays wrap NumPy's
+    return np.lib.stride_tricks.as_strided(a, (int(n) + 1,), (a.itemsize,))
+
+
 def flat_load(A, n):
-    """A.ravel()[n] of a C-contiguous array."""
-    return A.reshape(-1)[n]
+    """The element n places after A's first in memory (A.ravel()[n] if C-contiguous)."""
+    return _memory_from(A, n)[n]
 
 
 def load_pair(A, n):
@@ -523,8 +530,9 @@ def load_b32(A, n):
 
 
 def cp_async(S, n, A, m):
-    """S[n] = A.ravel()[m], at once (see the module docstring)."""
-    S[n] = A.reshape(-1)[m]
+    """S[n] = the element m places after A's first (flat_load), at once (see the module
+    docstring)."""
+    S[n] = _memory_from(A, m)[m]
 
 
 def cp_async_wait_all():

@@ -100,6 +100,8 @@ class Variant:
         added to the scores).
     score_mod, score_mod_grad, mask_mod: the user's ``@cuda.jit(device=True)`` functions,
         or None.
+    varlen: a packed batch of sequences of different lengths; each block finds its
+        sequence in the run-time argument ``seqs`` (kernels/sequences.py).
     """
     window: bool = False
     dropout: bool = False
@@ -109,6 +111,7 @@ class Variant:
     score_mod: object = None
     score_mod_grad: object = None
     mask_mod: object = None
+    varlen: bool = False
 
     def __post_init__(self):
         if self.mask not in MASK_KINDS:
@@ -145,6 +148,8 @@ class Variant:
             fn = getattr(self, name)
             if fn is not None:
                 parts.append(f"{name}={getattr(fn, '__name__', type(fn).__name__)}")
+        if self.varlen:
+            parts.append("packed sequences (varlen)")
         return " + ".join(parts) if parts else "plain"
 
 

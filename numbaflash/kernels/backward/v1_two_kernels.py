@@ -28,6 +28,7 @@ from .. import acc_type, jit_options
 from ..bands import make_kv_tile_range, make_q_tile_range
 from ..plan import (MAX_THREADS, SHARED_MEM_LIMIT, TILE_TABLE_REASON, Plan, Plans, parse_tiles,
                     variant_description)
+from ..sequences import make_sequences
 from ..variants import PLAIN, make_dropout, make_variant_functions
 
 
@@ -69,18 +70,31 @@ def make_backward_dkdv_v1(Br, Bc, d, causal, acc_dtype, variant=PLAIN):
     DROPOUT = variant.dropout
     q_tile_range = make_q_tile_range(Br, Bc, causal, WINDOW)
 
+    VARLEN = variant.varlen
+    sequences = make_sequences(VARLEN)
+    locate, cut = sequences.locate, sequences.cut
+
     @cuda.jit(**jit_options())
     def backward_dkdv_v1(Q, K, V, dO, L, D, dK, dV, softmax_scale, causal_offset, window_lo,
                          Hq, group, softcap, slopes, attn_mask, tiles, seed_lo, seed_hi,
-                         keep_threshold, keep_scale):
+                         keep_threshold, keep_scale, seqs):
         bh_kv = cuda.blockIdx.y         # b * Hkv + h_kv: the K/V head
         b = bh_kv // (Hq // group)
         h_kv = bh_kv % (Hq // group)
         j = cuda.blockIdx.x             # K/V tile index (Alg.2 l.5: one block per j)
+        # A packed batch: sequence b's rows, as a batch of one (kernels/sequences.py)
+        q0, k0, Sq, Sk, shift = locate(seqs, b, Q.shape[1], K.shape[1])
+        b_mem = b                       # the batch index of the arrays' memory
+        if VARLEN:
+            if j * Bc >= Sk:
+                return                  # past this sequence: the whole block, no barrier yet
+            bh_kv, b_mem = h_kv, 0
+        Q, dO, L, D = cut(Q, q0, Sq), cut(dO, q0, Sq), cut(L, q0, Sq), cut(D, q0, Sq)
+        K, V, dK, dV = cut(K, k0, Sk), cut(V, k0, Sk), cut(dK, k0, Sk), cut(dV, k0, Sk)
+        causal_offset += shift
+        window_lo += shift
         c = cuda.threadIdx.x            # key row within the tile
         col = j * Bc + c
-        Sq = Q.shape[1]
-        Sk = K.shape[1]
         active = col < Sk               # the last tile may be ragged; idle threads still
                                         # help load Q tiles and must reach every barrier
 
@@ -113,7 +127,7 @@ def make_backward_dkdv_v1(Br, Bc, d, causal, acc_dtype, variant=PLAIN):
         # without GQA): a fixed order, so the sums are bitwise reproducible.
         for g_idx in range(group):
             h = h_kv * group + g_idx    # the query head
-            bh = b * Hq + h
+            bh = b_mem * Hq + h
             for i in range(i_start, i_end):
                 if TILE_TABLE and not tiles[bh, i, j]:
                     continue            # the mask leaves this tile empty (variants.py)
@@ -198,19 +212,32 @@ def make_backward_dq_v1(Br, Bc, d, causal, acc_dtype, variant=PLAIN):
     DROPOUT = variant.dropout
     kv_tile_range = make_kv_tile_range(Br, Bc, causal, WINDOW)
 
+    VARLEN = variant.varlen
+    sequences = make_sequences(VARLEN)
+    locate, cut = sequences.locate, sequences.cut
+
     @cuda.jit(**jit_options())
     def backward_dq_v1(Q, K, V, dO, L, D, dQ, softmax_scale, causal_offset, window_lo, Hq,
                        group, softcap, slopes, attn_mask, tiles, seed_lo, seed_hi,
-                       keep_threshold, keep_scale):
+                       keep_threshold, keep_scale, seqs):
         bh = cuda.blockIdx.y            # b * Hq + h: the query head
         b = bh // Hq
         h = bh % Hq
         bh_kv = b * (Hq // group) + h // group  # GQA: the K/V head this query head reads
         i = cuda.blockIdx.x             # Q tile index: one block per i
+        # A packed batch: sequence b's rows, as a batch of one (kernels/sequences.py)
+        q0, k0, Sq, Sk, shift = locate(seqs, b, Q.shape[1], K.shape[1])
+        if VARLEN:
+            if i * Br >= Sq:
+                return                  # past this sequence: the whole block, no barrier yet
+            bh, bh_kv = h, h // group
+        Q, dO, L, D, dQ = (cut(Q, q0, Sq), cut(dO, q0, Sq), cut(L, q0, Sq), cut(D, q0, Sq),
+                           cut(dQ, q0, Sq))
+        K, V = cut(K, k0, Sk), cut(V, k0, Sk)
+        causal_offset += shift
+        window_lo += shift
         r = cuda.threadIdx.x            # row within the tile
         row = i * Br + r
-        Sq = Q.shape[1]
-        Sk = K.shape[1]
         active = row < Sq               # idle threads of a ragged tile still help load
                                         # K/V tiles and must reach every barrier
 

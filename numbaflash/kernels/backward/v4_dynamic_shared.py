@@ -44,6 +44,7 @@ from .. import LOG2E, acc_type, jit_options
 from ..bands import make_kv_tile_range, make_q_tile_range
 from ..plan import (DYNAMIC_LIMIT_WHY, DYNAMIC_SHARED_MEM_LIMIT, check_thread_tiles,
                     device_dynamic_shared_limit)
+from ..sequences import make_sequences
 from ..smem import U
 from ..variants import PLAIN, make_dropout, make_variant_functions
 from .v3_register_blocked import (BWD_V3_MAX_ACC_REGS, BWD_V3_SIM_TILES, backward_v3_acc_regs,
@@ -170,19 +171,32 @@ def make_backward_dkdv_v4(Br, Bc, TM, TN, d, causal, acc_dtype, variant=PLAIN):
     HIDDEN = acc(-1)                    # P of a masked entry where the tile is tested
     q_tile_range = make_q_tile_range(Br, Bc, causal, WINDOW)
 
+    VARLEN = variant.varlen
+    sequences = make_sequences(VARLEN)
+    locate, cut = sequences.locate, sequences.cut
+
     @cuda.jit(**jit_options())
     def backward_dkdv_v4(Q, K, V, dO, L, D, dK, dV, softmax_scale, causal_offset, window_lo,
                          Hq, group, softcap, slopes, attn_mask, tiles, seed_lo, seed_hi,
-                         keep_threshold, keep_scale):
+                         keep_threshold, keep_scale, seqs):
         bh_kv = cuda.blockIdx.y         # batch * Hkv + h_kv: the K/V head
         batch = bh_kv // (Hq // group)
         h_kv = bh_kv % (Hq // group)
         j = cuda.blockIdx.x             # K/V tile index (Alg.2 l.5: one block per j)
+        # A packed batch: sequence batch's rows, as a batch of one (kernels/sequences.py)
+        q0, k0, Sq, Sk, shift = locate(seqs, batch, Q.shape[1], K.shape[1])
+        b_mem = batch                       # the batch index of the arrays' memory
+        if VARLEN:
+            if j * Bc >= Sk:
+                return                  # past this sequence: the whole block, no barrier yet
+            bh_kv, b_mem = h_kv, 0
+        Q, dO, L, D = cut(Q, q0, Sq), cut(dO, q0, Sq), cut(L, q0, Sq), cut(D, q0, Sq)
+        K, V, dK, dV = cut(K, k0, Sk), cut(V, k0, Sk), cut(dK, k0, Sk), cut(dV, k0, Sk)
+        causal_offset += shift
+        window_lo += shift
         tid = cuda.threadIdx.x
         ty = tid // TX
         tx = tid % TX
-        Sq = Q.shape[1]
-        Sk = K.shape[1]
         # P = exp(S * scale - L) = exp2(S * scale * log2(e) - L * log2(e)): one FMA and an
         # exp2 per entry (L_i below is staged already multiplied by log2(e)).
         scale_log2 = softmax_scale * LOG2E_ACC
@@ -239,7 +253,7 @@ def make_backward_dkdv_v4(Br, Bc, TM, TN, d, causal, acc_dtype, variant=PLAIN):
         # without GQA): a fixed order, so the sums are bitwise reproducible.
         for g_idx in range(group):
             h = h_kv * group + g_idx    # the query head
-            bh = U(batch * Hq + h)      # unsigned: an index that needs no wraparound test
+            bh = U(b_mem * Hq + h)      # unsigned: an index that needs no wraparound test
             for i in range(i_start, i_end):
                 if TILE_TABLE and not tiles[bh, i, j]:
                     continue            # the mask leaves this tile empty (variants.py);
@@ -463,20 +477,33 @@ def make_backward_dq_v4(Br, Bc, TM, TN, d, causal, acc_dtype, variant=PLAIN):
     kept = make_dropout(variant).kept
     kv_tile_range = make_kv_tile_range(Br, Bc, causal, WINDOW)
 
+    VARLEN = variant.varlen
+    sequences = make_sequences(VARLEN)
+    locate, cut = sequences.locate, sequences.cut
+
     @cuda.jit(**jit_options())
     def backward_dq_v4(Q, K, V, dO, L, D, dQ, softmax_scale, causal_offset, window_lo, Hq,
                        group, softcap, slopes, attn_mask, tiles, seed_lo, seed_hi,
-                       keep_threshold, keep_scale):
+                       keep_threshold, keep_scale, seqs):
         bh = cuda.blockIdx.y            # batch * Hq + h: the query head
         batch = bh // Hq
         h = bh % Hq
         bh_kv = batch * (Hq // group) + h // group  # GQA: the K/V head this query head reads
         i = cuda.blockIdx.x             # Q tile index: one block per i
+        # A packed batch: sequence batch's rows, as a batch of one (kernels/sequences.py)
+        q0, k0, Sq, Sk, shift = locate(seqs, batch, Q.shape[1], K.shape[1])
+        if VARLEN:
+            if i * Br >= Sq:
+                return                  # past this sequence: the whole block, no barrier yet
+            bh, bh_kv = h, h // group
+        Q, dO, L, D, dQ = (cut(Q, q0, Sq), cut(dO, q0, Sq), cut(L, q0, Sq), cut(D, q0, Sq),
+                           cut(dQ, q0, Sq))
+        K, V = cut(K, k0, Sk), cut(V, k0, Sk)
+        causal_offset += shift
+        window_lo += shift
         tid = cuda.threadIdx.x
         ty = tid // TX
         tx = tid % TX
-        Sq = Q.shape[1]
-        Sk = K.shape[1]
         scale_log2 = softmax_scale * LOG2E_ACC      # exp2, as in the dK/dV kernel
 
         # The block's dynamic shared memory, cut into v3's five arrays (views).

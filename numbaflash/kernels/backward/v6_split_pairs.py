@@ -49,6 +49,7 @@ from numba import cuda
 from .. import LOG2E, acc_type, jit_options
 from ..bands import make_kv_tile_range, make_q_tile_range
 from ..plan import TILE_TABLE_REASON, Plans, device_dynamic_shared_limit, variant_description
+from ..sequences import make_sequences
 from ..smem import U
 from ..variants import PLAIN, make_dropout, make_variant_functions
 from .v5_tensor_cores import (backward_tensor_core_refusal, bwd_v5_target, bwd_v5_tiles_within,
@@ -97,36 +98,42 @@ V6Helpers = namedtuple("V6Helpers", "split_finite stage a_fragment mma3 load_spl
 StreamedTileSteps = namedtuple("StreamedTileSteps", "stage load")
 
 
-def _make_v6_helpers(d):
+def _make_v6_helpers(d, varlen=False):
     """Device functions shared by backward v6's two kernels: staging a tile, loading a
-    split A fragment or B element, and the 3xTF32 product of split operands."""
+    split A fragment or B element, and the 3xTF32 product of split operands. ``varlen``:
+    the arrays are a packed batch's views (kernels/sequences.py), whose flat positions
+    come from their strides."""
     from ..ptx import flat_load, mma_tf32, split_tf32_finite as split_finite   # inline PTX
 
     acc = acc_type("float32")
     ZERO = acc(0)
     DP, STRIDE = v5_head_dim(d)
+    sequences = make_sequences(varlen)
+    position, row_step = sequences.position, sequences.row_step
 
     @cuda.jit(device=True, inline=True)
     def stage(T, A, bh, first, nrows, rows, tid, threads):
         """T[r] = A[bh, first + r] as float32 rows of STRIDE, for r < rows; zeros past
         nrows (the sequence) and past d. One flat address per element (ptx.flat_load)."""
-        base = (bh * nrows + first) * d
+        base = position(A, bh, first, nrows, d)
+        step = row_step(A, d)
         for idx in range(tid, rows * DP, threads):
             r = idx // DP
             k = idx % DP
             inside = first + r < nrows and k < d
-            T[U(r * STRIDE + k)] = acc(flat_load(A, U(base + r * d + k))) if inside else ZERO
+            T[U(r * STRIDE + k)] = acc(flat_load(A, U(base + r * step + k))) if inside else ZERO
 
     @cuda.jit(device=True, inline=True)
     def stage_pairs(T, A, bh, first, nrows, rows, tid, threads):
         """As stage, but split once here: T[r] holds the big parts, T[rows + r] the small
         ones (load_pair reads them)."""
-        base = (bh * nrows + first) * d
+        base = position(A, bh, first, nrows, d)
+        step = row_step(A, d)
         for idx in range(tid, rows * DP, threads):
             r = idx // DP
             k = idx % DP
             inside = first + r < nrows and k < d
-            big, small = split_finite(acc(flat_load(A, U(base + r * d + k))) if inside
+            big, small = split_finite(acc(flat_load(A, U(base + r * step + k))) if inside
                                       else ZERO)
             T[U(r * STRIDE + k)] = big
             T[U((rows + r) * STRIDE + k)] = small
@@ -159,11 +166,11 @@ def _make_v6_helpers(d):
     return V6Helpers(split_finite, stage, a_fragment, mma3, load_split, stage_pairs)
 
 
-def _streamed_tile_steps(d, pairs, rows):
+def _streamed_tile_steps(d, pairs, rows, varlen=False):
     """(stage, load) for the tiles a backward v6 kernel streams (``rows`` rows each):
     staged plain and split where read (load_split), or, with ``pairs``, split once as
-    staged (stage_pairs) and read as (big, small)."""
-    helpers = _make_v6_helpers(d)
+    staged (stage_pairs) and read as (big, small); ``varlen`` as _make_v6_helpers'."""
+    helpers = _make_v6_helpers(d, varlen)
     split_finite, stage = helpers.split_finite, helpers.stage
     load_split, stage_pairs = helpers.load_split, helpers.stage_pairs
     if not pairs:
@@ -301,10 +308,10 @@ def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False,
     causal) gave the plain kernel 253 registers instead of 166 with a loop over the group
     around the loop over Q tiles, and 171 with the flat loop compiled in for group = 1.
     """
-    helpers = _make_v6_helpers(d)
+    helpers = _make_v6_helpers(d, variant.varlen)
     split_finite, stage, a_fragment = helpers.split_finite, helpers.stage, helpers.a_fragment
     mma3, load_split = helpers.mma3, helpers.load_split
-    streamed = _streamed_tile_steps(d, pairs, Br)
+    streamed = _streamed_tile_steps(d, pairs, Br, variant.varlen)
     stage_q, load_q = streamed.stage, streamed.load
     acc = acc_type("float32")
     ZERO = acc(0)
@@ -328,22 +335,35 @@ def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False,
     GQA = gqa
     q_tile_range = make_q_tile_range(Br, Bc, causal, WINDOW)
 
+    VARLEN = variant.varlen
+    sequences = make_sequences(VARLEN)
+    locate, cut = sequences.locate, sequences.cut
+
     @cuda.jit(**jit_options(dkdv_register_cap(variant, d)))
     def backward_dkdv_v6(Q, K, V, dO, L, D, dK, dV, softmax_scale, causal_offset, window_lo,
                          Hq, group, softcap, slopes, attn_mask, tiles, seed_lo, seed_hi,
-                         keep_threshold, keep_scale):
+                         keep_threshold, keep_scale, seqs):
         bh_kv = cuda.blockIdx.y         # b * Hkv + h_kv: the K/V head
         b = bh_kv // (Hq // group)
         h_kv = bh_kv % (Hq // group)
         j = cuda.blockIdx.x
+        # A packed batch: sequence b's rows, as a batch of one (kernels/sequences.py)
+        q0, k0, Sq, Sk, shift = locate(seqs, b, Q.shape[1], K.shape[1])
+        b_mem = b                       # the batch index of the arrays' memory
+        if VARLEN:
+            if j * Bc >= Sk:
+                return                  # past this sequence: the whole block, no barrier yet
+            bh_kv, b_mem = h_kv, 0
+        Q, dO, L, D = cut(Q, q0, Sq), cut(dO, q0, Sq), cut(L, q0, Sq), cut(D, q0, Sq)
+        K, V, dK, dV = cut(K, k0, Sk), cut(V, k0, Sk), cut(dK, k0, Sk), cut(dV, k0, Sk)
+        causal_offset += shift
+        window_lo += shift
         tid = cuda.threadIdx.x
         lane = tid % 32
         g = lane // 4
         t = lane % 4
         w0 = (tid // 32) * 16
         key0 = j * Bc + w0 + g
-        Sq = Q.shape[1]
-        Sk = K.shape[1]
         scale_log2 = softmax_scale * LOG2E_ACC     # exp(x) = exp2(x log2(e))
 
         smem = cuda.shared.array(0, acc)
@@ -379,7 +399,7 @@ def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False,
         for n in range(0 if GQA else i_start, group * n_i if GQA else i_end):
             if GQA:
                 h = h_kv * group + n // n_i     # the query head
-                bh = b * Hq + h
+                bh = b_mem * Hq + h
                 i = i_start + n % n_i
             else:                           # n is the Q tile
                 h = h_kv
@@ -522,10 +542,10 @@ def make_backward_dq_v6(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False,
     there (dropout: dP times keep_scale or 0 before dS = P (dP - D)). Launch: grid
     (ceil(Sq / Br), B * Hq), block (2 * Br,), END * 4 bytes (``dq_v5_shared_layout(Br,
     Bc, d, pairs)``); with ``gqa`` query head h reads K/V head h // group of its batch."""
-    helpers = _make_v6_helpers(d)
+    helpers = _make_v6_helpers(d, variant.varlen)
     split_finite, stage, a_fragment = helpers.split_finite, helpers.stage, helpers.a_fragment
     mma3, load_split = helpers.mma3, helpers.load_split
-    streamed = _streamed_tile_steps(d, pairs, Bc)
+    streamed = _streamed_tile_steps(d, pairs, Bc, variant.varlen)
     stage_kv, load_kv = streamed.stage, streamed.load
     acc = acc_type("float32")
     ZERO = acc(0)
@@ -549,23 +569,36 @@ def make_backward_dq_v6(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False,
     GQA = gqa
     kv_tile_range = make_kv_tile_range(Br, Bc, causal, WINDOW)
 
+    VARLEN = variant.varlen
+    sequences = make_sequences(VARLEN)
+    locate, cut = sequences.locate, sequences.cut
+
     @cuda.jit(**jit_options())
     def backward_dq_v6(Q, K, V, dO, L, D, dQ, softmax_scale, causal_offset, window_lo, Hq,
                        group, softcap, slopes, attn_mask, tiles, seed_lo, seed_hi,
-                       keep_threshold, keep_scale):
+                       keep_threshold, keep_scale, seqs):
         bh = cuda.blockIdx.y            # b * Hq + h: the query head
         b = bh // Hq
         h = bh % Hq
         bh_kv = b * (Hq // group) + h // group if GQA else bh   # the K/V head it reads
         i = cuda.blockIdx.x
+        # A packed batch: sequence b's rows, as a batch of one (kernels/sequences.py)
+        q0, k0, Sq, Sk, shift = locate(seqs, b, Q.shape[1], K.shape[1])
+        if VARLEN:
+            if i * Br >= Sq:
+                return                  # past this sequence: the whole block, no barrier yet
+            bh, bh_kv = h, h // group
+        Q, dO, L, D, dQ = (cut(Q, q0, Sq), cut(dO, q0, Sq), cut(L, q0, Sq), cut(D, q0, Sq),
+                           cut(dQ, q0, Sq))
+        K, V = cut(K, k0, Sk), cut(V, k0, Sk)
+        causal_offset += shift
+        window_lo += shift
         tid = cuda.threadIdx.x
         lane = tid % 32
         g = lane // 4
         t = lane % 4
         w0 = (tid // 32) * 16
         row0 = i * Br + w0 + g
-        Sq = Q.shape[1]
-        Sk = K.shape[1]
         scale_log2 = softmax_scale * LOG2E_ACC     # exp(x) = exp2(x log2(e))
 
         smem = cuda.shared.array(0, acc)

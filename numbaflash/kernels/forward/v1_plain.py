@@ -21,6 +21,7 @@ from numba import cuda
 
 from .. import acc_type, jit_options
 from ..plan import Plan, variant_description
+from ..sequences import make_sequences
 from ..variants import PLAIN, make_dropout, make_variant_functions
 
 
@@ -37,18 +38,28 @@ def make_forward_v1(d, causal, acc_dtype, variant=PLAIN):
     WINDOW = variant.window
     DROPOUT = variant.dropout
 
+    VARLEN = variant.varlen
+    sequences = make_sequences(VARLEN)
+    locate, cut = sequences.locate, sequences.cut
+
     @cuda.jit(**jit_options())
     def forward_v1(Q, K, V, O, L, softmax_scale, causal_offset, window_lo, Hq, group, softcap,
-                   slopes, attn_mask, tiles, seed_lo, seed_hi, keep_threshold, keep_scale):
+                   slopes, attn_mask, tiles, seed_lo, seed_hi, keep_threshold, keep_scale, seqs):
         bh = cuda.blockIdx.y            # b * Hq + h: the query head
         row = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        Sq = Q.shape[1]
-        Sk = K.shape[1]
-        if row >= Sq:
-            return                      # no barriers in this kernel, so early exit is safe
         b = bh // Hq
         h = bh % Hq
+        # A packed batch: sequence b's rows, as a batch of one (kernels/sequences.py)
+        q0, k0, Sq, Sk, shift = locate(seqs, b, Q.shape[1], K.shape[1])
+        if row >= Sq:
+            return                      # no barriers in this kernel, so early exit is safe
         bh_kv = b * (Hq // group) + h // group  # GQA: the K/V head this query head reads
+        if VARLEN:
+            bh, bh_kv = h, h // group
+        Q, O, L = cut(Q, q0, Sq), cut(O, q0, Sq), cut(L, q0, Sq)
+        K, V = cut(K, k0, Sk), cut(V, k0, Sk)
+        causal_offset += shift
+        window_lo += shift
 
         q_i = cuda.local.array(d, acc)  # this row of Q, in registers
         o_i = cuda.local.array(d, acc)  # unnormalised output accumulator

@@ -28,6 +28,7 @@ from ..bands import make_kv_tile_range
 from ..plan import (
     MAX_THREADS, SHARED_MEM_LIMIT, TILE_TABLE_REASON, Plan, parse_tiles, variant_description
 )
+from ..sequences import make_sequences
 from ..variants import PLAIN, make_dropout, make_variant_functions
 from .v1_plain import write_row
 
@@ -54,19 +55,30 @@ def make_forward_v2(Br, Bc, d, causal, acc_dtype, variant=PLAIN):
     DROPOUT = variant.dropout
     TILE_TABLE = variant.tile_table
     kv_tile_range = make_kv_tile_range(Br, Bc, causal, WINDOW)
+    VARLEN = variant.varlen
+    sequences = make_sequences(VARLEN)
+    locate, cut = sequences.locate, sequences.cut
 
     @cuda.jit(**jit_options())
     def forward_v2(Q, K, V, O, L, softmax_scale, causal_offset, window_lo, Hq, group, softcap,
-                   slopes, attn_mask, tiles, seed_lo, seed_hi, keep_threshold, keep_scale):
+                   slopes, attn_mask, tiles, seed_lo, seed_hi, keep_threshold, keep_scale, seqs):
         bh = cuda.blockIdx.y            # b * Hq + h: the query head
         b = bh // Hq
         h = bh % Hq
         bh_kv = b * (Hq // group) + h // group  # GQA: the K/V head this query head reads
         i = cuda.blockIdx.x             # Q tile index (Alg.1 l.3: one block per i)
+        # A packed batch: sequence b's rows, as a batch of one (kernels/sequences.py)
+        q0, k0, Sq, Sk, shift = locate(seqs, b, Q.shape[1], K.shape[1])
+        if VARLEN:
+            if i * Br >= Sq:
+                return                  # past this sequence: the whole block, no barrier yet
+            bh, bh_kv = h, h // group
+        Q, O, L = cut(Q, q0, Sq), cut(O, q0, Sq), cut(L, q0, Sq)
+        K, V = cut(K, k0, Sk), cut(V, k0, Sk)
+        causal_offset += shift
+        window_lo += shift
         r = cuda.threadIdx.x            # row within the tile
         row = i * Br + r
-        Sq = Q.shape[1]
-        Sk = K.shape[1]
         active = row < Sq               # the last tile may be ragged; idle threads still
                                         # help load K/V tiles and must reach every barrier
 

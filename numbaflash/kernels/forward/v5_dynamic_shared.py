@@ -41,6 +41,7 @@ from ..plan import (
     DYNAMIC_LIMIT_WHY, DYNAMIC_SHARED_MEM_LIMIT, check_thread_tiles, device_dynamic_shared_limit,
     here
 )
+from ..sequences import make_sequences
 from ..smem import U
 from ..variants import PLAIN, make_dropout, make_variant_functions
 from .v4_register_blocked import V4_MAX_O_REGS, V4_SIM_TILES, plan_blocked, v4_head_dim_padded
@@ -149,19 +150,31 @@ def make_forward_v5(Br, Bc, TM, TN, d, causal, acc_dtype, variant=PLAIN):
     HIDDEN = acc(-1)                    # P~ij of a masked entry where the tile is tested
     kv_tile_range = make_kv_tile_range(Br, Bc, causal, WINDOW)
 
+    VARLEN = variant.varlen
+    sequences = make_sequences(VARLEN)
+    locate, cut = sequences.locate, sequences.cut
+
     @cuda.jit(**jit_options())
     def forward_v5(Q, K, V, O, L, softmax_scale, causal_offset, window_lo, Hq, group, softcap,
-                   slopes, attn_mask, tiles, seed_lo, seed_hi, keep_threshold, keep_scale):
+                   slopes, attn_mask, tiles, seed_lo, seed_hi, keep_threshold, keep_scale, seqs):
         bh = cuda.blockIdx.y            # batch * Hq + h: the query head
         batch = bh // Hq
         h = bh % Hq
         bh_kv = batch * (Hq // group) + h // group  # GQA: the K/V head this query head reads
         i = cuda.blockIdx.x             # Q tile index (Alg.1 l.3: one block per i)
+        # A packed batch: sequence batch's rows, as a batch of one (kernels/sequences.py)
+        q0, k0, Sq, Sk, shift = locate(seqs, batch, Q.shape[1], K.shape[1])
+        if VARLEN:
+            if i * Br >= Sq:
+                return                  # past this sequence: the whole block, no barrier yet
+            bh, bh_kv = h, h // group
+        Q, O, L = cut(Q, q0, Sq), cut(O, q0, Sq), cut(L, q0, Sq)
+        K, V = cut(K, k0, Sk), cut(V, k0, Sk)
+        causal_offset += shift
+        window_lo += shift
         tid = cuda.threadIdx.x
         ty = tid // TX
         tx = tid % TX
-        Sq = Q.shape[1]
-        Sk = K.shape[1]
 
         # The block's dynamic shared memory (END elements, sized by the launch), cut
         # into the five tiles: slices are views, so QiT[x] is smem[Q_AT + x].

@@ -34,6 +34,7 @@ from ..plan import (
     TILE_TABLE_REASON, Plan, check_warp_tiles, device_dynamic_shared_limit, here,
     tensor_core_refusal, variant_description
 )
+from ..sequences import make_sequences
 from ..variants import PLAIN
 from .mma_rows import make_mma_row_steps
 from .v6_tile_steps import (
@@ -129,16 +130,20 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None, varia
     add_nonfinite_values, write_rows = rows.add_nonfinite_values, rows.write_rows
     drop = rows.drop
     whole_tile_seen = rows.whole_tile
-    steps = make_v6_tile_steps(Br, Bc, d, CHUNK)
+    steps = make_v6_tile_steps(Br, Bc, d, CHUNK, variant.varlen)
     load_q, stage_kv, scores, values = steps.load_q, steps.stage_kv, steps.scores, steps.values
 
     options = jit_options()
     if max_registers:       # ptxas's register limit (ptxas only; the simulator ignores it)
         options["max_registers"] = max_registers
 
+    VARLEN = variant.varlen
+    sequences = make_sequences(VARLEN)
+    locate, cut = sequences.locate, sequences.cut
+
     @cuda.jit(**options)
     def forward_v6(Q, K, V, O, L, softmax_scale, causal_offset, window_lo, Hq, group, softcap,
-                   slopes, attn_mask, tiles, seed_lo, seed_hi, keep_threshold, keep_scale):
+                   slopes, attn_mask, tiles, seed_lo, seed_hi, keep_threshold, keep_scale, seqs):
         bh = cuda.blockIdx.y                    # b * Hq + h: the query head
         b = bh // Hq
         h = bh % Hq
@@ -146,6 +151,16 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None, varia
         if GQA:
             bh_kv = b * (Hq // group) + h // group
         i = cuda.blockIdx.x
+        # A packed batch: sequence b's rows, as a batch of one (kernels/sequences.py)
+        q0, k0, Sq, Sk, shift = locate(seqs, b, Q.shape[1], K.shape[1])
+        if VARLEN:
+            if i * Br >= Sq:
+                return                  # past this sequence: the whole block, no barrier yet
+            bh, bh_kv = h, h // group
+        Q, O, L = cut(Q, q0, Sq), cut(O, q0, Sq), cut(L, q0, Sq)
+        K, V = cut(K, k0, Sk), cut(V, k0, Sk)
+        causal_offset += shift
+        window_lo += shift
         tid = cuda.threadIdx.x
         lane = tid % 32
         g = lane // 4
@@ -153,8 +168,6 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None, varia
         r0 = (tid // 32) * 16 + g               # this lane's two rows within the tile
         row0 = i * Br + r0
         row1 = row0 + 8
-        Sq = Q.shape[1]
-        Sk = K.shape[1]
 
         # The block's dynamic shared memory, cut into the tiles (v6_shared_layout).
         smem = cuda.shared.array(0, acc, alignment=16)     # 8-byte pairs need 8

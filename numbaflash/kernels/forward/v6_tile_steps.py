@@ -12,6 +12,7 @@ from collections import namedtuple
 from numba import cuda, int32
 
 from .. import acc_type
+from ..sequences import make_sequences
 from ..smem import U
 from .mma_rows import make_mma_row_steps
 
@@ -61,7 +62,7 @@ V6TileSteps = namedtuple("V6TileSteps", "load_q stage_kv scores scores_q_once va
 
 
 @functools.lru_cache(maxsize=None)
-def make_v6_tile_steps(Br, Bc, d, chunk):
+def make_v6_tile_steps(Br, Bc, d, chunk, varlen=False):
     """The steps of forward v6 that v8 and v9 reuse, as inlined device functions: Qi into
     registers (or QP), a K/V tile staged as split pairs, and the two products of one
     chunk. Float32 accumulation; the arguments are make_forward_v6's.
@@ -70,7 +71,8 @@ def make_v6_tile_steps(Br, Bc, d, chunk):
     finite_or_zero, load_finite, scores_head_dim_outside); make_forward_v6's docstring
     explains what they do, and each says which line of Algorithm 1 it is. The last three
     are for v9: v6's non-finite guards, and the factory of scores_q_once for another way
-    of reading Qi."""
+    of reading Qi. ``varlen``: K and V are a packed batch's views (kernels/sequences.py),
+    whose flat positions come from their strides."""
     from ..ptx import flat_load, load_pair, mma_tf32  # inline PTX (simulator: simulated.py)
     from ..ptx import split_tf32 as split
     from ..ptx import split_tf32_finite as split_finite
@@ -90,6 +92,8 @@ def make_v6_tile_steps(Br, Bc, d, chunk):
     layout = v6_shared_layout(Br, Bc, d)
     K_ROW, V_ROW = layout.K_ROW, layout.V_ROW
     finite = make_mma_row_steps(d, False, CHUNK, KS).finite
+    sequences = make_sequences(varlen)
+    position, row_step = sequences.position, sequences.row_step
 
     @cuda.jit(device=True, inline=True)
     def mma3(a0b, a1b, a2b, a3b, a0s, a1s, a2s, a3s, b0b, b1b, b0s, b1s, c, e, f):
@@ -167,14 +171,15 @@ def make_v6_tile_steps(Br, Bc, d, chunk):
         c_own = tid // W                        # stages of each K/V tile
         k_in = k_own < d
         k_load = min(k_own, d - 1)              # a column inside the arrays
-        last_row = (bh_kv * Sk + Sk - 1) * d + k_load   # a position inside K and V
+        last_row = position(K, bh_kv, Sk - 1, Sk, d) + k_load     # a position inside K, V
+        step = row_step(K, d)
         c = c_own
         while c < Bc:
-            at = (bh_kv * Sk + j * Bc + c) * d + k_load  # row j * Bc + c, column k_load
+            at = position(K, bh_kv, j * Bc + c, Sk, d) + k_load  # row j * Bc + c, col k_load
             for u in range(V6_LOAD_BATCH):
                 col = j * Bc + c + u * RSTEP
                 inside = k_in and c + u * RSTEP < Bc and col < Sk
-                at_u = at + u * RSTEP * d if col < Sk else last_row
+                at_u = at + u * RSTEP * step if col < Sk else last_row
                 kx[u] = acc(flat_load(K, U(at_u)))
                 vx[u] = acc(flat_load(V, U(at_u)))
                 kx[u] = kx[u] if inside else ZERO

@@ -30,6 +30,7 @@ from ..bands import make_kv_tile_range
 from ..plan import (
     TILE_TABLE_REASON, Plan, check_warp_tiles, device_dynamic_shared_limit, variant_description
 )
+from ..sequences import make_sequences
 from ..smem import U
 from ..variants import PLAIN
 from .mma_rows import make_mma_row_steps
@@ -157,9 +158,14 @@ def make_forward_v7(Br, Bc, d, causal, chunk=V7_CHUNK, variant=PLAIN,
             x = ZERO
         return x
 
+    VARLEN = variant.varlen
+    sequences = make_sequences(VARLEN)
+    locate, cut = sequences.locate, sequences.cut
+    position, row_step = sequences.position, sequences.row_step
+
     @cuda.jit(**jit_options())
     def forward_v7(Q, K, V, O, L, softmax_scale, causal_offset, window_lo, Hq, group, softcap,
-                   slopes, attn_mask, tiles, seed_lo, seed_hi, keep_threshold, keep_scale):
+                   slopes, attn_mask, tiles, seed_lo, seed_hi, keep_threshold, keep_scale, seqs):
         bh = cuda.blockIdx.y                    # b * Hq + h: the query head
         b = bh // Hq
         h = bh % Hq
@@ -167,6 +173,16 @@ def make_forward_v7(Br, Bc, d, causal, chunk=V7_CHUNK, variant=PLAIN,
         if GQA:
             bh_kv = b * (Hq // group) + h // group
         i = cuda.blockIdx.x
+        # A packed batch: sequence b's rows, as a batch of one (kernels/sequences.py)
+        q0, k0, Sq, Sk, shift = locate(seqs, b, Q.shape[1], K.shape[1])
+        if VARLEN:
+            if i * Br >= Sq:
+                return                  # past this sequence: the whole block, no barrier yet
+            bh, bh_kv = h, h // group
+        Q, O, L = cut(Q, q0, Sq), cut(O, q0, Sq), cut(L, q0, Sq)
+        K, V = cut(K, k0, Sk), cut(V, k0, Sk)
+        causal_offset += shift
+        window_lo += shift
         tid = cuda.threadIdx.x
         lane = tid % 32
         g = lane // 4
@@ -178,8 +194,6 @@ def make_forward_v7(Br, Bc, d, causal, chunk=V7_CHUNK, variant=PLAIN,
         k_load = min(k_own, d - 1)              # a column inside the arrays
         row0 = i * Br + r0
         row1 = row0 + 8
-        Sq = Q.shape[1]
-        Sk = K.shape[1]
         HZERO = float16(ZERO)       # (a float16 constant from outside is invalid NVVM IR)
 
         # The block's dynamic shared memory, cut into the tiles (v7_shared_layout).
@@ -221,7 +235,8 @@ def make_forward_v7(Br, Bc, d, causal, chunk=V7_CHUNK, variant=PLAIN,
             if TILE_TABLE and not tiles[bh, i, j]:
                 continue                # the mask leaves this tile empty (the whole block)
             mark = int32(j + 1)
-            last_row = (bh_kv * Sk + Sk - 1) * d + k_load   # a position inside K and V
+            last_row = position(K, bh_kv, Sk - 1, Sk, d) + k_load     # a position inside K, V
+            step = row_step(K, d)
             # Wait until every warp has finished reading the previous Kj and Vj.
             cuda.syncthreads()
             # Alg.1 l.7: load Kj and Vj as float16 (rows past Sk, columns past d and
@@ -229,11 +244,11 @@ def make_forward_v7(Br, Bc, d, causal, chunk=V7_CHUNK, variant=PLAIN,
             # its rows c_own, c_own + RSTEP, ..., V7_LOAD_BATCH of them in flight.
             c = c_own
             while c < Bc:
-                at = (bh_kv * Sk + j * Bc + c) * d + k_load  # row j * Bc + c, column k_load
+                at = position(K, bh_kv, j * Bc + c, Sk, d) + k_load  # row j * Bc + c, k_load
                 for u in range(V7_LOAD_BATCH):
                     col = j * Bc + c + u * RSTEP
                     inside = k_in and c + u * RSTEP < Bc and col < Sk
-                    at_u = at + u * RSTEP * d if col < Sk else last_row
+                    at_u = at + u * RSTEP * step if col < Sk else last_row
                     kx[u] = flat_load(K, U(at_u))
                     vx[u] = flat_load(V, U(at_u))
                     kx[u] = kx[u] if inside else HZERO

@@ -29,6 +29,7 @@ from numba import cuda, int32
 
 from .. import acc_type, jit_options
 from ..bands import make_kv_tile_range
+from ..sequences import make_sequences
 from ..smem import U
 from ..variants import PLAIN
 from .mma_rows import make_mma_row_steps
@@ -132,7 +133,10 @@ def make_forward_v9(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None, varia
     add_nonfinite_values, write_rows = rows.add_nonfinite_values, rows.write_rows
     drop = rows.drop
     whole_tile_seen = rows.whole_tile
-    steps = make_v6_tile_steps(Br, Bc, d, CHUNK)
+    VARLEN = variant.varlen
+    sequences = make_sequences(VARLEN)
+    locate, cut, position = sequences.locate, sequences.cut, sequences.position
+    steps = make_v6_tile_steps(Br, Bc, d, CHUNK, VARLEN)
     load_q, scores, values = steps.load_q, steps.scores, steps.values
     finite_or_zero, load_finite = steps.finite_or_zero, steps.load_finite
     scores_head_dim_outside = steps.scores_head_dim_outside
@@ -155,7 +159,7 @@ def make_forward_v9(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None, varia
         c = tid // W
         if k_own < d:
             while c < Bc and j * Bc + c < Sk:
-                at = (bh_kv * Sk + j * Bc + c) * d + k_own
+                at = position(K, bh_kv, j * Bc + c, Sk, d) + k_own
                 cp_async(RK, U(c * d + k_own), K, U(at))
                 cp_async(RV, U(c * d + k_own), V, U(at))
                 c += RSTEP
@@ -218,7 +222,7 @@ def make_forward_v9(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None, varia
 
     @cuda.jit(**options)
     def forward_v9(Q, K, V, O, L, softmax_scale, causal_offset, window_lo, Hq, group, softcap,
-                   slopes, attn_mask, tiles, seed_lo, seed_hi, keep_threshold, keep_scale):
+                   slopes, attn_mask, tiles, seed_lo, seed_hi, keep_threshold, keep_scale, seqs):
         bh = cuda.blockIdx.y                    # b * Hq + h: the query head
         b = bh // Hq
         h = bh % Hq
@@ -226,6 +230,16 @@ def make_forward_v9(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None, varia
         if GQA:
             bh_kv = b * (Hq // group) + h // group
         i = cuda.blockIdx.x
+        # A packed batch: sequence b's rows, as a batch of one (kernels/sequences.py)
+        q0, k0, Sq, Sk, shift = locate(seqs, b, Q.shape[1], K.shape[1])
+        if VARLEN:
+            if i * Br >= Sq:
+                return                  # past this sequence: the whole block, no barrier yet
+            bh, bh_kv = h, h // group
+        Q, O, L = cut(Q, q0, Sq), cut(O, q0, Sq), cut(L, q0, Sq)
+        K, V = cut(K, k0, Sk), cut(V, k0, Sk)
+        causal_offset += shift
+        window_lo += shift
         tid = cuda.threadIdx.x
         lane = tid % 32
         g = lane // 4
@@ -233,8 +247,6 @@ def make_forward_v9(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None, varia
         r0 = (tid // 32) * 16 + g
         row0 = i * Br + r0
         row1 = row0 + 8
-        Sq = Q.shape[1]
-        Sk = K.shape[1]
 
         smem = cuda.shared.array(0, acc, alignment=16)     # v9_shared_layout
         KP = smem[KP_AT:VP_AT]

@@ -1,0 +1,85 @@
+"""Packed batches: how a thread block finds its sequence (``Variant.varlen``).
+
+A packed (variable-length) batch keeps B sequences back to back, with no padding: q is
+(total_q, Hq, d) and sequence b is rows cu_seqlens_q[b]:cu_seqlens_q[b + 1] of it; k and
+v likewise with cu_seqlens_k. The kernels see the packed arrays through (heads, total, d)
+views (strides only, no copy: numbaflash/varlen.py makes them) and one more run-time
+argument, ``seqs`` = (cu_seqlens_q, cu_seqlens_k) as a (2, B + 1) int32 array. The grid
+is the padded one, sized for the longest sequence: its batch index b names the sequence.
+
+A block of sequence b cuts each array to that sequence's rows (``cut``: a view, nothing
+is copied) and from then on runs exactly as for a batch of one, batch index 0 in memory:
+
+    Sq, Sk          the sequence's own lengths (the views' shapes); a block whose tile
+                    starts past them returns at once, before any barrier
+    causal_offset   shifted by Sk - Sq (``locate``'s shift), and window_lo with it: the
+    window_lo       host passes the offsets of a square problem, and each sequence's
+                    mask is aligned bottom-right within it, as attention()'s
+    b               still the sequence's index for ALiBi's (batch, heads) slopes and for
+                    dropout's Philox counter (batch b, row and column within the sequence)
+
+Built without ``varlen``, ``locate`` gives the arrays' own lengths and no shift and
+``cut`` gives the array itself, so the kernel compiles to what it was.
+
+The tensor-core kernels stage tiles by flat positions (ptx.flat_load, ptx.cp_async: the
+element n places after the array's first), computed as (bh * S + row) * d for a
+C-contiguous array; ``position`` and ``row_step`` compute them from the strides for a view.
+"""
+
+import functools
+from collections import namedtuple
+
+from numba import cuda, int64
+
+# What make_sequences returns: inlined device functions, by name.
+SequenceSteps = namedtuple("SequenceSteps", "locate cut position row_step")
+
+
+@cuda.jit(device=True, inline=True)
+def _rows(A, start, n):
+    """Rows start .. start + n - 1 of every head of A (heads, rows[, d]): a view."""
+    return A[:, start:start + n]
+
+
+@cuda.jit(device=True, inline=True)
+def _all_rows(A, start, n):
+    return A
+
+
+@functools.lru_cache(maxsize=None)
+def make_sequences(varlen):
+    """``SequenceSteps(locate, cut, position, row_step)`` for kernels built with or without ``varlen``:
+
+    locate(seqs, b, Sq, Sk) -> (q0, k0, Sq, Sk, shift)
+        sequence b's first query row and first key row in the packed arrays, its lengths
+        and the shift Sk - Sq of its mask's offsets; without varlen (0, 0, Sq, Sk, 0)
+    cut(A, start, n) -> A[:, start:start + n] with varlen, else A
+    position(A, bh, row, S, d) -> the flat position of A[bh, row, 0] (ptx.flat_load): from A's
+        strides with varlen, else (bh * S + row) * d for a C-contiguous (., S, d) array
+    row_step(A, d) -> how far apart two rows of A are, in elements: d, or from the strides
+    """
+    VARLEN = varlen
+
+    @cuda.jit(device=True, inline=True)
+    def position(A, bh, row, S, d):
+        if VARLEN:
+            return bh * (A.strides[0] // A.itemsize) + row * (A.strides[1] // A.itemsize)
+        return (bh * S + row) * d
+
+    @cuda.jit(device=True, inline=True)
+    def row_step(A, d):
+        if VARLEN:
+            return A.strides[1] // A.itemsize
+        return d
+
+    @cuda.jit(device=True, inline=True)
+    def locate(seqs, b, Sq, Sk):
+        if VARLEN:
+            q0 = int64(seqs[0, b])
+            k0 = int64(seqs[1, b])
+            nq = int64(seqs[0, b + 1]) - q0
+            nk = int64(seqs[1, b + 1]) - k0
+            return q0, k0, nq, nk, nk - nq
+        return int64(0), int64(0), int64(Sq), int64(Sk), int64(0)
+
+    return SequenceSteps(locate, _rows if varlen else _all_rows, position, row_step)
