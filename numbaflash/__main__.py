@@ -1,6 +1,6 @@
 """Command line: ``python -m numbaflash demo [--B 2 --H 4 --N 256 --d 64 --causal]`` and
 ``python -m numbaflash bench [--shapes 2x16x4096x64 --causal both --versions v2,v3 ...]``
-(or ``bench --variants``).
+(or ``bench --variants``, ``bench --inference``).
 
 The demo runs attention on random inputs on whatever backend is there (the GPU, or the
 CUDA simulator under NUMBA_ENABLE_CUDASIM=1), checks it against the float64 reference,
@@ -8,7 +8,8 @@ and prints the backend, the plan, the error and the time.
 
 The bench checks numbaflash's forward and backward against a float64 reference, then
 times them against PyTorch SDPA on the same inputs (numbaflash/bench/ says how); with
---variants, the attention variants against their baselines and speed targets.
+--variants, the attention variants against their baselines and speed targets; with
+--inference, decoding against a KV cache and packed batches against theirs.
 """
 
 import argparse
@@ -116,7 +117,8 @@ def main(argv=None):
     p.add_argument("--causal", action="store_true", help="bottom-right causal mask")
     p = sub.add_parser("bench", help="check, then time forward and backward against "
                        "PyTorch SDPA (TFLOP/s, memory, a table, JSON, a plot); --variants: "
-                       "the attention variants against their speed targets")
+                       "the attention variants against their speed targets; --inference: "
+                       "decoding against a KV cache and packed batches against theirs")
     from numbaflash import bench
     bench.add_arguments(p)
     args = parser.parse_args(argv)

@@ -4,11 +4,14 @@
     python -m numbaflash bench --shapes 2x16x4096x64 --causal yes --versions v2,v3 \\
         --json bench.json --plot bench.png
     python -m numbaflash bench --variants         # the attention variants' speed targets
+    python -m numbaflash bench --inference        # decoding and packed batches, their targets
 
 From Python: ``records = bench.run([(2, 16, 4096, 64)])``, then ``bench.format_table``,
 ``bench.save_json`` or ``bench.plot``. A result that disagrees with a float64 reference
 is never timed (``bench.wrong_results`` lists them). The variants: ``records =
-bench.run_variants()``, then ``bench.format_variant_table``.
+bench.run_variants()``, then ``bench.format_variant_table``. Decoding against a KV cache
+and packed batches: ``records = bench.run_inference()``, then
+``bench.format_inference_table``.
 
 The modules, in the order a run uses them:
 
@@ -21,6 +24,9 @@ The modules, in the order a run uses them:
     variants.py   run_variants: the variant cases (GQA, softcap, ALiBi, a window, a
                   document mask) checked, then timed against their baselines and targets;
                   format_variant_table
+    inference.py  run_inference: decoding against a KV cache (against SDPA and the HBM
+                  copy bandwidth) and packed batches (against the same batch padded),
+                  checked, then timed, with their targets; format_inference_table
     command.py    the command line (add_arguments, cli)
     library.py    what the bench takes from the rest of numbaflash, imported in one place
 
@@ -44,6 +50,11 @@ from .runner import run, wrong_results
 from .timing import PASS_FLOP_FACTOR, SIMULATOR_WARNING, extra_memory_bytes, flops, time_ms
 from .variants import (CASE_NAMES, VARIANT_CASES, format_variant_table, run_variants,
                        target_met, wrong_variants)
+# attention_with_kvcache, attention_varlen and attention_varlen_backward likewise, by
+# inference.py (inference._inference_api).
+from .inference import (DECODE_SHAPES, PACKED, attention_varlen, attention_varlen_backward,
+                        attention_with_kvcache, format_inference_table, hbm_copy,
+                        run_inference, wrong_inference)
 
 __all__ = [
     # the benchmark and its presentation
@@ -51,6 +62,9 @@ __all__ = [
     # the attention variants against their baselines and speed targets
     "run_variants", "format_variant_table", "wrong_variants", "target_met", "VARIANT_CASES",
     "CASE_NAMES",
+    # decoding against a KV cache and packed batches, against their baselines and targets
+    "run_inference", "format_inference_table", "wrong_inference", "hbm_copy",
+    "DECODE_SHAPES", "PACKED",
     # counting and timing
     "flops", "time_ms", "extra_memory_bytes", "PASS_FLOP_FACTOR", "SIMULATOR_WARNING",
     # agreement
@@ -63,5 +77,6 @@ __all__ = [
     # the command line
     "add_arguments", "cli",
     # the public API as the bench calls it (replaceable here)
-    "attention", "attention_backward",
+    "attention", "attention_backward", "attention_with_kvcache", "attention_varlen",
+    "attention_varlen_backward",
 ]

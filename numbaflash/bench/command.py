@@ -1,12 +1,13 @@
 """The command line: ``python -m numbaflash bench ...`` (``numbaflash/__main__.py`` makes
 the parser; ``add_arguments`` adds the options and ``cli`` runs them). With
 ``--variants`` it runs the attention variants' table (``variants.run_variants``) instead
-of plain attention on shapes.
+of plain attention on shapes; with ``--inference``, decoding against a KV cache and packed
+batches (``inference.run_inference``). The two are exclusive.
 
 Every bad value is refused before anything runs, with ``python -m numbaflash bench:
 error: ...`` and exit status 2: numbers that are not numbers, shapes numbaflash cannot
 run or the host cannot hold, a --json or --plot path in a folder that does not exist, an
-option that does not apply to --variants.
+option that does not apply to --variants or --inference, or both of them at once.
 """
 
 import os
@@ -14,6 +15,8 @@ import sys
 
 from .cases import (DTYPES, GPU_DEFAULT_SHAPES, PASSES, SIM_DEFAULT_SHAPES, _check_arguments,
                     check_host_memory, parse_shape)
+from .inference import (INFERENCE_DTYPES, _check_inference_arguments,
+                        format_inference_table, run_inference, wrong_inference)
 from .library import FORWARD_VERSIONS, backend
 from .pytorch import _torch_cuda
 from .report import environment, format_table, plot, save_json
@@ -24,6 +27,8 @@ from .variants import (VARIANT_DTYPES, _check_variant_arguments, format_variant_
 
 # Options of the plain bench that --variants does not take (its cases fix them).
 NOT_WITH_VARIANTS = ("shapes", "causal", "passes", "versions", "plot")
+# Nor --inference (its cases fix them too).
+NOT_WITH_INFERENCE = NOT_WITH_VARIANTS
 
 
 def _comma_list(text, allowed, what):
@@ -55,8 +60,8 @@ def add_arguments(parser):
     parser.add_argument("--causal", choices=("no", "yes", "both"),
                         help="causal mask (bottom-right; default both)")
     parser.add_argument("--dtype", default="float32", choices=DTYPES,
-                        help="inputs' dtype (default float32; --variants: float32 or "
-                        "float16)")
+                        help="inputs' dtype (default float32; --variants, --inference: "
+                        "float32 or float16)")
     parser.add_argument("--passes",
                         help=f"comma-separated subset of {','.join(PASSES)} (default all)")
     parser.add_argument("--versions",
@@ -76,17 +81,33 @@ def add_arguments(parser):
                         "window, a document mask), each checked, then timed against its "
                         "baselines, with its speed target (numbaflash/bench/variants.py); "
                         "takes --dtype, --repeats, --warmup, --no-sdpa, --json")
+    parser.add_argument("--inference", action="store_true", help="instead of plain attention "
+                        "on shapes: the inference half of FlashAttention, decoding against a "
+                        "KV cache (against SDPA and the HBM copy bandwidth) and packed "
+                        "batches of different lengths (against the same batch padded), each "
+                        "checked, then timed, with its target (numbaflash/bench/"
+                        "inference.py); takes --dtype, --repeats, --warmup, --no-sdpa, --json; "
+                        "not with --variants")
 
 
-def _header(sim, torch, no_sdpa, variants=False):
+def _header(sim, torch, no_sdpa, variants=False, inference=False):
     """The lines before the table: what runs where, and what the times mean."""
     env = environment()
-    print(f"numbaflash bench{' --variants' if variants else ''}: backend {env['backend']}, "
+    mode = " --variants" if variants else " --inference" if inference else ""
+    print(f"numbaflash bench{mode}: backend {env['backend']}, "
           f"GPU {env['gpu']}; numba-cuda {env['numba_cuda']}, numpy {env['numpy']}, torch "
           f"{env['torch'] or 'not installed'}")
     if sim:
         print(f"WARNING: {SIMULATOR_WARNING}. The agreement checks still mean what they say.")
-    if variants:
+    if inference:
+        print("Each case is checked against numbaflash.reference (float64) before it is "
+              "timed: decoding on the first batch (every query head), packed batches on the "
+              "first sequence.")
+        if torch is None:
+            print("PyTorch with CUDA is not available: no SDPA baseline.")
+        elif no_sdpa:
+            print("--no-sdpa: SDPA is not timed.")
+    elif variants:
         print("Each variant is checked against numbaflash.reference (float64) on the first "
               "batch and the query heads of K/V head 0 before it is timed.")
         if torch is None:
@@ -140,12 +161,51 @@ def _cli_variants(args, fail, sim, torch):
     return 0
 
 
+def _cli_inference(args, fail, sim, torch):
+    """``bench --inference``: decoding and packed batches (``inference.run_inference``)."""
+    given = [f"--{name}" for name in NOT_WITH_INFERENCE if getattr(args, name) is not None]
+    if given:
+        return fail(f"{', '.join(given)}: not with --inference (its cases fix their shapes, "
+                    f"masks and passes; it takes --dtype, --repeats, --warmup, --no-sdpa "
+                    f"and --json)")
+    if args.dtype not in INFERENCE_DTYPES:
+        return fail(f"--dtype {args.dtype}: --inference times "
+                    f"{' or '.join(INFERENCE_DTYPES)} (its targets are about those)")
+    repeats = args.repeats if args.repeats is not None else (2 if sim else 20)
+    warmup = args.warmup if args.warmup is not None else (1 if sim else 3)
+    try:
+        _check_inference_arguments(args.dtype, repeats, warmup, None, None)
+        if args.json:
+            _output_path(args.json, "json")
+    except ValueError as e:
+        return fail(str(e))
+    env = _header(sim, torch, args.no_sdpa, inference=True)
+    try:
+        records = run_inference(dtype=args.dtype, repeats=repeats, warmup=warmup,
+                                sdpa=not args.no_sdpa)
+    except MemoryError as e:
+        return fail(f"out of host memory ({e})")
+    print(format_inference_table(records))
+    if args.json:
+        save_json(records, args.json, meta=env)
+        print(f"wrote {args.json}")
+    wrong = wrong_inference(records)
+    if wrong:
+        print(f"FAILED: {len(wrong)} result(s) disagree with the reference and were not "
+              f"timed (WRONG rows above).", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cli(args):
     """Run the bench subcommand; returns the exit status (0 ok, 1 a wrong result, 2 usage)."""
     def fail(message):
         print(f"python -m numbaflash bench: error: {message}", file=sys.stderr)
         return 2
 
+    if args.variants and args.inference:
+        return fail("--inference and --variants are exclusive: each runs a table of its "
+                    "own; give one of them")
     try:
         where = backend()
     except RuntimeError as e:
@@ -154,6 +214,8 @@ def cli(args):
     torch = _torch_cuda()
     if args.variants:
         return _cli_variants(args, fail, sim, torch)
+    if args.inference:
+        return _cli_inference(args, fail, sim, torch)
     try:
         if args.shapes is None:
             shapes = list(SIM_DEFAULT_SHAPES if sim else GPU_DEFAULT_SHAPES)

@@ -6,7 +6,10 @@ inside the library (the public API, the dispatcher, the kernels) changes one lin
 
 from .. import masks, reference  # noqa: F401
 from ..api import attention, attention_backward, explain, explain_backward  # noqa: F401
-from ..policy import backend  # noqa: F401
+from ..kvcache import attention_with_kvcache, explain_kvcache  # noqa: F401
+from ..policy import backend, plan_backward  # noqa: F401
+from ..varlen import (attention_varlen, attention_varlen_backward,  # noqa: F401
+                      check_varlen_inputs, explain_varlen)
 from ..kernels import simulating  # noqa: F401
 from ..kernels.forward import VERSIONS as FORWARD_VERSIONS  # noqa: F401
 
