@@ -19,7 +19,8 @@ is copied) and from then on runs exactly as for a batch of one, batch index 0 in
                     dropout's Philox counter (batch b, row and column within the sequence)
 
 Built without ``varlen``, ``locate`` gives the arrays' own lengths and no shift and
-``cut`` gives the array itself, so the kernel compiles to what it was.
+``cut`` gives the array itself, so the kernel compiles to what it was but for the one
+more parameter.
 
 The tensor-core kernels stage tiles by flat positions (ptx.flat_load, ptx.cp_async: the
 element n places after the array's first), computed as (bh * S + row) * d for a

@@ -60,8 +60,9 @@ softmax's logsumexp) and multiplies V by P~ only where kept; O is then scaled by
 ``keep_scale`` = 1 / (1 - p). The backward drops the same entries of P for dV and of dP
 (dP = dO V^T * kept * keep_scale), and dS = P (dP - D) as before. The run-time arguments,
 after ``tiles``: seed_lo, seed_hi, keep_threshold (uint32) and keep_scale (the
-accumulator's dtype), from launcher.variant_arguments. Without dropout ``kept`` is the
-constant True and they are never read.
+accumulator's dtype), from launcher.variant_arguments, which adds ``seqs`` last (a
+packed batch's sequences, kernels/sequences.py; a placeholder otherwise). Without
+dropout ``kept`` is the constant True and they are never read.
 
 Skipping empty tiles. Causal and window masks are bands: the tiled kernels find the
 first and last tile a block needs by arithmetic and never visit the others. A boolean

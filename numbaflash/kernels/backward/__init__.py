@@ -53,9 +53,9 @@ v4 keep their blocks in registers without spills up to d = 128 (``tests/ptx_chec
 --link`` prints each kernel's registers and spills).
 
 Variants (kernels/variants.py, docs/variants.md): the v1, v4 and v6 kernels take a
-compile-time ``variant`` and eleven more run-time arguments after causal_offset
-(window_lo, Hq, group, softcap, slopes, attn_mask, tiles, and dropout's seed_lo, seed_hi,
-keep_threshold, keep_scale). dS is multiplied by d score / d s (softcap, score_mod_grad).
+compile-time ``variant`` and twelve more run-time arguments after causal_offset
+(window_lo, Hq, group, softcap, slopes, attn_mask, tiles, dropout's seed_lo, seed_hi,
+keep_threshold, keep_scale, and a packed batch's seqs: kernels/sequences.py). dS is multiplied by d score / d s (softcap, score_mod_grad).
 Dropout regenerates the forward's keep mask per entry (variants.make_dropout; nothing is
 stored) and, with z = keep_scale where kept and 0 where dropped, takes
 

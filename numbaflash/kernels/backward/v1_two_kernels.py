@@ -82,7 +82,7 @@ def make_backward_dkdv_v1(Br, Bc, d, causal, acc_dtype, variant=PLAIN):
         b = bh_kv // (Hq // group)
         h_kv = bh_kv % (Hq // group)
         j = cuda.blockIdx.x             # K/V tile index (Alg.2 l.5: one block per j)
-        # A packed batch: sequence b's rows, as a batch of one (kernels/sequences.py)
+        # A packed batch: this block's sequence, as a batch of one (kernels/sequences.py)
         q0, k0, Sq, Sk, shift = locate(seqs, b, Q.shape[1], K.shape[1])
         b_mem = b                       # the batch index of the arrays' memory
         if VARLEN:
@@ -225,7 +225,7 @@ def make_backward_dq_v1(Br, Bc, d, causal, acc_dtype, variant=PLAIN):
         h = bh % Hq
         bh_kv = b * (Hq // group) + h // group  # GQA: the K/V head this query head reads
         i = cuda.blockIdx.x             # Q tile index: one block per i
-        # A packed batch: sequence b's rows, as a batch of one (kernels/sequences.py)
+        # A packed batch: this block's sequence, as a batch of one (kernels/sequences.py)
         q0, k0, Sq, Sk, shift = locate(seqs, b, Q.shape[1], K.shape[1])
         if VARLEN:
             if i * Br >= Sq:

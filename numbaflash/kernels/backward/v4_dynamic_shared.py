@@ -183,9 +183,9 @@ def make_backward_dkdv_v4(Br, Bc, TM, TN, d, causal, acc_dtype, variant=PLAIN):
         batch = bh_kv // (Hq // group)
         h_kv = bh_kv % (Hq // group)
         j = cuda.blockIdx.x             # K/V tile index (Alg.2 l.5: one block per j)
-        # A packed batch: sequence batch's rows, as a batch of one (kernels/sequences.py)
+        # A packed batch: this block's sequence, as a batch of one (kernels/sequences.py)
         q0, k0, Sq, Sk, shift = locate(seqs, batch, Q.shape[1], K.shape[1])
-        b_mem = batch                       # the batch index of the arrays' memory
+        b_mem = batch                   # the batch index of the arrays' memory
         if VARLEN:
             if j * Bc >= Sk:
                 return                  # past this sequence: the whole block, no barrier yet
@@ -490,7 +490,7 @@ def make_backward_dq_v4(Br, Bc, TM, TN, d, causal, acc_dtype, variant=PLAIN):
         h = bh % Hq
         bh_kv = batch * (Hq // group) + h // group  # GQA: the K/V head this query head reads
         i = cuda.blockIdx.x             # Q tile index: one block per i
-        # A packed batch: sequence batch's rows, as a batch of one (kernels/sequences.py)
+        # A packed batch: this block's sequence, as a batch of one (kernels/sequences.py)
         q0, k0, Sq, Sk, shift = locate(seqs, batch, Q.shape[1], K.shape[1])
         if VARLEN:
             if i * Br >= Sq:

@@ -347,7 +347,7 @@ def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False,
         b = bh_kv // (Hq // group)
         h_kv = bh_kv % (Hq // group)
         j = cuda.blockIdx.x
-        # A packed batch: sequence b's rows, as a batch of one (kernels/sequences.py)
+        # A packed batch: this block's sequence, as a batch of one (kernels/sequences.py)
         q0, k0, Sq, Sk, shift = locate(seqs, b, Q.shape[1], K.shape[1])
         b_mem = b                       # the batch index of the arrays' memory
         if VARLEN:
@@ -582,7 +582,7 @@ def make_backward_dq_v6(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False,
         h = bh % Hq
         bh_kv = b * (Hq // group) + h // group if GQA else bh   # the K/V head it reads
         i = cuda.blockIdx.x
-        # A packed batch: sequence b's rows, as a batch of one (kernels/sequences.py)
+        # A packed batch: this block's sequence, as a batch of one (kernels/sequences.py)
         q0, k0, Sq, Sk, shift = locate(seqs, b, Q.shape[1], K.shape[1])
         if VARLEN:
             if i * Br >= Sq:

@@ -35,10 +35,12 @@ mask leaves empty). ``MODULES`` below is the registry: a new version is its own 
 one line there.
 
 Variants (kernels/variants.py, docs/variants.md): v1, v2 and v5 to v9 take a
-compile-time ``variant`` and seven more run-time arguments after causal_offset
-(window_lo, Hq, group, softcap, slopes, attn_mask, tiles), through two inlined device
+compile-time ``variant`` and twelve more run-time arguments after causal_offset
+(window_lo, Hq, group, softcap, slopes, attn_mask, tiles, dropout's seed_lo, seed_hi,
+keep_threshold, keep_scale, and a packed batch's seqs), through two inlined device
 functions, visible() and score(); with the plain variant they compile to the plain
-kernel. Masked entries are not computed, tiles a window leaves empty are not visited,
+kernel. Packed batches of different lengths (``Variant.varlen``, numbaflash/varlen.py):
+each block finds its sequence and cuts its arrays to it (kernels/sequences.py). Masked entries are not computed, tiles a window leaves empty are not visited,
 and the tiled ones skip the tiles a boolean attn_mask or a mask_mod leaves empty (the
 table of visible tiles, variants.make_tile_table). v3 and v4, the first tensor-core and
 register-blocked rungs, compute plain attention only: their plans refuse variants.

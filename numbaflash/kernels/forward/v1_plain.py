@@ -49,7 +49,7 @@ def make_forward_v1(d, causal, acc_dtype, variant=PLAIN):
         row = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         b = bh // Hq
         h = bh % Hq
-        # A packed batch: sequence b's rows, as a batch of one (kernels/sequences.py)
+        # A packed batch: this block's sequence, as a batch of one (kernels/sequences.py)
         q0, k0, Sq, Sk, shift = locate(seqs, b, Q.shape[1], K.shape[1])
         if row >= Sq:
             return                      # no barriers in this kernel, so early exit is safe

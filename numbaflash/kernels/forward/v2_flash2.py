@@ -67,7 +67,7 @@ def make_forward_v2(Br, Bc, d, causal, acc_dtype, variant=PLAIN):
         h = bh % Hq
         bh_kv = b * (Hq // group) + h // group  # GQA: the K/V head this query head reads
         i = cuda.blockIdx.x             # Q tile index (Alg.1 l.3: one block per i)
-        # A packed batch: sequence b's rows, as a batch of one (kernels/sequences.py)
+        # A packed batch: this block's sequence, as a batch of one (kernels/sequences.py)
         q0, k0, Sq, Sk, shift = locate(seqs, b, Q.shape[1], K.shape[1])
         if VARLEN:
             if i * Br >= Sq:

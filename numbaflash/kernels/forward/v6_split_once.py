@@ -151,7 +151,7 @@ def make_forward_v6(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None, varia
         if GQA:
             bh_kv = b * (Hq // group) + h // group
         i = cuda.blockIdx.x
-        # A packed batch: sequence b's rows, as a batch of one (kernels/sequences.py)
+        # A packed batch: this block's sequence, as a batch of one (kernels/sequences.py)
         q0, k0, Sq, Sk, shift = locate(seqs, b, Q.shape[1], K.shape[1])
         if VARLEN:
             if i * Br >= Sq:
