@@ -135,9 +135,11 @@ print(f"the padded batch's boolean mask that hides the padding, (B, 1, S, S): "
 # Almost half the rows and nearly two thirds of the score entries are padding. That count
 # is what a naive padded computation throws away. `attention()` can do better with a
 # mask: notebook 07's tile table skips the tiles a mask leaves empty. But it must be
-# given that mask (a gigabyte here), read it, and still launch a block for every padded
-# tile; the packed layout needs no mask and no padded copies at all. How much of the
-# count survives in time is what the GPU measurement of section 7 is for.
+# given that mask (about a gigabyte here) and padded copies of the arrays, and each call
+# first reads the whole mask to build the table, then reads it again in the tiles it
+# computes; the packed layout needs none of that. (Both launch the padded grid: section
+# 4 shows what a packed launch does with the blocks past a sequence's end.) How much of
+# the count survives as time is what the GPU measurement of section 7 is for.
 #
 # ## 2. The packed layout
 #
@@ -372,7 +374,8 @@ for b, (nq, nk) in enumerate(zip(sq3, sk3)):
 # With $S_q < S_k$ (sequence 0) the rows are the last ones of the sequence, and each sees
 # the keys before it and its own; with $S_q > S_k$ (sequence 2) the shift is negative and
 # the first rows see nothing. A shift computed from the padded lengths instead (the
-# longest $S_k$ minus the longest $S_q$) would be right only for the longest sequences.
+# longest $S_k$ minus the longest $S_q$) would be right only for the sequences whose own
+# $S_k - S_q$ happens to equal it.
 #
 # ### The bench's batch
 #
@@ -414,8 +417,7 @@ print(f"\n{int(np.prod(plan.grid))} blocks, of which {working} work (section 4's
 # forward returned them, and returns (dq, dk, dv) packed like q, k and v:
 
 # %%
-out, lse = numbaflash.attention_varlen(q, k, v, cu_q, cu_k, causal=True, version=plan.version,
-                                       return_lse=True)
+out, lse = numbaflash.attention_varlen(q, k, v, cu_q, cu_k, causal=True, return_lse=True)
 dq, dk, dv = numbaflash.attention_varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k,
                                                   causal=True)
 print(f"out {out.shape}, lse {lse.shape}; dq {dq.shape}, dk {dk.shape}, dv {dv.shape}")
@@ -423,9 +425,10 @@ print(f"out {out.shape}, lse {lse.shape}; dq {dq.shape}, dk {dk.shape}, dv {dv.s
 # %% [markdown]
 # Section 4 says a block of sequence $b$ runs exactly as for a batch of one. Then each
 # sequence's rows must be **the same bits** as `attention()` and `attention_backward()` of
-# that sequence's slices, with the same kernel version and tiles (no tolerance: the same
-# operations in the same order). The tile rule reads the head dim and the dtype, not the
-# lengths, and the cell checks that the slices get the packed call's plan:
+# that sequence's slices, with the same kernel versions and tiles (no tolerance: the same
+# operations in the same order). The default plans depend on the head dim and the dtype,
+# not on the lengths, so each slice gets the packed call's kernels; the cell checks that
+# for the forward, and prints the backward's kernels (those of sequence 0 alone):
 
 # %%
 def sequence(x, cu, b):
@@ -433,15 +436,17 @@ def sequence(x, cu, b):
     return np.swapaxes(x[cu[b]:cu[b + 1]], 0, 1)[None]
 
 
-bwd_version = None
+for p in numbaflash.explain_backward(sequence(q, cu_q, 0), sequence(k, cu_k, 0),
+                                     sequence(v, cu_k, 0), causal=True):
+    print(f"backward: {p.kernel}" + (f", tiles (Br, Bc) = ({p.Br}, {p.Bc})" if p.Br else ""))
 for b in range(len(LENS_Q)):
     rows, keys = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
-    qb, kb, vb, db = sequence(q, cu_q, b), sequence(k, cu_k, b), sequence(v, cu_k, b), \
-        sequence(dout, cu_q, b)
-    alone = numbaflash.explain(qb, kb, vb, causal=True, version=plan.version)
-    assert (alone.version, alone.Br, alone.Bc) == (plan.version, plan.Br, plan.Bc), alone
-    ob, lb = numbaflash.attention(qb, kb, vb, causal=True, version=plan.version,
-                                  return_lse=True)
+    qb, db = sequence(q, cu_q, b), sequence(dout, cu_q, b)
+    kb, vb = sequence(k, cu_k, b), sequence(v, cu_k, b)
+    alone = numbaflash.explain(qb, kb, vb, causal=True)
+    assert (alone.version, alone.Br, alone.Bc, alone.thread_tile) == \
+        (plan.version, plan.Br, plan.Bc, plan.thread_tile), alone
+    ob, lb = numbaflash.attention(qb, kb, vb, causal=True, return_lse=True)
     grads = numbaflash.attention_backward(db, qb, kb, vb, ob, lb, causal=True)
     same = {"out": np.array_equal(out[rows], np.swapaxes(ob[0], 0, 1)),
             "lse": np.array_equal(lse[:, rows], lb[0]),
@@ -544,8 +549,9 @@ for record in records:
 if not records:
     print("no lab record of packed batches on a GPU yet (lab/runs/*/*varlen*): run "
           "python -m numbaflash bench --inference and python scripts/varlen_gpu.py on one")
-print(f"what the bench times, per head dim and causal or not: {inference.PACKED_PASSES}, "
-      f"targets {inference.PACKED_TARGETS}")
+print(f"the bench times {' and '.join(inference.PACKED_PASSES)} per head dim, causal and not; "
+      f"target for fwd+bwd: {inference.PACKED_TARGETS['fwd+bwd']}, ratio = packed ms / "
+      f"padded ms")
 
 # %% [markdown]
 # Until then, section 1's count is the most that packing can save in score work, and
