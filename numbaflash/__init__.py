@@ -15,6 +15,7 @@ Public API:
     attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, ...)
                             -> its (dq, dk, dv), packed
     explain_varlen(...)     -> the Plan attention_varlen would run
+    explain_varlen_backward(...) -> the Plans attention_varlen_backward would run
     backend()               -> "gpu" or "simulator"
     dropout_mask(batch, heads, sq, sk, p, seed) -> the keep mask attention(...,
                                dropout_p=p, dropout_seed=seed) applies (NumPy bool)
@@ -30,10 +31,11 @@ from .kvcache import attention_with_kvcache, explain_kvcache
 from .kernels.plan import Plan, Plans
 from .policy import backend
 from .masks import CAUSAL_MODES
-from .varlen import attention_varlen, attention_varlen_backward, explain_varlen
+from .varlen import (attention_varlen, attention_varlen_backward, explain_varlen,
+                     explain_varlen_backward)
 
 __all__ = ["attention", "attention_backward", "attention_vjp", "explain", "explain_backward",
            "attention_with_kvcache", "explain_kvcache", "attention_varlen",
-           "attention_varlen_backward", "explain_varlen", "backend", "dropout_mask", "Plan",
-           "Plans", "CAUSAL_MODES", "reference", "tiled"]
+           "attention_varlen_backward", "explain_varlen", "explain_varlen_backward",
+           "backend", "dropout_mask", "Plan", "Plans", "CAUSAL_MODES", "reference", "tiled"]
 __version__ = "0.1.0"

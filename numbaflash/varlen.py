@@ -1,5 +1,5 @@
 """Packed batches of sequences of different lengths: ``attention_varlen``,
-``attention_varlen_backward`` and ``explain_varlen``.
+``attention_varlen_backward``, ``explain_varlen`` and ``explain_varlen_backward``.
 
 A batch of sequences of different lengths, padded to the longest, spends memory and
 work on the padding. Packed, the sequences lie back to back (flash-attention's varlen
@@ -155,6 +155,18 @@ def explain_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None,
     p, _ = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                max_seqlen_k, causal, scale, **variants)
     return plan_forward(p, version, tiles, where=backend)
+
+
+def explain_varlen_backward(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None,
+                            max_seqlen_k=None, causal=False, scale=None, version=None,
+                            tiles=None, backend=None, **variants):
+    """Validate like ``attention_varlen_backward`` and return the backward's ``Plans`` it
+    would run: the D kernel over the packed rows, then the dK/dV and dQ kernels on the
+    padded grid. (On a GPU the call also checks that the inputs are finite, as
+    ``attention_backward`` does; a plan cannot know that.)"""
+    p, _ = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                               max_seqlen_k, causal, scale, **variants)
+    return _packed_plans(plan_backward(p, version, tiles, where=backend), p, q.shape[0])
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None,

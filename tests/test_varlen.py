@@ -829,6 +829,27 @@ def test_explain_varlen_plan(no_launch):
     assert "packed sequences (varlen)" in str(plan)
 
 
+def test_explain_varlen_backward_plans(no_launch):
+    """The backward's plans: the D kernel over every packed row of each head, then the
+    dK/dV kernel on the padded grid of K/V tiles (ceil(max_k / Bc), B * Hkv) and the dQ
+    kernel on that of Q tiles (ceil(max_q / Br), B * Hq), the variant named; a forced
+    version and tiles are taken."""
+    case = fixed_case("float32", "variants")
+    args = (case.q, case.k, case.v, case.cu_q, case.cu_k)
+    Hkv = case.k.shape[1]
+    total_q = case.q.shape[0]
+    for plans in (numbaflash.explain_varlen_backward(*args, **case.options()),
+                  numbaflash.explain_varlen_backward(*args, **case.options(), backend="gpu"),
+                  numbaflash.explain_varlen_backward(*args, version="v1", tiles=(8, 8))):
+        d_plan, dkdv, dq = plans
+        assert d_plan.kernel == "backward_preprocess"
+        assert d_plan.grid == (math.ceil(total_q / d_plan.block[0]), case.Hq)
+        assert dkdv.grid == (math.ceil(max(case.lens_k) / dkdv.Bc), case.B * Hkv)
+        assert dq.grid == (math.ceil(max(case.lens_q) / dq.Br), case.B * case.Hq)
+        assert all("packed sequences (varlen)" in plan.variant for plan in (dkdv, dq))
+    assert plans[-1].version == "v1" and (plans[-1].Br, plans[-1].Bc) == (8, 8)
+
+
 # --- 8. max_seqlen larger than needed -----------------------------------------------------
 
 def test_larger_max_seqlen_gives_the_same_bits():
