@@ -9,6 +9,8 @@
 #   bash scripts/gpu_all.sh sanitize    # compute-sanitizer memcheck, racecheck, synccheck, initcheck
 #                                         (SANITIZER_TOOLS="memcheck racecheck" picks some)
 #   bash scripts/gpu_all.sh all         # the four above, each time-limited, logs packed in one file
+#   bash scripts/gpu_all.sh energy      # bench --energy: joules per call, numbaflash and SDPA, not
+#                                         part of "all" (needs pip install "numbaflash[energy]")
 #
 # Each part prints a short summary last. Needs a CUDA GPU, PyTorch, and numpy < 2.5.
 set -uo pipefail
@@ -76,6 +78,13 @@ variants)
         "${SANITIZER_TOOLS:-memcheck racecheck synccheck}" --variants || status=1
     exit "$status"
     ;;
+energy)
+    # The default shapes timed, then each timed call's energy from NVML's counter (windows
+    # of at least 2 s); arguments after "energy" go to the bench (e.g. --shapes).
+    python3 -m numbaflash bench --energy --repeats 5 --warmup 1 \
+        --json "$OUT/bench_energy.json" "${@:2}" 2>&1 | tee "$OUT/bench_energy.txt"
+    exit "${PIPESTATUS[0]}"
+    ;;
 sanitize)
     run_sanitizers "" sanitize "${SANITIZER_TOOLS:-memcheck racecheck synccheck initcheck}" \
         | tee "$OUT/sanitize_summary.txt"
@@ -105,7 +114,7 @@ all)
     exit $status
     ;;
 *)
-    echo "usage: bash scripts/gpu_all.sh tests|check|simgpu|sanitize|all" >&2
+    echo "usage: bash scripts/gpu_all.sh tests|check|simgpu|variants|energy|sanitize|all" >&2
     exit 2
     ;;
 esac

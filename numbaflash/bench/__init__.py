@@ -5,6 +5,7 @@
         --json bench.json --plot bench.png
     python -m numbaflash bench --variants         # the attention variants' speed targets
     python -m numbaflash bench --inference        # decoding and packed batches, their targets
+    python -m numbaflash bench --energy           # joules per call beside SDPA's (NVML)
 
 From Python: ``records = bench.run([(2, 16, 4096, 64)])``, then ``bench.format_table``,
 ``bench.save_json`` or ``bench.plot``. A result that disagrees with a float64 reference
@@ -27,6 +28,7 @@ The modules, in the order a run uses them:
     inference.py  run_inference: decoding against a KV cache (against SDPA and the HBM
                   copy bandwidth) and packed batches (against the same batch padded),
                   checked, then timed, with their targets; format_inference_table
+    energy.py     joules per call from the GPU's energy counter (NVML, the energy extra)
     command.py    the command line (add_arguments, cli)
     library.py    what the bench takes from the rest of numbaflash, imported in one place
 

@@ -2,19 +2,26 @@
 the parser; ``add_arguments`` adds the options and ``cli`` runs them). With
 ``--variants`` it runs the attention variants' table (``variants.run_variants``) instead
 of plain attention on shapes; with ``--inference``, decoding against a KV cache and packed
-batches (``inference.run_inference``). The two are exclusive.
+batches (``inference.run_inference``). The two are exclusive. With ``--energy`` the plain
+bench also measures joules per call of numbaflash and SDPA EFFICIENT from the GPU's energy
+counter (``energy.measure_energy``), after the timings; on a GPU only.
 
 Every bad value is refused before anything runs, with ``python -m numbaflash bench:
 error: ...`` and exit status 2: numbers that are not numbers, shapes numbaflash cannot
 run or the host cannot hold, a --json or --plot path in a folder that does not exist, an
-option that does not apply to --variants or --inference, or both of them at once.
+option that does not apply to --variants or --inference, or both of them at once;
+--energy where there is no energy counter to read (the simulator, no pynvml, a GPU
+without the counter).
 """
 
+import math
 import os
 import sys
 
 from .cases import (DTYPES, GPU_DEFAULT_SHAPES, PASSES, SIM_DEFAULT_SHAPES, _check_arguments,
                     check_host_memory, parse_shape)
+from .energy import (DEFAULT_MIN_SECONDS, SIMULATOR_MESSAGE, EnergyUnavailable,
+                     format_energy_table, measure_energy, open_meter)
 from .inference import (INFERENCE_DTYPES, _check_inference_arguments,
                         format_inference_table, run_inference, wrong_inference)
 from .library import FORWARD_VERSIONS, backend
@@ -88,6 +95,15 @@ def add_arguments(parser):
                         "checked, then timed, with its target (numbaflash/bench/"
                         "inference.py); takes --dtype, --repeats, --warmup, --no-sdpa, --json; "
                         "not with --variants")
+    parser.add_argument("--energy", action="store_true", help="also measure joules per call "
+                        "of numbaflash and SDPA EFFICIENT, and their ratio, from the GPU's "
+                        "energy counter (NVML; pip install numbaflash[energy]), after the "
+                        "timings: each call repeated over a window of counter updates "
+                        "(numbaflash/bench/energy.py); total board energy, the idle power "
+                        "shown beside it; on a GPU only, not with --variants or --inference")
+    parser.add_argument("--energy-seconds", type=float, metavar="S", help="with --energy: "
+                        f"each measured window's least duration (default "
+                        f"{DEFAULT_MIN_SECONDS:g})")
 
 
 def _header(sim, torch, no_sdpa, variants=False, inference=False):
@@ -197,6 +213,24 @@ def _cli_inference(args, fail, sim, torch):
     return 0
 
 
+def _energy_refusal(args, sim):
+    """Why ``--energy`` (or ``--energy-seconds``) cannot be taken, or None; before the
+    meter is opened."""
+    if args.energy_seconds is not None and not args.energy:
+        return "--energy-seconds: only with --energy"
+    if not args.energy:
+        return None
+    if args.variants or args.inference:
+        mode = "--variants" if args.variants else "--inference"
+        return f"--energy: not with {mode} (it measures the plain bench's cases)"
+    if sim:
+        return f"--energy: {SIMULATOR_MESSAGE}"
+    if args.energy_seconds is not None and not (math.isfinite(args.energy_seconds)
+                                                and args.energy_seconds > 0):
+        return f"--energy-seconds must be a number > 0; got {args.energy_seconds:g}"
+    return None
+
+
 def cli(args):
     """Run the bench subcommand; returns the exit status (0 ok, 1 a wrong result, 2 usage)."""
     def fail(message):
@@ -211,6 +245,9 @@ def cli(args):
     except RuntimeError as e:
         return fail(str(e))
     sim = where == "simulator"
+    refusal = _energy_refusal(args, sim)
+    if refusal:
+        return fail(refusal)
     torch = _torch_cuda()
     if args.variants:
         return _cli_variants(args, fail, sim, torch)
@@ -248,8 +285,28 @@ def cli(args):
                               backward="backward" in passes or "fwd+bwd" in passes)
     except ValueError as e:
         return fail(str(e))
+    meter = None
+    if args.energy:
+        try:
+            meter = open_meter()             # pynvml, NVML, the device, the counter: now
+        except EnergyUnavailable as e:
+            return fail(f"--energy: {e}")
+    try:
+        return _cli_plain(args, fail, sim, torch, shapes, causal, passes, versions, repeats,
+                          warmup, meter)
+    finally:
+        if meter is not None:
+            meter.close()
 
+
+def _cli_plain(args, fail, sim, torch, shapes, causal, passes, versions, repeats, warmup,
+               meter):
+    """The plain bench once its arguments are checked (and ``meter`` opened for --energy):
+    run, print, write."""
     env = _header(sim, torch, args.no_sdpa)
+    if meter is not None:
+        print(f"--energy: after the timings, joules per call from NVML's energy counter of "
+              f"{meter.name} (matched by {meter.matched_by}).")
     try:
         records = run(shapes, causal=causal, dtype=args.dtype, passes=passes,
                       versions=versions, repeats=repeats, warmup=warmup,
@@ -257,6 +314,13 @@ def cli(args):
     except MemoryError as e:
         return fail(f"out of host memory ({e}); give a smaller --shapes")
     print(format_table(records))
+    if meter is not None:
+        seconds = DEFAULT_MIN_SECONDS if args.energy_seconds is None else args.energy_seconds
+        try:
+            env["energy"] = measure_energy(records, meter, min_seconds=seconds)
+        except EnergyUnavailable as e:
+            return fail(f"--energy: {e}")
+        print(format_energy_table(records, env["energy"]))
     if args.json:
         save_json(records, args.json, meta=env)
         print(f"wrote {args.json}")
