@@ -3,7 +3,8 @@
 
 import numpy as np
 
-from . import arrays
+from . import arrays, dtypes
+from .kernels import backward, forward
 from .streams import DEFAULT, call_stream, wait_for
 from .launcher import launch_backward, launch_forward
 from .policy import backend, finite_inputs_plans, plan_backward, plan_forward
@@ -116,7 +117,8 @@ def attention(q, k, v, *, causal=False, scale=None, window_size=None, alibi_slop
             All three NumPy arrays (result on the host) or all device arrays: Numba device
             arrays or any object with ``__cuda_array_interface__`` such as CuPy arrays or
             PyTorch CUDA tensors (result is a Numba device array, no host round trip).
-            dtype float16 (computed in float32), float32 or float64; head dim 1..256.
+            dtype float16 or bfloat16 (``ml_dtypes.bfloat16``; both computed in float32),
+            float32 or float64; head dim 1..256.
         causal: False (no mask), True or "bottom_right" (flash-attention's alignment: the
             last query row sees all keys), or "top_left" (PyTorch's ``is_causal``).
         scale: softmax scale, default 1/sqrt(d). Must be finite.
@@ -125,8 +127,8 @@ def attention(q, k, v, *, causal=False, scale=None, window_size=None, alibi_slop
             register-blocked; "v5" v4 with dynamic shared memory for larger tiles, the
             default for plain attention in float32 and float16 with d <= 128 on the
             simulator; "v6" tensor cores with the splits done once; "v7"
-            float16 tensor cores for float16 inputs, the default on a GPU for
-            float16; "v8" v6 with the next chunk's scores computed during this chunk's
+            16-bit tensor cores for float16 and bfloat16 inputs, the default on a GPU
+            for them; "v8" v6 with the next chunk's scores computed during this chunk's
             softmax (v6's arithmetic reordered), the default on a GPU for float32 with
             d <= 64; "v9" v8 with the next K/V tile copied asynchronously (float32 only),
             the default on a GPU for float32 with 64 < d <= 128; docs/kernels.md); None
@@ -181,13 +183,16 @@ def attention(q, k, v, *, causal=False, scale=None, window_size=None, alibi_slop
         lse = arrays.filled(lse_shape, -np.inf, lse_dtype, host, s)
         return (out, lse) if return_lse else out
 
-    Q = arrays.as_kernel_array(q, (p.BH, p.Sq, p.d), "q", s)
-    K = arrays.as_kernel_array(k, (p.BHkv, p.Sk, p.d), "k", s)
-    V = arrays.as_kernel_array(v, (p.BHkv, p.Sk, p.d), "v", s)
-    O = arrays.device_empty((p.BH, p.Sq, p.d), p.dtype, s)
+    # bfloat16 on a version that computes in float32: float32 copies (numbaflash/dtypes.py)
+    widen = dtypes.widens(p, forward.module(plan.version))
+    Q = arrays.as_kernel_array(q, (p.BH, p.Sq, p.d), "q", s, widen)
+    K = arrays.as_kernel_array(k, (p.BHkv, p.Sk, p.d), "k", s, widen)
+    V = arrays.as_kernel_array(v, (p.BHkv, p.Sk, p.d), "v", s, widen)
+    O = arrays.device_empty((p.BH, p.Sq, p.d), dtypes.kernel_dtype(p.dtype, widen), s)
     L = arrays.device_empty((p.BH, p.Sq), lse_dtype, s)
-    launch_forward(plan, p, Q, K, V, O, L, *_variant_arrays(p, s), stream=s)
-    out = arrays.finish(O, out_shape, host, s)
+    launch_forward(plan, dtypes.kernel_problem(p, widen), Q, K, V, O, L,
+                   *_variant_arrays(p, s), stream=s)
+    out = arrays.finish(O, out_shape, host, s, p.dtype)
     if not return_lse:
         return out
     return out, arrays.finish(L, lse_shape, host, s)
@@ -286,28 +291,33 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, win
                 arrays.filled(k_shape, 0, p.dtype, host, s))
 
     acc = np.dtype(p.acc_dtype)
-    Q = arrays.as_kernel_array(q, (p.BH, p.Sq, p.d), "q", s)
-    K = arrays.as_kernel_array(k, (p.BHkv, p.Sk, p.d), "k", s)
-    V = arrays.as_kernel_array(v, (p.BHkv, p.Sk, p.d), "v", s)
-    O = arrays.as_kernel_array(out, (p.BH, p.Sq, p.d), "out", s)
-    dO = arrays.as_kernel_array(dout, (p.BH, p.Sq, p.d), "dout", s)
+    # bfloat16 on a version that computes in float32: float32 copies (numbaflash/dtypes.py)
+    widen = dtypes.widens(p, backward.module(plans[-1].version))
+    kp = dtypes.kernel_problem(p, widen)
+    Q = arrays.as_kernel_array(q, (p.BH, p.Sq, p.d), "q", s, widen)
+    K = arrays.as_kernel_array(k, (p.BHkv, p.Sk, p.d), "k", s, widen)
+    V = arrays.as_kernel_array(v, (p.BHkv, p.Sk, p.d), "v", s, widen)
+    O = arrays.as_kernel_array(out, (p.BH, p.Sq, p.d), "out", s, widen)
+    dO = arrays.as_kernel_array(dout, (p.BH, p.Sq, p.d), "dout", s, widen)
     L = arrays.as_kernel_array(lse, (p.BH, p.Sq), "lse", s)
     D = arrays.device_empty((p.BH, p.Sq), acc, s)         # scratch: D = rowsum(dO * O)
+    grad = dtypes.kernel_dtype(p.dtype, widen)
     if plans[-1].version == "v2":
         # v2 adds into dQ with atomics, so it starts from zeros (copied from the host:
         # v2 is a lesson, and this copy is one of its costs).
-        dQ = arrays.filled((p.BH, p.Sq, p.d), 0, p.dtype, False, s)
+        dQ = arrays.filled((p.BH, p.Sq, p.d), 0, grad, False, s)
     else:
-        dQ = arrays.device_empty((p.BH, p.Sq, p.d), p.dtype, s)
-    dK = arrays.device_empty((p.BHkv, p.Sk, p.d), p.dtype, s)
-    dV = arrays.device_empty((p.BHkv, p.Sk, p.d), p.dtype, s)
+        dQ = arrays.device_empty((p.BH, p.Sq, p.d), grad, s)
+    dK = arrays.device_empty((p.BHkv, p.Sk, p.d), grad, s)
+    dV = arrays.device_empty((p.BHkv, p.Sk, p.d), grad, s)
     # v5 and v6 (tensor cores) need finite inputs: checked here; v4 if not, or an error
     # if the caller asked for v5 or v6.
-    plans = finite_inputs_plans(plans, p, version is not None, Q, K, V, O, dO, L, s)
-    launch_backward(plans, p, Q, K, V, O, dO, L, D, dQ, dK, dV, *_variant_arrays(p, s),
+    plans = finite_inputs_plans(plans, kp, version is not None, Q, K, V, O, dO, L, s)
+    launch_backward(plans, kp, Q, K, V, O, dO, L, D, dQ, dK, dV, *_variant_arrays(p, s),
                     stream=s)
-    return (arrays.finish(dQ, q_shape, host, s), arrays.finish(dK, k_shape, host, s),
-            arrays.finish(dV, k_shape, host, s))
+    return (arrays.finish(dQ, q_shape, host, s, p.dtype),
+            arrays.finish(dK, k_shape, host, s, p.dtype),
+            arrays.finish(dV, k_shape, host, s, p.dtype))
 
 
 def attention_vjp(q, k, v, *, causal=False, scale=None, forward_version=None,

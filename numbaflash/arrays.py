@@ -14,6 +14,7 @@ import weakref
 import numpy as np
 from numba import cuda
 
+from . import dtypes
 from .kernels import simulating
 from .streams import DEFAULT, wait_for
 
@@ -37,24 +38,26 @@ def on_device(arrays):
     return kinds.pop()
 
 
-def as_kernel_array(x, shape3, name, stream=DEFAULT):
+def as_kernel_array(x, shape3, name, stream=DEFAULT, widen=False):
     """View x as a C-contiguous (BH, S, d) array the kernels can take, ready for work on
     ``stream`` (a streams.CallStream).
 
     Host arrays are copied to the device on ``stream`` (through np.ascontiguousarray if
     they are not C-contiguous); device arrays must already be C-contiguous (copying them
     silently would hide a cost), else ValueError. A device array produced on another
-    stream than ``stream`` is waited for (streams.wait_for).
+    stream than ``stream`` is waited for (streams.wait_for). bfloat16 arrives as its bits
+    (uint16), or as a float32 copy with ``widen`` (numbaflash/dtypes.py).
     """
     if not is_device_array(x):
-        return cuda.to_device(np.ascontiguousarray(x).reshape(shape3), stream=stream.numba)
+        a = dtypes.host_for_kernel(np.ascontiguousarray(x).reshape(shape3), widen)
+        return cuda.to_device(a, stream=stream.numba)
     wait_for(x, stream)
     if not hasattr(x, "copy_to_host"):      # CuPy, PyTorch, ...: wrap without a copy
         x = cuda.as_cuda_array(x, sync=False)
     if not x.is_c_contiguous():
         raise ValueError(f"{name} is a non-contiguous device array; numbaflash needs "
                          f"C-contiguous device inputs (make a contiguous copy first)")
-    return _view(x, shape3)
+    return dtypes.device_for_kernel(_view(x, shape3), widen, stream)
 
 
 def strided_view(x, name, stream=DEFAULT):
@@ -229,9 +232,13 @@ def device_empty(shape, dtype, stream=DEFAULT):
                          gpu_data=_pool(context).take(context, nbytes, stream.handle))
 
 
-def finish(x, shape, host, stream=DEFAULT):
+def finish(x, shape, host, stream=DEFAULT, dtype=None):
     """Give an output back in the caller's world: reshaped, on the host if inputs were
-    (copied on ``stream``, which is then waited for)."""
+    (copied on ``stream``, which is then waited for). With ``dtype`` bfloat16, x (its bits,
+    or float32 values from a kernel that computed in float32) becomes a bfloat16 array
+    (numbaflash/dtypes.py)."""
+    if dtype is not None and dtypes.is_bfloat16(dtype):
+        x = dtypes.device_as_bfloat16(x, stream)
     x = _view(x, shape)
     if not host:
         return x

@@ -21,6 +21,7 @@ from .launcher import _context_key, _placeholders, launch
 from .masks import band, parse_causal, parse_window
 from .policy import default_num_splits, where_to_plan
 from .streams import call_stream, wait_for
+from .dtypes import BFLOAT16
 from .validate import (GRID_Y_MAX, HEAD_DIM_MAX, SUPPORTED_DTYPES, _check_alibi,
                        _check_softcap, _shape_dtype, check_scale)
 
@@ -126,8 +127,12 @@ def check_kvcache_inputs(q, k_cache, v_cache, cache_seqlens, k=None, v=None, cau
         raise TypeError(f"q, the caches and the new k, v must have the same dtype; got "
                         + ", ".join(f"{n} {t}" for n, t in dtypes.items()))
     dtype = dtypes["q"]
+    if dtype == BFLOAT16:
+        raise TypeError("bfloat16 KV caches are not supported yet: the decoding kernel "
+                        "(kernels/decode/split_kv.py) reads float16, float32 and float64 "
+                        "caches; attention() and attention_varlen() take bfloat16")
     if dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"unsupported dtype {dtype}: numbaflash supports float16 (computed in "
+        raise TypeError(f"unsupported dtype {dtype}: the KV cache takes float16 (computed in "
                         f"float32), float32 and float64")
     if not 1 <= d <= HEAD_DIM_MAX:
         raise ValueError(f"head dim must be in 1..{HEAD_DIM_MAX}; got {d}")

@@ -18,7 +18,7 @@ from dataclasses import replace
 import numpy as np
 from numba import cuda
 
-from . import arrays
+from . import arrays, dtypes
 from .kernels import backward, forward, simulating
 from .kernels.backward.nonfinite import nonfinite_check
 from .kernels.decode.split_kv import rows_per_block
@@ -89,9 +89,9 @@ def default_forward_version(p, where):
     v6, v7, v9 = forward.module("v6"), forward.module("v7"), forward.module("v9")
     if (v7.refusal(p, where) is None and v7.tiles_within(p.d, limit) is not None
             and serves(forward, "v7", p)):
-        return "v7", ("v7 is the default in float16 with d <= "
-                      f"{v7.V7_MAX_HEAD_DIM} on a GPU: float16 products on the tensor cores "
-                      "(m16n8k16, float32 sums; P~ rounded to float16 for P~ V), NaN and inf "
+        return "v7", ("v7 is the default in float16 and bfloat16 with d <= "
+                      f"{v7.V7_MAX_HEAD_DIM} on a GPU: 16-bit products on the tensor cores "
+                      "(m16n8k16, float32 sums; P~ rounded to the input type for P~ V), NaN and inf "
                       "placed exactly as by v6, 2.2x-2.4x v6's speed on the H200"
                       + _variant_note(p))
     if v6.tiles_within(p.d, limit) is None:
@@ -171,6 +171,8 @@ def plan_forward(p, version=None, tiles=None, where=None):
         reason = f"{version} was asked for by the caller"
     else:
         raise ValueError(f"unknown forward version {version!r}; choose from {forward.VERSIONS}")
+    if dtypes.widens(p, forward.module(version)):
+        reason += dtypes.widen_reason(version)
     return forward.module(version).plan(p, where, tiles, reason)
 
 
@@ -186,6 +188,8 @@ def plan_backward(p, version=None, tiles=None, where=None):
     else:
         raise ValueError(f"unknown backward version {version!r}; choose from "
                          f"{backward.VERSIONS}")
+    if dtypes.widens(p, backward.module(version)):
+        reason += dtypes.widen_reason(version)
     preprocess = backward.module("preprocess").plan(p, where, version)
     return backward.module(version).plan(p, where, tiles, reason, preprocess)
 

@@ -16,10 +16,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .dropout import check_dropout
+from . import dtypes
+from .dtypes import INPUT_DTYPES
 from .kernels.variants import PLAIN, Variant
 from .masks import band, parse_causal, parse_window
 
-SUPPORTED_DTYPES = (np.float16, np.float32, np.float64)
+SUPPORTED_DTYPES = INPUT_DTYPES      # float16, bfloat16, float32, float64 (dtypes.py)
+DTYPES_TEXT = ("float16 and bfloat16 (computed in float32), float32 and float64")
+MASK_DTYPES = (np.float16, np.float32, np.float64)   # a float attn_mask (added to scores)
 # Largest head dim: each thread keeps its query row's output accumulator (d values) in
 # registers, and the versions that run every variant (forward v1 and v2, backward v1) keep
 # their K/V tiles (Bc x d each) in the 48 KB of static shared memory a block gets without
@@ -74,8 +78,8 @@ def _shape_dtype(x, name):
     try:
         dtype = np.dtype(str(dtype).replace("torch.", ""))
     except TypeError:
-        raise TypeError(f"unsupported dtype {dtype} for {name}: numbaflash supports float16 "
-                        f"(computed in float32), float32 and float64") from None
+        raise TypeError(f"unsupported dtype {dtype} for {name}: numbaflash supports "
+                        f"{DTYPES_TEXT}") from None
     return tuple(int(s) for s in shape), dtype
 
 
@@ -111,8 +115,7 @@ def check_attention_inputs(q, k, v, causal=False, scale=None, *, window_size=Non
     if not (qt == kt == vt):
         raise TypeError(f"q, k, v must have the same dtype; got {qt}, {kt}, {vt}")
     if qt not in SUPPORTED_DTYPES:
-        raise TypeError(f"unsupported dtype {qt}: numbaflash supports float16 (computed in "
-                        f"float32), float32 and float64")
+        raise TypeError(f"unsupported dtype {qt}: numbaflash supports {DTYPES_TEXT}")
     d = qs[-1]
     if d < 1:
         raise ValueError(f"head dim must be at least 1; got {d}")
@@ -205,7 +208,7 @@ def _check_attn_mask(mask, B, Hq, Sq, Sk):
     shape, dtype = _shape_dtype(mask, "attn_mask")
     if dtype == np.bool_:
         kind = "bool"
-    elif dtype in SUPPORTED_DTYPES:
+    elif dtype in MASK_DTYPES:
         kind = "bias"
     else:
         raise TypeError(f"attn_mask must be boolean (True: attend) or float (added to the "
@@ -377,7 +380,27 @@ def forward_memory(p, plan, inputs, host):
                       (p.BH * p.Sq + 2 * p.BHkv * p.Sk) * p.d * itemsize, "device"))
         parts.append(("out and lse copied to the host", out + lse, "host"))
         parts += _host_input_parts(inputs)
-    return parts + _variant_parts(p, plan)
+    return parts + _variant_parts(p, plan) + _widened_parts(
+        p, plan, host, inputs=p.BH * p.Sq + 2 * p.BHkv * p.Sk, outputs=p.BH * p.Sq)
+
+
+def _widened_parts(p, plan, host, inputs, outputs):
+    """The float32 copies of bfloat16 inputs (``inputs`` rows of d values) and outputs
+    (``outputs`` rows) on a version that computes in float32 (numbaflash/dtypes.py):
+    made on the host for host inputs, on the device otherwise; the outputs on the device."""
+    from .kernels import backward, forward
+
+    if plan is None:
+        return []
+    ladder = forward if plan.pass_name == "forward" else backward
+    if not dtypes.widens(p, ladder.module(plan.version)):
+        return []
+    parts = [("float32 copies of the bfloat16 inputs", inputs * p.d * 4,
+              "host" if host else "device"),
+             ("float32 outputs, rounded to bfloat16 after", outputs * p.d * 4, "device")]
+    if host:
+        parts.append(("device copies of the float32 inputs", inputs * p.d * 4, "device"))
+    return parts
 
 
 def backward_memory(p, plans, inputs, host):
@@ -399,7 +422,9 @@ def backward_memory(p, plans, inputs, host):
     if plans and plans[-1].version == "v2":
         parts.append(("the zeros v2's dq starts from", dq, "host"))
     tiled = [plan for plan in plans if plan.Br]
-    return parts + _variant_parts(p, tiled[0] if tiled else None)
+    return parts + _variant_parts(p, tiled[0] if tiled else None) + _widened_parts(
+        p, plans[-1] if plans else None, host, inputs=3 * p.BH * p.Sq + 2 * p.BHkv * p.Sk,
+        outputs=p.BH * p.Sq + 2 * p.BHkv * p.Sk)
 
 
 def _gib(n):

@@ -20,8 +20,9 @@ from dataclasses import replace
 import numpy as np
 from numba import cuda
 
-from . import arrays
+from . import arrays, dtypes
 from .api import _variant_arrays
+from .kernels import backward, forward
 from .kernels.backward import preprocess
 from .kernels.plan import Plans
 from .launcher import launch_backward, launch_forward
@@ -230,16 +231,18 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None,
         lse = arrays.filled(lse_shape, -np.inf, lse_dtype, host, s)
         return (out, lse) if return_lse else out
 
-    Q = arrays.as_kernel_array(q, q.shape, "q", s)
-    K = arrays.as_kernel_array(k, k.shape, "k", s)
-    V = arrays.as_kernel_array(v, v.shape, "v", s)
-    O = arrays.device_empty(out_shape, p.dtype, s)
+    # bfloat16 on a version that computes in float32: float32 copies (numbaflash/dtypes.py)
+    widen = dtypes.widens(p, forward.module(plan.version))
+    Q = arrays.as_kernel_array(q, q.shape, "q", s, widen)
+    K = arrays.as_kernel_array(k, k.shape, "k", s, widen)
+    V = arrays.as_kernel_array(v, v.shape, "v", s, widen)
+    O = arrays.device_empty(out_shape, dtypes.kernel_dtype(p.dtype, widen), s)
     L = arrays.device_empty(lse_shape, lse_dtype, s)
     first = arrays.heads_first
-    launch_forward(plan, p, first(Q), first(K), first(V), first(O), L,
-                   *_variant_arrays(p, s), stream=s,
+    launch_forward(plan, dtypes.kernel_problem(p, widen), first(Q), first(K), first(V),
+                   first(O), L, *_variant_arrays(p, s), stream=s,
                    seqs=cuda.to_device(seqs, stream=s.numba))
-    out = arrays.finish(O, out_shape, host, s)
+    out = arrays.finish(O, out_shape, host, s, p.dtype)
     return (out, arrays.finish(L, lse_shape, host, s)) if return_lse else out
 
 
@@ -288,26 +291,31 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
         return tuple(arrays.filled(shape, 0, p.dtype, host, s)
                      for shape in (q_shape, k_shape, k_shape))
 
-    Q = arrays.as_kernel_array(q, q_shape, "q", s)
-    K = arrays.as_kernel_array(k, k_shape, "k", s)
-    V = arrays.as_kernel_array(v, k_shape, "v", s)
-    O = arrays.as_kernel_array(out, q_shape, "out", s)
-    dO = arrays.as_kernel_array(dout, q_shape, "dout", s)
+    # bfloat16 on a version that computes in float32: float32 copies (numbaflash/dtypes.py)
+    widen = dtypes.widens(p, backward.module(plans[-1].version))
+    kp = dtypes.kernel_problem(p, widen)
+    Q = arrays.as_kernel_array(q, q_shape, "q", s, widen)
+    K = arrays.as_kernel_array(k, k_shape, "k", s, widen)
+    V = arrays.as_kernel_array(v, k_shape, "v", s, widen)
+    O = arrays.as_kernel_array(out, q_shape, "out", s, widen)
+    dO = arrays.as_kernel_array(dout, q_shape, "dout", s, widen)
     L = arrays.as_kernel_array(lse, (p.Hq, total_q), "lse", s)
     D = arrays.device_empty((p.Hq, total_q), np.dtype(p.acc_dtype), s)  # rowsum(dO * O)
+    grad = dtypes.kernel_dtype(p.dtype, widen)
     if plans[-1].version == "v2":
-        dQ = arrays.filled(q_shape, 0, p.dtype, False, s)      # v2 adds into dQ (atomics)
+        dQ = arrays.filled(q_shape, 0, grad, False, s)         # v2 adds into dQ (atomics)
     else:
-        dQ = arrays.device_empty(q_shape, p.dtype, s)
-    dK = arrays.device_empty(k_shape, p.dtype, s)
-    dV = arrays.device_empty(k_shape, p.dtype, s)
+        dQ = arrays.device_empty(q_shape, grad, s)
+    dK = arrays.device_empty(k_shape, grad, s)
+    dV = arrays.device_empty(k_shape, grad, s)
     # v5 and v6 (tensor cores) need finite inputs: checked on the packed arrays
-    checked = finite_inputs_plans(plans, p, version is not None, Q, K, V, O, dO, L, s)
+    checked = finite_inputs_plans(plans, kp, version is not None, Q, K, V, O, dO, L, s)
     if checked is not plans:
         plans = _packed_plans(checked, p, total_q)
     first = arrays.heads_first
-    launch_backward(plans, p, first(Q), first(K), first(V), first(O), first(dO), L, D,
+    launch_backward(plans, kp, first(Q), first(K), first(V), first(O), first(dO), L, D,
                     first(dQ), first(dK), first(dV), *_variant_arrays(p, s), stream=s,
                     seqs=cuda.to_device(seqs, stream=s.numba))
-    return (arrays.finish(dQ, q_shape, host, s), arrays.finish(dK, k_shape, host, s),
-            arrays.finish(dV, k_shape, host, s))
+    return (arrays.finish(dQ, q_shape, host, s, p.dtype),
+            arrays.finish(dK, k_shape, host, s, p.dtype),
+            arrays.finish(dV, k_shape, host, s, p.dtype))

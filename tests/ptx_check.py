@@ -565,8 +565,46 @@ def varlen_entries():
     return out
 
 
+def bfloat16_entries():
+    """The kernels bfloat16 inputs run (numbaflash/dtypes.py): forward v7 on the bfloat16
+    tensor cores, its arrays the values' bits (uint16), at d = 59 (padded to the mma's k),
+    64 and 128, full and causal; with the variants (GQA, window, softcap, ALiBi and
+    dropout) and on a packed batch's strided views; and the two conversion kernels of the
+    versions that compute in float32. None of them may use float64."""
+    import numpy as np
+    from numbaflash.kernels import halves
+    from numbaflash.kernels.variants import Variant
+    bits, f32 = np.dtype(np.uint16), np.dtype(np.float32)
+    fsig = forward_variant_signature(bits, f32)
+    out = []
+    for d in (59, 64, 128):
+        Br, Bc = F["v7"].tiles_within(d, DYNAMIC_SHARED_MEM_LIMIT)
+        for causal in (False, True):
+            tag = f"bfloat16-d{d}-{'causal' if causal else 'full'}"
+            out.append(Entry(f"forward_v7-{tag}-tiles{Br}x{Bc}", "bfloat16",
+                             lambda t=(Br, Bc), d=d, c=causal:
+                             F["v7"].make_forward_v7(*t, d, c, half="bfloat16"), fsig, True))
+    Br, Bc = F["v7"].tiles_within(128, DYNAMIC_SHARED_MEM_LIMIT)
+    every = Variant(window=True, softcap=True, alibi=True, dropout=True)
+    out.append(Entry(f"forward_v7-bfloat16-d128-causal-gqa-window-softcap-alibi-dropout-"
+                     f"tiles{Br}x{Bc}", "bfloat16",
+                     lambda t=(Br, Bc), v=every: F["v7"].make_forward_v7(
+                         *t, 128, True, variant=v, gqa=True, half="bfloat16"), fsig, True))
+    view = numba.types.Array(numba.from_dtype(bits), 3, "A")
+    vsig = (view,) * 4 + fsig[4:]
+    Br, Bc = F["v7"].tiles_within(64, DYNAMIC_SHARED_MEM_LIMIT)
+    out.append(Entry(f"forward_v7-bfloat16-varlen-causal-d64-gqa-tiles{Br}x{Bc}", "bfloat16",
+                     lambda t=(Br, Bc), v=Variant(varlen=True): F["v7"].make_forward_v7(
+                         *t, 64, True, variant=v, gqa=True, half="bfloat16"), vsig, True))
+    out.append(Entry("widen_to_float32-bfloat16", "bfloat16", lambda: halves.widen_to_float32,
+                     (array(bits, 1), array(f32, 1)), True))
+    out.append(Entry("narrow_from_float32-bfloat16", "bfloat16",
+                     lambda: halves.narrow_from_float32, (array(f32, 1), array(bits, 1)), True))
+    return out
+
+
 GROUPS = {"forward": forward_entries, "backward": backward_entries, "variants": variant_entries,
-          "decode": decode_entries, "varlen": varlen_entries}
+          "decode": decode_entries, "varlen": varlen_entries, "bfloat16": bfloat16_entries}
 
 
 F64_RE = re.compile(r"\.f64\b")

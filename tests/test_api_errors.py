@@ -101,7 +101,7 @@ def test_mismatched_dtypes():
 @pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint8, np.bool_, np.complex64])
 def test_unsupported_dtype(dtype):
     q, k, v = arrays(dtype=dtype)
-    raises(TypeError, r"unsupported dtype .*float16 \(computed in float32\), float32 and float64",
+    raises(TypeError, r"unsupported dtype .*float16 and bfloat16 \(computed in float32\), float32 and float64",
            q, k, v)
 
 
@@ -377,8 +377,8 @@ def test_v7_plans_float16_on_a_gpu_and_refuses_the_rest(monkeypatch):
         q32, k32, v32 = arrays((2, 5, d), (2, 6, d))    # and for float32 still v8 / v9
         assert numbaflash.explain(q32, k32, v32).version == ("v8" if d <= 64 else "v9")
     q, k, v = arrays((2, 5, 64), (2, 6, 64))
-    raises(ValueError, r"v7 multiplies float16 inputs .*float32 inputs run on v8", q, k, v,
-           version="v7")
+    raises(ValueError, r"v7 multiplies float16 and bfloat16 inputs .*float32 inputs run on v8",
+           q, k, v, version="v7")
     q, k, v = arrays((2, 5, 136), (2, 6, 136), dtype=np.float16)
     raises(ValueError, r"head dims up to 128", q, k, v, version="v7")
     q, k, v = arrays((2, 5, 64), (2, 6, 64), dtype=np.float16)

@@ -47,10 +47,11 @@ def test_flops_count_visible_pairs_when_causal_lengths_differ():
         bench.flops(1, 1, 4, 4, 4, False, "sideways")
 
 
-def test_sdpa_flash_is_timed_for_float16_only():
+def test_sdpa_flash_is_timed_for_16_bit_inputs_only():
     # SDPA's FLASH backend has no float32 or float64 kernel: asking it would only record
     # an error for every float32 case.
     assert bench.sdpa_impls("float16") == ("sdpa_efficient", "sdpa_math", "sdpa_flash")
+    assert bench.sdpa_impls("bfloat16") == ("sdpa_efficient", "sdpa_math", "sdpa_flash")
     assert bench.sdpa_impls("float32") == ("sdpa_efficient", "sdpa_math")
     assert bench.sdpa_impls("float64") == ("sdpa_efficient", "sdpa_math")
 
@@ -146,6 +147,18 @@ def test_versions_and_fully_masked_rows():
     # v3 (tensor cores) runs on every backend, the simulator included (kernels/simulated.py)
     assert by_impl["numbaflash_v3"]["ok"] is True
     assert by_impl["numbaflash_v3"]["kernel"] == "forward_v3"
+    assert not bench.wrong_results(records)
+
+
+def test_bfloat16_is_checked_then_timed():
+    # bfloat16 inputs (ml_dtypes): checked against the float64 reference with a bfloat16
+    # baseline, then timed, forward and backward; v7 (the GPU's default) asked for too.
+    records = bench.run([(1, 1, 24, 20, 16)], causal=True, dtype="bfloat16",
+                        passes=("forward", "backward"), versions=(None, "v7"), repeats=1,
+                        warmup=0, sdpa=False, progress=False)
+    by = {(r["what"], r["impl"]): r for r in records}
+    assert by[("forward", "numbaflash_v7")]["kernel"] == "forward_v7"
+    assert all(r["ok"] is True and r["dtype"] == "bfloat16" for r in records), records
     assert not bench.wrong_results(records)
 
 

@@ -9,15 +9,15 @@ import numpy as np
 from .library import FORWARD_VERSIONS, explain
 
 PASSES = ("forward", "backward", "fwd+bwd")
-DTYPES = ("float16", "float32", "float64")
+DTYPES = ("float16", "bfloat16", "float32", "float64")
 SDPA_IMPLS = ("sdpa_efficient", "sdpa_math", "sdpa_flash")
-# SDPA's FLASH backend has kernels for float16 (and bfloat16) only: timed for those inputs.
-SDPA_FLASH_DTYPES = ("float16",)
+# SDPA's FLASH backend has kernels for float16 and bfloat16 only: timed for those inputs.
+SDPA_FLASH_DTYPES = ("float16", "bfloat16")
 
 
 def sdpa_impls(dtype):
     """The SDPA backends timed for inputs of ``dtype``: EFFICIENT and MATH, and FLASH for
-    float16."""
+    float16 and bfloat16."""
     return tuple(impl for impl in SDPA_IMPLS
                  if impl != "sdpa_flash" or dtype in SDPA_FLASH_DTYPES)
 

@@ -68,7 +68,8 @@ def add_arguments(parser):
                         help="causal mask (bottom-right; default both)")
     parser.add_argument("--dtype", default="float32", choices=DTYPES,
                         help="inputs' dtype (default float32; --variants, --inference: "
-                        "float32 or float16)")
+                        "float32 or float16; bfloat16 needs ml_dtypes, which numbaflash "
+                        "installs)")
     parser.add_argument("--passes",
                         help=f"comma-separated subset of {','.join(PASSES)} (default all)")
     parser.add_argument("--versions",

@@ -106,7 +106,13 @@ def _make_inputs(torch, shape, dtype, seed):
         tdtype = getattr(torch, dtype)
         tensors = {n: torch.randn(s, device="cuda", dtype=tdtype, generator=g)
                    for n, s in sizes.items()}
-        device = {n: cuda.as_cuda_array(t) for n, t in tensors.items()}
+        if tdtype == torch.bfloat16:
+            # PyTorch exports no bfloat16 through the CUDA Array Interface: its bits as
+            # int16, viewed as bfloat16 on Numba's side (numbaflash/dtypes.py)
+            device = {n: cuda.as_cuda_array(t.view(torch.int16)).view(dtype)
+                      for n, t in tensors.items()}
+        else:
+            device = {n: cuda.as_cuda_array(t) for n, t in tensors.items()}
         return None, tensors, device
     rng = np.random.default_rng(seed)
     host = {n: rng.standard_normal(s).astype(dtype) for n, s in sizes.items()}

@@ -36,8 +36,20 @@ in float32, 16 products deep:
                     two float32 values rounded to float16 (to nearest even) and packed
                     into one 32-bit word, ``lo`` in the low half: ``cvt.rn.f16x2.f32``.
     load_b32(A, n)  the 32-bit word holding A[n] and A[n + 1] of a 1D float16 array (a
-                    shared tile), in one 4-byte load; n must be even and A's data 4-byte
-                    aligned. No bounds check.
+                    shared tile; or a uint16 array of bfloat16 bits), in one 4-byte load;
+                    n must be even and A's data 4-byte aligned. No bounds check.
+
+bfloat16 (8 significant bits, float32's exponent range) has the same fragment layout and
+its own instructions; Numba has no bfloat16 type, so its values travel as their 16 bits
+(uint16, kernels/halves.py):
+
+    mma_bf16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3) -> (d0, d1, d2, d3)
+                    as mma_f16, each word two bfloat16 values:
+                    ``mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32``.
+    pack_bf16x2(lo, hi) -> word
+                    as pack_f16x2, to bfloat16 (to nearest even): ``cvt.rn.bf16x2.f32``.
+    f32_bits(x) -> uint32, f32_from_bits(u) -> float32
+                    a float32's bits and back, unchanged (an LLVM bitcast, no instruction).
 
 Fragment layout of m16n8k16 with float16 A and B (PTX ISA, "Matrix Fragments for
 mma.m16n8k16", .f16), g and t as above, each word two neighbours of a row of A or of a
@@ -178,9 +190,67 @@ def pack_f16x2(typingctx, lo, hi):
 
 
 @intrinsic
+def mma_bf16(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    """(d0, d1, d2, d3) = A B + C for one m16n8k16 bfloat16 tile; see the module docstring."""
+    f32, u32 = types.float32, types.uint32
+    sig = types.UniTuple(f32, 4)(u32, u32, u32, u32, u32, u32, f32, f32, f32, f32)
+
+    def codegen(context, builder, sig, args):
+        fnty = ir.FunctionType(ir.LiteralStructType([_F32] * 4), [_I32] * 6 + [_F32] * 4)
+        mma = ir.InlineAsm(
+            fnty,
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+            "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
+            "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f")
+        res = builder.call(mma, list(args))
+        vals = [builder.extract_value(res, i) for i in range(4)]
+        return context.make_tuple(builder, sig.return_type, vals)
+
+    return sig, codegen
+
+
+@intrinsic
+def pack_bf16x2(typingctx, lo, hi):
+    """lo and hi rounded to bfloat16 and packed into one word, lo in the low half."""
+    sig = types.uint32(types.float32, types.float32)
+
+    def codegen(context, builder, sig, args):
+        # PTX puts its first source operand in the upper half.
+        cvt = ir.InlineAsm(ir.FunctionType(_I32, [_F32, _F32]),
+                           "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f")
+        return builder.call(cvt, [args[1], args[0]])
+
+    return sig, codegen
+
+
+@intrinsic
+def f32_bits(typingctx, x):
+    """The bits of the float32 x, as a uint32."""
+    sig = types.uint32(types.float32)
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], _I32)
+
+    return sig, codegen
+
+
+@intrinsic
+def f32_from_bits(typingctx, u):
+    """The float32 whose bits are the uint32 u."""
+    sig = types.float32(types.uint32)
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], _F32)
+
+    return sig, codegen
+
+
+@intrinsic
 def load_b32(typingctx, A, n):
-    """The word holding A[n] and A[n + 1] of a 1D float16 array (module docstring)."""
-    if not (isinstance(A, types.Array) and A.dtype == types.float16 and A.ndim == 1
+    """The word holding A[n] and A[n + 1] of a 1D float16 (or uint16) array (module
+    docstring)."""
+    if not (isinstance(A, types.Array) and A.dtype in (types.float16, types.uint16)
+            and A.ndim == 1
             and isinstance(n, types.Integer)):
         return None
     sig = types.uint32(A, n)
@@ -332,5 +402,6 @@ if simulating():
     # The simulator has no inline PTX: it runs kernels/simulated.py's stand-ins, with
     # the same names and semantics (the device functions above call them there).
     from .simulated import (  # noqa: E402,F811
-        cp_async, cp_async_wait_all, flat_load, load_b32, load_pair, mma_f16, mma_tf32,
-        pack_f16x2, store_pair, tf32_round, tf32_round_finite)
+        cp_async, cp_async_wait_all, f32_bits, f32_from_bits, flat_load, load_b32, load_pair,
+        mma_bf16, mma_f16, mma_tf32, pack_bf16x2, pack_f16x2, store_pair, tf32_round,
+        tf32_round_finite)

@@ -436,6 +436,30 @@ def pack_f16x2(lo, hi):
     return np.uint32(halves.view(np.uint32)[0])
 
 
+def f32_bits(x):
+    """The bits of the float32 x, as a uint32."""
+    return np.uint32(_bits(x))
+
+
+def f32_from_bits(u):
+    """The float32 whose bits are the uint32 u."""
+    return np.float32(_from_bits(u))
+
+
+def _bfloat16_bits(x):
+    """x (float32) to bfloat16 (to nearest even) as its 16 bits: the rule of
+    ``cvt.rn.bf16.f32`` and of kernels/halves.py (a NaN stays a quiet NaN)."""
+    u = int(_bits(x))
+    if np.isnan(np.float32(x)):
+        return (u >> 16) | 0x40
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF
+
+
+def pack_bf16x2(lo, hi):
+    """``cvt.rn.bf16x2.f32``: lo and hi to bfloat16 (to nearest even), lo in the low half."""
+    return np.uint32(_bfloat16_bits(lo) | (_bfloat16_bits(hi) << 16))
+
+
 # --- the tensor cores ----------------------------------------------------------------
 
 
@@ -461,6 +485,12 @@ def mma_f16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
     return exchange((a0, a1, a2, a3, b0, b1, c0, c1, c2, c3), _mma_f16_warp)
 
 
+def mma_bf16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    """``mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32`` (as mma_f16; each word two
+    bfloat16 neighbours): this lane's (d0, d1, d2, d3)."""
+    return exchange((a0, a1, a2, a3, b0, b1, c0, c1, c2, c3), _mma_bf16_warp)
+
+
 def _tf32_operands(x):
     """What the tensor cores read of 32-bit operand registers: their top 19 bits."""
     bits = np.asarray(x, np.float32).view(np.uint32) & np.uint32(0xFFFFE000)
@@ -477,9 +507,9 @@ def _mma_tf32_warp(slots):
     return _d_of_lanes(A, B, regs[:, 6:])
 
 
-def _mma_f16_warp(slots):
+def _mma_f16_warp(slots, half=np.float16):
     words = np.array([s[:6] for s in slots], np.uint32)     # (lane, register)
-    halves = words.view(np.float16).astype(np.float64)      # (lane, 12): low half first
+    halves = _halves_of(words, half)                        # (lane, 12): low half first
     A = np.empty((16, 16))
     B = np.empty((16, 8))
     for k in (0, 1):
@@ -487,6 +517,19 @@ def _mma_f16_warp(slots):
         A[_G, 2 * _T + 8 + k], A[_G + 8, 2 * _T + 8 + k] = halves[:, 4 + k], halves[:, 6 + k]
         B[2 * _T + k, _G], B[2 * _T + 8 + k, _G] = halves[:, 8 + k], halves[:, 10 + k]
     return _d_of_lanes(A, B, np.array([s[6:] for s in slots], np.float32))
+
+
+def _mma_bf16_warp(slots):
+    return _mma_f16_warp(slots, "bfloat16")
+
+
+def _halves_of(words, half):
+    """The 16-bit values of 32-bit words, low half first, as float64: float16 values, or
+    bfloat16 bits (the upper half of a float32)."""
+    bits = words.view(np.uint16)
+    if half == "bfloat16":
+        return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32).astype(np.float64)
+    return bits.view(np.float16).astype(np.float64)
 
 
 def _d_of_lanes(A, B, C):
@@ -525,8 +568,9 @@ def store_pair(A, n, x, y):
 
 
 def load_b32(A, n):
-    """The 32-bit word holding A[n] (low half) and A[n + 1] of a 1D float16 array."""
-    return np.uint32(np.array([A[n], A[n + 1]], np.float16).view(np.uint32)[0])
+    """The 32-bit word holding A[n] (low half) and A[n + 1] of a 1D float16 (or uint16)
+    array."""
+    return np.uint32(np.array([A[n], A[n + 1]], A.dtype).view(np.uint32)[0])
 
 
 def cp_async(S, n, A, m):

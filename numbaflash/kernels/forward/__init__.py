@@ -16,10 +16,10 @@ The ladder, by lineage: each file says its parent, what it changes and what that
        └─ v6_split_once      each K/V element split once as staged; exact for every input
           ├─ v8_reordered    the next chunk's scores before this chunk's softmax
           │  └─ v9_async_copy  the next K/V tile copied by cp.async (float32)
-          └─ v7_float16      float16 inputs on the float16 tensor cores (m16n8k16)
+          └─ v7_float16      float16 and bfloat16 inputs on the 16-bit tensor cores (m16n8k16)
 
 Defaults (numbaflash/policy.py decides, and explain() says why), variants or not: v2 in
-float64 and at d > 128; on a GPU v7 for float16 inputs, v8 for float32 at d <= 64 and v9 at
+float64 and at d > 128; on a GPU v7 for float16 and bfloat16 inputs, v8 for float32 at d <= 64 and v9 at
 64 < d <= 128; on the simulator, which cannot run the tensor-core versions, v5.
 
 Building blocks: ``mma_rows`` (the per-row steps on mma fragments: the online softmax,

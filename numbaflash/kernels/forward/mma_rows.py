@@ -20,6 +20,7 @@ from collections import namedtuple
 from numba import cuda
 
 from .. import acc_type
+from ..halves import make_halves
 from ..smem import U
 from ..variants import PLAIN, make_dropout, make_variant_functions
 from ..warp import FULL_WARP, quad_max, quad_sum
@@ -29,8 +30,14 @@ MmaRowSteps = namedtuple("MmaRowSteps", "finite whole_tile add_nonfinite_scores 
                          "drop add_nonfinite_values write_rows")
 
 
+@cuda.jit(device=True, inline=True)
+def _as_it_is(x):
+    """A float32 result for an output array of float32 or float16 (the store converts)."""
+    return x
+
+
 @functools.lru_cache(maxsize=None)
-def make_mma_row_steps(d, causal, chunk, o_tiles, variant=PLAIN):
+def make_mma_row_steps(d, causal, chunk, o_tiles, variant=PLAIN, half=None):
     """The steps forward v6 to v9 share, as inlined device functions: everything in their
     chunk loop and after it except the two matrix products and the staging (v3 takes
     write_rows only). Both keep a
@@ -55,10 +62,18 @@ def make_mma_row_steps(d, causal, chunk, o_tiles, variant=PLAIN):
     (``kept_rows``, shared by the lanes of a pair), on every tile (whole ones too);
     write_rows multiplies O by keep_scale.
 
+    ``half``: the name of the 16-bit input type of v7 ("float16" or "bfloat16",
+    kernels/halves.py), whose widen reads Q, K, V here and whose narrow rounds O; None
+    for float32 inputs (and float16 read as Numba's float16, the same code as "float16").
+
     Returns a MmaRowSteps (finite, whole_tile, add_nonfinite_scores, softmax_step, drop,
     add_nonfinite_values, write_rows); each says what it does. The non-finite fix-ups are
     described in make_forward_v6."""
     acc = acc_type("float32")
+    if half is None:
+        widen, narrow = acc, _as_it_is
+    else:
+        widen, narrow = make_halves(half).widen, make_halves(half).narrow
     ZERO = acc(0)
     ONE = acc(1)
     NEG_INF = acc(-math.inf)
@@ -102,8 +117,8 @@ def make_mma_row_steps(d, causal, chunk, o_tiles, variant=PLAIN):
         if row < Sq and col < Sk:
             k = 0
             while k < d:
-                q = acc(Q[U(bh), U(row), U(k)])
-                kk = acc(K[U(bh_kv), U(col), U(k)])
+                q = widen(Q[U(bh), U(row), U(k)])
+                kk = widen(K[U(bh_kv), U(col), U(k)])
                 if not (finite(q) and finite(kk)):
                     x += q * kk
                 k += 1
@@ -240,7 +255,7 @@ def make_mma_row_steps(d, causal, chunk, o_tiles, variant=PLAIN):
                     for h in range(2):
                         k = nd * 8 + 2 * t + h
                         if k < d:
-                            v = acc(V[U(bh_kv), U(col), U(k)])
+                            v = widen(V[U(bh_kv), U(col), U(k)])
                             if not finite(v):
                                 if sees0:
                                     o[nd * 4 + h] += p0 * v
@@ -261,16 +276,18 @@ def make_mma_row_steps(d, causal, chunk, o_tiles, variant=PLAIN):
                 if col < d:
                     if DROPOUT:
                         if row0 < Sq:
-                            O[bh, row0, col] = (ZERO if l0 == ZERO
-                                                else o[nd * 4 + h] / l0 * keep_scale)
+                            O[bh, row0, col] = narrow(ZERO if l0 == ZERO
+                                                      else o[nd * 4 + h] / l0 * keep_scale)
                         if row1 < Sq:
-                            O[bh, row1, col] = (ZERO if l1 == ZERO
-                                                else o[nd * 4 + 2 + h] / l1 * keep_scale)
+                            O[bh, row1, col] = narrow(ZERO if l1 == ZERO
+                                                      else o[nd * 4 + 2 + h] / l1 * keep_scale)
                     else:
                         if row0 < Sq:
-                            O[bh, row0, col] = ZERO if l0 == ZERO else o[nd * 4 + h] / l0
+                            O[bh, row0, col] = narrow(ZERO if l0 == ZERO
+                                                      else o[nd * 4 + h] / l0)
                         if row1 < Sq:
-                            O[bh, row1, col] = ZERO if l1 == ZERO else o[nd * 4 + 2 + h] / l1
+                            O[bh, row1, col] = narrow(ZERO if l1 == ZERO
+                                                      else o[nd * 4 + 2 + h] / l1)
         if t == 0:
             if row0 < Sq:
                 L[bh, row0] = NEG_INF if l0 == ZERO else m0 + math.log(l0)

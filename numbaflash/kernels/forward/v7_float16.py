@@ -1,4 +1,4 @@
-"""Forward v7: v6 on the float16 tensor cores (m16n8k16).
+"""Forward v7: v6 on the 16-bit tensor cores (m16n8k16), float16 and bfloat16.
 
 Parent: v6 (v6_split_once.py). A float16 value has 11 significant bits, so the tensor
 cores' float16 mma (m16n8k16) multiplies two of them exactly and sums in float32: one
@@ -13,10 +13,13 @@ inputs; d = 128, 5.34 ms against 12.86 (lab/runs/2026-12-01/43_v7_sweep.txt). SD
 float16 EFFICIENT kernel is still 2x to 3x faster (0.468x at d = 64,
 lab/runs/2026-12-01/44_bench_f16.txt).
 
+bfloat16 (make_forward_v7's ``half``): the same kernel on bfloat16's mma, its arrays the
+values' bits (kernels/halves.py, numbaflash/dtypes.py); not timed on a GPU yet.
+
 Inline PTX and warp shuffles on a GPU; on the simulator kernels/simulated.py's stand-ins
-(the default there stays v5). Float16 inputs, d <= 128; takes every variant, as v6 does
-(kernels/variants.py; make_forward_v6 says how): the default for plain float16 attention
-on a GPU.
+(the default there stays v5). float16 and bfloat16 inputs, d <= 128; takes every
+variant, as v6 does (kernels/variants.py; make_forward_v6 says how): the default for
+float16 and bfloat16 attention on a GPU.
 """
 
 import functools
@@ -30,6 +33,7 @@ from ..bands import make_kv_tile_range
 from ..plan import (
     TILE_TABLE_REASON, Plan, check_warp_tiles, device_dynamic_shared_limit, variant_description
 )
+from ..halves import NAMES, make_halves
 from ..sequences import make_sequences
 from ..smem import U
 from ..variants import PLAIN
@@ -74,8 +78,8 @@ def v7_staging_width(d):
 
 @functools.lru_cache(maxsize=None)
 def make_forward_v7(Br, Bc, d, causal, chunk=V7_CHUNK, variant=PLAIN,
-                    gqa=False):
-    """v7: float16 inputs on the float16 tensor cores (float32 sums, d <= 128).
+                    gqa=False, half="float16"):
+    """v7: float16 or bfloat16 inputs on the 16-bit tensor cores (float32 sums, d <= 128).
     On the simulator kernels/simulated.py's stand-ins (the default there stays v5).
 
     v6 multiplies float32 values to float32 accuracy with three TF32 products (3xTF32).
@@ -113,12 +117,21 @@ def make_forward_v7(Br, Bc, d, causal, chunk=V7_CHUNK, variant=PLAIN,
     make_mma_row_steps, on the float32 scores before P~ is rounded to float16; ``gqa`` as
     there); with ``PLAIN`` the plain kernel, bit for bit.
 
+    ``half``: "float16", or "bfloat16" (kernels/halves.py): the same kernel on bfloat16's
+    mma (``mma.sync...bf16``), its arrays and tiles the values' bits (uint16), P~ rounded
+    to bfloat16 (8 significant bits: a relative error of at most 2^-8 per term) and O
+    rounded to bfloat16 on the bits, as the simulator does too.
+
     Launch: grid (ceil(Sq / Br), BH), block (2 * Br,): Br / 16 warps of 16 query rows, and
     ``v7_shared_layout(Bc, d).END * 2`` bytes of dynamic shared memory.
     """
-    from numba.types import float16, uint32
+    from numba.types import uint32
 
-    from ..ptx import flat_load, load_b32, mma_f16, pack_f16x2  # inline PTX (simulator: simulated.py)
+    from ..ptx import flat_load, load_b32  # inline PTX (simulator: simulated.py)
+
+    halves = make_halves(half)
+    HALF = halves.storage                   # float16, or uint16 holding bfloat16 bits
+    widen, narrow, pack2, mma = halves.widen, halves.narrow, halves.pack2, halves.mma
 
     acc = acc_type("float32")
     ZERO = acc(0)
@@ -142,7 +155,7 @@ def make_forward_v7(Br, Bc, d, causal, chunk=V7_CHUNK, variant=PLAIN,
     TILE_TABLE = variant.tile_table
     GQA = gqa
     kv_tile_range = make_kv_tile_range(Br, Bc, causal, variant.window)
-    rows = make_mma_row_steps(d, causal, CHUNK, ND, variant)
+    rows = make_mma_row_steps(d, causal, CHUNK, ND, variant, half)
     finite, add_nonfinite_scores = rows.finite, rows.add_nonfinite_scores
     softmax_step, add_nonfinite_values = rows.softmax_step, rows.add_nonfinite_values
     write_rows, whole_tile_seen = rows.write_rows, rows.whole_tile
@@ -152,7 +165,7 @@ def make_forward_v7(Br, Bc, d, causal, chunk=V7_CHUNK, variant=PLAIN,
     def q_value(Q, bh, r, k, Sq, bad):
         """Q[bh, r, k] as float32, 0 past the rows or the head dim, and 0 if not finite
         (then bad[0] is set)."""
-        x = acc(Q[U(bh), U(r), U(k)]) if r < Sq and k < d else ZERO
+        x = widen(Q[U(bh), U(r), U(k)]) if r < Sq and k < d else ZERO
         if not finite(x):
             bad[0] = 1
             x = ZERO
@@ -194,19 +207,19 @@ def make_forward_v7(Br, Bc, d, causal, chunk=V7_CHUNK, variant=PLAIN,
         k_load = min(k_own, d - 1)              # a column inside the arrays
         row0 = i * Br + r0
         row1 = row0 + 8
-        HZERO = float16(ZERO)       # (a float16 constant from outside is invalid NVVM IR)
+        HZERO = narrow(ZERO)        # (a float16 constant from outside is invalid NVVM IR)
 
         # The block's dynamic shared memory, cut into the tiles (v7_shared_layout).
-        smem = cuda.shared.array(0, float16, alignment=16)
+        smem = cuda.shared.array(0, HALF, alignment=16)
         KH = smem[0:VT_AT]                      # Kj, rows of K_ROW halves
         VT = smem[VT_AT:END]                    # Vj transposed, rows of V_ROW halves
         bad = cuda.shared.array(3, int32)       # non-finite inputs staged as 0 (as v6)
-        q = cuda.local.array(Q_WORDS, uint32)   # Q's A fragments, two float16 a word
+        q = cuda.local.array(Q_WORDS, uint32)   # Q's A fragments, two halves a word
         o = cuda.local.array(O_FRAGS, acc)      # O fragments
         s = cuda.local.array(S_FRAGS, acc)      # S, then P~, fragments of a chunk
         p = cuda.local.array(P_WORDS, uint32)    # P~ as the A fragments of P~ Vj
-        kx = cuda.local.array(V7_LOAD_BATCH, float16)   # K and V elements in flight
-        vx = cuda.local.array(V7_LOAD_BATCH, float16)
+        kx = cuda.local.array(V7_LOAD_BATCH, HALF)      # K and V elements in flight
+        vx = cuda.local.array(V7_LOAD_BATCH, HALF)
 
         if tid == 0:
             bad[0] = 0
@@ -220,8 +233,8 @@ def make_forward_v7(Br, Bc, d, causal, chunk=V7_CHUNK, variant=PLAIN,
             for w in range(4):
                 row = row0 + 8 * (w % 2)
                 col = ks * 16 + 2 * t + 8 * (w // 2)
-                q[ks * 4 + w] = pack_f16x2(q_value(Q, bh, row, col, Sq, bad),
-                                           q_value(Q, bh, row, col + 1, Sq, bad))
+                q[ks * 4 + w] = pack2(q_value(Q, bh, row, col, Sq, bad),
+                                      q_value(Q, bh, row, col + 1, Sq, bad))
         for x in range(O_FRAGS):
             o[x] = ZERO
         m0 = NEG_INF            # running max of row0 and row1 (the same in all 4 lanes)
@@ -258,12 +271,12 @@ def make_forward_v7(Br, Bc, d, causal, chunk=V7_CHUNK, variant=PLAIN,
                         r = c + u * RSTEP
                         if r < Bc:
                             kv = kx[u]
-                            if not finite(acc(kv)):
+                            if not finite(widen(kv)):
                                 cuda.atomic.max(bad, 1, mark)
                                 kv = HZERO
                             KH[U(r * K_ROW + k_own)] = kv
                             vv = vx[u]
-                            if not finite(acc(vv)):
+                            if not finite(widen(vv)):
                                 cuda.atomic.max(bad, 2, mark)
                                 vv = HZERO
                             VT[U(k_own * V_ROW + r)] = vv
@@ -283,10 +296,10 @@ def make_forward_v7(Br, Bc, d, causal, chunk=V7_CHUNK, variant=PLAIN,
                     acc4 = (ZERO, ZERO, ZERO, ZERO)
                     kr = (key0 + nt * 8 + g) * K_ROW + 2 * t    # B[k, n] = Kj[n, k]
                     for ks in range(KS):
-                        acc4 = mma_f16(q[ks * 4], q[ks * 4 + 1], q[ks * 4 + 2], q[ks * 4 + 3],
-                                       load_b32(KH, U(kr + 16 * ks)),         # Kj[g, 16ks + 2t:]
-                                       load_b32(KH, U(kr + 16 * ks + 8)),     # Kj[g, ... + 8:]
-                                       acc4[0], acc4[1], acc4[2], acc4[3])
+                        acc4 = mma(q[ks * 4], q[ks * 4 + 1], q[ks * 4 + 2], q[ks * 4 + 3],
+                                   load_b32(KH, U(kr + 16 * ks)),         # Kj[g, 16ks + 2t:]
+                                   load_b32(KH, U(kr + 16 * ks + 8)),     # Kj[g, ... + 8:]
+                                   acc4[0], acc4[1], acc4[2], acc4[3])
                     for x in range(4):
                         s[nt * 4 + x] = acc4[x]
                 if fix_scores:          # rare: a non-finite q or k was staged as 0
@@ -303,15 +316,15 @@ def make_forward_v7(Br, Bc, d, causal, chunk=V7_CHUNK, variant=PLAIN,
                 for pk in range(PK):
                     for w in range(4):
                         x = (2 * pk + w // 2) * 4 + 2 * (w % 2)
-                        p[pk * 4 + w] = pack_f16x2(s[x], s[x + 1])
+                        p[pk * 4 + w] = pack2(s[x], s[x + 1])
                 for nd in range(ND):
                     acc4 = (ZERO, ZERO, ZERO, ZERO)
                     vr = (nd * 8 + g) * V_ROW + key0 + 2 * t     # B[k, n] = Vj[k, n] = VT[n, k]
                     for pk in range(PK):
-                        acc4 = mma_f16(p[pk * 4], p[pk * 4 + 1], p[pk * 4 + 2], p[pk * 4 + 3],
-                                       load_b32(VT, U(vr + 16 * pk)),         # keys 16pk + 2t:
-                                       load_b32(VT, U(vr + 16 * pk + 8)),     # keys ... + 8:
-                                       acc4[0], acc4[1], acc4[2], acc4[3])
+                        acc4 = mma(p[pk * 4], p[pk * 4 + 1], p[pk * 4 + 2], p[pk * 4 + 3],
+                                   load_b32(VT, U(vr + 16 * pk)),         # keys 16pk + 2t:
+                                   load_b32(VT, U(vr + 16 * pk + 8)),     # keys ... + 8:
+                                   acc4[0], acc4[1], acc4[2], acc4[3])
                     # The chunk's P~ Vj is summed from zero, then added to the rescaled O
                     # in ordinary float32 arithmetic (as in v3 and v6).
                     o[nd * 4] = o[nd * 4] * alpha0 + acc4[0]
@@ -350,6 +363,7 @@ V7_SIM_TILES = (32, 32)
 V7_WIDE_MAX_HEAD_DIM = 64     # (128, 128) and 32-key chunks up to here (measured best)
 V7_MAX_HEAD_DIM = 128         # the O fragments (d / 2 a lane) stay in registers up to here
 VARIANTS = True               # takes the variant arguments (kernels/variants.py)
+BFLOAT16 = True               # reads bfloat16 inputs itself (numbaflash/dtypes.py)
 TILE_TABLE = True             # skips the tiles a mask leaves empty (variants.make_tile_table)
 
 
@@ -360,9 +374,9 @@ def v7_shared_bytes(Br, Bc, d):
 
 def refusal(p, where):
     """Why forward v7 cannot run Problem ``p`` here, or None if it can."""
-    if p.dtype != "float16":
-        return (f"v7 multiplies float16 inputs on the float16 tensor cores; {p.dtype} inputs "
-                f"run on v8 (float32) or v2 (float64)")
+    if p.dtype.name not in NAMES:
+        return (f"v7 multiplies float16 and bfloat16 inputs on the 16-bit tensor cores; "
+                f"{p.dtype} inputs run on v8 (float32) or v2 (float64)")
     if p.d > V7_MAX_HEAD_DIM:
         return (f"v7 keeps its O fragments in registers, which holds head dims up to "
                 f"{V7_MAX_HEAD_DIM}")
@@ -420,4 +434,4 @@ def plan(p, where, tiles, reason):
 def kernel(plan, p):
     """The compiled kernel of ``plan`` (cached per compile-time parameters)."""
     return make_forward_v7(plan.Br, plan.Bc, p.d, p.upper, v7_chunk(p.d, plan.Bc),
-                           variant=p.variant, gqa=p.group > 1)
+                           variant=p.variant, gqa=p.group > 1, half=p.dtype.name)
