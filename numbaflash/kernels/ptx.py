@@ -48,8 +48,9 @@ its own instructions; Numba has no bfloat16 type, so its values travel as their 
                     ``mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32``.
     pack_bf16x2(lo, hi) -> word
                     as pack_f16x2, to bfloat16 (to nearest even): ``cvt.rn.bf16x2.f32``.
-    f32_bits(x) -> uint32, f32_from_bits(u) -> float32
-                    a float32's bits and back, unchanged (an LLVM bitcast, no instruction).
+    f32_from_bits(u) -> float32
+                    the float32 whose bits are the uint32 u (an LLVM bitcast, no
+                    instruction): a bfloat16 widened, its bits shifted up 16.
 
 Fragment layout of m16n8k16 with float16 A and B (PTX ISA, "Matrix Fragments for
 mma.m16n8k16", .f16), g and t as above, each word two neighbours of a row of A or of a
@@ -224,17 +225,6 @@ def pack_bf16x2(typingctx, lo, hi):
 
 
 @intrinsic
-def f32_bits(typingctx, x):
-    """The bits of the float32 x, as a uint32."""
-    sig = types.uint32(types.float32)
-
-    def codegen(context, builder, sig, args):
-        return builder.bitcast(args[0], _I32)
-
-    return sig, codegen
-
-
-@intrinsic
 def f32_from_bits(typingctx, u):
     """The float32 whose bits are the uint32 u."""
     sig = types.float32(types.uint32)
@@ -402,6 +392,6 @@ if simulating():
     # The simulator has no inline PTX: it runs kernels/simulated.py's stand-ins, with
     # the same names and semantics (the device functions above call them there).
     from .simulated import (  # noqa: E402,F811
-        cp_async, cp_async_wait_all, f32_bits, f32_from_bits, flat_load, load_b32, load_pair,
+        cp_async, cp_async_wait_all, f32_from_bits, flat_load, load_b32, load_pair,
         mma_bf16, mma_f16, mma_tf32, pack_bf16x2, pack_f16x2, store_pair, tf32_round,
         tf32_round_finite)

@@ -436,22 +436,17 @@ def pack_f16x2(lo, hi):
     return np.uint32(halves.view(np.uint32)[0])
 
 
-def f32_bits(x):
-    """The bits of the float32 x, as a uint32."""
-    return np.uint32(_bits(x))
-
-
 def f32_from_bits(u):
     """The float32 whose bits are the uint32 u."""
     return np.float32(_from_bits(u))
 
 
 def _bfloat16_bits(x):
-    """x (float32) to bfloat16 (to nearest even) as its 16 bits: the rule of
-    ``cvt.rn.bf16.f32`` and of kernels/halves.py (a NaN stays a quiet NaN)."""
+    """x (float32) to bfloat16 (to nearest even) as its 16 bits, as ``cvt.rn.bf16.f32``
+    rounds: a NaN becomes the canonical NaN 0x7FFF."""
     u = int(_bits(x))
     if np.isnan(np.float32(x)):
-        return (u >> 16) | 0x40
+        return 0x7FFF
     return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF
 
 
