@@ -28,6 +28,20 @@ Where the tensors live decides the path:
   their own): on a machine without a GPU the kernels run in the CUDA simulator
   (``NUMBA_ENABLE_CUDASIM=1``), so a tiny model trains with autograd on a laptop.
 
+bfloat16 tensors pass as a 16-bit integer view of their memory, without a copy: PyTorch
+exports no bfloat16 that NumPy or Numba read (``tensor.numpy()`` refuses it, and its
+``__cuda_array_interface__`` gives none, or only an opaque "<V2"), while numbaflash
+takes it as ``ml_dtypes.bfloat16`` (numbaflash/dtypes.py). So ``_array`` reinterprets
+``tensor.view(torch.int16)``: a CPU tensor becomes ``.numpy().view(ml_dtypes.bfloat16)``,
+a CUDA tensor a Numba device array of ``ml_dtypes.bfloat16`` over the tensor's memory
+(bound to PyTorch's current stream, so the call runs there as for the other dtypes);
+and ``_tensor`` turns bfloat16 results back the same way (``torch.from_numpy`` or
+``torch.as_tensor`` of their int16 view, then ``.view(torch.bfloat16)``). Nothing is
+converted on the way: out and the gradients are bfloat16, lse float32. The bits
+(uint16) the kernels write for CUDA calls live in int16 tensors from PyTorch's allocator
+(``_Uint16``). A float ``attn_mask`` or ``alibi_slopes`` in bfloat16 is widened to
+float32 first (exactly; the kernels add them in float32).
+
 The forward saves out and the logsumexp lse; the backward runs numbaflash's backward
 kernels (FlashAttention-2 Algorithm 2), which recompute the probabilities from them.
 
@@ -48,6 +62,7 @@ import ctypes
 import logging
 
 import numpy as np
+from numba import cuda
 
 try:
     import torch
@@ -55,7 +70,7 @@ except ImportError as e:            # pragma: no cover - only without PyTorch
     raise ImportError("numbaflash.torch needs PyTorch: pip install numbaflash[torch] "
                       "(or pip install torch)") from e
 
-from . import api, arrays, launcher, streams
+from . import api, arrays, dtypes, launcher, streams
 from . import kvcache as api_kvcache
 from . import varlen as api_varlen
 from .dropout import check_dropout_p, seed_words
@@ -67,8 +82,8 @@ __all__ = ["attention", "scaled_dot_product_attention", "flash_attn_func",
 
 _compiling = getattr(torch.compiler, "is_compiling", lambda: False)
 
-# torch dtype -> what the kernels take; bfloat16 is refused by name in _check_tensors
-_DTYPES = (torch.float16, torch.float32, torch.float64)
+# the dtypes of q, k, v the kernels take; bfloat16 passes as an int16 view (module docstring)
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 # --- tensors in and out --------------------------------------------------------------------
@@ -88,28 +103,53 @@ def _check_tensors(**tensors):
                              f"of a call must be on one device")
     for name in ("q", "k", "v"):
         dtype = tensors[name].dtype
-        if dtype == torch.bfloat16:
-            raise TypeError(f"{name} is bfloat16, which numbaflash does not support yet: "
-                            f"use float16, float32 or float64 (e.g. {name}.half())")
         if dtype not in _DTYPES:
-            raise TypeError(f"{name} has dtype {dtype}: numbaflash supports float16 "
-                            f"(computed in float32), float32 and float64")
+            raise TypeError(f"{name} has dtype {dtype}: numbaflash supports float16 and "
+                            f"bfloat16 (computed in float32), float32 and float64")
     if not (q.dtype == tensors["k"].dtype == tensors["v"].dtype):
         raise TypeError(f"q, k, v must have the same dtype; got {q.dtype}, "
                         f"{tensors['k'].dtype}, {tensors['v'].dtype}")
 
 
 def _array(x):
-    """What numbaflash takes for tensor ``x``: the (detached) CUDA tensor itself, which
-    exports ``__cuda_array_interface__``, or a NumPy view of a CPU tensor."""
+    """What numbaflash takes for tensor ``x``, without a copy: the (detached) CUDA tensor
+    itself, which exports ``__cuda_array_interface__``, or a NumPy view of a CPU tensor;
+    for bfloat16, an ``ml_dtypes.bfloat16`` view of its int16 view (module docstring)."""
     if x is None:
         return None
     x = x.detach()
+    if x.dtype == torch.bfloat16:
+        bits = x.view(torch.int16)
+        if not x.is_cuda:
+            return bits.numpy().view(dtypes.BFLOAT16)
+        return _bfloat16_device_array(bits, x.device)
     return x if x.is_cuda else x.numpy()
+
+
+def _bfloat16_device_array(bits, device):
+    """A Numba device array of ``ml_dtypes.bfloat16`` over the memory of the int16 CUDA
+    tensor ``bits`` (it keeps the tensor alive), bound to PyTorch's current stream: its
+    interface names that stream, so numbaflash's call runs there (numbaflash/streams.py),
+    as it does for the tensors of other dtypes. (A Numba array made from PyTorch's
+    interface alone names no stream, and the call would take the default stream.)"""
+    a = cuda.as_cuda_array(bits, sync=False).view(dtypes.BFLOAT16)
+    return a.bind(_torch_stream(device).numba)
 
 
 _TORCH_DTYPES = {np.dtype(np.float16): torch.float16, np.dtype(np.float32): torch.float32,
                  np.dtype(np.float64): torch.float64}
+
+
+class _Uint16:
+    """An int16 CUDA tensor shown through ``__cuda_array_interface__`` as uint16: the kernel
+    bits of bfloat16 outputs (dtypes.BITS), from PyTorch's allocator like any output. (Not
+    a torch.uint16 tensor: not every PyTorch release this layer runs on exports that
+    dtype.)"""
+
+    def __init__(self, shape, device):
+        self.tensor = torch.empty(shape, dtype=torch.int16, device=device)
+        self.__cuda_array_interface__ = dict(self.tensor.__cuda_array_interface__,
+                                             typestr=dtypes.BITS.str)
 
 
 def _outputs_from(device):
@@ -118,13 +158,21 @@ def _outputs_from(device):
     special for CPU tensors."""
     if device.type != "cuda":
         return contextlib.nullcontext()
-    return arrays.allocator(lambda shape, dtype: torch.empty(
-        shape, dtype=_TORCH_DTYPES[np.dtype(dtype)], device=device))
+
+    def allocate(shape, dtype):
+        dtype = np.dtype(dtype)
+        if dtype == dtypes.BITS:
+            return _Uint16(shape, device)
+        return torch.empty(shape, dtype=_TORCH_DTYPES[dtype], device=device)
+    return arrays.allocator(allocate)
 
 
 def _tensor(x, device):
     """A torch tensor on ``device`` for what numbaflash returned, without a copy: a NumPy
-    array (CPU inputs) or a Numba device array (CUDA inputs; the tensor keeps it alive)."""
+    array (CPU inputs) or a Numba device array (CUDA inputs; the tensor keeps it alive).
+    bfloat16 comes back through its int16 view (module docstring)."""
+    if dtypes.is_bfloat16(x.dtype):
+        return _tensor(x.view(np.int16), device).view(torch.bfloat16)
     if isinstance(x, np.ndarray):
         return torch.from_numpy(x)
     return torch.as_tensor(x, device=device)
@@ -140,6 +188,16 @@ def _compact(x):
                    for stride, size in zip(x.stride(), x.shape))].contiguous()
 
 
+def _widened(x):
+    """An attn_mask or alibi_slopes tensor as numbaflash takes it: a bfloat16 one (what
+    PyTorch's SDPA asks for with bfloat16 inputs) as float32, exactly (the kernels add it
+    in float32), after ``_compact`` (an expanded mask stays unmaterialised); others as
+    they are."""
+    if x is None or x.dtype != torch.bfloat16:
+        return x
+    return _compact(x).float()
+
+
 # --- the forward, and its repeated calls on CUDA tensors --------------------------------------
 #
 # What numbaflash.attention does before its launch (checking the inputs, planning, Numba's
@@ -152,6 +210,11 @@ def _compact(x):
 # still raises before any launch; only calls without arrays or device functions among
 # their options (no alibi_slopes, attn_mask, score_mod or mask_mod) and on kernels that
 # take no tile table are remembered. The dropout seed may differ from call to call.
+# bfloat16 takes the direct launch only on a kernel that reads its bits itself (forward
+# v7, the GPU's default: the tensors' pointers are the bits it reads and writes); on
+# the others a call also widens the inputs to float32 copies and rounds the output back
+# (numbaflash/dtypes.py), launches the direct path does not make, so every such call
+# takes the whole path.
 
 _FAST = {}                  # _fast_key -> _FastForward
 _FAST_MAX = 256
@@ -282,6 +345,8 @@ def _remember(key, q, k, v, options):
                                             o["scale"], variants, o["version"], o["tiles"])
     module = forward_kernels.module(plan.version)
     if p.BH == 0 or p.Sq == 0 or p.Sk == 0 or not module.VARIANTS or p.variant.tile_table:
+        return
+    if dtypes.widens(p, module):        # bfloat16 through float32 copies: the whole path
         return
     nbytes = plan.shared_bytes if plan.dynamic_shared else 0
     direct = launcher._DIRECT.get((module.kernel(plan, p), (p.dtype, p.acc_dtype),
@@ -457,8 +522,8 @@ def attention(q, k, v, *, causal=False, scale=None, window_size=None, alibi_slop
     constants; their ``.grad`` stays None).
 
     Args:
-        q: (batch, heads, Sq, d), (heads, Sq, d) or (Sq, d) tensor, float16 (computed in
-            float32), float32 or float64; bfloat16 is not supported yet.
+        q: (batch, heads, Sq, d), (heads, Sq, d) or (Sq, d) tensor, float16 or bfloat16
+            (computed in float32; out and the gradients in q's dtype), float32 or float64.
         k, v: (..., Sk, d) with q's batch dim and dtype; as many heads as q or a divisor
             of that (GQA/MQA).
             All on one device. CUDA tensors run on the GPU on PyTorch's current stream;
@@ -470,7 +535,8 @@ def attention(q, k, v, *, causal=False, scale=None, window_size=None, alibi_slop
             no seed, a seed is drawn from PyTorch's default generator (``torch.manual_seed``
             reproduces it), and the backward regenerates the same mask from it.
         alibi_slopes, attn_mask: tensors on q's device, as for ``numbaflash.attention``
-            (an attn_mask broadcast with ``expand`` is not materialised). No gradient.
+            (an attn_mask broadcast with ``expand`` is not materialised; a bfloat16 one
+            is widened to float32, exactly). No gradient.
         backward_version, backward_tiles: ``version`` and ``tiles`` of the backward
             (numbaflash.attention_backward).
 
@@ -479,10 +545,11 @@ def attention(q, k, v, *, causal=False, scale=None, window_size=None, alibi_slop
 
     Raises:
         ValueError, TypeError: as numbaflash.attention, plus tensors on different
-            devices, non-tensor inputs, bfloat16, or a score_mod without score_mod_grad
+            devices, non-tensor inputs, or a score_mod without score_mod_grad
             when a gradient is needed; raised before anything is launched.
     """
     _check_tensors(q=q, k=k, v=v, alibi_slopes=alibi_slopes, attn_mask=attn_mask)
+    alibi_slopes, attn_mask = _widened(alibi_slopes), _widened(attn_mask)
     if dropout_p != 0.0 and dropout_seed is None:
         check_dropout_p(dropout_p)                  # a bad p fails here, before any copy
         dropout_seed = _torch_seed()
@@ -576,8 +643,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
       key/value head, which PyTorch broadcasts (and numbaflash runs as MQA).
 
     Args:
-        query: (N, ..., Hq, L, E) tensor, float16, float32 or float64 (rank 2 to 4 as
-            given; higher ranks have their leading dims flattened into one batch dim).
+        query: (N, ..., Hq, L, E) tensor, float16, bfloat16, float32 or float64 (rank 2
+            to 4 as given; higher ranks have their leading dims flattened into one batch
+            dim).
         key, value: (N, ..., Hkv, S, E) with query's leading dims and dtype; value's
             head dim must equal E (PyTorch allows another Ev; numbaflash does not yet).
         attn_mask, dropout_p, is_causal, scale, enable_gqa: as in PyTorch. Dropout keeps
@@ -593,7 +661,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     Raises:
         RuntimeError: differing head counts without enable_gqa; attn_mask with is_causal.
         ValueError, TypeError: what numbaflash does not support (value head dim != E,
-            batch dims that only broadcast, a mask that does not broadcast, bfloat16, ...),
+            batch dims that only broadcast, a mask that does not broadcast, ...),
             and what ``attention`` raises; all before anything is launched.
     """
     if is_causal and attn_mask is not None:
@@ -688,8 +756,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     - ``deterministic`` is accepted and has no effect: numbaflash's backward is always
       deterministic (no atomics).
 
-    **Layout**: no copy for C-contiguous (batch, seqlen, heads, d) float16 and float32
-    tensors. The batch is run as a packed batch of equal-length sequences
+    **Layout**: no copy for C-contiguous (batch, seqlen, heads, d) float16, bfloat16 and
+    float32 tensors. The batch is run as a packed batch of equal-length sequences
     (numbaflash.attention_varlen, whose kernels read the (heads, rows, d) views through
     their strides), so out and the gradients come back in flash-attn's layout directly,
     the same bits as numbaflash.attention on transposed copies (the same kernels run).
@@ -697,8 +765,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     torch.compile (through the custom op of ``attention``), take transposed copies.
 
     Args:
-        q: (batch, Sq, Hq, d); k, v: (batch, Sk, Hkv, d). float16, float32 or float64
-            (flash-attn takes float16 and bfloat16; bfloat16 is not supported yet).
+        q: (batch, Sq, Hq, d); k, v: (batch, Sk, Hkv, d). float16, bfloat16, float32 or
+            float64.
         dropout_p: the dropout probability (flash-attn's semantics; the seed is drawn from
             PyTorch's default generator, the mask is numbaflash's: numbaflash.dropout_mask).
         softmax_scale: default 1/sqrt(d).
@@ -719,6 +787,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
             "logsumexp)")
     _check_tensors(q=q, k=k, v=v, alibi_slopes=alibi_slopes)
     _check_flash_layout("flash_attn_func", q=q, k=k, v=v)
+    alibi_slopes = _widened(alibi_slopes)
     window = _flash_window(window_size)
     variants = dict(causal=bool(causal), scale=softmax_scale,
                     window_size=None if window == (-1, -1) else window,
@@ -802,7 +871,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     GQA, ``deterministic`` without effect) within each sequence.
 
     Args:
-        q: (total_q, Hq, d); k, v: (total_k, Hkv, d). float16, float32 or float64.
+        q: (total_q, Hq, d); k, v: (total_k, Hkv, d). float16, bfloat16, float32 or
+            float64.
             Non-contiguous tensors are copied first.
         cu_seqlens_q, cu_seqlens_k: (batch + 1,) int32 tensors on q's device: 0, then
             non-decreasing, ending at total_q (total_k). On a GPU they are copied to the
@@ -834,6 +904,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if cu.dtype != torch.int32:
             raise TypeError(f"{name} must be an int32 tensor; got {cu.dtype}")
+    alibi_slopes = _widened(alibi_slopes)
     _refuse_capture(q.device)
     window = _flash_window(window_size)
     seed = None
@@ -883,6 +954,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
 
     Args:
         q: (batch, Sq, Hq, d); k_cache, v_cache: (batch, S_max, Hk, d), Hk dividing Hq.
+            float16, float32 or float64 (bfloat16 is refused: TypeError).
         cache_seqlens: an int or a (batch,) int32 tensor; None means every cache is full
             (S_max keys, no new k and v).
         rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, block_table: must be None
@@ -895,8 +967,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     Raises:
         NotImplementedError: rotary embeddings, cache_batch_idx, cache_leftpad or a paged
             cache (block_table).
-        ValueError, TypeError: as numbaflash.attention_with_kvcache, before anything is
-            written or launched.
+        ValueError, TypeError: as numbaflash.attention_with_kvcache, and bfloat16
+            tensors; before anything is written or launched.
     """
     for name, x in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
                     ("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad),
@@ -905,8 +977,16 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             raise NotImplementedError(f"flash_attn_with_kvcache: {name} is not implemented "
                                       f"in numbaflash; pass None")
     _check_tensors(q=q, k=k_cache, v=v_cache, k_new=k, v_new=v, alibi_slopes=alibi_slopes)
+    if q.dtype == torch.bfloat16:
+        # numbaflash.attention_with_kvcache's kernels compute in the inputs' dtype, which
+        # Numba has no bfloat16 for (numbaflash/dtypes.py): they take no bfloat16 yet.
+        raise TypeError("flash_attn_with_kvcache does not take bfloat16 tensors yet: keep "
+                        "the caches in float16 or float32 (attention, "
+                        "scaled_dot_product_attention, flash_attn_func and "
+                        "flash_attn_varlen_func take bfloat16)")
     _check_flash_layout("flash_attn_with_kvcache", q=q, k_cache=k_cache, v_cache=v_cache,
                         k=k, v=v)
+    alibi_slopes = _widened(alibi_slopes)
     window = _flash_window(window_size)
     if cache_seqlens is None:
         if k is not None:

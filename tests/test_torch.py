@@ -11,6 +11,10 @@ runs the kernels in the simulator; shapes are tiny. What is checked:
   is_causal, bool and float masks (broadcast, expanded), GQA;
 - flash_attn_func: the (batch, seqlen, heads, d) layout and flash-attn's semantics
   (bottom-right causal, window, softcap, ALiBi) against references built without it;
+- bfloat16 tensors pass as int16 views (no copy): out and gradients are bfloat16 with
+  exactly the bits numbaflash gives for the same ``ml_dtypes.bfloat16`` arrays, through
+  attention, SDPA, flash_attn_func and flash_attn_varlen_func (flash_attn_with_kvcache
+  refuses them), and close to the float64 gradients (bfloat16's rounding);
 - bad input raises before any launch;
 - a tiny model trains to the same loss curve as with PyTorch's SDPA.
 
@@ -20,6 +24,7 @@ PyTorch is optional (pip install numbaflash[torch]): without it this module is s
 import subprocess
 import sys
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -38,6 +43,7 @@ from tolerance import (assert_bitwise_equal, assert_close_f64,  # noqa: E402
                        assert_matches_reference, forward_magnitudes, forward_oracle)
 
 F64 = torch.float64
+BF16 = ml_dtypes.bfloat16
 TORCH_VERSION = tuple(int(x) for x in torch.__version__.split(".")[:2])
 
 
@@ -51,6 +57,15 @@ def qkv(B=1, Hq=2, Sq=5, Sk=6, d=4, Hkv=None, dtype=F64, seed=0):
     return (randn(B, Hq, Sq, d, dtype=dtype, seed=seed),
             randn(B, Hkv, Sk, d, dtype=dtype, seed=seed + 1),
             randn(B, Hkv, Sk, d, dtype=dtype, seed=seed + 2))
+
+
+def host(t):
+    """A CPU tensor as the NumPy array numbaflash takes: bfloat16 as ``ml_dtypes.bfloat16``
+    (a view of its int16 view), other dtypes through ``.numpy()``."""
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(BF16)
+    return t.numpy()
 
 
 def grads_of(fn, inputs, dout):
@@ -252,11 +267,11 @@ def test_flash_attn_func(Sq, Sk, Hkv, options):
         assert_close_f64("O vs SDPA", out.numpy(), want.numpy(), rtol=1e-13)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("options", [dict(causal=True), dict(window_size=(2, 1), softcap=3.0),
                                      dict(dropout_p=0.3)])
 def test_flash_attn_func_reads_its_layout_with_the_same_bits(dtype, options, monkeypatch):
-    """float16 and float32: flash_attn_func runs the (batch, seqlen, heads, d) tensors as a
+    """float16, bfloat16 and float32: flash_attn_func runs the (batch, seqlen, heads, d) tensors as a
     packed batch of equal-length sequences, without copying them, and gives the bits of
     numbaflash.torch.attention on (batch, heads, seqlen, d) copies, out and gradients
     (the same kernels run; GQA, Sq != Sk, a row past a tile). Dropout: the same seed (from
@@ -285,9 +300,219 @@ def test_flash_attn_func_reads_its_layout_with_the_same_bits(dtype, options, mon
     torch.manual_seed(0)
     want, want_grads = grads_of(lambda a, b, c: nft.attention(a, b, c, **kw), (qt, kt, vt),
                                 dout.transpose(1, 2).contiguous())
-    assert_bitwise_equal("out", out.transpose(1, 2).numpy(), want.numpy())
+    assert out.dtype == dtype and all(g.dtype == dtype for g in grads)
+    assert_bitwise_equal("out", host(out.transpose(1, 2)), host(want))
     for name, got, w in zip(("dq", "dk", "dv"), grads, want_grads):
-        assert_bitwise_equal(name, got.transpose(1, 2).numpy(), w.numpy())
+        assert_bitwise_equal(name, host(got.transpose(1, 2)), host(w))
+
+
+# --- bfloat16: an int16 view in, the same bits out ---------------------------------------------
+
+def bf16_randn(*shape, seed=0, grad=True):
+    return randn(*shape, dtype=torch.float32, seed=seed, grad=False).bfloat16().requires_grad_(
+        grad)
+
+
+def test_bfloat16_passes_as_an_int16_view_without_a_copy():
+    """A bfloat16 CPU tensor reaches numbaflash as an ``ml_dtypes.bfloat16`` view of its own
+    memory (through its int16 view), strided views included, and a bfloat16 result comes
+    back as a tensor over the array's memory: no copy either way, the values unchanged."""
+    t = bf16_randn(2, 3, 4, seed=3)                     # requires grad: detached, no copy
+    a = nft._array(t)
+    assert a.dtype == BF16 and a.shape == (2, 3, 4)
+    assert a.ctypes.data == t.data_ptr()
+    np.testing.assert_array_equal(a.astype(np.float32), t.detach().float().numpy())
+    view = nft._array(t.transpose(1, 2))
+    assert view.ctypes.data == t.data_ptr() and view.strides == (24, 2, 8)
+    np.testing.assert_array_equal(view, a.transpose(0, 2, 1))
+    back = nft._tensor(a, t.device)
+    assert back.dtype == torch.bfloat16 and back.data_ptr() == t.data_ptr()
+    assert torch.equal(back, t.detach())
+
+
+def _bf16_case(Hkv=2, Sq=5, Sk=6):
+    """bfloat16 q, k, v (requiring grad) and dout: (1, 2, Sq, 8) and (1, Hkv, Sk, 8)."""
+    return (bf16_randn(1, 2, Sq, 8, seed=41), bf16_randn(1, Hkv, Sk, 8, seed=42),
+            bf16_randn(1, Hkv, Sk, 8, seed=43), bf16_randn(1, 2, Sq, 8, seed=44, grad=False))
+
+
+def _check_bf16_grads_are_analytic(fn, inputs, dout, got_out, got_grads):
+    """A gradcheck-like sanity for bfloat16: out and the gradients are within a few of
+    bfloat16's roundings (2^-8 relative) of fn's in float64 on the same values, relative
+    to each tensor's largest entry. (The kernel suites hold the accuracy rule.)"""
+    want_out, want_grads = grads_of(fn, [x.detach().double() for x in inputs], dout.double())
+    for name, got, want in zip(("out", "dq", "dk", "dv"), (got_out, *got_grads),
+                               (want_out, *want_grads)):
+        err = (got.double() - want).abs().max().item()
+        assert err <= 2.0 ** -5 * want.abs().max().item(), (name, err)
+
+
+@pytest.mark.parametrize("options", [
+    dict(),
+    dict(causal=True, Hkv=1),
+    dict(causal="top_left", window_size=(2, 1), softcap=3.0, Sq=6, Sk=4),
+    dict(dropout_p=0.25, dropout_seed=5),
+    dict(causal=True, version="v7"),                    # reads the bits itself
+], ids=["plain", "causal-mqa", "window-softcap", "dropout", "v7"])
+def test_bfloat16_attention_is_numbaflash_attention(options):
+    """numbaflash.torch.attention on bfloat16 tensors, with autograd: out and the gradients
+    are bfloat16 with exactly the bits of numbaflash.attention and attention_backward on
+    the same ``ml_dtypes.bfloat16`` arrays."""
+    options = dict(options)
+    shape = {n: options.pop(n) for n in ("Hkv", "Sq", "Sk") if n in options}
+    q, k, v, dout = _bf16_case(**shape)
+    out, grads = grads_of(lambda a, b, c: nft.attention(a, b, c, **options), (q, k, v), dout)
+    assert out.dtype == torch.bfloat16 and out.shape == q.shape
+    assert [g.dtype for g in grads] == [torch.bfloat16] * 3
+
+    Q, K, V, dO = (host(x) for x in (q, k, v, dout))
+    want_out, want_lse = numbaflash.attention(Q, K, V, return_lse=True, **options)
+    backward = {n: x for n, x in options.items() if n != "version"}
+    want_grads = numbaflash.attention_backward(dO, Q, K, V, want_out, want_lse, **backward)
+    assert want_out.dtype == BF16
+    assert_bitwise_equal("O", host(out), want_out)
+    for name, got, want in zip(("dQ", "dK", "dV"), grads, want_grads):
+        assert_bitwise_equal(name, host(got), want)
+    if not options.get("dropout_p"):
+        _check_bf16_grads_are_analytic(                 # float64 on the default versions
+            lambda a, b, c: nft.attention(a, b, c, **backward), (q, k, v), dout, out, grads)
+
+
+@pytest.mark.parametrize("case", ["is_causal", "bool_mask", "bf16_mask_expanded"])
+def test_bfloat16_sdpa_is_numbaflash_attention(case):
+    """scaled_dot_product_attention on bfloat16 tensors: bfloat16 out and gradients, bitwise
+    numbaflash.attention's on the ``ml_dtypes.bfloat16`` arrays (top-left causal; a bool
+    mask; a bfloat16 float mask, PyTorch's dtype for one, widened to float32 exactly and
+    not materialised where it is expanded), and close to PyTorch's SDPA in float64."""
+    q, k, v, dout = _bf16_case(Sq=5, Sk=7)
+    g = torch.Generator().manual_seed(8)
+    kw, want_kw = {}, {}
+    if case == "is_causal":
+        kw, want_kw = dict(is_causal=True), dict(causal="top_left")
+    elif case == "bool_mask":
+        mask = torch.rand(1, 2, 5, 7, generator=g) < 0.7
+        mask[..., 0] = True                             # every row sees a key, as in PyTorch
+        kw, want_kw = dict(attn_mask=mask), dict(attn_mask=mask.numpy())
+    else:
+        bias = torch.randn(1, 1, 5, 7, generator=g).bfloat16()
+        kw = dict(attn_mask=bias.expand(1, 2, 5, 7))
+        want_kw = dict(attn_mask=bias.float().numpy())
+    out, grads = grads_of(lambda a, b, c: nft.scaled_dot_product_attention(a, b, c, **kw),
+                          (q, k, v), dout)
+    assert out.dtype == torch.bfloat16 and [x.dtype for x in grads] == [torch.bfloat16] * 3
+    Q, K, V, dO = (host(x) for x in (q, k, v, dout))
+    want_out, want_lse = numbaflash.attention(Q, K, V, return_lse=True, **want_kw)
+    want_grads = numbaflash.attention_backward(dO, Q, K, V, want_out, want_lse, **want_kw)
+    assert_bitwise_equal("O", host(out), want_out)
+    for name, got, want in zip(("dQ", "dK", "dV"), grads, want_grads):
+        assert_bitwise_equal(name, host(got), want)
+    f64 = {n: (x.double() if n == "attn_mask" and x.is_floating_point() else x)
+           for n, x in kw.items()}
+    _check_bf16_grads_are_analytic(
+        lambda a, b, c: F.scaled_dot_product_attention(a, b, c, **f64), (q, k, v), dout,
+        out, grads)
+
+
+@pytest.mark.parametrize("slopes", [None, torch.float32, torch.bfloat16])
+def test_bfloat16_flash_attn_func_is_numbaflash_attention(slopes):
+    """flash_attn_func on bfloat16 (batch, seqlen, heads, d) tensors: bfloat16 out and
+    gradients in that layout, bitwise numbaflash.attention's on transposed
+    ``ml_dtypes.bfloat16`` arrays (bottom-right causal, GQA, Sq > Sk; ALiBi slopes in
+    float32 as flash-attn takes them, or in bfloat16, widened exactly)."""
+    B, Sq, Sk, Hq, Hkv, d = 2, 6, 4, 4, 2, 8
+    q = bf16_randn(B, Sq, Hq, d, seed=51)
+    k, v = bf16_randn(B, Sk, Hkv, d, seed=52), bf16_randn(B, Sk, Hkv, d, seed=53)
+    dout = bf16_randn(B, Sq, Hq, d, seed=54, grad=False)
+    kw, want_kw = dict(causal=True), dict(causal=True)
+    if slopes is not None:
+        alibi = torch.tensor([0.5, 0.25, 0.125, 0.0625], dtype=slopes)
+        kw["alibi_slopes"], want_kw["alibi_slopes"] = alibi, alibi.float().numpy()
+    out, grads = grads_of(lambda a, b, c: nft.flash_attn_func(a, b, c, **kw), (q, k, v),
+                          dout)
+    assert out.dtype == torch.bfloat16 and out.shape == (B, Sq, Hq, d)
+    T = lambda x: np.ascontiguousarray(host(x).transpose(0, 2, 1, 3))
+    Q, K, V, dO = (T(x) for x in (q, k, v, dout))
+    want_out, want_lse = numbaflash.attention(Q, K, V, return_lse=True, **want_kw)
+    want_grads = numbaflash.attention_backward(dO, Q, K, V, want_out, want_lse, **want_kw)
+    assert_bitwise_equal("out", T(out), want_out)
+    for name, got, want in zip(("dq", "dk", "dv"), grads, want_grads):
+        assert got.dtype == torch.bfloat16
+        assert_bitwise_equal(name, T(got), want)
+
+
+def test_bfloat16_flash_attn_varlen_func_is_attention_varlen():
+    """flash_attn_varlen_func on bfloat16 packed tensors: out and the gradients autograd
+    returns are bfloat16, bitwise numbaflash.attention_varlen's and
+    attention_varlen_backward's on the ``ml_dtypes.bfloat16`` arrays (an empty sequence,
+    GQA)."""
+    lens_q, lens_k = [3, 0, 4], [4, 2, 5]
+    cu_q = torch.tensor(np.concatenate([[0], np.cumsum(lens_q)]), dtype=torch.int32)
+    cu_k = torch.tensor(np.concatenate([[0], np.cumsum(lens_k)]), dtype=torch.int32)
+    q = bf16_randn(int(cu_q[-1]), 2, 8, seed=61)
+    k, v = bf16_randn(int(cu_k[-1]), 1, 8, seed=62), bf16_randn(int(cu_k[-1]), 1, 8, seed=63)
+    dout = bf16_randn(int(cu_q[-1]), 2, 8, seed=64, grad=False)
+    kw = dict(causal=True, softcap=5.0)
+    out, grads = grads_of(lambda a, b, c: nft.flash_attn_varlen_func(a, b, c, cu_q, cu_k, 4, 5,
+                                                                     **kw), (q, k, v), dout)
+    assert out.dtype == torch.bfloat16 and [x.dtype for x in grads] == [torch.bfloat16] * 3
+    arrays = [host(x) for x in (q, k, v)]
+    want, lse = numbaflash.attention_varlen(*arrays, cu_q.numpy(), cu_k.numpy(),
+                                            return_lse=True, **kw)
+    assert_bitwise_equal("out", host(out), want)
+    want_grads = numbaflash.attention_varlen_backward(host(dout), *arrays, want, lse,
+                                                      cu_q.numpy(), cu_k.numpy(), **kw)
+    for name, got, want_grad in zip(("dq", "dk", "dv"), grads, want_grads):
+        assert_bitwise_equal(name, host(got), want_grad)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_bfloat16_cuda_tensors_give_numbaflash_bits():
+    """bfloat16 CUDA tensors, on a side stream: attention's out and gradients (autograd)
+    are bitwise numbaflash's on Numba device arrays of the same ``ml_dtypes.bfloat16``
+    values, their memory comes from PyTorch's allocator, SDPA and flash_attn_func agree
+    with attention, and a repeated forward call gives the same bits (by the direct launch
+    when the forward reads bfloat16 itself, forward v7, else by the whole path)."""
+    from numba import cuda
+
+    from numbaflash import dtypes
+    from numbaflash.kernels import forward as forward_kernels
+    from numbaflash.validate import check_attention_inputs
+
+    q, k, v, dout = (x.detach().cuda() for x in _bf16_case(Hkv=1, Sq=77, Sk=130))
+    Q, K, V, dO = (cuda.to_device(host(x.cpu())) for x in (q, k, v, dout))
+    want_out, want_lse = numbaflash.attention(Q, K, V, causal=True, return_lse=True)
+    want_grads = numbaflash.attention_backward(dO, Q, K, V, want_out, want_lse, causal=True)
+    want_out, *want_grads = (torch.from_numpy(x.copy_to_host().view(np.int16)).cuda()
+                             for x in (want_out, *want_grads))
+    nft._FAST.clear()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        inputs = [x.clone().requires_grad_() for x in (q, k, v)]
+        before = torch.cuda.memory_allocated()
+        out = nft.attention(*inputs, causal=True)
+        assert torch.cuda.memory_allocated() - before >= out.numel() * 2
+        out.backward(dout)
+        with torch.no_grad():
+            again = nft.attention(q, k, v, causal=True)
+            remembered = len(nft._FAST)
+            sdpa = nft.scaled_dot_product_attention(q, k, v, is_causal=True)
+            flash = nft.flash_attn_func(*(x.transpose(1, 2) for x in (q, k, v)), causal=True)
+    torch.cuda.synchronize()
+    assert out.dtype == torch.bfloat16 and out.is_cuda
+    assert torch.equal(out.detach().view(torch.int16), want_out)
+    for name, x, want in zip(("dq", "dk", "dv"), inputs, want_grads):
+        assert x.grad.dtype == torch.bfloat16, name
+        assert torch.equal(x.grad.view(torch.int16), want), name
+    for got in (again, flash.transpose(1, 2)):
+        assert torch.equal(got.view(torch.int16), want_out)
+    top_left = numbaflash.attention(Q, K, V, causal="top_left")
+    assert torch.equal(sdpa.view(torch.int16).cpu(),
+                       torch.from_numpy(top_left.copy_to_host().view(np.int16)))
+    plan = numbaflash.explain(Q, K, V, causal=True)
+    p = check_attention_inputs(Q, K, V, True)
+    direct = not dtypes.widens(p, forward_kernels.module(plan.version))
+    assert remembered == int(direct), plan.version
 
 
 # --- errors, before any launch ---------------------------------------------------------------
@@ -330,8 +555,14 @@ def _errors():
                                                                     for x in (q, q, q)))),
         "attention dtype mismatch": (TypeError, "same dtype",
                                      lambda: nft.attention(q, q.float(), q)),
-        "attention bfloat16": (TypeError, "bfloat16",
-                               lambda: nft.attention(*(q.bfloat16(),) * 3)),
+        "attention int16": (TypeError, "dtype torch.int16",
+                            lambda: nft.attention(*(q.to(torch.int16),) * 3)),
+        "attention bfloat16 with float16": (TypeError, "same dtype",
+                                            lambda: nft.attention(q.bfloat16(), q.half(),
+                                                                  q.half())),
+        "kvcache bfloat16": (TypeError, "bfloat16",
+                             lambda: nft.flash_attn_with_kvcache(
+                                 *(x.bfloat16() for x in (qf, kf, vf)), cache_seqlens=3)),
         "attention numpy": (TypeError, "torch.Tensor",
                             lambda: nft.attention(q.numpy(), q, q)),
         "attention devices": (ValueError, "device",
@@ -391,7 +622,8 @@ def _loss_curve(sdpa, dtype, steps=4):
     return np.array(losses)
 
 
-@pytest.mark.parametrize("dtype, rtol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+@pytest.mark.parametrize("dtype, rtol", [(torch.float64, 1e-12), (torch.float32, 1e-5),
+                                         (torch.bfloat16, 2.0 ** -6)])
 def test_tiny_model_trains_like_sdpa(dtype, rtol):
     got = _loss_curve(nft.scaled_dot_product_attention, dtype)
     want = _loss_curve(F.scaled_dot_product_attention, dtype)
