@@ -120,7 +120,7 @@ def make_forward_v7(Br, Bc, d, causal, chunk=V7_CHUNK, variant=PLAIN,
     ``half``: "float16", or "bfloat16" (kernels/halves.py): the same kernel on bfloat16's
     mma (``mma.sync...bf16``), its arrays and tiles the values' bits (uint16), P~ rounded
     to bfloat16 (8 significant bits: a relative error of at most 2^-8 per term) and O
-    rounded to bfloat16 on the bits, as the simulator does too.
+    rounded to bfloat16 by the same instruction (the simulator follows its rule).
 
     Launch: grid (ceil(Sq / Br), BH), block (2 * Br,): Br / 16 warps of 16 query rows, and
     ``v7_shared_layout(Bc, d).END * 2`` bytes of dynamic shared memory.
