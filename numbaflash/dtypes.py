@@ -92,6 +92,12 @@ def device_for_kernel(x, widen, stream):
     return out
 
 
+def as_bits(x):
+    """A device array of bfloat16 as a uint16 view of the same memory (any strides); any
+    other array as it is."""
+    return x.view(BITS) if is_bfloat16(x.dtype) else x
+
+
 def device_as_bfloat16(x, stream):
     """A kernel's output for bfloat16 inputs as a bfloat16 device array: the uint16 bits
     viewed, or float32 values rounded into a new array (``narrow_from_float32``)."""

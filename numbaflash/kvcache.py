@@ -21,8 +21,8 @@ from .launcher import _context_key, _placeholders, launch
 from .masks import band, parse_causal, parse_window
 from .policy import default_num_splits, where_to_plan
 from .streams import call_stream, wait_for
-from .dtypes import BFLOAT16
-from .validate import (GRID_Y_MAX, HEAD_DIM_MAX, SUPPORTED_DTYPES, _check_alibi,
+from .dtypes import as_bits, kernel_dtype
+from .validate import (DTYPES_TEXT, GRID_Y_MAX, HEAD_DIM_MAX, SUPPORTED_DTYPES, _check_alibi,
                        _check_softcap, _shape_dtype, check_scale)
 
 MAX_SPLITS = 256                # a forced num_splits above this is refused
@@ -127,13 +127,8 @@ def check_kvcache_inputs(q, k_cache, v_cache, cache_seqlens, k=None, v=None, cau
         raise TypeError(f"q, the caches and the new k, v must have the same dtype; got "
                         + ", ".join(f"{n} {t}" for n, t in dtypes.items()))
     dtype = dtypes["q"]
-    if dtype == BFLOAT16:
-        raise TypeError("bfloat16 KV caches are not supported yet: the decoding kernel "
-                        "(kernels/decode/split_kv.py) reads float16, float32 and float64 "
-                        "caches; attention() and attention_varlen() take bfloat16")
     if dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"unsupported dtype {dtype}: the KV cache takes float16 (computed in "
-                        f"float32), float32 and float64")
+        raise TypeError(f"unsupported dtype {dtype}: numbaflash supports {DTYPES_TEXT}")
     if not 1 <= d <= HEAD_DIM_MAX:
         raise ValueError(f"head dim must be in 1..{HEAD_DIM_MAX}; got {d}")
     if B * Hk > GRID_Y_MAX:
@@ -246,17 +241,19 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens, k=None, v=None
         lse = arrays.filled(lse_shape, -np.inf, acc, host, s)
         return (out, lse) if return_lse else out
 
+    # bfloat16 travels as its bits (uint16 views, numbaflash/dtypes.py): the kernels
+    # widen what they read and round what they write.
     if host:    # only the rows some batch sees travel to the GPU
-        K = arrays.strided_view(k_cache[:, :, :n_keys], "k_cache", s)
-        V = arrays.strided_view(v_cache[:, :, :n_keys], "v_cache", s)
+        K = as_bits(arrays.strided_view(k_cache[:, :, :n_keys], "k_cache", s))
+        V = as_bits(arrays.strided_view(v_cache[:, :, :n_keys], "v_cache", s))
     else:       # read and written in place, whatever the order of their dimensions
-        K = arrays.strided_view(k_cache, "k_cache", s)
-        V = arrays.strided_view(v_cache, "v_cache", s)
+        K = as_bits(arrays.strided_view(k_cache, "k_cache", s))
+        V = as_bits(arrays.strided_view(v_cache, "v_cache", s))
     # The caches as flat views with strides (ValueError here, before anything is written,
     # if the head dim is not contiguous).
     K_flat, k_strides = arrays.flat_with_strides(K, "k_cache")
     V_flat, v_strides = arrays.flat_with_strides(V, "v_cache")
-    Q = arrays.strided_view(q, "q", s)
+    Q = as_bits(arrays.strided_view(q, "q", s))
     if arrays.is_device_array(p.seqlens):
         wait_for(p.seqlens, s)
         seqlens = (p.seqlens if hasattr(p.seqlens, "copy_to_host")
@@ -264,14 +261,14 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens, k=None, v=None
     else:
         seqlens = arrays.cuda.to_device(p.seqlens, stream=s.numba)
     if not host and k is not None and p.S_new:  # the new rows, into the device caches
-        K_new = arrays.strided_view(k, "k", s)
-        V_new = arrays.strided_view(v, "v", s)
+        K_new = as_bits(arrays.strided_view(k, "k", s))
+        V_new = as_bits(arrays.strided_view(v, "v", s))
         update = append_kernels.plan(p, plans[0].backend)
         launch(append_kernels.kernel(update, p), update.grid, update.block,
                (K, V, K_new, V_new, seqlens), stream=s)
     O, L = launch_kvcache(plans, p, Q, (K_flat, k_strides), (V_flat, v_strides),
                           K.shape[2], seqlens, s)
-    out = arrays.finish(O, out_shape, host, s)
+    out = arrays.finish(O, out_shape, host, s, p.dtype)
     if not return_lse:
         return out
     return out, arrays.finish(L, lse_shape, host, s)
@@ -284,7 +281,7 @@ def launch_kvcache(plans, p, Q, K, V, S, seqlens, stream):
     (B*Hq, Sq)."""
     BH = p.B * p.Hq
     acc = np.dtype(p.acc_dtype)
-    O = arrays.device_empty((BH, p.Sq, p.d), p.dtype, stream)
+    O = arrays.device_empty((BH, p.Sq, p.d), kernel_dtype(p.dtype, False), stream)
     L = arrays.device_empty((BH, p.Sq), acc, stream)
     split_plan = plans[0]
     n = split_plan.grid[0]

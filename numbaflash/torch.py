@@ -954,7 +954,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
 
     Args:
         q: (batch, Sq, Hq, d); k_cache, v_cache: (batch, S_max, Hk, d), Hk dividing Hq.
-            float16, float32 or float64 (bfloat16 is refused: TypeError).
+            float16, bfloat16, float32 or float64 (bfloat16 caches are read and written
+            in place through their int16 view, as every bfloat16 tensor here).
         cache_seqlens: an int or a (batch,) int32 tensor; None means every cache is full
             (S_max keys, no new k and v).
         rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, block_table: must be None
@@ -967,8 +968,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     Raises:
         NotImplementedError: rotary embeddings, cache_batch_idx, cache_leftpad or a paged
             cache (block_table).
-        ValueError, TypeError: as numbaflash.attention_with_kvcache, and bfloat16
-            tensors; before anything is written or launched.
+        ValueError, TypeError: as numbaflash.attention_with_kvcache; before anything is
+            written or launched.
     """
     for name, x in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
                     ("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad),
@@ -977,13 +978,6 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             raise NotImplementedError(f"flash_attn_with_kvcache: {name} is not implemented "
                                       f"in numbaflash; pass None")
     _check_tensors(q=q, k=k_cache, v=v_cache, k_new=k, v_new=v, alibi_slopes=alibi_slopes)
-    if q.dtype == torch.bfloat16:
-        # numbaflash.attention_with_kvcache's kernels compute in the inputs' dtype, which
-        # Numba has no bfloat16 for (numbaflash/dtypes.py): they take no bfloat16 yet.
-        raise TypeError("flash_attn_with_kvcache does not take bfloat16 tensors yet: keep "
-                        "the caches in float16 or float32 (attention, "
-                        "scaled_dot_product_attention, flash_attn_func and "
-                        "flash_attn_varlen_func take bfloat16)")
     _check_flash_layout("flash_attn_with_kvcache", q=q, k_cache=k_cache, v_cache=v_cache,
                         k=k, v=v)
     alibi_slopes = _widened(alibi_slopes)

@@ -569,8 +569,9 @@ def bfloat16_entries():
     """The kernels bfloat16 inputs run (numbaflash/dtypes.py): forward v7 on the bfloat16
     tensor cores, its arrays the values' bits (uint16), at d = 59 (padded to the mma's k),
     64 and 128, full and causal; with the variants (GQA, window, softcap, ALiBi and
-    dropout) and on a packed batch's strided views; and the two conversion kernels of the
-    versions that compute in float32. None of them may use float64."""
+    dropout) and on a packed batch's strided views; the decoding kernels on bfloat16
+    caches; and the two conversion kernels of the versions that compute in float32. None
+    of them may use float64."""
     import numpy as np
     from numbaflash.kernels import halves
     from numbaflash.kernels.variants import Variant
@@ -596,6 +597,27 @@ def bfloat16_entries():
     out.append(Entry(f"forward_v7-bfloat16-varlen-causal-d64-gqa-tiles{Br}x{Bc}", "bfloat16",
                      lambda t=(Br, Bc), v=Variant(varlen=True): F["v7"].make_forward_v7(
                          *t, 64, True, variant=v, gqa=True, half="bfloat16"), vsig, True))
+    # decoding against bfloat16 caches (kernels/decode/), read and written as bits
+    from numbaflash.kernels.decode import append, combine, split_kv
+    i64, a = numba.int64, numba.float32
+    dsig = (array(bits, 4), array(bits, 1), array(bits, 1), array(np.dtype(np.int32), 1), i64,
+            array(bits, 3), array(f32, 2), array(f32, 4), array(f32, 3), a, i64, i64, i64, i64,
+            a, array(f32, 2), array(np.dtype(np.bool_), 4)) + (i64,) * 7
+    full = Variant(window=True, softcap=True, alibi=True)
+    for d in (64, 128):
+        for rows_needed in (1, 8):
+            rows = split_kv.rows_per_block(rows_needed, d)
+            for causal, variant, what in ((True, Variant(), "causal"),
+                                          (True, full, "causal-window-softcap-alibi")):
+                out.append(Entry(f"split_kv-bfloat16-d{d}-rows{rows}-{what}", "bfloat16",
+                                 lambda d=d, r=rows, c=causal, v=variant:
+                                 split_kv.make_split_kv(d, r, c, "float32", v, "bfloat16"),
+                                 dsig, True))
+    out.append(Entry("combine-bfloat16", "bfloat16",
+                     lambda: combine.make_combine("float32", "bfloat16"),
+                     (array(f32, 4), array(f32, 3), array(bits, 3), array(f32, 2)), True))
+    out.append(Entry("append-bfloat16", "bfloat16", append.make_append,
+                     (array(bits, 4),) * 4 + (array(np.dtype(np.int32), 1),), True))
     out.append(Entry("widen_to_float32-bfloat16", "bfloat16", lambda: halves.widen_to_float32,
                      (array(bits, 1), array(f32, 1)), True))
     out.append(Entry("narrow_from_float32-bfloat16", "bfloat16",

@@ -15,8 +15,9 @@ copies and rounds its outputs to bfloat16 (numbaflash/dtypes.py). What is checke
 - the simulator's default (forward v5, backward v4, through float32 copies) and forward v7
   (the GPU's default, on the simulator's stand-ins);
 - output dtypes (bfloat16; lse float32), device arrays in and out with the same bits as
-  host arrays, the rounding kernels bit for bit against ml_dtypes, the plans' reasons,
-  and the errors before any launch.
+  host arrays, packed batches and KV-cache decoding (whose kernels read the bits too),
+  the rounding kernels bit for bit against ml_dtypes, the plans' reasons, and the errors
+  before any launch.
 """
 
 import ml_dtypes
@@ -240,9 +241,35 @@ def test_packed_batch_is_each_sequence(version):
             assert_bitwise_equal(name, g[a:b], want[0].transpose(1, 0, 2))
 
 
-def test_kv_cache_refuses_bfloat16_by_name(no_launch):
-    """Decoding against a bfloat16 KV cache is not supported yet: a clear error."""
-    q = np.zeros((1, 1, 1, 16), BF16)
-    cache = np.zeros((1, 1, 8, 16), BF16)
-    with pytest.raises(TypeError, match="bfloat16 KV caches are not supported yet"):
-        numbaflash.attention_with_kvcache(q, cache, cache, cache_seqlens=4)
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_kv_cache_is_attention_on_the_sliced_caches(num_splits):
+    """Decoding against bfloat16 caches (the split-KV kernel reads their bits): the new
+    rows are written into the caches in place, exactly; out and lse agree with attention()
+    on the sliced caches by the rule (the splits change the float32 sums' order, not the
+    rule), for one split and three, GQA, causal; device caches give the host's bits."""
+    rng = np.random.default_rng(9)
+    B, Hq, Hk, S_max, d, S_new = 2, 4, 2, 40, 16, 3
+    q = rng.standard_normal((B, Hq, S_new, d)).astype(BF16)
+    k_cache, v_cache = (rng.standard_normal((B, Hk, S_max, d)).astype(BF16) for _ in range(2))
+    k_new, v_new = (rng.standard_normal((B, Hk, S_new, d)).astype(BF16) for _ in range(2))
+    seqlens = np.array([10, 29], np.int32)
+    kc, vc = k_cache.copy(), v_cache.copy()
+    out, lse = numbaflash.attention_with_kvcache(q, kc, vc, cache_seqlens=seqlens, k=k_new,
+                                                 v=v_new, causal=True, num_splits=num_splits,
+                                                 return_lse=True)
+    assert out.dtype == BF16 and lse.dtype == np.float32
+    for b in range(B):
+        at = int(seqlens[b])
+        assert_bitwise_equal("k_cache rows", kc[b, :, at:at + S_new], k_new[b])
+        assert_bitwise_equal("v_cache rows", vc[b, :, at:at + S_new], v_new[b])
+        assert_bitwise_equal("untouched rows", kc[b, :, :at], k_cache[b, :, :at])
+        n = at + S_new
+        check_forward(q[b:b + 1], kc[b:b + 1, :, :n], vc[b:b + 1, :, :n], out[b:b + 1],
+                      lse[b:b + 1], causal=True)
+    dev = [cuda.to_device(x) for x in (q, k_cache, v_cache, k_new, v_new)]
+    d_out = numbaflash.attention_with_kvcache(dev[0], dev[1], dev[2], cache_seqlens=seqlens,
+                                              k=dev[3], v=dev[4], causal=True,
+                                              num_splits=num_splits)
+    assert d_out.dtype == BF16
+    assert_bitwise_equal("out", d_out.copy_to_host(), out)
+    assert_bitwise_equal("device k_cache", dev[1].copy_to_host(), kc)

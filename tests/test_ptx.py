@@ -183,11 +183,12 @@ def test_varlen_kernels_compile_and_link_for_sm90(dtype, record_property):
 def test_bfloat16_kernels_compile_and_link_for_sm90(record_property):
     """The kernels bfloat16 inputs run (ptx_check.bfloat16_entries): forward v7 on the
     bfloat16 tensor cores at d = 59, 64, 128, full and causal, with every variant and on a
-    packed batch's views, and the two conversion kernels; none uses float64, and each has
-    its recorded fingerprint."""
+    packed batch's views, the decoding kernels (split_kv, combine, append) on bfloat16
+    caches, and the two conversion kernels; none uses float64, and each has its recorded
+    fingerprint."""
     results = run_ptx_check("--group", "bfloat16", "--link")
     record_property("ptx_report", table(results))
-    assert len(results) == 10, [r["name"] for r in results]
+    assert len(results) == 20, [r["name"] for r in results]
     assert_compiled_without_f64(results, "bfloat16")
     assert_fingerprints(results)
 

@@ -560,9 +560,6 @@ def _errors():
         "attention bfloat16 with float16": (TypeError, "same dtype",
                                             lambda: nft.attention(q.bfloat16(), q.half(),
                                                                   q.half())),
-        "kvcache bfloat16": (TypeError, "bfloat16",
-                             lambda: nft.flash_attn_with_kvcache(
-                                 *(x.bfloat16() for x in (qf, kf, vf)), cache_seqlens=3)),
         "attention numpy": (TypeError, "torch.Tensor",
                             lambda: nft.attention(q.numpy(), q, q)),
         "attention devices": (ValueError, "device",
@@ -830,6 +827,36 @@ def test_flash_attn_with_kvcache_layout_and_in_place_writes():
                                         **{bad: torch.zeros(1)})
     with pytest.raises(ValueError, match="cache_seqlens"):
         nft.flash_attn_with_kvcache(q, k_cache, v_cache, k=k, v=v)
+
+
+def test_flash_attn_with_kvcache_bfloat16_in_place():
+    """bfloat16 caches on the CPU: the new rows land in the tensors' own memory (through
+    their int16 view), and out and lse are bitwise numbaflash.attention_with_kvcache's on
+    the same ml_dtypes.bfloat16 arrays."""
+    g = torch.Generator().manual_seed(6)
+    B, S_max, Hk, Hq, d = 2, 16, 1, 2, 8
+    q = torch.randn(B, 1, Hq, d, generator=g).bfloat16()
+    k_cache, v_cache = (torch.randn(B, S_max, Hk, d, generator=g).bfloat16() for _ in range(2))
+    k, v = (torch.randn(B, 1, Hk, d, generator=g).bfloat16() for _ in range(2))
+    lengths = torch.tensor([3, 9], dtype=torch.int32)
+    k0, v0 = k_cache.clone(), v_cache.clone()
+    out, lse = nft.flash_attn_with_kvcache(q, k_cache, v_cache, k=k, v=v,
+                                           cache_seqlens=lengths, causal=True,
+                                           num_splits=2, return_softmax_lse=True)
+    assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
+    want_k, want_v = k0.clone(), v0.clone()
+    for b, n in enumerate(lengths.tolist()):
+        want_k[b, n], want_v[b, n] = k[b, 0], v[b, 0]
+    assert torch.equal(k_cache.view(torch.int16), want_k.view(torch.int16))
+    assert torch.equal(v_cache.view(torch.int16), want_v.view(torch.int16))
+    T = lambda x: np.ascontiguousarray(x.view(torch.int16).numpy().view(BF16)
+                                       .transpose(0, 2, 1, 3))
+    want, want_lse = numbaflash.attention_with_kvcache(
+        T(q), T(k0), T(v0), cache_seqlens=lengths.numpy(), k=T(k), v=T(v), causal=True,
+        num_splits=2, return_lse=True)
+    assert_bitwise_equal("out", out.transpose(1, 2).view(torch.int16).numpy(),
+                         want.view(np.int16))
+    assert_bitwise_equal("lse", lse.numpy(), want_lse)
 
 
 def test_flash_attn_varlen_func_is_attention_varlen_with_autograd():

@@ -77,6 +77,12 @@ def make_halves(name):
     raise ValueError(f"no 16-bit tensor-core type {name!r}; choose from {NAMES}")
 
 
+def half_of(dtype):
+    """"bfloat16" for the bfloat16 dtype (its name), else None: the ``half`` argument of
+    the kernel factories that read bfloat16 bits besides their own dtypes."""
+    return "bfloat16" if str(dtype) == "bfloat16" else None
+
+
 # --- bfloat16 inputs on the float32 kernels -----------------------------------------
 
 CONVERT_THREADS = 256

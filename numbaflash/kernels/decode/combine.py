@@ -18,17 +18,21 @@ import math
 from numba import cuda
 
 from .. import acc_type, jit_options
+from ..halves import half_of, make_halves
 from ..plan import Plan
 
 THREADS = 128
 
 
 @functools.lru_cache(maxsize=None)
-def make_combine(acc_dtype):
+def make_combine(acc_dtype, half=None):
     """The combine kernel: O_parts (n, BH, Sq, d), L_parts (n, BH, Sq) in ``acc_dtype``
     -> O (BH, Sq, d) in the output dtype, L (BH, Sq). A row no split saw (every L_s =
-    -inf) gets O = 0 and L = -inf; a NaN L_s (a split that saw NaN) carries through."""
+    -inf) gets O = 0 and L = -inf; a NaN L_s (a split that saw NaN) carries through.
+    ``half="bfloat16"``: O holds bfloat16 bits, rounded where written (kernels/halves.py)."""
     acc = acc_type(acc_dtype)
+    BF16 = half == "bfloat16"
+    narrow = make_halves("bfloat16").narrow
     ZERO = acc(0)
     NEG_INF = acc(-math.inf)
 
@@ -57,11 +61,17 @@ def make_combine(acc_dtype):
                 total += weight
                 o += weight * O_parts[s, bh, i, col]
         if not seen:                            # no split saw a key
-            O[bh, i, col] = ZERO
+            if BF16:
+                O[bh, i, col] = narrow(ZERO)
+            else:
+                O[bh, i, col] = ZERO
             if col == 0:
                 L[bh, i] = NEG_INF
             return
-        O[bh, i, col] = o / total
+        if BF16:
+            O[bh, i, col] = narrow(o / total)
+        else:
+            O[bh, i, col] = o / total
         if col == 0:
             L[bh, i] = m_safe + math.log(total)
 
@@ -77,4 +87,4 @@ def plan(p, where):
 
 
 def kernel(plan, p):
-    return make_combine(p.acc_dtype)
+    return make_combine(p.acc_dtype, half_of(p.dtype))

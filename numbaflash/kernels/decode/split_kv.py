@@ -49,6 +49,7 @@ import numpy as np
 from numba import cuda
 
 from .. import acc_type, jit_options
+from ..halves import half_of, make_halves
 from ..plan import Plan, variant_description
 from ..ptx import flat_load
 from ..smem import U
@@ -92,7 +93,7 @@ def rows_per_block(rows_needed, d):
 
 
 @functools.lru_cache(maxsize=None)
-def make_split_kv(d, rows, causal, acc_dtype, variant=PLAIN):
+def make_split_kv(d, rows, causal, acc_dtype, variant=PLAIN, half=None):
     """The split-KV decode kernel for head dim ``d``, ``rows`` query rows per block,
     ``causal`` (the band's upper bound: causal, bottom-right within each batch's length,
     and/or a window's right side, at ``upper_shift``) and ``variant`` (window, softcap,
@@ -113,8 +114,15 @@ def make_split_kv(d, rows, causal, acc_dtype, variant=PLAIN):
     softmax_scale; upper_shift, lower_shift: the band's bounds relative to n_b - Sq
     (masks.band at Sk = Sq); Hq, group; softcap, slopes, attn_mask (variants.py's
     run-time arguments; attn_mask a placeholder, never read).
+
+    ``half="bfloat16"``: Q, the caches and O hold bfloat16 bits (uint16,
+    numbaflash/dtypes.py), widened where they are read and O rounded where it is written
+    (kernels/halves.py); otherwise the arrays' own dtype is read and written.
     """
     acc = acc_type(acc_dtype)
+    BF16 = half == "bfloat16"
+    widen = make_halves("bfloat16").widen if BF16 else acc
+    narrow = make_halves("bfloat16").narrow
     ZERO = acc(0)
     NEG_INF = acc(-math.inf)
     NC = columns_per_lane(d)
@@ -213,7 +221,7 @@ def make_split_kv(d, rows, causal, acc_dtype, variant=PLAIN):
             h = hk * group + rr // Sq
             for c in range(NC):
                 col = lane + 32 * c
-                q[r * NC + c] = acc(Q[b, h, rr % Sq, col]) if rr < n_rows and col < d else ZERO
+                q[r * NC + c] = widen(Q[b, h, rr % Sq, col]) if rr < n_rows and col < d else ZERO
                 o[r * NC + c] = ZERO
             m[r] = NEG_INF
             l[r] = ZERO
@@ -233,8 +241,8 @@ def make_split_kv(d, rows, causal, acc_dtype, variant=PLAIN):
                 v_at = b * v_batch + hk * v_head + key * v_row
                 for c in range(NC):
                     col = lane + 32 * c if WHOLE_WARPS else min(lane + 32 * c, d - 1)
-                    kx[e * NC + c] = acc(flat_load(K, U(k_at + col)))
-                    vx[e * NC + c] = acc(flat_load(V, U(v_at + col)))
+                    kx[e * NC + c] = widen(flat_load(K, U(k_at + col)))
+                    vx[e * NC + c] = widen(flat_load(V, U(v_at + col)))
                     if not WHOLE_WARPS:
                         inside = lane + 32 * c < d
                         kx[e * NC + c] = kx[e * NC + c] if inside else ZERO
@@ -305,7 +313,10 @@ def make_split_kv(d, rows, causal, acc_dtype, variant=PLAIN):
                 out = ZERO if l_sum == ZERO else o_sum / l_sum
                 lse = NEG_INF if l_sum == ZERO else m_max + math.log(l_sum)
                 if n_splits == 1:
-                    O[bh, i, col] = out
+                    if BF16:
+                        O[bh, i, col] = narrow(out)
+                    else:
+                        O[bh, i, col] = out
                     if col == 0:
                         L[bh, i] = lse
                 else:
@@ -343,4 +354,4 @@ def plan(p, where, n_splits, reason):
 def kernel(plan, p):
     """The compiled kernel of ``plan`` (cached per compile-time parameters)."""
     return make_split_kv(p.d, rows_per_block(p.group * p.Sq, p.d), p.upper, p.acc_dtype,
-                         p.variant)
+                         p.variant, half_of(p.dtype))
