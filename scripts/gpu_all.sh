@@ -11,6 +11,10 @@
 #   bash scripts/gpu_all.sh all         # the four above, each time-limited, logs packed in one file
 #   bash scripts/gpu_all.sh energy      # bench --energy: joules per call, numbaflash and SDPA, not
 #                                         part of "all" (needs pip install "numbaflash[energy]")
+#   bash scripts/gpu_all.sh half        # float16 and bfloat16: their tests, scripts/half_gpu.py
+#                                         (agreement, 50 reruns, time against SDPA FLASH), and
+#                                         compute-sanitizer on forward v7 and backward v7 in
+#                                         bfloat16; not part of "all"
 #
 # Each part prints a short summary last. Needs a CUDA GPU, PyTorch, and numpy < 2.5.
 set -uo pipefail
@@ -85,6 +89,21 @@ energy)
         --json "$OUT/bench_energy.json" "${@:2}" 2>&1 | tee "$OUT/bench_energy.txt"
     exit "${PIPESTATUS[0]}"
     ;;
+half)
+    status=0
+    OUT="$OUT" bash "$0" tests tests/test_bfloat16.py tests/test_backward_half.py \
+        tests/test_torch.py > "$OUT/half_tests_console.txt" 2>&1 || status=1
+    tail -n 1 "$OUT/half_tests_console.txt"
+    python3 scripts/half_gpu.py 2>&1 | tee "$OUT/half_gpu.txt"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    run_sanitizers "forward v7 bfloat16 " sanitize_fwd_v7_bf16 \
+        "${SANITIZER_TOOLS:-memcheck racecheck synccheck}" --forward v7 --dtype bfloat16 \
+        || status=1
+    run_sanitizers "backward v7 bfloat16 " sanitize_bwd_v7_bf16 \
+        "${SANITIZER_TOOLS:-memcheck racecheck synccheck}" --backward v7 --dtype bfloat16 \
+        || status=1
+    exit "$status"
+    ;;
 sanitize)
     run_sanitizers "" sanitize "${SANITIZER_TOOLS:-memcheck racecheck synccheck initcheck}" \
         | tee "$OUT/sanitize_summary.txt"
@@ -114,7 +133,7 @@ all)
     exit $status
     ;;
 *)
-    echo "usage: bash scripts/gpu_all.sh tests|check|simgpu|variants|energy|sanitize|all" >&2
+    echo "usage: bash scripts/gpu_all.sh tests|check|simgpu|variants|energy|half|sanitize|all" >&2
     exit 2
     ;;
 esac

@@ -24,8 +24,8 @@ every forward and backward version that takes variants, on sequences of ragged l
 
 ``--forward V`` also runs forward V once on inputs with a NaN in q and k and an inf in v,
 so that the paths that handle non-finite inputs (forward v6's fix-ups) are checked too.
-``--dtype T`` runs every case in dtype T only (e.g. ``--forward v7 --dtype float16``:
-v7 takes float16 inputs only).
+``--dtype T`` runs every case in dtype T only (e.g. ``--forward v7 --dtype bfloat16``:
+v7 takes float16 and bfloat16 inputs only).
 
 Shapes are small (the sanitizer slows kernels down 10-100x, and every process compiles
 its kernels again) but cross tile boundaries with ragged tails, Sq != Sk in both

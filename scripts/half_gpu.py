@@ -1,0 +1,181 @@
+"""float16 and bfloat16 on a GPU: agreement, bitwise reruns, and the time against SDPA FLASH.
+
+    python scripts/half_gpu.py [--parts agreement,reruns,speed] [--dtypes float16,bfloat16]
+                               [--repeats 10] [--reruns 50]
+
+1. agreement: the forward default (v7, the 16-bit tensor cores), the default backward
+   (v6, 3xTF32) and backward v7 (the 16-bit tensor cores) on ragged shapes (Sq != Sk,
+   both causal alignments, rows that see no key, bfloat16 inputs up to 2^20), against
+   ``numbaflash.reference`` in float64 by the bench's rule, whose baseline is the same
+   formula in the inputs' dtype (``bench._agreement``; gradients with the bench's
+   multipliers).
+2. reruns: backward v7 (and v6) ``--reruns`` times on the same inputs: every run's dq, dk,
+   dv the same bits as the first (deterministic: no atomics).
+3. speed: the issue's shapes, (2, 16, 4096, 64), (2, 16, 4096, 128), (1, 16, 16384, 64),
+   causal and not: the forward (default v7) and forward + backward (with backward v6, the
+   default, and with backward v7) against PyTorch SDPA FLASH on the same tensors, as
+   ratios (SDPA's time / numbaflash's; the targets: forward 0.5x, forward + backward 0.4x).
+
+Timing: ``numbaflash.bench.time_ms`` (CUDA events, median of ``--repeats`` after 3
+warm-ups), one process. GPU only. Every line is printed as it comes (flush).
+"""
+
+import argparse
+import sys
+
+import ml_dtypes
+import numpy as np
+from numba import cuda
+
+import numbaflash
+from numbaflash import bench, reference
+
+SHAPES = ((2, 16, 4096, 4096, 64), (2, 16, 4096, 4096, 128), (1, 16, 16384, 16384, 64))
+TARGETS = {"forward": 0.5, "fwd+bwd": 0.4}
+BACKWARDS = ("v6", "v7")        # the default (3xTF32) and the 16-bit tensor cores
+
+
+def _np_dtype(name):
+    return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
+
+
+def _device(torch, t):
+    """A torch CUDA tensor as numbaflash takes it: bfloat16 through its int16 view."""
+    if t.dtype == torch.bfloat16:
+        return cuda.as_cuda_array(t.view(torch.int16)).view(ml_dtypes.bfloat16)
+    return cuda.as_cuda_array(t)
+
+
+def _check(name, got, want, base, dtype, mult, zero_rows=None):
+    c = bench._agreement(np.asarray(got, np.float64), want, base, dtype, mult, zero_rows)
+    print(f"  {name}: max err {c['max_err']:.3g}, bound {c['bound']:.3g}: "
+          f"{'ok' if c['ok'] else 'WRONG'}", flush=True)
+    return c["ok"]
+
+
+def agreement(dtypes):
+    rng = np.random.default_rng(1)
+    cases = [  # (B, H, Sq, Sk, d, causal, magnitude)
+        (1, 4, 777, 1000, 64, None, 1.0),
+        (1, 4, 1000, 513, 128, "bottom_right", 1.0),     # 487 rows see no key
+        (2, 2, 640, 640, 128, "top_left", 1.0),
+        (1, 2, 300, 333, 64, "bottom_right", 2.0 ** 20),
+    ]
+    ok = True
+    for name in dtypes:
+        dtype = _np_dtype(name)
+        for B, H, Sq, Sk, d, causal, mag in cases:
+            if mag > 1 and name != "bfloat16":
+                continue                    # beyond float16's range
+            q, k, v, dout = (rng.standard_normal((B, H, S, d)).astype(np.float32) * mag
+                             for S in (Sq, Sk, Sk, Sq))
+            q, k, v, dout = (x.astype(dtype) for x in (q, k, v, dout))
+            scale = 1.0 / (mag * mag * np.sqrt(d))
+            print(f"{name} {(B, H, Sq, Sk, d)} causal={causal} |x| ~ {mag:g}", flush=True)
+            out, lse = numbaflash.attention(q, k, v, causal=causal, scale=scale,
+                                            return_lse=True)
+            want, _ = reference.forward(q, k, v, causal=causal, scale=scale)
+            base, _ = reference.forward(q, k, v, causal=causal, scale=scale, dtype=dtype.type)
+            ok &= _check("out (forward default)", out, want, base, dtype, 2)
+            want_g = reference.backward(dout, q, k, v, causal=causal, scale=scale)
+            base_g = reference.backward(dout, q, k, v, causal=causal, scale=scale,
+                                        dtype=dtype.type)
+            for version in BACKWARDS:
+                grads = numbaflash.attention_backward(dout, q, k, v, out, lse, causal=causal,
+                                                      scale=scale, version=version)
+                for g_name, g, w, b, mult in zip(("dq", "dk", "dv"), grads, want_g, base_g,
+                                                 (5, 3, 3)):
+                    ok &= _check(f"{g_name} (backward {version})", g, w, b, dtype, mult)
+    return ok
+
+
+def reruns(torch, dtypes, n):
+    ok = True
+    for name in dtypes:
+        g = torch.Generator(device="cuda").manual_seed(2)
+        shape = (2, 8, 2048, 128)
+        t = [torch.randn(shape, device="cuda", dtype=getattr(torch, name), generator=g)
+             for _ in range(4)]
+        q, k, v, dout = (_device(torch, x) for x in t)
+        out, lse = numbaflash.attention(q, k, v, causal=True, return_lse=True)
+        for version in BACKWARDS:
+            first = [x.copy_to_host() for x in numbaflash.attention_backward(
+                dout, q, k, v, out, lse, causal=True, version=version)]
+            same = 0
+            for _ in range(n):
+                grads = numbaflash.attention_backward(dout, q, k, v, out, lse, causal=True,
+                                                      version=version)
+                same += all(np.array_equal(a.view(np.uint16), b.copy_to_host().view(np.uint16))
+                            for a, b in zip(first, grads))
+            print(f"reruns {name} {shape} causal backward {version}: {same} of {n} bitwise "
+                  f"the first", flush=True)
+            ok &= same == n
+    return ok
+
+
+def speed(torch, dtypes, repeats):
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def ms(fn):
+        return bench.time_ms(fn, repeats=repeats, warmup=3)
+
+    for name in dtypes:
+        for B, H, Sq, Sk, d in SHAPES:
+            for causal in (False, True):
+                g = torch.Generator(device="cuda").manual_seed(0)
+                tdt = getattr(torch, name)
+                qt, kt, vt, dot = (torch.randn((B, H, S, d), device="cuda", dtype=tdt,
+                                               generator=g) for S in (Sq, Sk, Sk, Sq))
+                q, k, v, dout = (_device(torch, x) for x in (qt, kt, vt, dot))
+                mode = "bottom_right" if causal else None
+                out, lse = numbaflash.attention(q, k, v, causal=mode, return_lse=True)
+                t_fwd = ms(lambda: numbaflash.attention(q, k, v, causal=mode))
+                t_fb = {}
+                for version in BACKWARDS:
+                    def fb(version=version):
+                        o, L = numbaflash.attention(q, k, v, causal=mode, return_lse=True)
+                        numbaflash.attention_backward(dout, q, k, v, o, L, causal=mode,
+                                                      version=version)
+                    t_fb[version] = ms(fb)
+                qr, kr, vr = (x.detach().requires_grad_() for x in (qt, kt, vt))
+                with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                    s_fwd = ms(lambda: F.scaled_dot_product_attention(qt, kt, vt,
+                                                                      is_causal=causal))
+
+                    def sdpa_fb():
+                        o = F.scaled_dot_product_attention(qr, kr, vr, is_causal=causal)
+                        o.backward(dot)
+                    s_fb = ms(sdpa_fb)
+                print(f"{name} {(B, H, Sq, Sk, d)} causal={causal}: forward {t_fwd:.3f} ms, "
+                      f"SDPA FLASH {s_fwd:.3f} ({s_fwd / t_fwd:.3f}x, target "
+                      f"{TARGETS['forward']}x); fwd+bwd "
+                      + ", ".join(f"backward {v} {t:.3f} ms ({s_fb / t:.3f}x)"
+                                  for v, t in t_fb.items())
+                      + f", SDPA FLASH {s_fb:.3f} (target {TARGETS['fwd+bwd']}x)", flush=True)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--parts", default="agreement,reruns,speed")
+    ap.add_argument("--dtypes", default="float16,bfloat16")
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--reruns", type=int, default=50)
+    args = ap.parse_args(argv)
+    if not cuda.is_available():
+        sys.exit("half_gpu.py needs a CUDA GPU")
+    import torch
+    parts, dtypes = args.parts.split(","), args.dtypes.split(",")
+    ok = True
+    if "agreement" in parts:
+        ok &= agreement(dtypes)
+    if "reruns" in parts:
+        ok &= reruns(torch, dtypes, args.reruns)
+    if "speed" in parts:
+        speed(torch, dtypes, args.repeats)
+    print("half_gpu:", "all checks passed" if ok else "SOME CHECKS FAILED", flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
