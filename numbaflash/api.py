@@ -241,9 +241,11 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, win
             (v1 with a variant there); "v4": v3 with dynamic shared memory for larger
             tiles, the default in float32 and float16 with d <= 128 on the simulator; "v5":
             tensor cores (3xTF32); "v6": v5 made cheaper, the default for that
-            attention on a GPU. v5 and v6 take finite inputs only: the call checks them
-            first and, if one is NaN or inf, runs v4 and logs why for the default, or
-            raises ValueError if v5 or v6 was asked for); None picks the default; see
+            attention on a GPU; "v7": v5 on the 16-bit tensor cores for float16 and
+            bfloat16, plain or causal attention, when asked for. v5, v6 and v7 take finite
+            inputs only: the call checks them first and, if one is NaN or inf, runs v4
+            and logs why for the default, or raises ValueError if v5, v6 or v7 was asked
+            for); None picks the default; see
             ``explain_backward`` and numbaflash/kernels/backward/ (one file per version).
         tiles: (Br, Bc) for the backward kernels (v3 and v4 also take (Br, Bc, TM, TN);
             v5 and v6 take multiples of 16, and v6 also ((Br, Bc), (Br, Bc)): the dK/dV
@@ -253,16 +255,18 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, win
         stream: as for ``attention`` (the inputs' stream: dout's, q's, ... in that order).
 
     Returns:
-        ``(dq, dk, dv)`` with the shapes and dtype of q, k, v (float16 inputs are computed
-        in float32 and the gradients rounded to float16, like the forward's output).
+        ``(dq, dk, dv)`` with the shapes and dtype of q, k, v (float16 and bfloat16 inputs
+        are computed in float32 and the gradients rounded to their dtype, like the
+        forward's output).
         Rows that see no key give a zero dq row; keys no row sees get zero dk and dv rows.
         Empty inputs give zero or empty gradients without a launch (Sk = 0: dq is zero,
         dk and dv are empty).
 
     Raises:
         ValueError: bad shapes (dout, out, lse included), scale, causal mode, head dim,
-            version or tiles; raised before anything is launched. Also version="v5" or "v6"
-            with a NaN or inf among the inputs (found by a check kernel, before the backward's).
+            version or tiles; raised before anything is launched. Also version="v5", "v6"
+            or "v7" with a NaN or inf among the inputs (found by a check kernel, before the
+            backward's).
         TypeError: unsupported or mismatched dtypes (dout, out, lse included).
         MemoryError: the arrays the call allocates (device copies of host inputs, the
             scratch D, dq, dk, dv and their host copies) need more host or GPU memory than
@@ -310,8 +314,8 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, win
         dQ = arrays.device_empty((p.BH, p.Sq, p.d), grad, s)
     dK = arrays.device_empty((p.BHkv, p.Sk, p.d), grad, s)
     dV = arrays.device_empty((p.BHkv, p.Sk, p.d), grad, s)
-    # v5 and v6 (tensor cores) need finite inputs: checked here; v4 if not, or an error
-    # if the caller asked for v5 or v6.
+    # v5, v6 and v7 (tensor cores) need finite inputs: checked here; v4 if not, or an
+    # error if the caller asked for one of them.
     plans = finite_inputs_plans(plans, kp, version is not None, Q, K, V, O, dO, L, s)
     launch_backward(plans, kp, Q, K, V, O, dO, L, D, dQ, dK, dV, *_variant_arrays(p, s),
                     stream=s)

@@ -38,6 +38,15 @@ def on_device(arrays):
     return kinds.pop()
 
 
+def to_device(a, stream=DEFAULT):
+    """``cuda.to_device(a)`` on ``stream`` for a C-contiguous host array; a bfloat16 one
+    travels as its uint16 bits (Numba's copy reads the buffer protocol, which has no
+    bfloat16) and is viewed as bfloat16 again on the device."""
+    if dtypes.is_bfloat16(a.dtype):
+        return cuda.to_device(a.view(dtypes.BITS), stream=stream.numba).view(a.dtype)
+    return cuda.to_device(a, stream=stream.numba)
+
+
 def as_kernel_array(x, shape3, name, stream=DEFAULT, widen=False):
     """View x as a C-contiguous (BH, S, d) array the kernels can take, ready for work on
     ``stream`` (a streams.CallStream).
@@ -66,7 +75,7 @@ def strided_view(x, name, stream=DEFAULT):
     wrapped without a copy, whatever their strides (a transposed view reads and writes
     the memory it views). Negative strides are refused (ValueError)."""
     if not is_device_array(x):
-        return cuda.to_device(np.ascontiguousarray(x), stream=stream.numba)
+        return to_device(np.ascontiguousarray(x), stream)
     wait_for(x, stream)
     if not hasattr(x, "copy_to_host"):      # CuPy, PyTorch, ...: wrap without a copy
         x = cuda.as_cuda_array(x, sync=False)
@@ -252,4 +261,4 @@ def filled(shape, value, dtype, host, stream=DEFAULT):
     """An output that needs no kernel (e.g. Sk = 0): built on the host, moved if needed
     (on ``stream``)."""
     a = np.full(shape, value, dtype=dtype)
-    return a if host else cuda.to_device(a, stream=stream.numba)
+    return a if host else to_device(a, stream)

@@ -2,8 +2,10 @@
 
 numbaflash takes float16, bfloat16, float32 and float64 inputs. bfloat16 is NumPy's
 ``ml_dtypes.bfloat16`` (the dtype JAX and others use); a Numba device array may hold it
-too (``cuda.to_device`` of such an array), and numbaflash.torch passes PyTorch's bfloat16
-tensors the same way. Numba has no bfloat16 type, so the kernels never see the dtype:
+too: ``cuda.to_device(a.view(np.uint16)).view(ml_dtypes.bfloat16)`` (``cuda.to_device``
+of the bfloat16 array itself fails on a GPU: the buffer protocol it reads has no
+bfloat16), and numbaflash.torch passes PyTorch's bfloat16 tensors the same way. Numba
+has no bfloat16 type, so the kernels never see the dtype:
 
 * a kernel that reads bfloat16 itself (its module says ``BFLOAT16 = True``: forward v7, on
   the 16-bit tensor cores) gets a uint16 view of the same memory, the values' bits

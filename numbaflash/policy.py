@@ -20,7 +20,7 @@ from numba import cuda
 
 from . import arrays, dtypes
 from .kernels import backward, forward, simulating
-from .kernels.backward.nonfinite import nonfinite_check
+from .kernels.backward.nonfinite import nonfinite_check, nonfinite_check_bfloat16
 from .kernels.decode.split_kv import rows_per_block
 from .kernels.plan import Plans, device_dynamic_shared_limit, needs_variants
 from .launcher import launch
@@ -196,17 +196,20 @@ def plan_backward(p, version=None, tiles=None, where=None):
 
 def finite_inputs_plans(plans, p, asked, Q, K, V, O, dO, L, stream=DEFAULT):
     """``plans``, or the default's without tensor cores (v4, or v1 for a variant v4 does
-    not take) if they are v5's or v6's and an input holds NaN or inf (the tensor-core
-    backward needs finite inputs). One check kernel over the six arrays and a 4-byte copy
-    back, on ``stream`` (a streams.CallStream), which is then waited for. ``asked``: the
-    caller named the version, which then raises ValueError instead of falling back."""
+    not take) if they are v5's, v6's or v7's and an input holds NaN or inf (the
+    tensor-core backward needs finite inputs). One check kernel over the six arrays and a
+    4-byte copy back, on ``stream`` (a streams.CallStream), which is then waited for; for
+    bfloat16 given as its bits (v7: Problem ``p`` says bfloat16) the check reads the
+    exponent bits. ``asked``: the caller named the version, which then raises ValueError
+    instead of falling back (v7 is never the default, so it always raises)."""
     version = plans[-1].version
-    if version not in ("v5", "v6"):
+    if version not in ("v5", "v6", "v7"):
         return plans
     flag = cuda.to_device(np.zeros(1, np.int32))
     n = max(a.size for a in (Q, K, V, O, dO, L))
     threads = 256
-    launch(nonfinite_check, (min(math.ceil(n / threads), 4096),), (threads,),
+    check = nonfinite_check_bfloat16 if dtypes.is_bfloat16(p.dtype) else nonfinite_check
+    launch(check, (min(math.ceil(n / threads), 4096),), (threads,),
            tuple(arrays.flat_view(a) for a in (Q, K, V, O, dO, L)) + (flag,),
            (p.dtype, p.acc_dtype), stream=stream)
     found = flag.copy_to_host(stream=stream.numba)

@@ -625,8 +625,43 @@ def bfloat16_entries():
     return out
 
 
+def backward_half_entries():
+    """Backward v7 (the 16-bit tensor cores, kernels/backward/v7_half.py): its dK/dV and dQ
+    kernels for float16 and bfloat16 (the arrays the values' bits, uint16) at d = 64 and
+    128, full and causal, with its GPU tile rule (each kernel its own tiles); and the D
+    kernel reading bfloat16 bits. None of them may use float64."""
+    import numpy as np
+    from numbaflash.kernels import backward as bwd
+    from numbaflash.kernels.backward import preprocess as bwd_pre
+    v7 = bwd.module("v7")
+    f32 = np.dtype(np.float32)
+    out = []
+    for half in ("float16", "bfloat16"):
+        store = np.dtype(np.uint16) if half == "bfloat16" else np.dtype(half)
+        pre, dkdv, dq, _ = backward_signatures(store, f32)
+        n = len(variant_signature(f32))             # v7 takes no variant arguments
+        sigs = {"dkdv": dkdv[:-n], "dq": dq[:-n]}
+        for d in (64, 128):
+            tiles = v7.default_backward_v7_tiles(d, "gpu")
+            for causal, kind in itertools.product((False, True), ("dkdv", "dq")):
+                Br, Bc = tiles[kind]
+                tag = f"{half}-d{d}-{'causal' if causal else 'full'}-tiles{Br}x{Bc}"
+                make = getattr(v7, f"make_backward_{kind}_v7")
+                out.append(Entry(f"backward_{kind}_v7-{tag}", "backward_half",
+                                 lambda m=make, t=(Br, Bc, d, causal, half): m(*t),
+                                 sigs[kind], True))
+        if half == "bfloat16":
+            for d in (64, 128):
+                out.append(Entry(f"backward_preprocess-bfloat16-d{d}", "backward_half",
+                                 lambda d=d: bwd_pre.make_backward_preprocess(d, "float32",
+                                                                              "bfloat16"),
+                                 pre, True))
+    return out
+
+
 GROUPS = {"forward": forward_entries, "backward": backward_entries, "variants": variant_entries,
-          "decode": decode_entries, "varlen": varlen_entries, "bfloat16": bfloat16_entries}
+          "decode": decode_entries, "varlen": varlen_entries, "bfloat16": bfloat16_entries,
+          "backward_half": backward_half_entries}
 
 
 F64_RE = re.compile(r"\.f64\b")

@@ -53,7 +53,8 @@ VERSIONS = version_params(bwd.VERSIONS, numbaflash.explain_backward)
 VERSION_DTYPES = {"v1": ("float16", "float32", "float64"), "v2": ("float32", "float64"),
                   "v3": ("float16", "float32", "float64"),
                   "v4": ("float16", "float32", "float64"), "v5": ("float16", "float32"),
-                  "v6": ("float16", "float32")}
+                  "v6": ("float16", "float32"),
+                  "v7": ("float16",)}     # and bfloat16: tests/test_backward_half.py
 # the versions without atomics
 DETERMINISTIC = [v for v in VERSIONS if getattr(v, "values", (v,))[0] != "v2"]
 
@@ -477,7 +478,7 @@ def test_mixed_host_and_device_raise(no_launch):
 
 
 @pytest.mark.parametrize("version, tiles, d, match", [
-    ("v9", None, 3, r"unknown backward version 'v9'; choose from \('v1', 'v2', .*'v6'\)"),
+    ("v9", None, 3, r"unknown backward version 'v9'; choose from \('v1', 'v2', .*'v7'\)"),
     ("v1", (2048, 4), 3, r"Br = 2048 exceeds 1024: the backward runs one thread per query row"),
     ("v1", (4, 2048), 3, r"Bc = 2048 exceeds 1024: the backward runs one thread per key row"),
     ("v1", (0, 4), 3, r"tiles must be positive"),
@@ -519,7 +520,7 @@ def test_vjp_checks_backward_options_before_the_forward(monkeypatch):
     monkeypatch.setattr(numbaflash.api, "launch_forward", fail)
     q = inputs()[1]
     with pytest.raises(ValueError, match="unknown backward version"):
-        numbaflash.attention_vjp(q, q, q, backward_version="v7")
+        numbaflash.attention_vjp(q, q, q, backward_version="v9")
 
 
 def test_vjp_rejects_a_bad_dout():

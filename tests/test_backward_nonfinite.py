@@ -81,9 +81,10 @@ def tile_pairs(d, acc_dtype):
 
 def dtype_version_params():
     """Every (dtype, version) pair; one the library refuses (e.g. v2 with float16) is a
-    visible skip carrying the library's reason. v5 and v6 refuse NaN inputs with an error
-    (the default runs v4 instead): their own test checks that, and here they are skips
-    that say so."""
+    visible skip carrying the library's reason. v5, v6 and v7 refuse NaN inputs with an
+    error (the default runs v4 instead of v5 and v6; v7 is never the default): their own
+    tests check that (v7's: tests/test_backward_half.py), and here they are skips that
+    say so."""
     params = []
     for dtype in DTYPES:
         for version in bwd.VERSIONS:
@@ -92,6 +93,9 @@ def dtype_version_params():
                 why = (f"{version} takes finite inputs only: it refuses NaN with an error, "
                        "and the default runs v4 instead (test_tensor_core_versions_refuse_"
                        "nonfinite_inputs_and_the_default_runs_v4)")
+            elif why is None and version == "v7":
+                why = ("v7 takes finite inputs only: it refuses NaN with an error "
+                       "(tests/test_backward_half.py, test_v7_refuses_nonfinite_inputs)")
             marks = () if why is None else pytest.mark.skip(reason=why)
             params.append(pytest.param(dtype, version, id=f"{dtype}-{version}", marks=marks))
     return params

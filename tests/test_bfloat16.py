@@ -38,6 +38,12 @@ BF16 = ml_dtypes.bfloat16
 FORWARD_VERSIONS = ("default", "v7")
 
 
+def to_device(a):
+    """A bfloat16 NumPy array on the device: its bits copied, viewed as bfloat16 there
+    (Numba's copy reads the buffer protocol, which has no bfloat16; numbaflash/dtypes.py)."""
+    return cuda.to_device(a.view(np.uint16)).view(BF16)
+
+
 def bf16_inputs(rng, B, Hq, Hkv, Sq, Sk, d, magnitude=1.0):
     """q, k, v (and dout) as bfloat16, standard normal times ``magnitude``."""
     def draw(H, S):
@@ -124,7 +130,7 @@ def test_device_arrays_give_the_host_bits(version):
     q, k, v, dout = bf16_inputs(rng, 2, 2, 1, 19, 23, 16)
     out, lse = numbaflash.attention(q, k, v, causal=True, return_lse=True,
                                     version=_version(version))
-    dev = [cuda.to_device(x) for x in (q, k, v, dout)]
+    dev = [to_device(x) for x in (q, k, v, dout)]
     d_out, d_lse = numbaflash.attention(*dev[:3], causal=True, return_lse=True,
                                         version=_version(version))
     assert d_out.dtype == BF16 and not isinstance(d_out, np.ndarray)
@@ -266,7 +272,7 @@ def test_kv_cache_is_attention_on_the_sliced_caches(num_splits):
         n = at + S_new
         check_forward(q[b:b + 1], kc[b:b + 1, :, :n], vc[b:b + 1, :, :n], out[b:b + 1],
                       lse[b:b + 1], causal=True)
-    dev = [cuda.to_device(x) for x in (q, k_cache, v_cache, k_new, v_new)]
+    dev = [to_device(x) for x in (q, k_cache, v_cache, k_new, v_new)]
     d_out = numbaflash.attention_with_kvcache(dev[0], dev[1], dev[2], cache_seqlens=seqlens,
                                               k=dev[3], v=dev[4], causal=True,
                                               num_splits=num_splits)

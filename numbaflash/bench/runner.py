@@ -39,6 +39,7 @@ import time
 import numpy as np
 from numba import cuda
 
+from .. import arrays
 from .agreement import NumpyOracle
 from .cases import (PASSES, SDPA_IMPLS, _base_record, _check_arguments, _impl_name,
                     sdpa_impls)
@@ -116,7 +117,7 @@ def _make_inputs(torch, shape, dtype, seed):
         return None, tensors, device
     rng = np.random.default_rng(seed)
     host = {n: rng.standard_normal(s).astype(dtype) for n, s in sizes.items()}
-    device = {n: cuda.to_device(a) for n, a in host.items()}
+    device = {n: arrays.to_device(a) for n, a in host.items()}
     return host, None, device
 
 

@@ -27,15 +27,17 @@ The ladder, by lineage: each file says its parent, what it changes and what that
     └─ v3_register_blocked   a TM x TN block of (row, key) pairs per thread (SIMT)
        └─ v4_dynamic_shared  v3's tiles in dynamic shared memory (the simulator's default)
           └─ v5_tensor_cores the tile products on the tensor cores, 3xTF32
-             └─ v6_split_pairs  cheaper splits and staging, streamed tiles split once
-    nonfinite                the check that v5's and v6's inputs are finite
+             ├─ v6_split_pairs  cheaper splits and staging, streamed tiles split once
+             └─ v7_half      float16 and bfloat16 on the 16-bit tensor cores (m16n8k16)
+    nonfinite                the check that v5's, v6's and v7's inputs are finite
 
 Defaults (numbaflash/policy.py decides, and explain_backward() says why), variants or
 not: v3 in float64 and at d > 128 (v1 for a variant there); on a GPU v6 for float32 and
 float16 with d <= 128 and finite inputs (v4 when an input holds NaN or inf, or when no v6
 tile fits the GPU's shared memory); on the simulator, which cannot run the tensor-core
 versions, v4. Every default is deterministic: no atomics, so repeated runs give bitwise
-identical gradients (v2, which adds dQ with atomics, runs only when asked for).
+identical gradients (v2, which adds dQ with atomics, runs only when asked for; so does v7,
+deterministic but without a recorded measurement yet).
 
 Each version's file holds its kernel factories and its launch contract: ``plan(p, where,
 tiles, reason, preprocess)`` (the Plans of D, dK/dV and dQ: tile rule, tile check, shared
@@ -66,13 +68,13 @@ block per K/V head and tile, and walks the Q tiles of every query head of its gr
 fixed order (each query head with its own dropout mask): dK, dV summed without atomics.
 Tiles that a boolean attn_mask or a mask_mod leaves empty are skipped through the table
 of visible tiles (``tiles``, variants.make_tile_table). v2, v3 and v5 compute plain
-attention only: their plans refuse variants (dropout included).
+attention only: their plans refuse variants (dropout included), as v7's does.
 
 Fully masked rows (causal with Sq > Sk, where L = -inf) have P = 0: the kernels skip them
 before computing exp, so they give a zero dQ row, add nothing to dK and dV, and no
 exp(-inf - (-inf)) is ever evaluated. Masked keys are never read into a sum, so NaN there
-has no effect; NaN in a visible input propagates (v5 and v6 refuse non-finite inputs, see
-nonfinite.py). Speed against PyTorch SDPA: docs/performance.md.
+has no effect; NaN in a visible input propagates (v5, v6 and v7 refuse non-finite inputs,
+see nonfinite.py). Speed against PyTorch SDPA: docs/performance.md.
 """
 
 
@@ -86,6 +88,7 @@ MODULES = {
     "v4": "v4_dynamic_shared",
     "v5": "v5_tensor_cores",
     "v6": "v6_split_pairs",
+    "v7": "v7_half",
 }
 VERSIONS = tuple(MODULES)
 

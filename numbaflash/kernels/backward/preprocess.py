@@ -7,15 +7,23 @@ import math
 from numba import cuda
 
 from .. import acc_type, jit_options
+from ..halves import make_halves
 from ..plan import Plan
 
 
 @functools.lru_cache(maxsize=None)
-def make_backward_preprocess(d, acc_dtype):
+def make_backward_preprocess(d, acc_dtype, half=None):
     """D = rowsum(dO * O) (Alg.2 l.4): D (BH, Sq) in the accumulator dtype.
+
+    ``half``: None for dO and O of a dtype the accumulator type converts (float16,
+    float32, float64), or "bfloat16" (kernels/halves.py) for the bfloat16 bits (uint16)
+    that a backward version reading bfloat16 itself is given (its module's BFLOAT16),
+    widened exactly to float32.
 
     Launch: grid (ceil(Sq / threads), BH), block (threads,): one thread per query row.
     """
+    if half is not None:
+        return _make_half_preprocess(d, half)
     acc = acc_type(acc_dtype)
     ZERO = acc(0)
 
@@ -28,6 +36,26 @@ def make_backward_preprocess(d, acc_dtype):
         D_row = ZERO
         for k in range(d):
             D_row += acc(dO[bh, row, k]) * acc(O[bh, row, k])
+        D[bh, row] = D_row              # a fully masked row has O = 0, so D = 0
+
+    return backward_preprocess
+
+
+def _make_half_preprocess(d, half):
+    """make_backward_preprocess for 16-bit inputs stored as ``half`` (float32 sums)."""
+    widen = make_halves(half).widen
+    acc = acc_type("float32")
+    ZERO = acc(0)
+
+    @cuda.jit(**jit_options())
+    def backward_preprocess(dO, O, D):
+        bh = cuda.blockIdx.y
+        row = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        if row >= dO.shape[1]:
+            return                      # no barriers in this kernel, so early exit is safe
+        D_row = ZERO
+        for k in range(d):
+            D_row += widen(dO[bh, row, k]) * widen(O[bh, row, k])
         D[bh, row] = D_row              # a fully masked row has O = 0, so D = 0
 
     return backward_preprocess
@@ -47,5 +75,9 @@ def plan(p, where, version):
 
 
 def kernel(plan, p):
-    """The compiled D kernel (cached per head dim and accumulator dtype)."""
-    return make_backward_preprocess(p.d, p.acc_dtype)
+    """The compiled D kernel (cached per head dim, accumulator dtype and input storage):
+    the kernels are given bfloat16 as its bits only when the backward version reads them
+    itself (numbaflash/dtypes.py; every other version gets float32 copies, and Problem
+    ``p`` then says float32)."""
+    half = "bfloat16" if p.dtype.name == "bfloat16" else None
+    return make_backward_preprocess(p.d, p.acc_dtype, half)
