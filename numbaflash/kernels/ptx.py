@@ -156,72 +156,54 @@ def mma_tf32(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
     return sig, codegen
 
 
-@intrinsic
-def mma_f16(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
-    """(d0, d1, d2, d3) = A B + C for one m16n8k16 float16 tile; see the module docstring."""
-    f32, u32 = types.float32, types.uint32
-    sig = types.UniTuple(f32, 4)(u32, u32, u32, u32, u32, u32, f32, f32, f32, f32)
+def _mma_m16n8k16(kind):
+    """The intrinsic (d0, d1, d2, d3) = A B + C for one m16n8k16 tile of ``kind`` ("f16"
+    or "bf16") inputs, float32 accumulators; see the module docstring."""
 
-    def codegen(context, builder, sig, args):
-        fnty = ir.FunctionType(ir.LiteralStructType([_F32] * 4), [_I32] * 6 + [_F32] * 4)
-        mma = ir.InlineAsm(
-            fnty,
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-            "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
-            "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f")
-        res = builder.call(mma, list(args))
-        vals = [builder.extract_value(res, i) for i in range(4)]
-        return context.make_tuple(builder, sig.return_type, vals)
+    @intrinsic
+    def mma(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        f32, u32 = types.float32, types.uint32
+        sig = types.UniTuple(f32, 4)(u32, u32, u32, u32, u32, u32, f32, f32, f32, f32)
 
-    return sig, codegen
+        def codegen(context, builder, sig, args):
+            fnty = ir.FunctionType(ir.LiteralStructType([_F32] * 4), [_I32] * 6 + [_F32] * 4)
+            asm = ir.InlineAsm(
+                fnty,
+                f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32 "
+                "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
+                "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f")
+            res = builder.call(asm, list(args))
+            vals = [builder.extract_value(res, i) for i in range(4)]
+            return context.make_tuple(builder, sig.return_type, vals)
 
+        return sig, codegen
 
-@intrinsic
-def pack_f16x2(typingctx, lo, hi):
-    """lo and hi rounded to float16 and packed into one word, lo in the low half."""
-    sig = types.uint32(types.float32, types.float32)
-
-    def codegen(context, builder, sig, args):
-        # PTX puts its first source operand in the upper half.
-        cvt = ir.InlineAsm(ir.FunctionType(_I32, [_F32, _F32]),
-                           "cvt.rn.f16x2.f32 $0, $1, $2;", "=r,f,f")
-        return builder.call(cvt, [args[1], args[0]])
-
-    return sig, codegen
+    return mma
 
 
-@intrinsic
-def mma_bf16(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
-    """(d0, d1, d2, d3) = A B + C for one m16n8k16 bfloat16 tile; see the module docstring."""
-    f32, u32 = types.float32, types.uint32
-    sig = types.UniTuple(f32, 4)(u32, u32, u32, u32, u32, u32, f32, f32, f32, f32)
+def _pack_x2(kind):
+    """The intrinsic word = lo and hi rounded to ``kind`` ("f16" or "bf16", to nearest
+    even) and packed into one 32-bit word, lo in the low half."""
 
-    def codegen(context, builder, sig, args):
-        fnty = ir.FunctionType(ir.LiteralStructType([_F32] * 4), [_I32] * 6 + [_F32] * 4)
-        mma = ir.InlineAsm(
-            fnty,
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-            "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
-            "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f")
-        res = builder.call(mma, list(args))
-        vals = [builder.extract_value(res, i) for i in range(4)]
-        return context.make_tuple(builder, sig.return_type, vals)
+    @intrinsic
+    def pack(typingctx, lo, hi):
+        sig = types.uint32(types.float32, types.float32)
 
-    return sig, codegen
+        def codegen(context, builder, sig, args):
+            # PTX puts its first source operand in the upper half.
+            cvt = ir.InlineAsm(ir.FunctionType(_I32, [_F32, _F32]),
+                               f"cvt.rn.{kind}x2.f32 $0, $1, $2;", "=r,f,f")
+            return builder.call(cvt, [args[1], args[0]])
+
+        return sig, codegen
+
+    return pack
 
 
-@intrinsic
-def pack_bf16x2(typingctx, lo, hi):
-    """lo and hi rounded to bfloat16 and packed into one word, lo in the low half."""
-    sig = types.uint32(types.float32, types.float32)
-
-    def codegen(context, builder, sig, args):
-        # PTX puts its first source operand in the upper half.
-        cvt = ir.InlineAsm(ir.FunctionType(_I32, [_F32, _F32]),
-                           "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f")
-        return builder.call(cvt, [args[1], args[0]])
-
-    return sig, codegen
+mma_f16 = _mma_m16n8k16("f16")
+mma_bf16 = _mma_m16n8k16("bf16")
+pack_f16x2 = _pack_x2("f16")
+pack_bf16x2 = _pack_x2("bf16")
 
 
 @intrinsic

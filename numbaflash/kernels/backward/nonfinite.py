@@ -31,42 +31,33 @@ def finite_bfloat16(bits):
     return (uint32(bits) & uint32(BF16_EXPONENT)) != uint32(BF16_EXPONENT)
 
 
-@cuda.jit(**jit_options())
-def nonfinite_check(Q, K, V, O, dO, L, flag):
-    """flag[0] = 1 if any element of the 1D arrays Q, K, V, O, dO is NaN or +-inf, or any
-    of L is NaN or +inf (L = -inf is a row that sees no key). policy.finite_inputs_plans
-    runs it before backward v5, v6 and v7, which need finite inputs (grid-stride loop; GPU and
-    simulator)."""
-    n = cuda.grid(1)
-    step = cuda.gridsize(1)
-    bad = False
-    while n < Q.size or n < K.size or n < L.size:
-        if n < Q.size:
-            bad = bad or not (finite(Q[n]) and finite(O[n]) and finite(dO[n]))
-        if n < K.size:
-            bad = bad or not (finite(K[n]) and finite(V[n]))
-        if n < L.size:
-            bad = bad or not (L[n] <= F32_MAX)
-        n += step
-    if bad:
-        flag[0] = 1                 # every writer writes the same value
+def _make_check(finite_value):
+    """The check kernel with ``finite_value`` (finite or finite_bfloat16) for the elements
+    of Q, K, V, O and dO."""
+
+    @cuda.jit(**jit_options())
+    def check(Q, K, V, O, dO, L, flag):
+        n = cuda.grid(1)
+        step = cuda.gridsize(1)
+        bad = False
+        while n < Q.size or n < K.size or n < L.size:
+            if n < Q.size:
+                bad = bad or not (finite_value(Q[n]) and finite_value(O[n])
+                                  and finite_value(dO[n]))
+            if n < K.size:
+                bad = bad or not (finite_value(K[n]) and finite_value(V[n]))
+            if n < L.size:
+                bad = bad or not (L[n] <= F32_MAX)
+            n += step
+        if bad:
+            flag[0] = 1                 # every writer writes the same value
+
+    return check
 
 
-@cuda.jit(**jit_options())
-def nonfinite_check_bfloat16(Q, K, V, O, dO, L, flag):
-    """nonfinite_check for Q, K, V, O, dO given as bfloat16 bits (uint16; L is float32):
-    what policy.finite_inputs_plans runs before backward v7 on bfloat16 inputs."""
-    n = cuda.grid(1)
-    step = cuda.gridsize(1)
-    bad = False
-    while n < Q.size or n < K.size or n < L.size:
-        if n < Q.size:
-            bad = bad or not (finite_bfloat16(Q[n]) and finite_bfloat16(O[n])
-                              and finite_bfloat16(dO[n]))
-        if n < K.size:
-            bad = bad or not (finite_bfloat16(K[n]) and finite_bfloat16(V[n]))
-        if n < L.size:
-            bad = bad or not (L[n] <= F32_MAX)
-        n += step
-    if bad:
-        flag[0] = 1                 # every writer writes the same value
+# flag[0] = 1 if any element of the 1D arrays Q, K, V, O, dO is NaN or +-inf, or any of L
+# is NaN or +inf (L = -inf is a row that sees no key). policy.finite_inputs_plans runs it
+# before backward v5, v6 and v7, which need finite inputs (grid-stride loop; GPU and
+# simulator); the bfloat16 one for Q, K, V, O, dO given as bits (uint16; L is float32).
+nonfinite_check = _make_check(finite)
+nonfinite_check_bfloat16 = _make_check(finite_bfloat16)

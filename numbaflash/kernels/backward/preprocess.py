@@ -18,33 +18,12 @@ def make_backward_preprocess(d, acc_dtype, half=None):
     ``half``: None for dO and O of a dtype the accumulator type converts (float16,
     float32, float64), or "bfloat16" (kernels/halves.py) for the bfloat16 bits (uint16)
     that a backward version reading bfloat16 itself is given (its module's BFLOAT16),
-    widened exactly to float32.
+    widened exactly to float32 (``acc_dtype`` is then "float32").
 
     Launch: grid (ceil(Sq / threads), BH), block (threads,): one thread per query row.
     """
-    if half is not None:
-        return _make_half_preprocess(d, half)
     acc = acc_type(acc_dtype)
-    ZERO = acc(0)
-
-    @cuda.jit(**jit_options())
-    def backward_preprocess(dO, O, D):
-        bh = cuda.blockIdx.y
-        row = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        if row >= dO.shape[1]:
-            return                      # no barriers in this kernel, so early exit is safe
-        D_row = ZERO
-        for k in range(d):
-            D_row += acc(dO[bh, row, k]) * acc(O[bh, row, k])
-        D[bh, row] = D_row              # a fully masked row has O = 0, so D = 0
-
-    return backward_preprocess
-
-
-def _make_half_preprocess(d, half):
-    """make_backward_preprocess for 16-bit inputs stored as ``half`` (float32 sums)."""
-    widen = make_halves(half).widen
-    acc = acc_type("float32")
+    widen = acc if half is None else make_halves(half).widen
     ZERO = acc(0)
 
     @cuda.jit(**jit_options())
