@@ -180,11 +180,12 @@ plt.show()
 #
 # `ptx.mma_f16` is an `@intrinsic`: when Numba compiles a call to it, `codegen` emits the
 # instruction as inline PTX, with its operands in registers (`r` a 32-bit integer
-# register, `f` a float32 one):
+# register, `f` a float32 one). One factory makes it for float16 and for bfloat16
+# (`ptx.mma_bf16`), another the packing of two float32 values into one word:
 
 # %%
-print(source_of(ptx, "@intrinsic\ndef mma_f16", "@intrinsic\ndef "))
-print(source_of(ptx, "@intrinsic\ndef pack_f16x2", "@intrinsic\ndef "))
+print(source_of(ptx, "def _mma_m16n8k16(kind):", "mma_f16 = "))
+print(source_of(ptx, "mma_f16 = ", "\n\n\n"))
 
 # %% [markdown]
 # A kernel of one warp that multiplies one tile. This one is for the notebook, not the
