@@ -30,7 +30,15 @@ def is_device_array(x):
 
 
 def on_device(arrays):
-    """True if all arrays are device arrays, False if all are host arrays; else TypeError."""
+    """True if all arrays are device arrays, False if all are host arrays; else TypeError.
+    A PyTorch bfloat16 tensor is refused (TypeError) with the way through: PyTorch exports
+    no bfloat16 through the CUDA Array Interface or NumPy."""
+    for a in arrays:
+        if str(getattr(a, "dtype", "")) == "torch.bfloat16":
+            raise TypeError("a PyTorch bfloat16 tensor cannot be read directly (PyTorch "
+                            "exports no bfloat16 to NumPy or through the CUDA Array "
+                            "Interface): call numbaflash.torch, which passes its int16 view "
+                            "without a copy (numbaflash/dtypes.py)")
     kinds = {is_device_array(a) for a in arrays}
     if len(kinds) > 1:
         raise TypeError("inputs mix host (NumPy) and device arrays: pass all of them on the "

@@ -18,6 +18,8 @@ has no bfloat16 type, so the kernels never see the dtype:
 Outputs are bfloat16 (gradients too), lse float32, as for float16.
 """
 
+from dataclasses import replace
+
 import ml_dtypes
 import numpy as np
 
@@ -57,8 +59,6 @@ def kernel_dtype(dtype, widen):
 
 def kernel_problem(p, widen):
     """The Problem the kernels are launched with: ``p``, with dtype float32 when widened."""
-    from dataclasses import replace
-
     return replace(p, dtype=np.dtype(np.float32)) if widen else p
 
 

@@ -202,6 +202,25 @@ def test_errors_before_any_launch(no_launch):
         numbaflash.attention(q.view(np.uint16), q.view(np.uint16), q.view(np.uint16))
 
 
+def test_a_torch_bfloat16_tensor_is_refused_with_the_way_through(no_launch):
+    """What PyTorch cannot export (a bfloat16 tensor, here a stand-in with its dtype and
+    the CUDA Array Interface) gets a clear error naming numbaflash.torch, before any
+    launch, from every entry point."""
+    class TorchTensor:
+        __cuda_array_interface__ = {}
+
+        def __init__(self, shape, dtype):
+            self.shape, self.dtype = shape, dtype
+
+    t = TorchTensor((1, 1, 8, 16), "torch.bfloat16")
+    lse = TorchTensor((1, 1, 8), "torch.float32")
+    for call in (lambda: numbaflash.attention(t, t, t),
+                 lambda: numbaflash.attention_backward(t, t, t, t, t, lse),
+                 lambda: numbaflash.attention_with_kvcache(t, t, t, cache_seqlens=4)):
+        with pytest.raises(TypeError, match="numbaflash.torch"):
+            call()
+
+
 def test_dtype_helpers():
     assert dtypes.is_bfloat16(BF16) and dtypes.is_bfloat16("bfloat16")
     assert not dtypes.is_bfloat16(np.float16) and not dtypes.is_bfloat16("not a dtype")
