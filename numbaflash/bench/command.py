@@ -17,6 +17,7 @@ without the counter).
 import math
 import os
 import sys
+from collections import namedtuple
 
 from .cases import (DTYPES, GPU_DEFAULT_SHAPES, PASSES, SIM_DEFAULT_SHAPES, _check_arguments,
                     check_host_memory, parse_shape)
@@ -32,10 +33,9 @@ from .timing import SIMULATOR_WARNING
 from .variants import (VARIANT_DTYPES, _check_variant_arguments, format_variant_table,
                        run_variants, wrong_variants)
 
-# Options of the plain bench that --variants does not take (its cases fix them).
-NOT_WITH_VARIANTS = ("shapes", "causal", "passes", "versions", "plot")
-# Nor --inference (its cases fix them too).
-NOT_WITH_INFERENCE = NOT_WITH_VARIANTS
+# Options of the plain bench that --variants and --inference do not take (their cases fix
+# them).
+NOT_WITH_CASE_TABLES = ("shapes", "causal", "passes", "versions", "plot")
 
 
 def _comma_list(text, allowed, what):
@@ -140,76 +140,63 @@ def _header(sim, torch, no_sdpa, variants=False, inference=False):
     return env
 
 
-def _cli_variants(args, fail, sim, torch):
-    """``bench --variants``: the variant table (``variants.run_variants``)."""
-    given = [f"--{name}" for name in NOT_WITH_VARIANTS if getattr(args, name) is not None]
+# What ``bench --variants`` and ``bench --inference`` each run: a table of fixed cases.
+# ``check(dtype, repeats, warmup, None, None)`` refuses bad numbers (ValueError);
+# ``run(dtype=, repeats=, warmup=, sdpa=)`` returns the records, ``format`` prints them,
+# ``wrong`` lists the records that disagree with the reference; ``catch``: the exceptions
+# of ``run`` reported as usage errors (besides MemoryError); ``wrong_rows``: how the table
+# marks those records.
+CaseTable = namedtuple("CaseTable", "option dtypes check run format wrong catch wrong_rows")
+
+
+def _case_table(mode):
+    """The CaseTable of ``mode`` ("variants" or "inference"), made when asked (so that a
+    test's stand-in for run_variants or run_inference is the one called)."""
+    if mode == "variants":
+        return CaseTable("--variants", VARIANT_DTYPES, _check_variant_arguments, run_variants,
+                         format_variant_table, wrong_variants, (ValueError,),
+                         "WRONG RESULT rows")
+    return CaseTable("--inference", INFERENCE_DTYPES, _check_inference_arguments,
+                     run_inference, format_inference_table, wrong_inference, (),
+                     "WRONG rows")
+
+
+def _cli_cases(args, fail, sim, torch, mode):
+    """``bench --variants`` or ``bench --inference`` (``mode``): its table of fixed cases
+    (``_case_table``), after refusing the plain bench's options it does not take."""
+    table = _case_table(mode)
+    given = [f"--{name}" for name in NOT_WITH_CASE_TABLES if getattr(args, name) is not None]
     if given:
-        return fail(f"{', '.join(given)}: not with --variants (its cases fix their shapes, "
-                    f"masks, passes and kernels; it takes --dtype, --repeats, --warmup, "
-                    f"--no-sdpa and --json)")
-    if args.dtype not in VARIANT_DTYPES:
-        return fail(f"--dtype {args.dtype}: --variants times {' or '.join(VARIANT_DTYPES)} "
-                    f"(the variants' targets are about those)")
+        return fail(f"{', '.join(given)}: not with {table.option} (its cases fix their "
+                    f"shapes, masks, passes and kernels; it takes --dtype, --repeats, "
+                    f"--warmup, --no-sdpa and --json)")
+    if args.dtype not in table.dtypes:
+        return fail(f"--dtype {args.dtype}: {table.option} times "
+                    f"{' or '.join(table.dtypes)} (its targets are about those)")
     repeats = args.repeats if args.repeats is not None else (2 if sim else 20)
     warmup = args.warmup if args.warmup is not None else (1 if sim else 3)
     try:
-        _check_variant_arguments(args.dtype, repeats, warmup, None, None)
+        table.check(args.dtype, repeats, warmup, None, None)
         if args.json:
             _output_path(args.json, "json")
     except ValueError as e:
         return fail(str(e))
-    env = _header(sim, torch, args.no_sdpa, variants=True)
+    env = _header(sim, torch, args.no_sdpa, **{mode: True})
     try:
-        records = run_variants(dtype=args.dtype, repeats=repeats, warmup=warmup,
-                               sdpa=not args.no_sdpa)
-    except ValueError as e:                  # a check the host's memory cannot hold
+        records = table.run(dtype=args.dtype, repeats=repeats, warmup=warmup,
+                            sdpa=not args.no_sdpa)
+    except table.catch as e:                 # a check the host's memory cannot hold
         return fail(str(e))
     except MemoryError as e:
         return fail(f"out of host memory ({e})")
-    print(format_variant_table(records))
+    print(table.format(records))
     if args.json:
         save_json(records, args.json, meta=env)
         print(f"wrote {args.json}")
-    wrong = wrong_variants(records)
+    wrong = table.wrong(records)
     if wrong:
         print(f"FAILED: {len(wrong)} result(s) disagree with the reference and were not "
-              f"timed (WRONG RESULT rows above).", file=sys.stderr)
-        return 1
-    return 0
-
-
-def _cli_inference(args, fail, sim, torch):
-    """``bench --inference``: decoding and packed batches (``inference.run_inference``)."""
-    given = [f"--{name}" for name in NOT_WITH_INFERENCE if getattr(args, name) is not None]
-    if given:
-        return fail(f"{', '.join(given)}: not with --inference (its cases fix their shapes, "
-                    f"masks and passes; it takes --dtype, --repeats, --warmup, --no-sdpa "
-                    f"and --json)")
-    if args.dtype not in INFERENCE_DTYPES:
-        return fail(f"--dtype {args.dtype}: --inference times "
-                    f"{' or '.join(INFERENCE_DTYPES)} (its targets are about those)")
-    repeats = args.repeats if args.repeats is not None else (2 if sim else 20)
-    warmup = args.warmup if args.warmup is not None else (1 if sim else 3)
-    try:
-        _check_inference_arguments(args.dtype, repeats, warmup, None, None)
-        if args.json:
-            _output_path(args.json, "json")
-    except ValueError as e:
-        return fail(str(e))
-    env = _header(sim, torch, args.no_sdpa, inference=True)
-    try:
-        records = run_inference(dtype=args.dtype, repeats=repeats, warmup=warmup,
-                                sdpa=not args.no_sdpa)
-    except MemoryError as e:
-        return fail(f"out of host memory ({e})")
-    print(format_inference_table(records))
-    if args.json:
-        save_json(records, args.json, meta=env)
-        print(f"wrote {args.json}")
-    wrong = wrong_inference(records)
-    if wrong:
-        print(f"FAILED: {len(wrong)} result(s) disagree with the reference and were not "
-              f"timed (WRONG rows above).", file=sys.stderr)
+              f"timed ({table.wrong_rows} above).", file=sys.stderr)
         return 1
     return 0
 
@@ -250,10 +237,8 @@ def cli(args):
     if refusal:
         return fail(refusal)
     torch = _torch_cuda()
-    if args.variants:
-        return _cli_variants(args, fail, sim, torch)
-    if args.inference:
-        return _cli_inference(args, fail, sim, torch)
+    if args.variants or args.inference:
+        return _cli_cases(args, fail, sim, torch, "variants" if args.variants else "inference")
     try:
         if args.shapes is None:
             shapes = list(SIM_DEFAULT_SHAPES if sim else GPU_DEFAULT_SHAPES)
