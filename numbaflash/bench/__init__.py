@@ -27,7 +27,9 @@ The modules, in the order a run uses them:
                   format_variant_table
     inference.py  run_inference: decoding against a KV cache (against SDPA and the HBM
                   copy bandwidth) and packed batches (against the same batch padded),
-                  checked, then timed, with their targets; format_inference_table
+                  checked, then timed, with their targets; format_inference_table.
+                  Its parts: decode_cases.py and packed_cases.py, and what they share,
+                  inference_checks.py
     energy.py     joules per call from the GPU's energy counter (NVML, the energy extra)
     command.py    the command line (add_arguments, cli)
     library.py    what the bench takes from the rest of numbaflash, imported in one place
@@ -53,9 +55,9 @@ from .timing import PASS_FLOP_FACTOR, SIMULATOR_WARNING, extra_memory_bytes, flo
 from .variants import (CASE_NAMES, VARIANT_CASES, format_variant_table, run_variants,
                        target_met, wrong_variants)
 # attention_with_kvcache, attention_varlen and attention_varlen_backward likewise, by
-# inference.py (inference._inference_api).
-from .inference import (DECODE_SHAPES, PACKED, attention_varlen, attention_varlen_backward,
-                        attention_with_kvcache, format_inference_table, hbm_copy,
+# the inference cases (inference_checks._inference_api).
+from .library import attention_varlen, attention_varlen_backward, attention_with_kvcache
+from .inference import (DECODE_SHAPES, PACKED, format_inference_table, hbm_copy,
                         run_inference, wrong_inference)
 
 __all__ = [
