@@ -61,7 +61,7 @@ column of B:
     B (16 x 8):  b0 = B[2t:2t+2, g]     b1 = B[2t+8:2t+10, g]
     C, D (16x8): as for m16n8k8 above.
 
-Three more helpers, plain LLVM IR rather than PTX (simulated there too):
+Four more helpers, plain LLVM IR rather than PTX (simulated there too):
 
     flat_load(A, n) the element n places after A's first element in memory, for an
                     array A of any number of dimensions: A.ravel()[n] for a C-contiguous
@@ -70,6 +70,15 @@ Three more helpers, plain LLVM IR rather than PTX (simulated there too):
                     strides. One address computation, where A[b, r, k] costs Numba's
                     64-bit arithmetic on the shape (about seven multiply-adds a load in
                     forward v6's SASS). No bounds check; the caller keeps n inside.
+    flat_load_wide(A, n)
+                    the 8 bytes from the element n places after A's first (flat_load's
+                    addressing), as a tuple of A's elements: (A[n], A[n + 1]) of a float32
+                    array, (A[n], ..., A[n + 3]) of a float16 or uint16 (bfloat16 bits)
+                    array, in ONE 8-byte load (``ld.global.v2.f32`` / ``ld.global.v4.u16``
+                    in the split-KV kernel's PTX) instead of two or four: that kernel's
+                    loads of the caches. n must be a multiple of the tuple's length and A's
+                    first element 8-byte aligned (on a GPU a misaligned vector load faults;
+                    the simulator's stand-in raises). No bounds check.
     load_pair(A, n) -> (A[n], A[n + 1]), and store_pair(A, n, x, y): A[n], A[n + 1] = x, y
                     for a 1D float32 array (forward v6's shared tiles), as ONE 8-byte
                     access (LDS.64 / STS.64 in SASS) instead of two: n must be even and
@@ -250,6 +259,28 @@ def flat_load(typingctx, A, n):
     return sig, codegen
 
 
+@intrinsic
+def flat_load_wide(typingctx, A, n):
+    """The 8 bytes from the element n places after A's first, as a tuple of A's elements
+    (2 float32, or 4 float16 or uint16), in one load (see the module docstring)."""
+    if (not isinstance(A, types.Array) or A.layout not in ("C", "A")
+            or A.dtype not in (types.float32, types.float16, types.uint16)
+            or not isinstance(n, types.Integer)):
+        return None
+    count = 64 // A.dtype.bitwidth
+    sig = types.UniTuple(A.dtype, count)(A, n)
+
+    def codegen(context, builder, sig, args):
+        array = context.make_array(sig.args[0])(context, builder, args[0])
+        vector = ir.VectorType(context.get_value_type(sig.args[0].dtype), count)
+        at = builder.bitcast(builder.gep(array.data, [args[1]]), vector.as_pointer())
+        loaded = builder.load(at, align=8)
+        values = [builder.extract_element(loaded, ir.Constant(_I32, i)) for i in range(count)]
+        return context.make_tuple(builder, sig.return_type, values)
+
+    return sig, codegen
+
+
 _F32x2 = ir.VectorType(_F32, 2)
 
 
@@ -374,6 +405,6 @@ if simulating():
     # The simulator has no inline PTX: it runs kernels/simulated.py's stand-ins, with
     # the same names and semantics (the device functions above call them there).
     from .simulated import (  # noqa: E402,F811
-        cp_async, cp_async_wait_all, f32_from_bits, flat_load, load_b32, load_pair,
-        mma_bf16, mma_f16, mma_tf32, pack_bf16x2, pack_f16x2, store_pair, tf32_round,
-        tf32_round_finite)
+        cp_async, cp_async_wait_all, f32_from_bits, flat_load, flat_load_wide, load_b32,
+        load_pair, mma_bf16, mma_f16, mma_tf32, pack_bf16x2, pack_f16x2, store_pair,
+        tf32_round, tf32_round_finite)

@@ -22,9 +22,11 @@ kernels run on the simulator unchanged:
 * **Rounding and packing.** ``tf32_round`` is ``cvt.rna.tf32.f32`` (to nearest, ties away
   from zero; NaN and inf kept), ``tf32_round_finite`` the same two integer operations the
   GPU kernel does on the bits, ``pack_f16x2`` ``cvt.rn.f16x2.f32`` (to nearest even).
-* **Memory helpers.** ``flat_load``, ``load_pair``, ``store_pair`` and ``load_b32`` are
-  the loads they name; ``cp_async`` copies at once (the copy has landed before any wait,
-  one of the orders a GPU allows) and ``cp_async_wait_all`` has nothing left to wait for.
+* **Memory helpers.** ``flat_load``, ``flat_load_wide``, ``load_pair``, ``store_pair``
+  and ``load_b32`` are the loads they name (``flat_load_wide`` raises on an address that
+  is not 8-byte aligned, where a GPU's vector load faults); ``cp_async`` copies at once
+  (the copy has landed before any wait, one of the orders a GPU allows) and
+  ``cp_async_wait_all`` has nothing left to wait for.
 
 kernels/ptx.py binds these names in place of its intrinsics when the simulator is on,
 and ``install`` adds the shuffles to the simulator's ``cuda`` module, so
@@ -549,6 +551,22 @@ def _memory_from(A, n):
 def flat_load(A, n):
     """The element n places after A's first in memory (A.ravel()[n] if C-contiguous)."""
     return _memory_from(A, n)[n]
+
+
+def flat_load_wide(A, n):
+    """The 8 bytes from the element n places after A's first (flat_load's addressing), as
+    a tuple of A's elements: 2 float32, or 4 float16 or uint16. Raises ValueError, as the
+    GPU faults (misaligned address), if they do not start at an 8-byte aligned address."""
+    itemsize = getattr(A, "_ary", A).itemsize
+    if itemsize not in (2, 4):
+        raise TypeError(f"flat_load_wide reads 2- or 4-byte elements; got {itemsize} bytes")
+    count = 8 // itemsize
+    memory = _memory_from(A, int(n) + count - 1)
+    address = memory.__array_interface__["data"][0] + int(n) * itemsize
+    if address % 8:
+        raise ValueError(f"flat_load_wide: misaligned address (element {n} lies at "
+                         f"{address % 8} bytes past an 8-byte boundary)")
+    return tuple(memory[int(n) + i] for i in range(count))
 
 
 def load_pair(A, n):
