@@ -307,6 +307,54 @@ def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False,
     loop over (query head, Q tile) pairs: ptxas (sm_90, float32, d = 64, (64, 64),
     causal) gave the plain kernel 253 registers instead of 166 with a loop over the group
     around the loop over Q tiles, and 171 with the flat loop compiled in for group = 1.
+
+    The work is ``make_dkdv_v6_work``'s (an inline device function); this kernel runs it
+    without a dQ step, which backward v8 (v8_atomic_dq.py) adds.
+    """
+    work = make_dkdv_v6_work(Br, Bc, d, causal, chunk, pairs, gqa, variant)
+
+    @cuda.jit(**jit_options(dkdv_register_cap(variant, d)))
+    def backward_dkdv_v6(Q, K, V, dO, L, D, dK, dV, softmax_scale, causal_offset, window_lo,
+                         Hq, group, softcap, slopes, attn_mask, tiles, seed_lo, seed_hi,
+                         keep_threshold, keep_scale, seqs):
+        # dK stands in for the dQ argument, which the work without a dQ step never reads
+        work(Q, K, V, dO, L, D, dK, dK, dV, softmax_scale, causal_offset, window_lo, Hq, group,
+             softcap, slopes, attn_mask, tiles, seed_lo, seed_hi, keep_threshold, keep_scale,
+             seqs)
+
+    return backward_dkdv_v6
+
+
+# What backward v8 (v8_atomic_dq.py) gives make_dkdv_v6_work: the device functions of its
+# dQ step, by name (their contract is make_dkdv_v6_work's docstring).
+DqStep = namedtuple("DqStep", "wait keep add")
+
+
+@functools.lru_cache(maxsize=None)
+def make_dkdv_v6_work(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False, variant=PLAIN,
+                      dq_step=None):
+    """The work of backward v6's dK/dV kernel (make_backward_dkdv_v6 says what it does), as
+    an inline device function of the kernel's arguments with dQ added before dK:
+
+        work(Q, K, V, dO, L, D, dQ, dK, dV, softmax_scale, causal_offset, window_lo, Hq,
+             group, softcap, slopes, attn_mask, tiles, seed_lo, seed_hi, keep_threshold,
+             keep_scale, seqs)
+
+    ``dq_step``: None (v6: nothing of it is compiled and dQ is never read, so the kernel's
+    PTX is what it was before the hook existed), or a DqStep of three device functions
+    that backward v8 makes (v8_atomic_dq.py), called for every chunk of Qi, the same
+    calls by every thread of the block (their barriers stay matched):
+
+        wait()                           after S^T and dP^T, before any dS^T is kept
+        keep(smem, r, c, ds)             each entry of the thread's dS^T fragment:
+                                         query r of the chunk, key c of the tile
+        add(smem, Kj, dQ, bh, row0, Sq, tid, softmax_scale)
+                                         after dKj and dVj: dQ[bh, row0 + r] for the
+                                         chunk's rows, from the kept dS and Kj
+
+    ``smem`` is the kernel's dynamic shared memory, whose floats from
+    ``dkdv_v5_shared_layout(Br, Bc, d, pairs).END`` on are the step's; with a packed
+    batch dQ is cut to the block's sequence as Q is.
     """
     helpers = _make_v6_helpers(d, variant.varlen)
     split_finite, stage, a_fragment = helpers.split_finite, helpers.stage, helpers.a_fragment
@@ -339,10 +387,13 @@ def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False,
     sequences = make_sequences(VARLEN)
     locate, cut = sequences.locate, sequences.cut
 
-    @cuda.jit(**jit_options(dkdv_register_cap(variant, d)))
-    def backward_dkdv_v6(Q, K, V, dO, L, D, dK, dV, softmax_scale, causal_offset, window_lo,
-                         Hq, group, softcap, slopes, attn_mask, tiles, seed_lo, seed_hi,
-                         keep_threshold, keep_scale, seqs):
+    DQ = dq_step is not None
+    dq_wait, dq_keep, dq_add = dq_step if DQ else (None, None, None)
+
+    @cuda.jit(device=True, inline=True)
+    def work(Q, K, V, dO, L, D, dQ, dK, dV, softmax_scale, causal_offset, window_lo, Hq, group,
+             softcap, slopes, attn_mask, tiles, seed_lo, seed_hi, keep_threshold, keep_scale,
+             seqs):
         bh_kv = cuda.blockIdx.y         # b * Hkv + h_kv: the K/V head
         b = bh_kv // (Hq // group)
         h_kv = bh_kv % (Hq // group)
@@ -356,6 +407,8 @@ def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False,
             bh_kv, b_mem = h_kv, 0
         Q, dO, L, D = cut(Q, q0, Sq), cut(dO, q0, Sq), cut(L, q0, Sq), cut(D, q0, Sq)
         K, V, dK, dV = cut(K, k0, Sk), cut(V, k0, Sk), cut(dK, k0, Sk), cut(dV, k0, Sk)
+        if DQ:
+            dQ = cut(dQ, q0, Sq)
         causal_offset += shift
         window_lo += shift
         tid = cuda.threadIdx.x
@@ -445,6 +498,8 @@ def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False,
                             va, b0b, b1b, b0s, b1s,
                             dp[nt * 4], dp[nt * 4 + 1], dp[nt * 4 + 2], dp[nt * 4 + 3],
                             dpe[nt * 4], dpe[nt * 4 + 1], dpe[nt * 4 + 2], dpe[nt * 4 + 3])
+                if DQ:
+                    dq_wait()
                 # P^T and dS^T on the visible pairs, split for the tensor cores
                 for nt in range(NT):
                     if DROPOUT:
@@ -481,6 +536,8 @@ def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False,
                             p = p * z           # dVj sums the dropped probabilities
                         pb[y], ps[y] = split_finite(p)
                         gb[y], gs[y] = split_finite(ds)
+                        if DQ:
+                            dq_keep(smem, r - r0, w0 + g + 8 * (x // 2), ds)
                 # dVj += P^T dOi, dKj += dS^T Qi
                 for nd in range(KS):
                     c0 = ZERO
@@ -521,6 +578,8 @@ def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False,
                     dk[nd * 4 + 1] += f1 + h1
                     dk[nd * 4 + 2] += f2 + h2
                     dk[nd * 4 + 3] += f3 + h3
+                if DQ:
+                    dq_add(smem, Kj, dQ, bh, i * Br + r0, Sq, tid, softmax_scale)
 
         for nd in range(KS):
             for x in range(4):
@@ -530,7 +589,7 @@ def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False,
                     dK[U(bh_kv), U(col), U(k)] = dk[nd * 4 + x] * softmax_scale
                     dV[U(bh_kv), U(col), U(k)] = dv[nd * 4 + x]
 
-    return backward_dkdv_v6
+    return work
 
 
 @functools.lru_cache(maxsize=None)
