@@ -50,6 +50,7 @@ class CacheProblem:
     n_max: int = 0       # the most keys any batch sees (S_max when the lengths are on the GPU)
     alibi_slopes: object = field(default=None, compare=False)
     seqlens: object = field(default=None, compare=False)     # (B,) int32, host or device
+    layout: object = None    # split_kv.CacheLayout of device caches; None: host caches
 
     @property
     def group(self):
@@ -86,6 +87,32 @@ def _check_seqlens(cache_seqlens, B, S_max, S_new, device):
                          f"{S_max}); got {seqlens.tolist()}")
     n_max = int(seqlens.max()) + S_new if B else 0
     return seqlens.astype(np.int32), n_max
+
+
+def _cache_memory(x, itemsize):
+    """(element strides, byte address of the first element) of the device array ``x`` of
+    rank 4: a Numba device array, anything with the CUDA Array Interface, or the
+    simulator's arrays (NumPy underneath). A dimension of size 1 gets stride 0: it is never
+    stepped over, and a producer may give it any stride."""
+    ary = getattr(x, "_ary", None)
+    if isinstance(ary, np.ndarray):
+        shape, byte_strides, address = ary.shape, ary.strides, ary.__array_interface__["data"][0]
+    else:
+        cai = x.__cuda_array_interface__
+        shape, address = tuple(cai["shape"]), cai["data"][0]
+        byte_strides = cai.get("strides")
+        if byte_strides is None:            # C-contiguous
+            byte_strides = tuple(int(np.prod(shape[k + 1:])) * itemsize
+                                 for k in range(len(shape)))
+    return (tuple(0 if n == 1 else st // itemsize for n, st in zip(shape, byte_strides)),
+            int(address or 0))
+
+
+def _cache_layout(k_cache, v_cache, itemsize):
+    """The split_kv.CacheLayout of device caches (where the wide loads may read)."""
+    (k_strides, k_address), (v_strides, v_address) = (
+        _cache_memory(x, itemsize) for x in (k_cache, v_cache))
+    return split_kv_kernels.CacheLayout(k_strides[:3], v_strides[:3], k_address, v_address)
 
 
 def check_kvcache_inputs(q, k_cache, v_cache, cache_seqlens, k=None, v=None, causal=False,
@@ -153,13 +180,14 @@ def check_kvcache_inputs(q, k_cache, v_cache, cache_seqlens, k=None, v=None, cau
     seqlens, n_max = _check_seqlens(cache_seqlens, B, S_max, S_new, device)
     variant = Variant(window=lower is not None, softcap=softcap is not None,
                       alibi=slopes is not None)
+    layout = _cache_layout(k_cache, v_cache, dtype.itemsize) if device else None
     return CacheProblem(B=B, Hq=Hq, Hk=Hk, Sq=Sq, S_max=S_max, S_new=S_new, d=d, dtype=dtype,
                         acc_dtype="float64" if dtype == np.float64 else "float32",
                         causal=mode is not None, softmax_scale=float(scale), window=window,
                         upper_shift=0 if upper is None else upper,
                         lower_shift=0 if lower is None else lower,
                         softcap=0.0 if softcap is None else softcap, variant=variant,
-                        n_max=n_max, alibi_slopes=slopes, seqlens=seqlens)
+                        n_max=n_max, alibi_slopes=slopes, seqlens=seqlens, layout=layout)
 
 
 def plan_kvcache(p, num_splits=None, where=None):

@@ -1,13 +1,20 @@
 """Decoding against a KV cache on a GPU: agreement, split counts, and bandwidth against
 SDPA and the HBM copy limit.
 
-    python scripts/decode_gpu.py [--parts agreement,splits,rows,registers,layout,bandwidth] [--repeats 20]
-                                 [--dtypes float16,float32] [--shapes NAME,...]
+    python scripts/decode_gpu.py [--parts agreement,splits,rows,registers,kernels,layout,bandwidth]
+                                 [--repeats 20] [--dtypes float16,float32] [--shapes NAME,...]
+                                 [--loads wide|scalar] [--reduction transposed|allreduce]
+
+``--loads`` and ``--reduction`` set split_kv.LOADS and split_kv.REDUCTION before any plan
+is made, so every part runs that build of the split-KV kernel (the defaults: wide and
+transposed; ``--loads scalar --reduction allreduce`` is the kernel before those two
+changes, kernels/decode/split_kv.py's docstring).
 
 1. agreement: ``attention_with_kvcache`` (new keys appended on the GPU, per-batch
    lengths, causal or not, GQA, window, softcap, ALiBi, split counts 1 and default and
-   forced) against ``numbaflash.reference.forward`` in float64 on each batch's slice of
-   the caches, by the bench's rule (``bench._agreement``).
+   forced, and caches one column into wider arrays, which the plan must read one
+   element a load) against ``numbaflash.reference.forward`` in float64 on each batch's
+   slice of the caches, by the bench's rule (``bench._agreement``).
 2. splits: the time of one decode call for num_splits in 1, 2, 4, ..., 64 and the
    planner's choice, at each shape (the evidence behind policy.default_num_splits).
 3. rows (GQA shapes): the default split count's time with a block holding at most 1, 2,
@@ -16,15 +23,20 @@ SDPA and the HBM copy limit.
 4. registers (the multi-head shapes): the default call with the split kernel's registers
    capped (split_kv.MAX_REGISTERS: 64, 80) against ptxas's own choice; fewer registers
    let more blocks share an SM.
-5. layout: numbaflash.torch.flash_attn_with_kvcache on caches in flash-attn's (batch,
+5. kernels: each change to the split-KV kernel alone, at each shape and dtype, in one
+   process: the default call's time with split_kv.LOADS x REDUCTION in (scalar, wide) x
+   (allreduce, transposed), scalar + allreduce being the kernel before both; each
+   build's out against that one's (max |difference|) and the loads its plan chose.
+6. layout: numbaflash.torch.flash_attn_with_kvcache on caches in flash-attn's (batch,
    S_max, heads, d) order (read in place through strides) against attention_with_kvcache
    on the same values in (batch, heads, S_max, d) order: bitwise the same out, and the
    time ratio; one new key appended on the GPU first in both.
-6. bandwidth: numbaflash's default against SDPA (FLASH for float16, EFFICIENT for
+7. bandwidth: numbaflash's default against SDPA (FLASH for float16, EFFICIENT for
    float32; ``enable_gqa`` for GQA) and the HBM copy bandwidth (a device-to-device copy
    of 4 GiB, bytes read + written / time). Bandwidth = K and V bytes read / time.
 
-Shapes (batch, Hq, Hk, Sq, S_max, d): the decode shapes of the targets in docs/kvcache.md.
+Shapes (batch, Hq, Hk, Sq, S_max, d): the decode shapes of the targets in docs/kvcache.md
+(and two at d = 64, by name).
 Timing: ``numbaflash.bench.time_ms`` (CUDA events on the default stream, PyTorch's current
 stream here, where numbaflash launches), median of ``--repeats`` after 3 warm-ups, one
 process. Every line is printed as it comes (flush).
@@ -44,7 +56,12 @@ SHAPES = {  # name: (B, Hq, Hk, Sq, S_max, d)
     "b8-gqa": (8, 32, 8, 1, 32768, 128),
     "b1-mha": (1, 32, 32, 1, 131072, 128),
     "b1-gqa": (1, 32, 8, 1, 131072, 128),
+    # asked for by name only (--shapes): at d = 64 a float16 wide load's 128 columns
+    # leave half the lanes without a column
+    "b8-mha-d64": (8, 32, 32, 1, 32768, 64),
+    "b8-gqa-d64": (8, 32, 8, 1, 32768, 64),
 }
+TARGETS = ["b8-mha", "b8-gqa", "b1-mha", "b1-gqa"]      # the default --shapes
 
 
 def agreement():
@@ -58,10 +75,15 @@ def agreement():
         (2, 4, 1, 2, 2000, 2, 96, np.float32, dict(softcap=20.0), 3),
         (2, 4, 2, 1, 2500, 1, 128, np.float16, dict(alibi_slopes=True), None),
         (1, 16, 4, 8, 9000, 8, 128, np.float32, dict(causal=True), 1),
+        # the caches one column into (..., d + 4) arrays: 2 or 4 bytes past an 8-byte
+        # boundary, so the plan must choose loads of one element (a wide load would fault)
+        (2, 8, 2, 1, 3000, 1, 128, np.float16, dict(offset=1), None),
+        (2, 8, 8, 2, 2000, 2, 64, np.float32, dict(offset=1, causal=True), 3),
     ]
     bad = 0
     for B, Hq, Hk, Sq, S_max, S_new, d, dtype, options, splits in cases:
         options = dict(options)
+        offset = options.pop("offset", 0)
         if options.get("alibi_slopes"):
             options["alibi_slopes"] = rng.uniform(0.01, 0.2, Hq).astype(np.float32)
         q = rng.standard_normal((B, Hq, Sq, d)).astype(dtype)
@@ -69,14 +91,16 @@ def agreement():
         k, v = (rng.standard_normal((B, Hk, S_new, d)).astype(dtype) for _ in range(2))
         lens = rng.integers(0, S_max - S_new + 1, B).astype(np.int32)
         tq, tkc, tvc, tk, tv = (torch.from_numpy(x).cuda() for x in (q, kc, vc, k, v))
+        if offset:
+            tkc, tvc = (_inside_wider(x, offset) for x in (tkc, tvc))
+        plans = numbaflash.explain_kvcache(tq, tkc, tvc, cache_seqlens=lens, k=tk, v=tv,
+                                           num_splits=splits, **options)
         out, lse = numbaflash.attention_with_kvcache(
             tq, tkc, tvc, cache_seqlens=lens, k=tk, v=tv, num_splits=splits,
             return_lse=True, **options)
-        plans = numbaflash.explain_kvcache(q, kc, vc, cache_seqlens=lens, k=k, v=v,
-                                           num_splits=splits, **options)
         out = out.copy_to_host()
         lse = lse.copy_to_host()
-        kc_after, vc_after = tkc.cpu().numpy(), tvc.cpu().numpy()
+        kc_after, vc_after = tkc.contiguous().cpu().numpy(), tvc.contiguous().cpu().numpy()
         worst, ok = 0.0, True
         for b in range(B):
             n = lens[b] + S_new
@@ -98,10 +122,28 @@ def agreement():
             ok &= np.allclose(lse[b][seen], want_lse[seen], rtol=1e-5, atol=1e-5)
         bad += not ok
         opts = {k: ("..." if k == "alibi_slopes" else val) for k, val in options.items()}
+        if offset:
+            opts["caches at column"] = offset
         print(f"{'OK  ' if ok else 'FAIL'} agreement {(B, Hq, Hk, Sq, S_max, d)} S_new={S_new} "
-              f"{np.dtype(dtype).name} {opts} splits={plans[0].grid[0]}: max err/bound "
-              f"{worst:.3f}", flush=True)
+              f"{np.dtype(dtype).name} {opts} splits={plans[0].grid[0]} {_loads(plans[0])}: "
+              f"max err/bound {worst:.3f}", flush=True)
     return bad
+
+
+def _inside_wider(x, offset):
+    """The tensor x (..., d) copied into a (..., d + 4) tensor at columns offset .. offset +
+    d - 1, returned as that view (rows d + 4 apart, the first element offset columns in)."""
+    import torch
+    wide = torch.zeros(x.shape[:-1] + (x.shape[-1] + 4,), dtype=x.dtype, device=x.device)
+    wide[..., offset:offset + x.shape[-1]] = x
+    return wide[..., offset:offset + x.shape[-1]]
+
+
+def _loads(plan):
+    """The loads the split-KV plan chose, as its reason says (split_kv.load_width)."""
+    reason = plan.reason
+    at = reason.find("with loads of ")
+    return reason[at + len("with "):reason.find(";", at)] if at >= 0 else "loads: ?"
 
 
 def _ms(fn, repeats):
@@ -186,6 +228,37 @@ def registers(shapes, dtypes, repeats):
             split_kv.make_split_kv.cache_clear()
             print(f"registers {name} {shape} {dtype}: " + " ".join(row), flush=True)
             del q, kc, vc
+
+
+def kernels(shapes, dtypes, repeats):
+    """Each change to the split-KV kernel alone (module docstring, part 5)."""
+    import torch
+    from numbaflash.kernels.decode import split_kv
+    keep = split_kv.LOADS, split_kv.REDUCTION
+    builds = [("scalar", "allreduce"), ("wide", "allreduce"), ("scalar", "transposed"),
+              ("wide", "transposed")]
+    for name in shapes:
+        shape = SHAPES[name]
+        S_max = shape[4]
+        for dtype in dtypes:
+            q, kc, vc = _inputs(shape, dtype)
+            n_bytes = _kv_bytes(shape, dtype)
+            row = []
+            parent = None
+            for loads, reduction in builds:
+                split_kv.LOADS, split_kv.REDUCTION = loads, reduction
+                plan = numbaflash.explain_kvcache(q, kc, vc, cache_seqlens=S_max)[0]
+                call = lambda: numbaflash.attention_with_kvcache(q, kc, vc, cache_seqlens=S_max)
+                out = torch.as_tensor(call(), device="cuda").float()
+                parent = out if parent is None else parent
+                diff = (out - parent).abs().max().item()
+                ms = _ms(call, repeats)
+                row.append(f"{loads}+{reduction} ({_loads(plan)}): {ms:.3f} ms "
+                           f"{n_bytes / ms / 1e6:.0f} GB/s, max |out - first| {diff:.1e}")
+            split_kv.LOADS, split_kv.REDUCTION = keep
+            print(f"kernels {name} {shape} {dtype}: " + "; ".join(row), flush=True)
+            del q, kc, vc
+            torch.cuda.empty_cache()
 
 
 def layout(shapes, dtypes, repeats):
@@ -274,11 +347,19 @@ def bandwidth(shapes, dtypes, repeats):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--parts", default="agreement,splits,rows,registers,layout,bandwidth")
+    ap.add_argument("--parts",
+                    default="agreement,splits,rows,registers,kernels,layout,bandwidth")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--dtypes", default="float16,float32")
-    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--shapes", default=",".join(TARGETS),
+                    help=f"from {', '.join(SHAPES)}")
+    ap.add_argument("--loads", choices=("wide", "scalar"), default="wide",
+                    help="split_kv.LOADS for every part (scalar: one element a load)")
+    ap.add_argument("--reduction", choices=("transposed", "allreduce"), default="transposed",
+                    help="split_kv.REDUCTION for every part (allreduce: the parent's)")
     args = ap.parse_args()
+    from numbaflash.kernels.decode import split_kv
+    split_kv.LOADS, split_kv.REDUCTION = args.loads, args.reduction
     warnings.filterwarnings("ignore", message=".*(under-utilization|kernel not used|runtime "
                             "disabled|same num_heads).*")
     parts = args.parts.split(",")
@@ -286,7 +367,8 @@ def main():
     shapes = args.shapes.split(",")
     import torch
     print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}, numbaflash "
-          f"{numbaflash.__version__}", flush=True)
+          f"{numbaflash.__version__}; split_kv.LOADS = {split_kv.LOADS!r}, REDUCTION = "
+          f"{split_kv.REDUCTION!r}", flush=True)
     bad = 0
     if "agreement" in parts:
         bad += agreement()
@@ -296,6 +378,8 @@ def main():
         rows(shapes, dtypes, args.repeats)
     if "registers" in parts:
         registers(shapes, dtypes, args.repeats)
+    if "kernels" in parts:
+        kernels(shapes, dtypes, args.repeats)
     if "layout" in parts:
         layout(shapes, dtypes, args.repeats)
     if "bandwidth" in parts:

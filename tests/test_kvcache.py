@@ -20,7 +20,9 @@ fraction of the profile's examples (strategies.examples).
 Lengths are biased toward 0 and the kernel's step boundaries: each warp loads KEYS = 8
 keys a step (split_kv.keys_per_step for d <= 128) and the 4 warps of a block together 32,
 so n_b in {0, 1, 7, 8, 9, 31, 32, 33, room} crosses them. Head dims 8, 3, 20 and 40: not
-multiples of 32 (lanes past d hold zeros), and d = 40 gives two columns per lane.
+multiples of the columns a warp reads per load (lanes past d hold zeros). float16 and
+float32 read 8 bytes a load (split_kv.load_width) but at d = 3; float64 one element, so
+that d = 40 gives two columns per lane.
 
 Two cases that once went wrong have their own tests: a window's right side without
 causal=True (``test_window_right_side_without_causal``), and a NaN score that is the
@@ -626,3 +628,162 @@ def test_a_cache_without_a_contiguous_head_dim_is_refused():
     with pytest.raises(ValueError, match="head dim"):
         numbaflash.attention_with_kvcache(cuda.to_device(case.q), wide[:, :, :, ::2],
                                           cuda.to_device(case.v_cache), cache_seqlens=3)
+
+
+# --- 10. wide loads and the transposed reduction --------------------------------------------
+#
+# split_kv reads each lane's columns 8 bytes a load (4 float16/bfloat16 or 2 float32) where
+# every load is 8-byte aligned, one element a load otherwise (load_width; the plan says
+# which), and reduces a step's scores together (step_scores, tests/test_decode_kernel.py).
+# The drawn tests above run both on host caches (d = 8, 20, 40: wide; d = 3: one element);
+# here device caches inside wider arrays choose the path, and the plan's reason is checked.
+
+def in_wider(x, extra, offset):
+    """x (B, H, S, d) copied to the device inside a (B, H, S, d + extra) array, at columns
+    offset .. offset + d - 1, and returned as that view (strides of the wider array)."""
+    wide = np.zeros(x.shape[:3] + (x.shape[3] + extra,), x.dtype)
+    wide[..., offset:offset + x.shape[3]] = x
+    return cuda.to_device(wide)[:, :, :, offset:offset + x.shape[3]]
+
+
+def run_on_views(case, extra, offset, **override):
+    """The case with q, k, v on the device and the caches as views in_wider(extra,
+    offset); returns (out, lse, k_cache, v_cache, the split kernel's plan reason)."""
+    kc, vc = (in_wider(x, extra, offset) for x in (case.k_cache, case.v_cache))
+    q = cuda.to_device(case.q)
+    k, v = (None, None) if case.k is None else (cuda.to_device(case.k), cuda.to_device(case.v))
+    kw = dict(cache_seqlens=np.array(case.lengths, np.int32), k=k, v=v, causal=case.causal,
+              scale=case.scale, num_splits=case.num_splits, **case.variants())
+    kw.update(override)
+    reason = numbaflash.explain_kvcache(q, kc, vc, **kw)[0].reason
+    out, lse = numbaflash.attention_with_kvcache(q, kc, vc, return_lse=True, **kw)
+    return to_host(out), to_host(lse), to_host(kc), to_host(vc), reason
+
+
+@pytest.mark.parametrize("extra,offset,path", [
+    (4, 0, "loads of 4 float16 elements (8 bytes) a lane"),
+    (4, 1, "k_cache does not start at an 8-byte aligned address"),
+    (2, 0, "k_cache's strides"),
+])
+def test_device_caches_choose_their_loads(extra, offset, path):
+    """float16 caches inside wider arrays: rows 4 columns apart keep the wide loads; a
+    view one column in (2 bytes past an 8-byte boundary) or rows 42 columns apart (not a
+    multiple of 4) get one element a load, and the plan's reason says which and why.
+    Either way the new rows are written into the views and the result is the
+    reference's."""
+    case = make_cache_case(B=2, Hk=2, group=2, Sq=1, S_max=40, d=40, dtype="float16",
+                           lengths=(13, 38), S_new=1, causal=True, num_splits=2, seed=47)
+    out, lse, k_cache, v_cache, reason = run_on_views(case, extra, offset)
+    assert path in reason and "scores reduced together" in reason
+    want_k, want_v = updated_caches(case)
+    assert_bitwise_equal("k_cache", k_cache, want_k)
+    assert_bitwise_equal("v_cache", v_cache, want_v)
+    check_against_reference(case, out, lse, want_k, want_v)
+
+
+def device_like(shape, dtype, strides=None, address=0):
+    """Something with a shape, a dtype and a CUDA Array Interface (strides in elements,
+    None: C-contiguous; the data at ``address``): all explain_kvcache reads of a device
+    array. Nothing is launched with it."""
+    dtype = np.dtype(dtype)
+    byte_strides = None if strides is None else tuple(st * dtype.itemsize for st in strides)
+    return types.SimpleNamespace(shape=shape, dtype=dtype, __cuda_array_interface__=dict(
+        shape=shape, strides=byte_strides, data=(address, False), typestr=dtype.str,
+        version=3))
+
+
+@pytest.mark.parametrize("k_strides,k_address,path", [
+    (None, 4096, "loads of 4 float16 elements"),
+    ((3, 6400, 64, 1), 4096, "loads of 4 float16 elements"),   # batch 1: its stride unused
+    ((6400 * 2, 64, 128, 1), 4096, "loads of 4 float16 elements"),    # (batch, s, heads, d)
+    (None, 4098, "k_cache does not start at an 8-byte aligned address"),
+    ((6400 * 2, 6402, 64, 1), 4096, "k_cache's strides (0, 6402, 64)"),
+])
+def test_the_plan_reads_where_device_caches_lie(k_strides, k_address, path,
+                                                no_kvcache_launch):
+    """explain_kvcache on device caches (batch 1, 2 heads, 100 rows, d = 64, float16) at
+    a given address and strides: wide loads when every load would be 8-byte aligned,
+    else one element a load and the reason names the cache and the cause."""
+    q = device_like((1, 4, 1, 64), "float16")
+    k_cache = device_like((1, 2, 100, 64), "float16", k_strides, k_address)
+    v_cache = device_like((1, 2, 100, 64), "float16", None, 1 << 20)
+    reason = numbaflash.explain_kvcache(q, k_cache, v_cache, cache_seqlens=100,
+                                        backend="gpu")[0].reason
+    assert path in reason
+
+
+@pytest.mark.parametrize("dtype,d", [("float16", 72), ("float32", 136)])
+def test_head_dims_past_one_piece(dtype, d):
+    """d not a multiple of the 32 VEC columns one load of the warp covers: float16 d = 72
+    (a piece of 128 and 72 - 128: lanes 18 to 31 zeroed), float32 d = 136 (three pieces
+    of 64, the last with 8 columns; 6 values a lane, so 4 keys a step instead of 8)."""
+    case = make_cache_case(B=1, Hk=1, group=2, Sq=1, S_max=21, d=d, dtype=dtype,
+                           lengths=(21,), num_splits=1, seed=53)
+    out, lse, k_cache, v_cache = run(case)
+    check_against_reference(case, out, lse, k_cache, v_cache)
+
+
+def test_an_infinite_key_in_the_last_columns():
+    """float16, d = 40: lanes 10 to 31 hold no column of the head dim and read the last
+    4 columns again (clamped). A key whose last element is -inf, against q rows with a
+    positive last element, has score -inf: masked, out finite, as in the reference. The
+    clamped copies must be zeroed, not multiplied by q's zeros (0 * -inf = NaN)."""
+    case = make_cache_case(B=1, Hk=1, group=2, Sq=1, S_max=20, d=40, dtype="float16",
+                           lengths=(20,), seed=71)
+    case.q[..., -1] = 1.0
+    case.k_cache[0, 0, 6, -1] = -np.inf
+    out, lse = run_and_check(case)
+    assert np.isfinite(out).all() and np.isfinite(lse).all()
+
+
+# The NaN pre-fill means nothing for bfloat16's uint16 outputs (NaN casts to 0, with a
+# warning); the rule's check still sees every element.
+@pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")
+def test_bfloat16_caches_read_wide():
+    """bfloat16 caches (their bits read 4 to a load and widened): the rule against the
+    reference, with a split that sees no key (more splits than the keys of batch 0)."""
+    from tolerance import check_forward
+    import ml_dtypes
+    bf16 = ml_dtypes.bfloat16
+    rng = np.random.default_rng(59)
+    q = rng.uniform(-4, 4, (2, 4, 1, 24)).astype(bf16)
+    k_cache, v_cache = (rng.uniform(-4, 4, (2, 2, 20, 24)).astype(bf16) for _ in range(2))
+    lengths = np.array([3, 20], np.int32)
+    reason = numbaflash.explain_kvcache(q, k_cache, v_cache, cache_seqlens=lengths)[0].reason
+    assert "loads of 4 bfloat16 elements" in reason
+    out, lse = numbaflash.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths,
+                                                 num_splits=5, return_lse=True)
+    for b, n in enumerate(lengths):
+        check_forward(q[b:b + 1], k_cache[b:b + 1, :, :n], v_cache[b:b + 1, :, :n],
+                      out[b:b + 1], lse[b:b + 1])
+
+
+@pytest.mark.parametrize("where", ["key", "value"])
+def test_nan_in_a_visible_key_of_a_wide_step(where):
+    """float16, wide loads, causal, 3 query rows over 11 keys: key 9 is seen by rows 1
+    and 2, and hidden from row 0. A NaN in its key (one element) makes rows 1 and 2 of
+    that head NaN, in every column (the key's own lanes score it and pass p = NaN to
+    every lane); a NaN in its value, only that column. Row 0 and the other head stay
+    finite: the NaN key is masked there. NaN positions as in the reference (check_forward)."""
+    case = make_cache_case(B=1, Hk=2, group=1, Sq=3, S_max=12, d=16, dtype="float16",
+                           lengths=(11,), causal=True, seed=61)
+    (case.k_cache if where == "key" else case.v_cache)[0, 1, 9, 5] = np.nan
+    out, lse = run_and_check(case)
+    assert np.isfinite(out[0, 0]).all() and np.isfinite(out[0, 1, 0]).all()
+    nan_columns = np.isnan(out[0, 1, 1:])
+    assert nan_columns.all() if where == "key" else (nan_columns.sum(axis=-1) == 1).all()
+    assert np.isnan(lse[0, 1, 1:]).all() == (where == "key")
+
+
+def test_the_parents_kernel_is_still_there(monkeypatch):
+    """LOADS = "scalar" and REDUCTION = "allreduce" (what scripts/decode_gpu.py sets to time
+    the parent): the plan says so, and the result is the reference's."""
+    monkeypatch.setattr(split_kv, "LOADS", "scalar")
+    monkeypatch.setattr(split_kv, "REDUCTION", "allreduce")
+    case = make_cache_case(B=1, Hk=2, group=2, Sq=1, S_max=40, d=40, dtype="float16",
+                           lengths=(37,), S_new=1, num_splits=2, seed=67)
+    reason = numbaflash.explain_kvcache(case.q, case.k_cache, case.v_cache,
+                                        cache_seqlens=np.array(case.lengths), k=case.k,
+                                        v=case.v)[0].reason
+    assert "split_kv.LOADS = 'scalar'" in reason and "all-reduced over the warp" in reason
+    run_and_check(case)
