@@ -217,8 +217,10 @@ print("\nthe rule:", inspect.getdoc(policy.default_num_splits), sep="\n")
 
 # %% [markdown]
 # Inside a block the keys are spread again: four warps take turns over the split's keys,
-# and within a warp each lane holds d/32 columns of every key and value, so a warp reads a
-# cached row in one coalesced piece (`split_kv.py`'s docstring has the details).
+# and within a warp each lane holds d/32 columns of every key and value (in runs of
+# neighbours, 8 bytes a load where the caches' alignment allows), so a warp reads a cached
+# row in one coalesced piece. A step's scores are then summed across the warp's lanes
+# together, not one key at a time (`split_kv.py`'s docstring has the details).
 #
 # ## 3. Split-KV in NumPy: the logsumexp merge
 #
