@@ -14,7 +14,11 @@ mixed up warps, lanes or fragment positions fails. What is checked:
   float16 rounding and layout;
 - ``shfl_sync`` and ``shfl_xor_sync``: every lane gets the lane it asked for;
 - ``flat_load``, ``load_pair``, ``store_pair``, ``cp_async`` (then ``cp_async_wait_all``
-  and a barrier): the elements they name, bit for bit.
+  and a barrier): the elements they name, bit for bit;
+- ``ldmatrix_x4`` and ``ldmatrix_x4_trans`` (forward v10): every lane's four registers
+  bit for bit against a NumPy model of kernels/ptx.py's layout, from rows stored in a
+  shuffled order (so each lane's own row address is what is read); ``cp_async16`` with
+  ``cp_async_commit`` and ``cp_async_wait_group``, and ``is_aligned16``.
 """
 
 import time
@@ -300,3 +304,108 @@ def test_lanes_a_barrier_has_yet_to_wake_are_not_called_stuck(monkeypatch):
     out = cuda.to_device(np.zeros(64, np.float32))
     _barrier_then_shuffle_kernel[1, 64](cuda.to_device(X), out)
     np.testing.assert_array_equal(to_host(out), X[np.arange(64) ^ 1])
+
+
+# --- ldmatrix and 16-byte copies (forward v10) ----------------------------------------------
+
+ROW_HALVES = 32 * WARPS * 8     # a row of 8 float16 values per thread
+
+@cuda.jit
+def _ldmatrix_kernel(X, Where, R, RT):
+    """Thread tid stores row tid of X (8 values) at row Where[tid] of a shared array, then
+    asks ldmatrix for it: lane 8m + r of a warp gives row r of its matrix m."""
+    tid = cuda.threadIdx.x
+    S = cuda.shared.array(ROW_HALVES, np.float16, alignment=16)
+    for e in range(8):
+        S[Where[tid] * 8 + e] = X[tid, e]
+    # Wait until every row is stored.
+    cuda.syncthreads()
+    r0, r1, r2, r3 = ptx.ldmatrix_x4(S, Where[tid] * 8)
+    R[tid, 0], R[tid, 1], R[tid, 2], R[tid, 3] = r0, r1, r2, r3
+    t0, t1, t2, t3 = ptx.ldmatrix_x4_trans(S, Where[tid] * 8)
+    RT[tid, 0], RT[tid, 1], RT[tid, 2], RT[tid, 3] = t0, t1, t2, t3
+
+
+def ldmatrix_model(M, trans):
+    """kernels/ptx.py's layout: M (4, 8, 8) uint16 bits of one warp's four matrices; lane
+    (g, t)'s register m holds M[m, g, 2t] | M[m, g, 2t + 1] << 16 (trans: M[m, 2t, g] |
+    M[m, 2t + 1, g] << 16). Returns (32, 4) uint32."""
+    out = np.zeros((32, 4), np.uint32)
+    for lane in range(32):
+        g, t = divmod(lane, 4)
+        for m in range(4):
+            lo, hi = (M[m, 2 * t, g], M[m, 2 * t + 1, g]) if trans else (M[m, g, 2 * t],
+                                                                         M[m, g, 2 * t + 1])
+            out[lane, m] = np.uint32(lo) | (np.uint32(hi) << np.uint32(16))
+    return out
+
+
+def test_ldmatrix_x4_and_trans_give_the_documented_fragments():
+    rng = np.random.default_rng(7)
+    n = 32 * WARPS
+    X = rng.standard_normal((n, 8)).astype(np.float16)
+    X[5, 3] = np.nan                             # bits travel as they are, NaN too
+    Where = rng.permutation(n).astype(np.int32)  # each lane's row somewhere else
+    _, _, R, RT = launch(_ldmatrix_kernel, X, Where, np.zeros((n, 4), np.uint32),
+                         np.zeros((n, 4), np.uint32))
+    bits = X.view(np.uint16)
+    for w in range(WARPS):
+        M = bits[32 * w:32 * w + 32].reshape(4, 8, 8)     # matrix m = lanes 8m .. 8m + 7
+        np.testing.assert_array_equal(R[32 * w:32 * w + 32], ldmatrix_model(M, False))
+        np.testing.assert_array_equal(RT[32 * w:32 * w + 32], ldmatrix_model(M, True))
+
+
+def test_ldmatrix_fragments_are_mma_operands():
+    """The model above is the m16n8k16 B operand (kernels/ptx.py): for M_m rows of keys,
+    register 0 of lane (g, t) is B[2t:2t + 2, g] with B = Kj^T; with .trans and M_m rows
+    of Vj, B[2t:2t + 2, g] with B = Vj."""
+    rng = np.random.default_rng(8)
+    K = rng.integers(0, 2 ** 16, (8, 8)).astype(np.uint16)     # 8 keys x 8 columns
+    M = np.stack([K] * 4)
+    for lane in range(32):
+        g, t = divmod(lane, 4)
+        word = ldmatrix_model(M, False)[lane, 0]
+        assert word == int(K.T[2 * t, g]) | int(K.T[2 * t + 1, g]) << 16
+        word = ldmatrix_model(M, True)[lane, 0]
+        assert word == int(K[2 * t, g]) | int(K[2 * t + 1, g]) << 16
+
+
+@cuda.jit
+def _copy16_kernel(A, Out, Aligned):
+    """Thread tid copies 8 values (its 16 bytes) of A into a shared array asynchronously,
+    waits, and after a barrier reads its neighbour's."""
+    tid = cuda.threadIdx.x
+    n = cuda.blockDim.x
+    S = cuda.shared.array(ROW_HALVES, np.float16, alignment=16)
+    ptx.cp_async16(S, tid * 8, A, ((tid * 5) % n) * 8)
+    ptx.cp_async_commit()
+    ptx.cp_async_wait_group(0)
+    # Wait until every thread's copy has landed.
+    cuda.syncthreads()
+    for e in range(8):
+        Out[tid, e] = S[((tid + 1) % n) * 8 + e]
+    if tid == 0:
+        Aligned[0] = ptx.is_aligned16(A)
+
+
+def test_cp_async16_copies_sixteen_bytes():
+    rng = np.random.default_rng(9)
+    n = 32 * WARPS
+    A = rng.standard_normal((2, n * 4)).astype(np.float16)      # 2D: flat addressing
+    _, Out, Aligned = launch(_copy16_kernel, A, np.zeros((n, 8), np.float16),
+                             np.zeros(1, np.bool_))
+    src = A.reshape(-1).reshape(-1, 8)
+    np.testing.assert_array_equal(Out.view(np.uint16),
+                                  src[(((np.arange(n) + 1) % n) * 5) % n].view(np.uint16))
+    assert Aligned[0]
+
+
+@pytest.mark.skipif(not simulating(), reason="the simulator's stand-ins raise where a GPU faults")
+def test_misaligned_rows_and_copies_raise_on_the_simulator():
+    from numbaflash.kernels import simulated
+    S = np.zeros(64, np.float16)
+    assert simulated.is_aligned16(S) and not simulated.is_aligned16(S[1:])
+    with pytest.raises(ValueError, match="misaligned global"):
+        simulated.cp_async16(S, 0, S[1:], 0)
+    with pytest.raises(ValueError, match="not 16-byte aligned"):
+        simulated._row_bits(S, 4)

@@ -97,6 +97,46 @@ Two for asynchronous copies from global to shared memory (sm_80 and later; forwa
                     then visible to this thread (to others only after a barrier):
                     ``cp.async.wait_all``.
 
+Six more for forward v10 (sm_80 and later): matrix fragments loaded from shared memory
+by ldmatrix, and 16-byte asynchronous copies waited for in groups (double buffering):
+
+    ldmatrix_x4(S, n) -> (r0, r1, r2, r3)
+                    four 8 x 8 matrices of 16-bit values from shared memory, one 32-bit
+                    register of each per lane: ``ldmatrix.sync.aligned.m8n8.x4.shared.b16``.
+                    A warp collective: every lane passes a 1D float16 (or uint16) shared
+                    array S and the index n of ONE ROW of 8 values, S[n:n + 8] (16 bytes,
+                    16-byte aligned: n a multiple of 8 and S's data 16-byte aligned). Lanes
+                    8m to 8m + 7 give the rows 0 to 7 of matrix m (m = 0..3). Register rm
+                    of lane ``lane`` (g = lane // 4, t = lane % 4, as above) holds
+                    M_m[g, 2t] (low half) and M_m[g, 2t + 1]: row g of matrix m, the pair
+                    of columns 2t, 2t + 1. That is an m16n8k16 operand's layout: with M_m
+                    = rows of Kj (keys) by 8 head-dim columns, rm is a B word (b0 or b1)
+                    of S = Q Kj^T, and four matrices are the b0, b1 of two n-tiles.
+    ldmatrix_x4_trans(S, n) -> (r0, r1, r2, r3)
+                    the same rows, each matrix transposed on the way:
+                    ``ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16``. Register rm of lane
+                    (g, t) holds M_m[2t, g] (low half) and M_m[2t + 1, g]: column g, rows
+                    2t and 2t + 1. With M_m = 8 keys of Vj (row-major, as V is stored) by 8
+                    of its columns, rm is a B word of P~ Vj (B[k, n] = Vj[k, n]: two keys,
+                    one column), so Vj needs no transposed copy.
+    cp_async16(S, n, A, m)
+                    start copying the 8 float16 (or uint16) values from the element m
+                    places after A's first (flat_load's addressing) into S[n:n + 8] (a 1D
+                    shared array), 16 bytes, without a register and bypassing L1:
+                    ``cp.async.cg.shared.global`` of 16 bytes. Both addresses must be
+                    16-byte aligned (on a GPU a misaligned copy faults; the simulator's
+                    stand-in raises). No bounds check.
+    cp_async_commit()
+                    close the group of this thread's copies started since the last commit:
+                    ``cp.async.commit_group``.
+    cp_async_wait_group(N)
+                    wait until at most N (a constant) of this thread's committed groups
+                    are still in flight, the newest ones: ``cp.async.wait_group N``. The
+                    copies of the older groups are then visible to this thread (to others
+                    after a barrier).
+    is_aligned16(A) whether A's first element lies at a 16-byte aligned address (the
+                    condition of cp_async16 on a row of A); plain LLVM IR.
+
 Three device functions on top of them: ``split_tf32(x)`` -> (big, small), its finite-only
 twin ``split_tf32_finite``, and ``mma3_split_b``, forward v3's and backward v5's 3xTF32
 product of an A given split and a B split on the way in.
@@ -401,6 +441,127 @@ def cp_async_wait_all(typingctx):
     return sig, codegen
 
 
+# --- forward v10: ldmatrix and 16-byte asynchronous copies ----------------------------------
+
+
+def _shared_b32(pointer):
+    """The start of an inline-PTX block that turns the generic pointer operand ``pointer``
+    (to shared memory) into the 32-bit shared address ``sb`` that ldmatrix and cp.async
+    take (cvta.to.shared), as cp_async does; the caller closes the block."""
+    return ("{ .reg .u64 sa; .reg .u32 sb; cvta.to.shared.u64 sa, %s; cvt.u32.u64 sb, sa; "
+            % pointer)
+
+
+def _ldmatrix(trans):
+    """The intrinsic (r0, r1, r2, r3) = ldmatrix .x4 (``trans``: .trans) of the 16-byte row
+    this lane points to (module docstring)."""
+    kind = ".trans" if trans else ""
+
+    @intrinsic
+    def ldmatrix(typingctx, S, n):
+        if not (isinstance(S, types.Array) and S.dtype in (types.float16, types.uint16)
+                and S.ndim == 1 and isinstance(n, types.Integer)):
+            return None
+        sig = types.UniTuple(types.uint32, 4)(S, n)
+
+        def codegen(context, builder, sig, args):
+            row = builder.gep(context.make_array(sig.args[0])(context, builder, args[0]).data,
+                              [args[1]])
+            fnty = ir.FunctionType(ir.LiteralStructType([_I32] * 4), [row.type])
+            asm = ir.InlineAsm(
+                fnty,
+                _shared_b32("$4")
+                + f"ldmatrix.sync.aligned.m8n8.x4{kind}.shared.b16 "
+                "{$0, $1, $2, $3}, [sb]; }",
+                "=r,=r,=r,=r,l,~{memory}", side_effect=True)
+            res = builder.call(asm, [row])
+            vals = [builder.extract_value(res, i) for i in range(4)]
+            return context.make_tuple(builder, sig.return_type, vals)
+
+        return sig, codegen
+
+    return ldmatrix
+
+
+ldmatrix_x4 = _ldmatrix(False)
+ldmatrix_x4_trans = _ldmatrix(True)
+
+
+@intrinsic
+def cp_async16(typingctx, S, n, A, m):
+    """Start copying 16 bytes (8 16-bit values) from A's element m into S[n:n + 8]
+    (module docstring)."""
+    halves = (types.float16, types.uint16)
+    if not (isinstance(S, types.Array) and S.dtype in halves and S.ndim == 1
+            and isinstance(A, types.Array) and A.dtype == S.dtype
+            and A.layout in ("C", "A")
+            and isinstance(n, types.Integer) and isinstance(m, types.Integer)):
+        return None
+    sig = types.void(S, n, A, m)
+
+    def codegen(context, builder, sig, args):
+        dst = builder.gep(context.make_array(sig.args[0])(context, builder, args[0]).data,
+                          [args[1]])
+        src = builder.gep(context.make_array(sig.args[2])(context, builder, args[2]).data,
+                          [args[3]])
+        fnty = ir.FunctionType(ir.VoidType(), [dst.type, src.type])
+        copy = ir.InlineAsm(
+            fnty,
+            _shared_b32("$0") + "cp.async.cg.shared.global [sb], [$1], 16; }",
+            "l,l,~{memory}", side_effect=True)
+        builder.call(copy, [dst, src])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def cp_async_commit(typingctx):
+    """Close this thread's group of asynchronous copies (module docstring)."""
+    sig = types.void()
+
+    def codegen(context, builder, sig, args):
+        commit = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "cp.async.commit_group;",
+                              "~{memory}", side_effect=True)
+        builder.call(commit, [])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def cp_async_wait_group(typingctx, N):
+    """Wait until at most N (a constant) of this thread's copy groups are in flight
+    (module docstring)."""
+    if not isinstance(N, types.IntegerLiteral):
+        return None
+    count = int(N.literal_value)
+    sig = types.void(N)
+
+    def codegen(context, builder, sig, args):
+        wait = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []),
+                            f"cp.async.wait_group {count};", "~{memory}", side_effect=True)
+        builder.call(wait, [])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def is_aligned16(typingctx, A):
+    """Whether A's first element lies at a 16-byte aligned address (module docstring)."""
+    if not isinstance(A, types.Array):
+        return None
+    sig = types.boolean(A)
+
+    def codegen(context, builder, sig, args):
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        low = builder.and_(builder.ptrtoint(data, ir.IntType(64)), ir.Constant(ir.IntType(64), 15))
+        return builder.icmp_unsigned("==", low, ir.Constant(ir.IntType(64), 0))
+
+    return sig, codegen
+
+
 if simulating():
     # The simulator has no inline PTX: it runs kernels/simulated.py's stand-ins, with
     # the same names and semantics (the device functions above call them there).
@@ -408,3 +569,6 @@ if simulating():
         cp_async, cp_async_wait_all, f32_from_bits, flat_load, flat_load_wide, load_b32,
         load_pair, mma_bf16, mma_f16, mma_tf32, pack_bf16x2, pack_f16x2, store_pair,
         tf32_round, tf32_round_finite)
+    from .simulated import (  # noqa: E402,F811
+        cp_async16, cp_async_commit, cp_async_wait_group, is_aligned16, ldmatrix_x4,
+        ldmatrix_x4_trans)

@@ -26,7 +26,12 @@ kernels run on the simulator unchanged:
   and ``load_b32`` are the loads they name (``flat_load_wide`` raises on an address that
   is not 8-byte aligned, where a GPU's vector load faults); ``cp_async`` copies at once
   (the copy has landed before any wait, one of the orders a GPU allows) and
-  ``cp_async_wait_all`` has nothing left to wait for.
+  ``cp_async_wait_all`` has nothing left to wait for; ``cp_async16`` likewise (with
+  ``cp_async_commit`` and ``cp_async_wait_group`` doing nothing), raising on an address
+  that is not 16-byte aligned. ``ldmatrix_x4`` and ``ldmatrix_x4_trans`` are warp
+  collectives: each lane leaves its row address, the last lane builds the four 8 x 8
+  matrices and hands every lane its registers (raising on a row that is not 16-byte
+  aligned, where a GPU faults).
 
 kernels/ptx.py binds these names in place of its intrinsics when the simulator is on,
 and ``install`` adds the shuffles to the simulator's ``cuda`` module, so
@@ -594,3 +599,70 @@ def cp_async(S, n, A, m):
 
 def cp_async_wait_all():
     """Nothing to wait for: cp_async has copied already."""
+
+
+# --- ldmatrix and 16-byte asynchronous copies (forward v10) ------------------------------
+
+
+def _address(a, n):
+    """The address of element n of the NumPy (or simulator device) array a."""
+    a = getattr(a, "_ary", a)
+    return a.__array_interface__["data"][0] + int(n) * a.itemsize
+
+
+def _row_bits(S, n):
+    """The 16-byte row S[n:n + 8] of a 16-bit shared array as 8 uint16 bits; raises
+    ValueError, as the GPU faults, if it does not start at a 16-byte aligned address."""
+    if _address(S, n) % 16:
+        raise ValueError(f"ldmatrix: the row at element {n} is not 16-byte aligned "
+                         f"({_address(S, n) % 16} bytes past a boundary)")
+    return np.asarray(getattr(S, "_ary", S)[int(n):int(n) + 8]).view(np.uint16).copy()
+
+
+def _ldmatrix_warp(slots, trans):
+    """Every lane's four registers of ldmatrix .x4: lanes 8m .. 8m + 7 gave the rows of
+    matrix m; lane (g, t) gets M_m[g, 2t], M_m[g, 2t + 1] (.trans: M_m[2t, g], M_m[2t + 1,
+    g]), the first in the low half (kernels/ptx.py)."""
+    M = np.stack([_row_bits(S, n) for S, n in slots]).reshape(4, 8, 8).astype(np.uint32)
+    if trans:
+        M = M.transpose(0, 2, 1)
+    lo, hi = M[:, _G, 2 * _T], M[:, _G, 2 * _T + 1]         # (matrix, lane)
+    words = lo | (hi << np.uint32(16))
+    return [tuple(np.uint32(w) for w in words[:, lane]) for lane in range(WARP)]
+
+
+def ldmatrix_x4(S, n):
+    """``ldmatrix.sync.aligned.m8n8.x4.shared.b16``: this lane's (r0, r1, r2, r3), from the
+    rows the warp's lanes point to (kernels/ptx.py gives the layout)."""
+    return exchange((S, n), lambda slots: _ldmatrix_warp(slots, False))
+
+
+def ldmatrix_x4_trans(S, n):
+    """``ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16``: as ldmatrix_x4, each matrix
+    transposed."""
+    return exchange((S, n), lambda slots: _ldmatrix_warp(slots, True))
+
+
+def cp_async16(S, n, A, m):
+    """S[n:n + 8] = the 8 elements from the element m places after A's first (flat_load),
+    at once; raises ValueError, as the GPU faults, if either address is not 16-byte
+    aligned."""
+    src = _memory_from(A, int(m) + 7)
+    for what, array, k in (("shared", S, n), ("global", src, m)):
+        if _address(array, k) % 16:
+            raise ValueError(f"cp_async16: misaligned {what} address (element {k} lies at "
+                             f"{_address(array, k) % 16} bytes past a 16-byte boundary)")
+    S[int(n):int(n) + 8] = src[int(m):int(m) + 8]
+
+
+def cp_async_commit():
+    """Nothing to group: cp_async16 has copied already."""
+
+
+def cp_async_wait_group(count):
+    """Nothing to wait for: cp_async16 has copied already."""
+
+
+def is_aligned16(A):
+    """Whether A's first element lies at a 16-byte aligned address."""
+    return _address(A, 0) % 16 == 0
