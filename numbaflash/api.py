@@ -217,7 +217,7 @@ def explain(q, k, v, *, causal=False, scale=None, version=None, tiles=None, back
 def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, window_size=None,
                        alibi_slopes=None, softcap=None, attn_mask=None, score_mod=None,
                        score_mod_grad=None, mask_mod=None, dropout_p=0.0, dropout_seed=None,
-                       version=None, tiles=None, stream=None):
+                       version=None, tiles=None, deterministic=True, stream=None):
     """Gradients of ``attention`` (FlashAttention-2 backward, Algorithm 2).
 
     Args:
@@ -242,16 +242,25 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, win
             tiles, the default in float32 and float16 with d <= 128 on the simulator; "v5":
             tensor cores (3xTF32); "v6": v5 made cheaper, the default for that
             attention on a GPU; "v7": v5 on the 16-bit tensor cores for float16 and
-            bfloat16, plain or causal attention, when asked for. v5, v6 and v7 take finite
-            inputs only: the call checks them first and, if one is NaN or inf, runs v4
-            and logs why for the default, or raises ValueError if v5, v6 or v7 was asked
-            for); None picks the default; see
+            bfloat16, plain or causal attention, when asked for; "v8": v6's dK/dV kernel
+            adding dQ by atomics, not bitwise reproducible, the default on a GPU with
+            deterministic=False. v5 to v8 take finite inputs only: the call checks them
+            first and, if one is NaN or inf, runs v4 and logs why for the default, or
+            raises ValueError if one of them was asked for); None picks the default; see
             ``explain_backward`` and numbaflash/kernels/backward/ (one file per version).
         tiles: (Br, Bc) for the backward kernels (v3 and v4 also take (Br, Bc, TM, TN);
             v5 and v6 take multiples of 16, and v6 also ((Br, Bc), (Br, Bc)): the dK/dV
             kernel's tiles, then the dQ kernel's; given tiles run without v6's split
             pairs); None uses the documented rule in the version's file (v6:
-            default_backward_v6_plan, tiles and pairs per kernel).
+            default_backward_v6_plan, tiles and pairs per kernel; v8: (Br, Bc) of its
+            one kernel).
+        deterministic: True (the default): the default version is deterministic, so
+            repeated calls give the same bits. False (flash-attention's
+            ``deterministic=False``): on a GPU where v8 can run the input, v8 adds dQ by
+            atomic adds, one kernel instead of two, and dQ may differ in its last bits
+            between runs (dK, dV do not); elsewhere (the simulator, float64, d > 128, NaN
+            or inf among the inputs) the deterministic default runs, and the plan's
+            reason says why. A ``version`` named by the caller runs either way.
         stream: as for ``attention`` (the inputs' stream: dout's, q's, ... in that order).
 
     Returns:
@@ -264,10 +273,11 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, win
 
     Raises:
         ValueError: bad shapes (dout, out, lse included), scale, causal mode, head dim,
-            version or tiles; raised before anything is launched. Also version="v5", "v6"
-            or "v7" with a NaN or inf among the inputs (found by a check kernel, before the
+            version or tiles; raised before anything is launched. Also version="v5" to
+            "v8" with a NaN or inf among the inputs (found by a check kernel, before the
             backward's).
-        TypeError: unsupported or mismatched dtypes (dout, out, lse included).
+        TypeError: unsupported or mismatched dtypes (dout, out, lse included), or a
+            ``deterministic`` that is not True or False.
         MemoryError: the arrays the call allocates (device copies of host inputs, the
             scratch D, dq, dk, dv and their host copies) need more host or GPU memory than
             is available; raised before anything is allocated.
@@ -280,7 +290,7 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, win
                          score_mod_grad, mask_mod, dropout_p, dropout_seed)
     p = check_backward_inputs(dout, q, k, v, out, lse, causal, scale, **variants)
     host = not arrays.on_device((dout, q, k, v, out, lse))
-    plans = plan_backward(p, version, tiles)
+    plans = plan_backward(p, version, tiles, deterministic=deterministic)
     s = call_stream((dout, q, k, v, out, lse), stream)
     check_memory(p, backward_memory(p, plans, dict(dout=dout, q=q, k=k, v=v, out=out, lse=lse),
                                     host), plans[0].backend, "attention_backward")
@@ -314,8 +324,8 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, win
         dQ = arrays.device_empty((p.BH, p.Sq, p.d), grad, s)
     dK = arrays.device_empty((p.BHkv, p.Sk, p.d), grad, s)
     dV = arrays.device_empty((p.BHkv, p.Sk, p.d), grad, s)
-    # v5, v6 and v7 (tensor cores) need finite inputs: checked here; v4 if not, or an
-    # error if the caller asked for one of them.
+    # v5 to v8 (tensor cores) need finite inputs: checked here; v4 if not, or an error
+    # if the caller asked for one of them.
     plans = finite_inputs_plans(plans, kp, version is not None, Q, K, V, O, dO, L, s)
     launch_backward(plans, kp, Q, K, V, O, dO, L, D, dQ, dK, dV, *_variant_arrays(p, s),
                     stream=s)
@@ -326,7 +336,7 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, win
 
 def attention_vjp(q, k, v, *, causal=False, scale=None, forward_version=None,
                   forward_tiles=None, backward_version=None, backward_tiles=None,
-                  stream=None, **variants):
+                  deterministic=True, stream=None, **variants):
     """Run the forward now and return ``(out, vjp)``, where ``vjp(dout) -> (dq, dk, dv)``.
 
     The same as ``attention(..., return_lse=True)`` followed by ``attention_backward``,
@@ -340,6 +350,7 @@ def attention_vjp(q, k, v, *, causal=False, scale=None, forward_version=None,
             forward and every ``vjp`` call).
         forward_version, forward_tiles: ``version`` and ``tiles`` of the forward.
         backward_version, backward_tiles: ``version`` and ``tiles`` of the backward.
+        deterministic: as for ``attention_backward``, for every ``vjp`` call.
         stream: as for ``attention``, for the forward and every ``vjp`` call.
 
     Returns:
@@ -356,7 +367,8 @@ def attention_vjp(q, k, v, *, causal=False, scale=None, forward_version=None,
     if p.variant.score_mod is not None and p.variant.score_mod_grad is None:
         raise ValueError("the backward of a score_mod needs its derivative: pass "
                          "score_mod_grad (a Numba device function)")
-    plan_backward(p, backward_version, backward_tiles)     # bad backward options fail now
+    plan_backward(p, backward_version, backward_tiles,     # bad backward options fail now
+                  deterministic=deterministic)
     out, lse = attention(q, k, v, causal=causal, scale=scale, return_lse=True,
                          version=forward_version, tiles=forward_tiles, stream=stream,
                          **variants)
@@ -365,22 +377,24 @@ def attention_vjp(q, k, v, *, causal=False, scale=None, forward_version=None,
         """Gradients (dq, dk, dv) of the attention above for the upstream gradient dout."""
         return attention_backward(dout, q, k, v, out, lse, causal=causal, scale=scale,
                                   version=backward_version, tiles=backward_tiles,
-                                  stream=stream, **variants)
+                                  deterministic=deterministic, stream=stream, **variants)
 
     return out, vjp
 
 
 def explain_backward(q, k, v, *, causal=False, scale=None, version=None, tiles=None,
-                     backend=None, **variants):
+                     deterministic=True, backend=None, **variants):
     """Validate like ``attention`` and return the backward's ``Plans`` without running them.
 
     ``print(numbaflash.explain_backward(q, k, v))`` shows one line per kernel (D, dK/dV,
     dQ for v1, v3 and v4): version, tiles (and v3's and v4's thread tile), grid, block,
     shared memory (v4: dynamic, per kernel), backend, variant and why. ``backend`` as
-    for ``explain``: "gpu" shows a GPU's plan on any machine. (On a GPU the call itself
-    also checks that the inputs are finite, and runs v4 instead of v6 if they are not;
-    a plan cannot know that.)
+    for ``explain``: "gpu" shows a GPU's plan on any machine. ``deterministic`` as for
+    ``attention_backward`` (False: v8's plans where it can run, D, the zero fill of dQ's
+    float32 sums, its one kernel and for float16 the rounding into dQ). (On a GPU the call
+    itself also checks that the inputs are finite, and runs v4 instead of v6 or v8 if
+    they are not; a plan cannot know that.)
     """
     p = check_attention_inputs(q, k, v, causal, scale, **variants)
-    return plan_backward(p, version, tiles, where=backend)
+    return plan_backward(p, version, tiles, where=backend, deterministic=deterministic)
 

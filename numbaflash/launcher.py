@@ -41,7 +41,7 @@ from numba import cuda
 from .kernels import backward as backward_kernels
 from .kernels import forward as forward_kernels
 from .kernels import simulating, smem
-from . import dropout
+from . import arrays, dropout
 from .kernels import variants as variant_kernels
 from .streams import DEFAULT
 
@@ -202,20 +202,25 @@ def launch_backward(plans, p, Q, K, V, O, dO, L, D, dQ, dK, dV, slopes=None, att
 
     Q, O, dO, dQ are (B*Hq, Sq, d); K, V, dK, dV are (B*Hkv, Sk, d); L and D are (B*Hq, Sq)
     in the accumulator dtype (D is scratch, written by the first kernel). For v2, dQ must
-    be zero-filled (its kernel adds into it). ``slopes``, ``attn_mask``, ``stream``,
-    ``seqs``: as for the forward (a packed batch: Q, O, dO, dQ (Hq, total_q, d), K, V, dK,
-    dV (Hkv, total_k, d), L and D (Hq, total_q)).
+    be zero-filled (its kernel adds into it). v8 zero-fills its float32 dQ sums itself (a
+    kernel of its plans): dQ for float32 inputs, for float16 a float32 scratch array
+    allocated here, which its last kernel rounds into dQ. ``slopes``, ``attn_mask``,
+    ``stream``, ``seqs``: as for the forward (a packed batch: Q, O, dO, dQ (Hq, total_q,
+    d), K, V, dK, dV (Hkv, total_k, d), L and D (Hq, total_q)).
     """
     scale = np.dtype(p.acc_dtype).type(p.softmax_scale)   # keep the kernel's arithmetic in acc dtype
     offset = np.int64(p.causal_offset)
     version = backward_kernels.module(plans[-1].version)
     extra = ()
     if version.VARIANTS:
-        tiled = plans[-1]
+        tiled = [plan for plan in plans if plan.Br][-1]     # the last kernel with tiles
         tiles = (tile_table(p, tiled.Br, tiled.Bc, attn_mask, stream) if version.TILE_TABLE
                  else None)
         extra = variant_arguments(p, slopes, attn_mask, tiles, seqs)
     types_key = _types_key(p, slopes, attn_mask, seqs)
+    dQ_sums = dQ                # where v2's and v8's kernels add dQ up
+    if any(plan.pass_name == "backward dQ narrow" for plan in plans):
+        dQ_sums = arrays.device_empty(dQ.shape, np.float32, stream)   # v8, float16 inputs
     for plan in plans:
         log.info("%s", plan)
         if plan.kernel == "backward_preprocess":
@@ -223,13 +228,18 @@ def launch_backward(plans, p, Q, K, V, O, dO, L, D, dQ, dK, dV, slopes=None, att
             args = (dO, O, D)
         else:
             kernel = version.kernel(plan, p)
-            if plan.pass_name == "backward dK dV dQ":       # v2: one kernel for all three
-                args = (Q, K, V, dO, L, D, dQ, dK, dV, scale, offset)
+            if plan.pass_name == "backward dQ zero":        # v8: dQ's sums start from 0
+                args = (dQ_sums,)
+            elif plan.pass_name == "backward dQ narrow":    # v8: the sums rounded into dQ
+                args = (dQ_sums, dQ)
+            elif plan.pass_name == "backward dK dV dQ":     # v2, v8: one kernel for all three
+                args = (Q, K, V, dO, L, D, dQ_sums, dK, dV, scale, offset)
             elif plan.pass_name == "backward dK dV":
                 args = (Q, K, V, dO, L, D, dK, dV, scale, offset)
             else:                                           # "backward dQ"
                 args = (Q, K, V, dO, L, D, dQ, scale, offset)
-            args += extra                                   # the kernels that take variants
+            if plan.pass_name not in ("backward dQ zero", "backward dQ narrow"):
+                args += extra                               # the kernels that take variants
         launch(kernel, plan.grid, plan.block, args, types_key,
                plan.shared_bytes if plan.dynamic_shared else 0, stream)
 

@@ -176,13 +176,38 @@ def plan_forward(p, version=None, tiles=None, where=None):
     return forward.module(version).plan(p, where, tiles, reason)
 
 
-def plan_backward(p, version=None, tiles=None, where=None):
+def atomic_backward_version(p, where, version, reason):
+    """``deterministic=False``: v8 (dQ added by atomics) where it runs Problem ``p``, else
+    the deterministic default (``version``, ``reason``), saying why."""
+    v8 = backward.module("v8")
+    why = v8.refusal(p, where)
+    if where != "gpu":
+        why = ("v8 is chosen on a GPU only (on the simulator each of its mma is a rendezvous "
+               "of 32 Python threads; version='v8' runs it there)")
+    elif why is None and not v8.tiles_fit(p.d, p.upper, p.dtype, where):
+        why = f"no v8 tile fits this GPU's {device_dynamic_shared_limit(where)} bytes"
+    if why is None:
+        return "v8", ("v8 because deterministic=False: v6's dK/dV kernel also adds dQ by "
+                      "atomic adds (5 tile products instead of 7, no dQ kernel); dQ's bits "
+                      "may vary between runs" + _variant_note(p))
+    return version, (f"{reason}; deterministic=False had no atomic version for this input: "
+                     f"{why}")
+
+
+def plan_backward(p, version=None, tiles=None, where=None, deterministic=True):
     """The backward Plans for Problem ``p``, in launch order (D, then dK/dV, then dQ);
-    ``version`` and ``where`` as for ``plan_forward``. Raises ValueError for an unknown
-    version, bad tiles, or a version that cannot run ``p`` (its own file says why)."""
+    ``version`` and ``where`` as for ``plan_forward``. ``deterministic=False`` lets the
+    default be v8 (atomic adds: ``atomic_backward_version``); a version named by the
+    caller runs as asked either way. Raises ValueError for an unknown version, bad tiles,
+    or a version that cannot run ``p`` (its own file says why), TypeError for a
+    ``deterministic`` that is not a bool."""
     where = where_to_plan(where)
+    if not isinstance(deterministic, (bool, np.bool_)):
+        raise TypeError(f"deterministic must be True or False; got {deterministic!r}")
     if version is None:
         version, reason = default_backward_version(p, where)
+        if not deterministic:
+            version, reason = atomic_backward_version(p, where, version, reason)
     elif version in backward.VERSIONS:
         reason = f"{version} was asked for by the caller"
     else:
@@ -196,14 +221,14 @@ def plan_backward(p, version=None, tiles=None, where=None):
 
 def finite_inputs_plans(plans, p, asked, Q, K, V, O, dO, L, stream=DEFAULT):
     """``plans``, or the default's without tensor cores (v4, or v1 for a variant v4 does
-    not take) if they are v5's, v6's or v7's and an input holds NaN or inf (the
+    not take) if they are v5's to v8's and an input holds NaN or inf (the
     tensor-core backward needs finite inputs). One check kernel over the six arrays and a
     4-byte copy back, on ``stream`` (a streams.CallStream), which is then waited for; for
     bfloat16 given as its bits (v7: Problem ``p`` says bfloat16) the check reads the
     exponent bits. ``asked``: the caller named the version, which then raises ValueError
     instead of falling back (v7 is never the default, so it always raises)."""
     version = plans[-1].version
-    if version not in ("v5", "v6", "v7"):
+    if version not in ("v5", "v6", "v7", "v8"):
         return plans
     flag = cuda.to_device(np.zeros(1, np.int32))
     n = max(a.size for a in (Q, K, V, O, dO, L))
@@ -224,6 +249,8 @@ def finite_inputs_plans(plans, p, asked, Q, K, V, O, dO, L, stream=DEFAULT):
     if asked:
         raise ValueError(f"backward {version} cannot run this input: {why}; use {other} (the "
                          f"default falls back to it)")
+    if version == "v8":     # chosen for deterministic=False
+        why += "; deterministic=False had no atomic version for this input"
     log.warning("backward: %s; running %s instead of the default %s", why, other, version)
     return Plans(replace(plan, reason=f"{why}: {other} instead of the default {version}; "
                                       f"{plan.reason}")

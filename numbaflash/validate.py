@@ -421,6 +421,8 @@ def backward_memory(p, plans, inputs, host):
         parts += _host_input_parts(inputs)
     if plans and plans[-1].version == "v2":
         parts.append(("the zeros v2's dq starts from", dq, "host"))
+    if any(plan.pass_name == "backward dQ narrow" for plan in plans):
+        parts.append(("v8's float32 sums of dq (scratch)", p.BH * p.Sq * p.d * 4, "device"))
     tiled = [plan for plan in plans if plan.Br]
     return parts + _variant_parts(p, tiled[0] if tiled else None) + _widened_parts(
         p, plans[-1] if plans else None, host, inputs=3 * p.BH * p.Sq + 2 * p.BHkv * p.Sk,
@@ -532,8 +534,8 @@ def simulator_work(p, plans):
     for plan in plans:
         blocks = math.prod(plan.grid)
         threads += blocks * math.prod(plan.block)
-        if plan.pass_name == "backward D":          # D = rowsum(dO * O)
-            ops += p.BH * p.Sq * p.d
+        if plan.pass_name in ("backward D", "backward dQ zero", "backward dQ narrow"):
+            ops += p.BH * p.Sq * p.d                # D = rowsum(dO * O); v8's dQ fills
             continue
         per_pair, axis = _SIM_WORK.get(plan.pass_name, (2, "Sk"))
         ops += per_pair * p.BH * p.Sq * p.Sk * p.d * visible

@@ -659,9 +659,61 @@ def backward_half_entries():
     return out
 
 
+def backward_atomic_dq_entries():
+    """Backward v8 (kernels/backward/v8_atomic_dq.py: v6's dK/dV kernel adding dQ by atomic
+    adds): its kernel for float16 and float32 at d = 64 and 128, full and causal, with its
+    GPU tile rule (v6's dK/dV tiles and pairs); with GQA's loop over the group at both head
+    dims (full); with the built-in variants and dropout (float32, d = 64, causal); on a
+    packed batch's views with GQA (float32, d = 64, causal); and its zero fill (on plain
+    arrays and on views) and float16 rounding. None of them may use float64."""
+    import numpy as np
+    from numbaflash.kernels.backward import v8_atomic_dq as v8
+    from numbaflash.kernels.variants import Variant
+    f32 = np.dtype(np.float32)
+    a2, a3 = array(f32, 2), array(f32, 3)
+    scale, offset = numba.from_dtype(f32), numba.int64
+    extra = variant_signature(f32)
+
+    def view(dt):
+        return numba.types.Array(numba.from_dtype(dt), 3, "A")
+
+    def entry(dtype, d, causal, gqa=False, variant=None, label=""):
+        dt = np.dtype(dtype)
+        t3 = view(dt) if variant is not None and variant.varlen else array(dt, 3)
+        sums = t3 if dtype == "float32" else a3         # float16: the float32 scratch
+        Br, Bc, pairs = v8.default_backward_v8_tiles(d, causal, dtype, "gpu")
+        chunk = v8.backward_v6_chunk("dkdv", Br, Bc)
+        tag = (f"{dtype}-d{d}-{'causal' if causal else 'full'}{label}-tiles{Br}x{Bc}"
+               + ("-pairs" if pairs else ""))
+        sig = (t3, t3, t3, t3, a2, a2, sums, t3, t3, scale, offset) + extra
+        kw = dict(gqa=gqa) if variant is None else dict(gqa=gqa, variant=variant)
+        return Entry(f"backward_dkdv_dq_v8-{tag}", "backward_atomic_dq",
+                     lambda t=(Br, Bc, d, causal, chunk, pairs), kw=kw:
+                     v8.make_backward_dkdv_dq_v8(*t, **kw), sig, True)
+
+    out = []
+    for dtype in ("float16", "float32"):
+        for d in (64, 128):
+            for causal in (False, True):
+                out.append(entry(dtype, d, causal))
+            out.append(entry(dtype, d, False, gqa=True, label="-gqa"))
+    builtins = Variant(window=True, dropout=True, softcap=True, alibi=True, mask="bool")
+    out.append(entry("float32", 64, True, gqa=True, variant=builtins, label="-builtins-gqa"))
+    out.append(entry("float32", 64, True, gqa=True, variant=Variant(varlen=True),
+                     label="-varlen-gqa"))
+    out.append(Entry("backward_zero_dq_v8-float32", "backward_atomic_dq", v8.make_zero_dq,
+                     (a3,), True))
+    out.append(Entry("backward_zero_dq_v8-float32-varlen", "backward_atomic_dq",
+                     v8.make_zero_dq, (view(f32),), True))
+    out.append(Entry("backward_dq_narrow_v8-float16", "backward_atomic_dq", v8.make_narrow_dq,
+                     (a3, array(np.dtype(np.float16), 3)), True))
+    return out
+
+
 GROUPS = {"forward": forward_entries, "backward": backward_entries, "variants": variant_entries,
           "decode": decode_entries, "varlen": varlen_entries, "bfloat16": bfloat16_entries,
-          "backward_half": backward_half_entries}
+          "backward_half": backward_half_entries,
+          "backward_atomic_dq": backward_atomic_dq_entries}
 
 
 F64_RE = re.compile(r"\.f64\b")

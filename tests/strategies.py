@@ -112,7 +112,9 @@ def refusal(explain, version, dtype="float32"):
 # budget, and tests/test_simulated_kernels.py runs each at fixed small shapes, through
 # the same checks and the same bitwise ladder.
 SIMULATOR_FIXED_SHAPES_ONLY = {"explain": ("v3", "v6", "v7", "v8", "v9"),
-                               "explain_backward": ("v5", "v6")}
+                               "explain_backward": ("v5", "v6", "v8")}
+# where a version above is tested on the simulator instead, if not in those two files
+SIMULATOR_TESTS = {("explain_backward", "v8"): "tests/test_backward_atomic_dq.py"}
 
 
 def version_params(versions, explain, dtype="float32"):
@@ -128,9 +130,11 @@ def version_params(versions, explain, dtype="float32"):
         why = None if None in whys else whys[0]
         if why is None and not on_gpu() and version in SIMULATOR_FIXED_SHAPES_ONLY.get(
                 explain.__name__, ()):
-            why = (f"{version} runs on the simulator in tests/test_tensor_core_properties.py "
-                   "and tests/test_simulated_kernels.py, with a smaller budget (every mma "
-                   "a rendezvous of 32 Python threads)")
+            where = SIMULATOR_TESTS.get((explain.__name__, version),
+                                        "tests/test_tensor_core_properties.py and "
+                                        "tests/test_simulated_kernels.py")
+            why = (f"{version} runs on the simulator in {where}, with a smaller budget (every "
+                   "mma a rendezvous of 32 Python threads)")
         params.append(version if why is None else
                       pytest.param(version, marks=pytest.mark.skip(reason=why)))
     return params

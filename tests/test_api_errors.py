@@ -534,11 +534,15 @@ def test_explain_backward_names_each_kernel_or_says_why_not(version, dtype):
     assert len(str(plans).splitlines()) == len(plans)
     for plan in plans[1:]:
         text = str(plan)
+        if plan.Br is None:         # v8's zero fill and rounding of dQ: no tiles
+            assert version == "v8" and "Why:" in text
+            continue
         assert f"tiles (Br, Bc) = ({plan.Br}, {plan.Bc})" in text and "Why:" in text
         # v4's tiles live in dynamic shared memory, up to its target of 100 KB per kernel
         limit = {"v4": bwd_v4.BWD_V4_SHARED_MEM_TARGET,
                  "v5": bwd_v5.BWD_V5_SHARED_MEM_TARGET,
-                 "v6": bwd_v5.BWD_V5_SHARED_MEM_TARGET}.get(version, launch_plan.SHARED_MEM_LIMIT)
+                 "v6": bwd_v5.BWD_V5_SHARED_MEM_TARGET,
+                 "v8": bwd_v5.BWD_V5_SHARED_MEM_TARGET}.get(version, launch_plan.SHARED_MEM_LIMIT)
         assert plan.shared_bytes <= limit
         assert "causal=bottom_right" in text
         if version in ("v3", "v4"):

@@ -54,9 +54,10 @@ VERSION_DTYPES = {"v1": ("float16", "float32", "float64"), "v2": ("float32", "fl
                   "v3": ("float16", "float32", "float64"),
                   "v4": ("float16", "float32", "float64"), "v5": ("float16", "float32"),
                   "v6": ("float16", "float32"),
-                  "v7": ("float16",)}     # and bfloat16: tests/test_backward_half.py
+                  "v7": ("float16",),     # and bfloat16: tests/test_backward_half.py
+                  "v8": ("float16", "float32")}   # and tests/test_backward_atomic_dq.py
 # the versions without atomics
-DETERMINISTIC = [v for v in VERSIONS if getattr(v, "values", (v,))[0] != "v2"]
+DETERMINISTIC = [v for v in VERSIONS if getattr(v, "values", (v,))[0] not in ("v2", "v8")]
 
 
 def backward_tiles(d, acc_dtype):
@@ -78,8 +79,8 @@ def forward(case, q=None, k=None, v=None):
 
 def require_dtype(version, dtype, d=4):
     """Skip, with the library's reason, if ``version`` refuses ``dtype`` (v5: float64) or
-    head dim ``d`` (v5 and v6: d > 128, their fragments in registers)."""
-    too_wide = version in ("v5", "v6") and d > bwd_v5.BWD_V5_MAX_HEAD_DIM
+    head dim ``d`` (v5, v6 and v8: d > 128, their fragments in registers)."""
+    too_wide = version in ("v5", "v6", "v8") and d > bwd_v5.BWD_V5_MAX_HEAD_DIM
     if np.dtype(dtype).name not in VERSION_DTYPES[version] or too_wide:
         q = np.zeros((1, 1, 4, d), dtype)
         with pytest.raises(ValueError) as err:
@@ -478,7 +479,7 @@ def test_mixed_host_and_device_raise(no_launch):
 
 
 @pytest.mark.parametrize("version, tiles, d, match", [
-    ("v9", None, 3, r"unknown backward version 'v9'; choose from \('v1', 'v2', .*'v7'\)"),
+    ("v9", None, 3, r"unknown backward version 'v9'; choose from \('v1', 'v2', .*'v8'\)"),
     ("v1", (2048, 4), 3, r"Br = 2048 exceeds 1024: the backward runs one thread per query row"),
     ("v1", (4, 2048), 3, r"Bc = 2048 exceeds 1024: the backward runs one thread per key row"),
     ("v1", (0, 4), 3, r"tiles must be positive"),

@@ -28,8 +28,9 @@ The ladder, by lineage: each file says its parent, what it changes and what that
        └─ v4_dynamic_shared  v3's tiles in dynamic shared memory (the simulator's default)
           └─ v5_tensor_cores the tile products on the tensor cores, 3xTF32
              ├─ v6_split_pairs  cheaper splits and staging, streamed tiles split once
+             │  └─ v8_atomic_dq  v6's dK/dV kernel also adds dQ by atomics (deterministic=False)
              └─ v7_half      float16 and bfloat16 on the 16-bit tensor cores (m16n8k16)
-    nonfinite                the check that v5's, v6's and v7's inputs are finite
+    nonfinite                the check that v5's to v8's inputs are finite
 
 Defaults (numbaflash/policy.py decides, and explain_backward() says why), variants or
 not: v3 in float64 and at d > 128 (v1 for a variant there); on a GPU v6 for float32 and
@@ -37,7 +38,11 @@ float16 with d <= 128 and finite inputs (v4 when an input holds NaN or inf, or w
 tile fits the GPU's shared memory); on the simulator, which cannot run the tensor-core
 versions, v4. Every default is deterministic: no atomics, so repeated runs give bitwise
 identical gradients (v2, which adds dQ with atomics, runs only when asked for; so does v7,
-deterministic but without a recorded measurement yet).
+deterministic but without a recorded measurement yet). ``deterministic=False`` (as in
+flash-attention) lets the default be v8 on a GPU where v8 can run the input: v6's dK/dV
+kernel adding dQ by atomics, 5 tile products instead of 7 and no dQ kernel, dQ's last
+bits varying between runs (not measured yet); elsewhere the deterministic default runs
+and the plan says why.
 
 Each version's file holds its kernel factories and its launch contract: ``plan(p, where,
 tiles, reason, preprocess)`` (the Plans of D, dK/dV and dQ: tile rule, tile check, shared
@@ -54,7 +59,7 @@ registers per accumulator: from d = 64 on, v1's and v2's dK/dV kernels spill, wh
 v4 keep their blocks in registers without spills up to d = 128 (``tests/ptx_check.py
 --link`` prints each kernel's registers and spills).
 
-Variants (kernels/variants.py, docs/variants.md): the v1, v4 and v6 kernels take a
+Variants (kernels/variants.py, docs/variants.md): the v1, v4, v6 and v8 kernels take a
 compile-time ``variant`` and twelve more run-time arguments after causal_offset
 (window_lo, Hq, group, softcap, slopes, attn_mask, tiles, dropout's seed_lo, seed_hi,
 keep_threshold, keep_scale, and a packed batch's seqs: kernels/sequences.py). dS is multiplied by d score / d s (softcap, score_mod_grad).
@@ -73,7 +78,7 @@ attention only: their plans refuse variants (dropout included), as v7's does.
 Fully masked rows (causal with Sq > Sk, where L = -inf) have P = 0: the kernels skip them
 before computing exp, so they give a zero dQ row, add nothing to dK and dV, and no
 exp(-inf - (-inf)) is ever evaluated. Masked keys are never read into a sum, so NaN there
-has no effect; NaN in a visible input propagates (v5, v6 and v7 refuse non-finite inputs,
+has no effect; NaN in a visible input propagates (v5 to v8 refuse non-finite inputs,
 see nonfinite.py). Speed against PyTorch SDPA: docs/performance.md.
 """
 
@@ -89,6 +94,7 @@ MODULES = {
     "v5": "v5_tensor_cores",
     "v6": "v6_split_pairs",
     "v7": "v7_half",
+    "v8": "v8_atomic_dq",
 }
 VERSIONS = tuple(MODULES)
 
