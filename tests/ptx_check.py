@@ -102,6 +102,11 @@ def forward_variant_signature(dtype, acc, mask_dtype="bool"):
     return forward_signature(dtype, acc) + variant_signature(acc, mask_dtype)
 
 
+# Forward versions checked in a group of their own instead of "forward" (the version ->
+# its group): forward_entries leaves them out.
+OWN_GROUP = {"v10": "forward_v10"}
+
+
 def forward_entries():
     """Every forward version x float16/float32/float64 x causal off/on x d in 1, 64, 128,
     256, with each version's default tiles, where the version supports the combination
@@ -183,7 +188,8 @@ def forward_entries():
                     out.append(Entry(f"forward_v7-{tag}-tiles{Br}x{Bc}", "forward",
                                      lambda t=(Br, Bc), d=d, c=causal:
                                      F["v7"].make_forward_v7(*t, d, c), sig_of("v7"), True))
-    assert {e.name.split("-")[0] for e in out} == {f"forward_{v}" for v in forward.VERSIONS}, \
+    assert ({e.name.split("-")[0] for e in out}
+            == {f"forward_{v}" for v in forward.VERSIONS if v not in OWN_GROUP}), \
         "a forward version is missing from ptx_check.forward_entries"
     return out
 
@@ -710,10 +716,33 @@ def backward_atomic_dq_entries():
     return out
 
 
+def forward_v10_entries():
+    """Forward v10 (kernels/forward/v10_ldmatrix.py: v7 with ldmatrix loads and cp.async
+    copies into two stages): float16 and bfloat16 (its arrays the values' bits), d = 64 and
+    128 with its GPU tiles (v7's), full and causal; and d = 59, causal, where it loads
+    element by element (rows not whole 16-byte pieces). Plain attention: its plain
+    signature. None may use float64."""
+    import numpy as np
+    v10, v7 = F["v10"], F["v7"]
+    out = []
+    for half, dt in (("float16", np.dtype(np.float16)), ("bfloat16", np.dtype(np.uint16))):
+        sig = forward_signature(dt, np.dtype(np.float32))
+        for d, causals in ((64, (False, True)), (128, (False, True)), (59, (True,))):
+            Br, Bc = v10.tiles_within(d, DYNAMIC_SHARED_MEM_LIMIT)
+            for causal in causals:
+                tag = f"{half}-d{d}-{'causal' if causal else 'full'}"
+                out.append(Entry(f"forward_v10-{tag}-tiles{Br}x{Bc}", "forward_v10",
+                                 lambda t=(Br, Bc), d=d, c=causal, h=half:
+                                 v10.make_forward_v10(*t, d, c, v7.v7_chunk(d, t[1]), half=h),
+                                 sig, True))
+    return out
+
+
 GROUPS = {"forward": forward_entries, "backward": backward_entries, "variants": variant_entries,
           "decode": decode_entries, "varlen": varlen_entries, "bfloat16": bfloat16_entries,
           "backward_half": backward_half_entries,
-          "backward_atomic_dq": backward_atomic_dq_entries}
+          "backward_atomic_dq": backward_atomic_dq_entries,
+          "forward_v10": forward_v10_entries}
 
 
 F64_RE = re.compile(r"\.f64\b")

@@ -91,7 +91,8 @@ def test_forward_kernels_compile_and_link_for_sm90(dtype, record_property):
     # every version x 4 head dims x causal off/on, where the version supports it (v3, v6,
     # v8: float16/float32, d <= 128; v7: float16; v9: float32): nothing silently left out
     from numbaflash.kernels.forward import VERSIONS
-    want = 8 * len([v for v in VERSIONS if v not in ("v3", "v6", "v7", "v8", "v9")])
+    # (v10: its own group, test_forward_v10_kernels_compile_and_link_for_sm90)
+    want = 8 * len([v for v in VERSIONS if v not in ("v3", "v6", "v7", "v8", "v9", "v10")])
     if "v3" in VERSIONS and dtype != "float64":
         want += 6
     if dtype != "float64":                          # v6 and v8
@@ -212,6 +213,20 @@ def test_backward_atomic_dq_kernels_compile_and_link_for_sm90(record_property):
         name = r["name"]
         if "-d64-" in name and "gqa" not in name:
             assert r["spill_stores"] == 0 and r["stack_bytes"] == 0, f"{name}\n{r['log']}"
+
+
+def test_forward_v10_kernels_compile_and_link_for_sm90(record_property):
+    """Forward v10 (ptx_check.forward_v10_entries: ldmatrix and cp.async) for float16 and
+    bfloat16 at d = 64 and 128, full and causal, and at d = 59 (element-by-element loads):
+    each compiles and links for sm_90 without float64, has its recorded fingerprint, and
+    spills nothing."""
+    results = run_ptx_check("--group", "forward_v10", "--link")
+    record_property("ptx_report", table(results))
+    print(table(results))
+    assert len(results) == 2 * 5, [r["name"] for r in results]
+    assert_compiled_without_f64(results, "float16 and bfloat16")
+    for r in results:
+        assert r["spill_stores"] == 0 and r["spill_loads"] == 0, f"{r['name']}\n{r['log']}"
 
 
 def test_fingerprint_record_covers_every_entry():

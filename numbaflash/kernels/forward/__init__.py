@@ -17,6 +17,8 @@ The ladder, by lineage: each file says its parent, what it changes and what that
           ├─ v8_reordered    the next chunk's scores before this chunk's softmax
           │  └─ v9_async_copy  the next K/V tile copied by cp.async (float32)
           └─ v7_float16      float16 and bfloat16 inputs on the 16-bit tensor cores (m16n8k16)
+             └─ v10_ldmatrix  v7's operands by ldmatrix (V untransposed), K/V tiles by cp.async
+                              into two stages; opt-in (version="v10"), not measured yet
 
 Defaults (numbaflash/policy.py decides, and explain() says why), variants or not: v2 in
 float64 and at d > 128; on a GPU v7 for float16 and bfloat16 inputs, v8 for float32 at d <= 64 and v9 at
@@ -25,7 +27,7 @@ float64 and at d > 128; on a GPU v7 for float16 and bfloat16 inputs, v8 for floa
 Building blocks: ``mma_rows`` (the per-row steps on mma fragments: the online softmax,
 the non-finite fix-ups, the write-out) and ``v6_tile_steps`` (v6's staging and products,
 which v8 and v9 reuse); ``kernels/warp.py`` (quad reductions), ``kernels/ptx.py`` (mma,
-TF32 splits, cp.async), ``kernels/smem.py``, ``kernels/bands.py``, ``kernels/variants.py``.
+TF32 splits, cp.async, ldmatrix), ``kernels/smem.py``, ``kernels/bands.py``, ``kernels/variants.py``.
 
 Each version's file holds its kernel factory and its launch contract: ``plan(p, where,
 tiles, reason)`` (tile rule, tile check, shared memory, grid and block, or a ValueError
@@ -43,7 +45,8 @@ kernel. Packed batches of different lengths (``Variant.varlen``, numbaflash/varl
 each block finds its sequence and cuts its arrays to it (kernels/sequences.py). Masked entries are not computed, tiles a window leaves empty are not visited,
 and the tiled ones skip the tiles a boolean attn_mask or a mask_mod leaves empty (the
 table of visible tiles, variants.make_tile_table). v3 and v4, the first tensor-core and
-register-blocked rungs, compute plain attention only: their plans refuse variants.
+register-blocked rungs, and v10 (v7's loads changed, not yet its variants), compute plain
+attention only: their plans refuse variants.
 
 Fully masked rows (causal with Sq > Sk, or Sk = 0) end with l = 0: they write O = 0 and
 L = -inf. NaN in a visible input propagates to the rows that see it; masked keys are
@@ -63,6 +66,7 @@ MODULES = {
     "v7": "v7_float16",
     "v8": "v8_reordered",
     "v9": "v9_async_copy",
+    "v10": "v10_ldmatrix",
 }
 VERSIONS = tuple(MODULES)
 
