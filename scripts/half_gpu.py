@@ -1,20 +1,25 @@
 """float16 and bfloat16 on a GPU: agreement, bitwise reruns, and the time against SDPA FLASH.
 
     python scripts/half_gpu.py [--parts agreement,reruns,speed] [--dtypes float16,bfloat16]
-                               [--repeats 10] [--reruns 50]
+                               [--repeats 10] [--reruns 50] [--forward-versions default,v10]
 
 1. agreement: the forward default (v7, the 16-bit tensor cores), the default backward
    (v6, 3xTF32) and backward v7 (the 16-bit tensor cores) on ragged shapes (Sq != Sk,
    both causal alignments, rows that see no key, bfloat16 inputs up to 2^20), against
    ``numbaflash.reference`` in float64 by the bench's rule, whose baseline is the same
    formula in the inputs' dtype (``bench._agreement``; gradients with the bench's
-   multipliers).
+   multipliers). Each forward named by ``--forward-versions`` besides the default (e.g.
+   v10, opt-in) is checked on the same cases, out and lse by the same rule.
 2. reruns: backward v7 (and v6) ``--reruns`` times on the same inputs: every run's dq, dk,
    dv the same bits as the first (deterministic: no atomics).
 3. speed: the issue's shapes, (2, 16, 4096, 64), (2, 16, 4096, 128), (1, 16, 16384, 64),
    causal and not: the forward (default v7) and forward + backward (with backward v6, the
    default, and with backward v7) against PyTorch SDPA FLASH on the same tensors, as
    ratios (SDPA's time / numbaflash's; the targets: forward 0.5x, forward + backward 0.4x).
+   ``--forward-versions`` (default: ``default``, the policy's forward alone) times each
+   forward named there side by side in the same process, on the same tensors, against the
+   same SDPA FLASH reading: ``--forward-versions default,v7,v10`` puts v10 next to v7.
+   forward + backward runs with the default forward.
 
 Timing: ``numbaflash.bench.time_ms`` (CUDA events, median of ``--repeats`` after 3
 warm-ups), one process. GPU only. Every line is printed as it comes (flush).
@@ -53,7 +58,32 @@ def _check(name, got, want, base, dtype, mult, zero_rows=None):
     return c["ok"]
 
 
-def agreement(dtypes):
+def _forward_version(name):
+    """``--forward-versions`` entry -> numbaflash's ``version`` argument (None: the default)."""
+    return None if name == "default" else name
+
+
+def _check_forward_version(version, q, k, v, causal, scale, dtype, out, lse):
+    """Forward ``version``'s out and lse by the rule, and whether they have the default's
+    bits (v10 should have v7's: the same products in the same order; informative)."""
+    o_v, lse_v = numbaflash.attention(q, k, v, causal=causal, scale=scale, return_lse=True,
+                                      version=version)
+    want, want_lse = reference.forward(q, k, v, causal=causal, scale=scale)
+    base, base_lse = reference.forward(q, k, v, causal=causal, scale=scale, dtype=dtype.type)
+    ok = _check(f"out (forward {version})", o_v, want, base, dtype, 2)
+    c = bench._lse_agreement(np.asarray(lse_v, np.float64), want_lse,
+                             np.asarray(base_lse, np.float64), np.dtype(np.float32),
+                             np.isneginf(want_lse[0, 0]))
+    print(f"  lse (forward {version}): max err {c['max_err']:.3g}, bound {c['bound']:.3g}: "
+          f"{'ok' if c['ok'] else 'WRONG'}", flush=True)
+    same = (np.array_equal(np.asarray(o_v).view(np.uint16), np.asarray(out).view(np.uint16))
+            and np.array_equal(np.asarray(lse_v), np.asarray(lse), equal_nan=True))
+    print(f"  forward {version}: {'the same bits as' if same else 'other bits than'} the "
+          f"default's out and lse", flush=True)
+    return ok and c["ok"]
+
+
+def agreement(dtypes, forward_versions=("default",)):
     rng = np.random.default_rng(1)
     cases = [  # (B, H, Sq, Sk, d, causal, magnitude)
         (1, 4, 777, 1000, 64, None, 1.0),
@@ -77,6 +107,10 @@ def agreement(dtypes):
             want, _ = reference.forward(q, k, v, causal=causal, scale=scale)
             base, _ = reference.forward(q, k, v, causal=causal, scale=scale, dtype=dtype.type)
             ok &= _check("out (forward default)", out, want, base, dtype, 2)
+            for version in forward_versions:
+                if version == "default":
+                    continue
+                ok &= _check_forward_version(version, q, k, v, causal, scale, dtype, out, lse)
             want_g = reference.backward(dout, q, k, v, causal=causal, scale=scale)
             base_g = reference.backward(dout, q, k, v, causal=causal, scale=scale,
                                         dtype=dtype.type)
@@ -113,7 +147,7 @@ def reruns(torch, dtypes, n):
     return ok
 
 
-def speed(torch, dtypes, repeats):
+def speed(torch, dtypes, repeats, forward_versions=("default",)):
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -130,7 +164,12 @@ def speed(torch, dtypes, repeats):
                 q, k, v, dout = (_device(torch, x) for x in (qt, kt, vt, dot))
                 mode = "bottom_right" if causal else None
                 out, lse = numbaflash.attention(q, k, v, causal=mode, return_lse=True)
-                t_fwd = ms(lambda: numbaflash.attention(q, k, v, causal=mode))
+                t_fwds = {}
+                for fv in forward_versions:
+                    version = _forward_version(fv)
+                    numbaflash.attention(q, k, v, causal=mode, version=version)  # compile
+                    t_fwds[fv] = ms(lambda version=version: numbaflash.attention(
+                        q, k, v, causal=mode, version=version))
                 t_fb = {}
                 for version in BACKWARDS:
                     def fb(version=version):
@@ -147,9 +186,10 @@ def speed(torch, dtypes, repeats):
                         o = F.scaled_dot_product_attention(qr, kr, vr, is_causal=causal)
                         o.backward(dot)
                     s_fb = ms(sdpa_fb)
-                print(f"{name} {(B, H, Sq, Sk, d)} causal={causal}: forward {t_fwd:.3f} ms, "
-                      f"SDPA FLASH {s_fwd:.3f} ({s_fwd / t_fwd:.3f}x, target "
-                      f"{TARGETS['forward']}x); fwd+bwd "
+                print(f"{name} {(B, H, Sq, Sk, d)} causal={causal}: "
+                      + ", ".join(f"forward {fv} {t:.3f} ms ({s_fwd / t:.3f}x)"
+                                  for fv, t in t_fwds.items())
+                      + f", SDPA FLASH {s_fwd:.3f} (target {TARGETS['forward']}x); fwd+bwd "
                       + ", ".join(f"backward {v} {t:.3f} ms ({s_fb / t:.3f}x)"
                                   for v, t in t_fb.items())
                       + f", SDPA FLASH {s_fb:.3f} (target {TARGETS['fwd+bwd']}x)", flush=True)
@@ -161,18 +201,27 @@ def main(argv=None):
     ap.add_argument("--dtypes", default="float16,bfloat16")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--reruns", type=int, default=50)
+    ap.add_argument("--forward-versions", default="default",
+                    help="forward versions to check and time, comma-separated ('default': "
+                         "the policy's choice), e.g. default,v7,v10")
     args = ap.parse_args(argv)
     if not cuda.is_available():
         sys.exit("half_gpu.py needs a CUDA GPU")
     import torch
     parts, dtypes = args.parts.split(","), args.dtypes.split(",")
+    forward_versions = tuple(args.forward_versions.split(","))
+    from numbaflash.kernels.forward import VERSIONS
+    unknown = [v for v in forward_versions if v != "default" and v not in VERSIONS]
+    if unknown:
+        sys.exit(f"--forward-versions: no forward version {unknown}; choose from "
+                 f"default, {', '.join(VERSIONS)}")
     ok = True
     if "agreement" in parts:
-        ok &= agreement(dtypes)
+        ok &= agreement(dtypes, forward_versions)
     if "reruns" in parts:
         ok &= reruns(torch, dtypes, args.reruns)
     if "speed" in parts:
-        speed(torch, dtypes, args.repeats)
+        speed(torch, dtypes, args.repeats, forward_versions)
     print("half_gpu:", "all checks passed" if ok else "SOME CHECKS FAILED", flush=True)
     return 0 if ok else 1
 

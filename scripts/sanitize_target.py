@@ -25,7 +25,10 @@ every forward and backward version that takes variants, on sequences of ragged l
 ``--forward V`` also runs forward V once on inputs with a NaN in q and k and an inf in v,
 so that the paths that handle non-finite inputs (forward v6's fix-ups) are checked too.
 ``--dtype T`` runs every case in dtype T only (e.g. ``--forward v7 --dtype bfloat16``:
-v7 takes float16 and bfloat16 inputs only).
+v7 takes float16 and bfloat16 inputs only). ``--forward v10`` (float16 and bfloat16, like
+v7) also runs v10 on K and V that are not 16-byte aligned (views one element into larger
+arrays), where it loads element by element instead of its 16-byte cp.async copies; the
+cases at d = 3 do that too (rows not whole 16-byte pieces).
 
 Shapes are small (the sanitizer slows kernels down 10-100x, and every process compiles
 its kernels again) but cross tile boundaries with ragged tails, Sq != Sk in both
@@ -136,6 +139,33 @@ def nonfinite_forward(versions, rng, shape, causal, dtype=np.float32):
               flush=True)
 
 
+def _to_device(x):
+    """A host array on the device; bfloat16 through its bits (Numba's copy reads the buffer
+    protocol, which has no bfloat16)."""
+    if x.dtype.name == "bfloat16":
+        return cuda.to_device(x.view(np.uint16)).view(x.dtype)
+    return cuda.to_device(x)
+
+
+def misaligned_forward(version, rng, dtype):
+    """Forward ``version`` (v10) with K and V one element past a 16-byte boundary: views
+    into larger device arrays, so its copies go element by element."""
+    B, H, Sq, Sk, d = 1, 2, 77, 130, 64
+    q, k, v = (rng.standard_normal((B, H, S, d)).astype(dtype) for S in (Sq, Sk, Sk))
+
+    def shifted(x):
+        flat = np.zeros(x.size + 8, x.dtype)
+        flat[1:x.size + 1] = x.reshape(-1)
+        return _to_device(flat)[1:x.size + 1].reshape(x.shape)
+
+    for causal in (None, "bottom_right"):
+        numbaflash.attention(_to_device(q), shifted(k), shifted(v), causal=causal,
+                             version=version)
+        cuda.synchronize()
+        print(f"forward {version} {(B, H, Sq, Sk, d)} {causal} {np.dtype(dtype).name}, K and V "
+              f"not 16-byte aligned: ok", flush=True)
+
+
 def main_kvcache():
     rng = np.random.default_rng(5)
     cases = [  # (B, Hq, Hk, Sq, S_max, S_new, d, options)
@@ -228,6 +258,9 @@ def main():
                       flush=True)
             if "--forward" in sys.argv[1:] and dtype != np.float64 and d == 64:
                 nonfinite_forward(forward_versions, rng, (B, H, Sq, Sk, d), causal, dtype)
+            if ("--forward" in sys.argv[1:] and "v10" in forward_versions and d == 64
+                    and np.dtype(dtype).name in ("float16", "bfloat16")):
+                misaligned_forward("v10", rng, dtype)
             dout = cuda.to_device(rng.standard_normal((B, H, Sq, d)).astype(dtype))
             for version in backward_versions:
                 try:
