@@ -85,10 +85,10 @@ def test_v10_matches_the_reference_and_v7(dtype, causal, Sq, Sk, d):
         assert np.all(np.isneginf(lse[:, :, :blind]))
 
 
-@pytest.mark.parametrize("causal", CAUSAL)
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype,causal", [("float16", None), ("bfloat16", "bottom_right"),
+                                          ("float16", "top_left"), ("bfloat16", None)])
 def test_nan_and_inf_reach_the_reference_positions_as_in_v7(dtype, causal):
-    q, k, v = poisoned(*inputs(dtype, 37, 45, 16, seed=3))
+    q, k, v = poisoned(*inputs(dtype, 33, 36, 16, seed=3))
     check_against_reference_and_v7(q, k, v, causal)
 
 
@@ -97,8 +97,9 @@ def test_nan_and_inf_reach_the_reference_positions_as_in_v7(dtype, causal):
                                             ("float16", 128, None),
                                             ("bfloat16", 128, "top_left")])
 def test_v10_at_the_gpu_head_dims(dtype, d, causal):
-    """d = 64 and 128, where the GPU's tiles were chosen (here the simulator's tiles)."""
-    q, k, v = inputs(dtype, 40, 35, d, seed=d)
+    """d = 64 and 128, where the GPU's tiles were chosen (here the simulator's tiles; one
+    query tile and two K/V tiles, the second short)."""
+    q, k, v = inputs(dtype, 20, 35, d, seed=d)
     check_against_reference_and_v7(q, k, v, causal)
 
 
