@@ -131,7 +131,7 @@ def nonfinite_forward(versions, rng, shape, causal, dtype=np.float32):
     q[0, 0, 3, 5] = np.nan
     k[0, 1, Sk // 2, 7] = np.nan
     v[0, 0, Sk - 9, 1] = np.inf
-    q, k, v = (cuda.to_device(x) for x in (q, k, v))
+    q, k, v = (_to_device(x) for x in (q, k, v))
     for version in versions:
         numbaflash.attention(q, k, v, causal=causal, version=version)
         cuda.synchronize()
@@ -244,7 +244,7 @@ def main():
     rng = np.random.default_rng(0)
     for B, H, Sq, Sk, d, causal, dtypes in CASES:
         for dtype in (np.dtype(t).type for t in ((only,) if only else dtypes)):
-            q, k, v = (cuda.to_device(rng.standard_normal((B, H, S, d)).astype(dtype))
+            q, k, v = (_to_device(rng.standard_normal((B, H, S, d)).astype(dtype))
                        for S in (Sq, Sk, Sk))
             for version in forward_versions:
                 try:
@@ -261,7 +261,7 @@ def main():
             if ("--forward" in sys.argv[1:] and "v10" in forward_versions and d == 64
                     and np.dtype(dtype).name in ("float16", "bfloat16")):
                 misaligned_forward("v10", rng, dtype)
-            dout = cuda.to_device(rng.standard_normal((B, H, Sq, d)).astype(dtype))
+            dout = _to_device(rng.standard_normal((B, H, Sq, d)).astype(dtype))
             for version in backward_versions:
                 try:
                     numbaflash.attention_backward(dout, q, k, v, out, lse, causal=causal,

@@ -111,10 +111,11 @@ def refusal(explain, version, dtype="float32"):
 # simulator tests/test_tensor_core_properties.py draws cases for each with a smaller
 # budget, and tests/test_simulated_kernels.py runs each at fixed small shapes, through
 # the same checks and the same bitwise ladder.
-SIMULATOR_FIXED_SHAPES_ONLY = {"explain": ("v3", "v6", "v7", "v8", "v9"),
+SIMULATOR_FIXED_SHAPES_ONLY = {"explain": ("v3", "v6", "v7", "v8", "v9", "v10"),
                                "explain_backward": ("v5", "v6", "v8")}
 # where a version above is tested on the simulator instead, if not in those two files
-SIMULATOR_TESTS = {("explain_backward", "v8"): "tests/test_backward_atomic_dq.py"}
+SIMULATOR_TESTS = {("explain_backward", "v8"): "tests/test_backward_atomic_dq.py",
+                   ("explain", "v10"): "tests/test_forward_v10.py"}
 
 
 def version_params(versions, explain, dtype="float32"):
