@@ -12,9 +12,15 @@
 #   bash scripts/gpu_all.sh energy      # bench --energy: joules per call, numbaflash and SDPA, not
 #                                         part of "all" (needs pip install "numbaflash[energy]")
 #   bash scripts/gpu_all.sh half        # float16 and bfloat16: their tests, scripts/half_gpu.py
-#                                         (agreement, 50 reruns, time against SDPA FLASH), and
-#                                         compute-sanitizer on forward v7 and backward v7 in
-#                                         bfloat16; not part of "all"
+#                                         (agreement, 50 reruns, time against SDPA FLASH, forward
+#                                         v10 beside v7), and compute-sanitizer on forward v7,
+#                                         v10 and backward v7 in bfloat16; not part of "all"
+#   bash scripts/gpu_all.sh atomic      # backward v8 (dQ by atomics): its tests,
+#                                         scripts/atomic_dq_gpu.py (agreement, reruns, time
+#                                         against v6 and SDPA) and compute-sanitizer; not in "all"
+#   bash scripts/gpu_all.sh decode      # the split-KV decode kernel: its tests,
+#                                         scripts/decode_gpu.py (agreement, the four builds,
+#                                         bandwidth) and compute-sanitizer; not part of "all"
 #
 # Each part prints a short summary last. Needs a CUDA GPU, PyTorch, and numpy < 2.5.
 set -uo pipefail
@@ -92,16 +98,45 @@ energy)
 half)
     status=0
     OUT="$OUT" bash "$0" tests tests/test_bfloat16.py tests/test_backward_half.py \
-        tests/test_torch.py > "$OUT/half_tests_console.txt" 2>&1 || status=1
+        tests/test_forward_v10.py tests/test_simulated_ptx.py tests/test_torch.py \
+        > "$OUT/half_tests_console.txt" 2>&1 || status=1
     tail -n 1 "$OUT/half_tests_console.txt"
-    python3 scripts/half_gpu.py 2>&1 | tee "$OUT/half_gpu.txt"
+    python3 scripts/half_gpu.py --forward-versions default,v7,v10 2>&1 | tee "$OUT/half_gpu.txt"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
     run_sanitizers "forward v7 bfloat16 " sanitize_fwd_v7_bf16 \
         "${SANITIZER_TOOLS:-memcheck racecheck synccheck}" --forward v7 --dtype bfloat16 \
         || status=1
+    run_sanitizers "forward v10 float16 " sanitize_fwd_v10_f16 \
+        "${SANITIZER_TOOLS:-memcheck racecheck synccheck}" --forward v10 --dtype float16 \
+        || status=1
     run_sanitizers "backward v7 bfloat16 " sanitize_bwd_v7_bf16 \
         "${SANITIZER_TOOLS:-memcheck racecheck synccheck}" --backward v7 --dtype bfloat16 \
         || status=1
+    exit "$status"
+    ;;
+atomic)
+    status=0
+    OUT="$OUT" bash "$0" tests tests/test_backward_atomic_dq.py tests/test_varlen.py \
+        > "$OUT/atomic_tests_console.txt" 2>&1 || status=1
+    tail -n 1 "$OUT/atomic_tests_console.txt"
+    python3 scripts/atomic_dq_gpu.py 2>&1 | tee "$OUT/atomic_dq_gpu.txt"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    python3 scripts/atomic_dq_gpu.py --parts speed --no-register-cap 2>&1 \
+        | tee "$OUT/atomic_dq_gpu_uncapped.txt"
+    run_sanitizers "backward v8 " sanitize_bwd_v8 \
+        "${SANITIZER_TOOLS:-memcheck racecheck synccheck}" --backward v8 || status=1
+    exit "$status"
+    ;;
+decode)
+    status=0
+    OUT="$OUT" bash "$0" tests tests/test_kvcache.py tests/test_decode_kernel.py \
+        > "$OUT/decode_tests_console.txt" 2>&1 || status=1
+    tail -n 1 "$OUT/decode_tests_console.txt"
+    python3 scripts/decode_gpu.py --parts agreement,kernels,bandwidth,layout --repeats 20 \
+        2>&1 | tee "$OUT/decode_gpu.txt"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    run_sanitizers "decode " sanitize_decode \
+        "${SANITIZER_TOOLS:-memcheck racecheck synccheck}" --kvcache || status=1
     exit "$status"
     ;;
 sanitize)
@@ -133,7 +168,7 @@ all)
     exit $status
     ;;
 *)
-    echo "usage: bash scripts/gpu_all.sh tests|check|simgpu|variants|energy|half|sanitize|all" >&2
+    echo "usage: bash scripts/gpu_all.sh tests|check|simgpu|variants|energy|half|atomic|decode|sanitize|all" >&2
     exit 2
     ;;
 esac
