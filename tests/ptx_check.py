@@ -460,7 +460,8 @@ def fast_variant_entries(dtype, acc, tag, variant, causal, fsig, dkdv, dq, no_f6
 def decode_entries():
     """The decoding kernels (kernels/decode/): split_kv x float16/float32/float64 x d in
     8, 64, 128, 256 (the rows per block of a GQA group of 8 and of one row), plain, causal,
-    and causal with a window, softcap and ALiBi; combine and append per dtype."""
+    and causal with a window, softcap and ALiBi, with one element a load and (float16,
+    float32: "-wide") 8 bytes a load; combine and append per dtype."""
     import numpy as np
     from numbaflash.kernels.decode import append, combine, split_kv
     from numbaflash.kernels.variants import PLAIN, Variant
@@ -483,6 +484,13 @@ def decode_entries():
                     out.append(Entry(f"split_kv-{dtype}-d{d}-rows{rows}-{what}", "decode",
                                      lambda d=d, r=rows, c=causal, ac=acc, v=variant:
                                      split_kv.make_split_kv(d, r, c, ac, v), sig, no_f64))
+                    # the 8-byte loads, which aligned caches get (split_kv.load_width)
+                    vec = split_kv.wide_vec(dt.itemsize)
+                    if vec > 1 and d % vec == 0:
+                        out.append(Entry(
+                            f"split_kv-{dtype}-d{d}-rows{rows}-{what}-wide", "decode",
+                            lambda d=d, r=rows, c=causal, ac=acc, v=variant, w=vec:
+                            split_kv.make_split_kv(d, r, c, ac, v, vec=w), sig, no_f64))
         out.append(Entry(f"combine-{dtype}", "decode", lambda ac=acc: combine.make_combine(ac),
                          (array(at, 4), array(at, 3), array(dt, 3), array(at, 2)), no_f64))
         out.append(Entry(f"append-{dtype}", "decode", append.make_append,
@@ -618,6 +626,11 @@ def bfloat16_entries():
                 out.append(Entry(f"split_kv-bfloat16-d{d}-rows{rows}-{what}", "bfloat16",
                                  lambda d=d, r=rows, c=causal, v=variant:
                                  split_kv.make_split_kv(d, r, c, "float32", v, "bfloat16"),
+                                 dsig, True))
+                out.append(Entry(f"split_kv-bfloat16-d{d}-rows{rows}-{what}-wide", "bfloat16",
+                                 lambda d=d, r=rows, c=causal, v=variant:
+                                 split_kv.make_split_kv(d, r, c, "float32", v, "bfloat16",
+                                                        vec=split_kv.wide_vec(2)),
                                  dsig, True))
     out.append(Entry("combine-bfloat16", "bfloat16",
                      lambda: combine.make_combine("float32", "bfloat16"),
