@@ -74,9 +74,17 @@ def source_of(module, start, stop=None):
 # `lane % 4` (its place in the group, 0..3):
 
 # %%
-doc = ptx.__doc__
-print(doc[doc.index("Fragment layout of m16n8k8"):doc.index("For float16 inputs")])
-print(doc[doc.index("Fragment layout of m16n8k16"):doc.index("Three more helpers")])
+def layout_section(doc, heading):
+    """The docstring's paragraph that starts with heading, and the indented table under it."""
+    paragraphs = doc[doc.index(heading):].split("\n\n")
+    n = 1
+    while n < len(paragraphs) and paragraphs[n].startswith(" "):
+        n += 1
+    return "\n\n".join(paragraphs[:n])
+
+
+print(layout_section(ptx.__doc__, "Fragment layout of m16n8k8"), end="\n\n")
+print(layout_section(ptx.__doc__, "Fragment layout of m16n8k16"))
 
 # %% [markdown]
 # The same, as NumPy index tables: for each matrix, `rows[lane, r]` and `cols[lane, r]`
