@@ -21,7 +21,8 @@
 # 1. the fragment layout: which lane of the warp holds which elements of $A$, $B$ and
 #    $C$/$D$, for `m16n8k8` (TF32) and `m16n8k16` (float16, bfloat16), drawn;
 # 2. one $16 \times 8 \times 16$ product by inline PTX (`ptx.mma_f16`) in a one-warp
-#    kernel, checked against NumPy, and the same bookkeeping in NumPy alone;
+#    kernel, checked against NumPy, and the same bookkeeping in NumPy alone; then
+#    `ldmatrix`, which loads whole fragments from shared memory (forward v10);
 # 3. the 3xTF32 split that gives the float32 kernels float32 accuracy from TF32 inputs;
 # 4. the rounding of $\tilde P$ to float16 or bfloat16 before $\tilde P V$, and why the
 #    row sum $\ell$ adds the unrounded float32 $\tilde P$;
@@ -312,6 +313,113 @@ print(f"lane {lane}'s d0 is D[{i}, {j}]: it needs row {i} of A, held by lanes "
 # issue it, with the same shape and types) and why `warp_mma` above reads other lanes'
 # fragments, which is what the simulator's stand-in does when the last lane arrives.
 #
+# ### Fragments straight from shared memory: `ldmatrix`
+#
+# The kernel above gathers each word of $B$ from two scattered elements. The library's
+# kernels stage $K_j$ and $V_j$ in shared memory first, and v7 still reads each $B$ word
+# with its own 32-bit load. Forward v10 uses **`ldmatrix`** instead, another warp-wide
+# instruction: every lane names one row of 8 values (16 bytes) in shared memory, lanes
+# $8m \ldots 8m+7$ giving rows 0 to 7 of matrix $m$, and `ldmatrix.x4` hands each lane
+# one 32-bit register of each of the four $8 \times 8$ matrices, in exactly the layout of
+# an `m16n8k16` operand: register $m$ of lane $(g, t)$ holds $M_m[g, 2t]$ and
+# $M_m[g, 2t+1]$. `ptx.py` says it in full:
+
+# %%
+print(layout_section(ptx.__doc__, "Six more for forward v10").split("    cp_async16")[0].rstrip())
+
+# %% [markdown]
+# For $S = Q K_j^T$, $B[k, n] = K_j[n, k]$: a word of $B$ is two neighbouring columns of
+# one key, a piece of a row of $K_j$ as it is stored, so the four matrices of one
+# `ldmatrix.x4` (keys 0-7 and 8-15, columns 0-7 and 8-15) are $b_0, b_1$ of two n-tiles.
+# For $\tilde P V_j$, $B[k, n] = V_j[k, n]$: two neighbouring *keys* of one column, a
+# piece of a column of $V_j$; `.trans` transposes each matrix on the way, so $V_j$ stays
+# row-major in shared memory too. And the accumulators of $S$ (the $C$ layout) are, packed
+# two by two, the $A$ fragments of $\tilde P$ for the next product: a lane's scores never
+# leave it. One warp, one $16 \times 16$ tile of each:
+
+# %%
+ROW = 24        # halves from one shared row to the next: 16 values and a 16-byte pad
+TILE = 16 * ROW     # a 16-row tile (a shared array's size must be a constant)
+ZERO = np.float32(0)
+
+
+@cuda.jit
+def scores_then_values(Q, K, V, S, O):
+    """One warp: S = Q K^T and O = round16(S) V for 16 queries, 16 keys, d = 16 (float16
+    values: Q as float32 that are float16 values, K and V float16; float32 outputs), every
+    B word loaded by ldmatrix from K and V stored row-major in shared memory, as forward
+    v10 does."""
+    Ks = cuda.shared.array(TILE, np.float16, alignment=16)
+    Vs = cuda.shared.array(TILE, np.float16, alignment=16)
+    lane = cuda.threadIdx.x
+    g = lane // 4
+    t = lane % 4
+    for e in range(lane, 256, 32):
+        Ks[(e // 16) * ROW + e % 16] = K[e // 16, e % 16]
+        Vs[(e // 16) * ROW + e % 16] = V[e // 16, e % 16]
+    # Wait until both tiles are stored.
+    cuda.syncthreads()
+    q0 = ptx.pack_f16x2(Q[g, 2 * t], Q[g, 2 * t + 1])
+    q1 = ptx.pack_f16x2(Q[g + 8, 2 * t], Q[g + 8, 2 * t + 1])
+    q2 = ptx.pack_f16x2(Q[g, 2 * t + 8], Q[g, 2 * t + 9])
+    q3 = ptx.pack_f16x2(Q[g + 8, 2 * t + 8], Q[g + 8, 2 * t + 9])
+    m = lane // 8                            # the matrix this lane names a row of
+    # S = Q K^T: matrix m is keys 8 (m // 2) .. + 7, columns 8 (m % 2) .. + 7 of K
+    b0, b1, b2, b3 = ptx.ldmatrix_x4(Ks, (8 * (m // 2) + lane % 8) * ROW + 8 * (m % 2))
+    s = ptx.mma_f16(q0, q1, q2, q3, b0, b1, ZERO, ZERO, ZERO, ZERO)    # keys 0-7
+    u = ptx.mma_f16(q0, q1, q2, q3, b2, b3, ZERO, ZERO, ZERO, ZERO)    # keys 8-15
+    S[g, 2 * t], S[g, 2 * t + 1], S[g + 8, 2 * t], S[g + 8, 2 * t + 1] = s
+    S[g, 2 * t + 8], S[g, 2 * t + 9], S[g + 8, 2 * t + 8], S[g + 8, 2 * t + 9] = u
+    # The C layout of S is the A layout of P: rows g, g + 8; keys 2t, 2t + 1 (+ 8)
+    p0 = ptx.pack_f16x2(s[0], s[1])
+    p1 = ptx.pack_f16x2(s[2], s[3])
+    p2 = ptx.pack_f16x2(u[0], u[1])
+    p3 = ptx.pack_f16x2(u[2], u[3])
+    # O = P V: with .trans, matrix m is keys 8 (m % 2) .. + 7, columns 8 (m // 2) .. + 7
+    b0, b1, b2, b3 = ptx.ldmatrix_x4_trans(Vs, (8 * (m % 2) + lane % 8) * ROW + 8 * (m // 2))
+    o = ptx.mma_f16(p0, p1, p2, p3, b0, b1, ZERO, ZERO, ZERO, ZERO)    # columns 0-7
+    w = ptx.mma_f16(p0, p1, p2, p3, b2, b3, ZERO, ZERO, ZERO, ZERO)    # columns 8-15
+    O[g, 2 * t], O[g, 2 * t + 1], O[g + 8, 2 * t], O[g + 8, 2 * t + 1] = o
+    O[g, 2 * t + 8], O[g, 2 * t + 9], O[g + 8, 2 * t + 8], O[g + 8, 2 * t + 9] = w
+
+
+Q16, K16, V16 = (rng.standard_normal((16, 16)).astype(np.float16) for _ in range(3))
+S_dev = cuda.to_device(np.full((16, 16), np.nan, np.float32))
+O_dev = cuda.to_device(np.full((16, 16), np.nan, np.float32))
+scores_then_values[1, 32](cuda.to_device(Q16.astype(np.float32)), cuda.to_device(K16),
+                          cuda.to_device(V16), S_dev, O_dev)
+S_kernel, O_kernel = S_dev.copy_to_host(), O_dev.copy_to_host()
+
+eps32 = np.finfo(np.float32).eps
+Qd, Kd, Vd = (X.astype(np.float64) for X in (Q16, K16, V16))
+S_want = Qd @ Kd.T
+assert (np.abs(S_kernel - S_want) <= 18 * eps32 * (np.abs(Qd) @ np.abs(Kd.T))).all()
+P16 = S_kernel.astype(np.float16).astype(np.float64)       # the kernel's P, rounded to 16 bits
+O_want = P16 @ Vd
+assert (np.abs(O_kernel - O_want) <= 18 * eps32 * (np.abs(P16) @ np.abs(Vd))).all()
+print(f"S = Q K^T: max error {np.abs(S_kernel - S_want).max():.1e}; "
+      f"O = round16(S) V: max error {np.abs(O_kernel - O_want).max():.1e} "
+      f"(within float32's rounding of the sums)")
+
+# %% [markdown]
+# Why `ROW` is 24 and not 16: shared memory serves 32 **banks** of 4 bytes at once, and
+# `ldmatrix` reads a matrix's 8 rows of 16 bytes (4 banks each) in one go. Rows 32 bytes
+# apart start on banks 0, 8, 16, 24, 0, ...: two rows share each bank and the read takes
+# two passes. A 16-byte pad moves each row 12 banks on and the 8 rows cover all 32 banks
+# once:
+
+# %%
+def ldmatrix_passes(row_halves):
+    """How many passes one 8 x 8 ldmatrix read takes with rows row_halves 16-bit values
+    apart: the most rows that share any one bank."""
+    banks = [(r * row_halves * 2 // 4 + np.arange(4)) % 32 for r in range(8)]
+    return np.bincount(np.concatenate(banks), minlength=32).max()
+
+
+for row_halves in (16, 24):
+    print(f"rows {row_halves} halves apart: {ldmatrix_passes(row_halves)} pass(es) a matrix")
+
+# %% [markdown]
 # ## 3. 3xTF32: float32 accuracy from TF32 products
 #
 # The float32 tensor cores take **TF32** inputs: float32's sign and 8 exponent bits, but
