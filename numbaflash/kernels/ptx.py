@@ -400,56 +400,75 @@ def mma3_split_b(a0b, a1b, a2b, a3b, a0s, a1s, a2s, a3s, b0, b1, c0, c1, c2, c3,
     return c0, c1, c2, c3, e0, e1, e2, e3
 
 
-@intrinsic
-def cp_async(typingctx, S, n, A, m):
-    """Start copying the element m places after A's first into S[n] (module docstring)."""
-    if not (isinstance(S, types.Array) and S.dtype == types.float32 and S.ndim == 1
-            and isinstance(A, types.Array) and A.dtype == types.float32
-            and A.layout in ("C", "A")
-            and isinstance(n, types.Integer) and isinstance(m, types.Integer)):
-        return None
-    sig = types.void(S, n, A, m)
-
-    def codegen(context, builder, sig, args):
-        dst = builder.gep(context.make_array(sig.args[0])(context, builder, args[0]).data,
-                          [args[1]])
-        src = builder.gep(context.make_array(sig.args[2])(context, builder, args[2]).data,
-                          [args[3]])
-        fnty = ir.FunctionType(ir.VoidType(), [dst.type, src.type])
-        copy = ir.InlineAsm(
-            fnty,
-            "{ .reg .u64 sa; .reg .u32 sb; cvta.to.shared.u64 sa, $0; "
-            "cvt.u32.u64 sb, sa; cp.async.ca.shared.global [sb], [$1], 4; }",
-            "l,l,~{memory}", side_effect=True)
-        builder.call(copy, [dst, src])
-        return context.get_dummy_value()
-
-    return sig, codegen
+def _element(context, builder, array_type, array, index):
+    """A pointer to the element ``index`` places after the first of an array argument."""
+    return builder.gep(context.make_array(array_type)(context, builder, array).data, [index])
 
 
-@intrinsic
-def cp_async_wait_all(typingctx):
-    """Wait for this thread's asynchronous copies (see the module docstring)."""
-    sig = types.void()
+def _no_operand(text):
+    """The intrinsic that emits the PTX ``text``, with no operands, as a memory barrier for
+    the compiler (nothing is moved across it): the waits and commits of cp.async."""
 
-    def codegen(context, builder, sig, args):
-        wait = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "cp.async.wait_all;",
-                            "~{memory}", side_effect=True)
-        builder.call(wait, [])
-        return context.get_dummy_value()
+    @intrinsic
+    def emit(typingctx):
+        sig = types.void()
 
-    return sig, codegen
+        def codegen(context, builder, sig, args):
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), text, "~{memory}",
+                               side_effect=True)
+            builder.call(asm, [])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return emit
 
 
-# --- forward v10: ldmatrix and 16-byte asynchronous copies ----------------------------------
+def _cp_async(dtypes, copy):
+    """The intrinsic (S, n, A, m) that starts the asynchronous copy ``copy`` (its PTX, with
+    [sb] the shared address of S[n] and [$1] the global address of A's element m) for S a
+    1D shared array and A an array (C-contiguous or a view) of one of ``dtypes``, the same
+    for both (module docstring)."""
+
+    @intrinsic
+    def start(typingctx, S, n, A, m):
+        if not (isinstance(S, types.Array) and S.dtype in dtypes and S.ndim == 1
+                and isinstance(A, types.Array) and A.dtype == S.dtype
+                and A.layout in ("C", "A")
+                and isinstance(n, types.Integer) and isinstance(m, types.Integer)):
+            return None
+        sig = types.void(S, n, A, m)
+
+        def codegen(context, builder, sig, args):
+            dst = _element(context, builder, sig.args[0], args[0], args[1])
+            src = _element(context, builder, sig.args[2], args[2], args[3])
+            fnty = ir.FunctionType(ir.VoidType(), [dst.type, src.type])
+            asm = ir.InlineAsm(fnty, _shared_b32("$0") + copy + " }", "l,l,~{memory}",
+                               side_effect=True)
+            builder.call(asm, [dst, src])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return start
 
 
 def _shared_b32(pointer):
     """The start of an inline-PTX block that turns the generic pointer operand ``pointer``
     (to shared memory) into the 32-bit shared address ``sb`` that ldmatrix and cp.async
-    take (cvta.to.shared), as cp_async does; the caller closes the block."""
+    take (cvta.to.shared); the caller closes the block."""
     return ("{ .reg .u64 sa; .reg .u32 sb; cvta.to.shared.u64 sa, %s; cvt.u32.u64 sb, sa; "
             % pointer)
+
+
+# Start copying the float32 element m places after A's first into S[n]: 4 bytes through L1
+# (forward v9; module docstring).
+cp_async = _cp_async((types.float32,), "cp.async.ca.shared.global [sb], [$1], 4;")
+# Wait for every copy this thread has started (module docstring).
+cp_async_wait_all = _no_operand("cp.async.wait_all;")
+
+
+# --- forward v10: ldmatrix and 16-byte asynchronous copies ----------------------------------
 
 
 def _ldmatrix(trans):
@@ -465,8 +484,7 @@ def _ldmatrix(trans):
         sig = types.UniTuple(types.uint32, 4)(S, n)
 
         def codegen(context, builder, sig, args):
-            row = builder.gep(context.make_array(sig.args[0])(context, builder, args[0]).data,
-                              [args[1]])
+            row = _element(context, builder, sig.args[0], args[0], args[1])
             fnty = ir.FunctionType(ir.LiteralStructType([_I32] * 4), [row.type])
             asm = ir.InlineAsm(
                 fnty,
@@ -487,46 +505,11 @@ ldmatrix_x4 = _ldmatrix(False)
 ldmatrix_x4_trans = _ldmatrix(True)
 
 
-@intrinsic
-def cp_async16(typingctx, S, n, A, m):
-    """Start copying 16 bytes (8 16-bit values) from A's element m into S[n:n + 8]
-    (module docstring)."""
-    halves = (types.float16, types.uint16)
-    if not (isinstance(S, types.Array) and S.dtype in halves and S.ndim == 1
-            and isinstance(A, types.Array) and A.dtype == S.dtype
-            and A.layout in ("C", "A")
-            and isinstance(n, types.Integer) and isinstance(m, types.Integer)):
-        return None
-    sig = types.void(S, n, A, m)
-
-    def codegen(context, builder, sig, args):
-        dst = builder.gep(context.make_array(sig.args[0])(context, builder, args[0]).data,
-                          [args[1]])
-        src = builder.gep(context.make_array(sig.args[2])(context, builder, args[2]).data,
-                          [args[3]])
-        fnty = ir.FunctionType(ir.VoidType(), [dst.type, src.type])
-        copy = ir.InlineAsm(
-            fnty,
-            _shared_b32("$0") + "cp.async.cg.shared.global [sb], [$1], 16; }",
-            "l,l,~{memory}", side_effect=True)
-        builder.call(copy, [dst, src])
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-@intrinsic
-def cp_async_commit(typingctx):
-    """Close this thread's group of asynchronous copies (module docstring)."""
-    sig = types.void()
-
-    def codegen(context, builder, sig, args):
-        commit = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "cp.async.commit_group;",
-                              "~{memory}", side_effect=True)
-        builder.call(commit, [])
-        return context.get_dummy_value()
-
-    return sig, codegen
+# Start copying 16 bytes (8 16-bit values) from A's element m into S[n:n + 8], bypassing L1
+# (module docstring).
+cp_async16 = _cp_async((types.float16, types.uint16), "cp.async.cg.shared.global [sb], [$1], 16;")
+# Close this thread's group of asynchronous copies (module docstring).
+cp_async_commit = _no_operand("cp.async.commit_group;")
 
 
 @intrinsic
