@@ -207,7 +207,8 @@ def test_factory_refuses_what_it_cannot_compile():
 
 def test_the_simulators_wide_load_faults_where_a_gpu_would():
     """flat_load_wide's stand-in reads 8 bytes as the elements of A, bit for bit, and
-    raises on an address that is not 8-byte aligned (a GPU's vector load faults there)."""
+    raises on an address that is not 8-byte aligned or past the end of A's allocation (a
+    GPU's vector load faults there)."""
     from numbaflash.kernels import simulated
     a = np.arange(16, dtype=np.float16)
     assert simulated.flat_load_wide(a, 4) == (4.0, 5.0, 6.0, 7.0)
@@ -217,3 +218,9 @@ def test_the_simulators_wide_load_faults_where_a_gpu_would():
         simulated.flat_load_wide(a, 2)
     with pytest.raises(ValueError, match="misaligned"):
         simulated.flat_load_wide(b[1:], 0)
+    # past the end of the allocation (a GPU faults), and inside it past a view's own span
+    with pytest.raises(IndexError, match="8 bytes past the end of its allocation"):
+        simulated.flat_load_wide(a, 16)
+    with pytest.raises(IndexError, match="8 bytes past the end"):
+        simulated.flat_load_wide(b[2:], 6)      # b's elements 8 and 9
+    assert simulated.flat_load_wide(b[:2], 6) == (6.0, 7.0)

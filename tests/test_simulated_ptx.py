@@ -234,6 +234,25 @@ def test_loads_stores_and_asynchronous_copies():
     np.testing.assert_array_equal(out[4][1::2], P[2 * ((i + 1) % n) + 1])
 
 
+def test_loads_past_the_allocation_raise_on_the_simulator():
+    """flat_load and the copies read by address (flat_load's n places after A's first): on
+    a GPU one past the end of the allocation faults, so the stand-ins raise there; inside
+    the allocation, past a view's own span (a packed batch's rows of another sequence), the
+    read is allowed, as on a GPU."""
+    from numbaflash.kernels import simulated
+    A = np.arange(2 * 5 * 4, dtype=np.float32).reshape(2, 5, 4)
+    view = A[:, 1:3]                        # rows 1, 2 of each head: the allocation goes on
+    assert simulated.flat_load(view, 30) == A.reshape(-1)[4 + 30]
+    with pytest.raises(IndexError, match="past the end of its allocation"):
+        simulated.flat_load(view, 36)
+    with pytest.raises(IndexError, match="past the end of its allocation"):
+        simulated.cp_async(np.zeros(1, np.float32), 0, A, 40)
+    H = np.zeros(16, np.float16)
+    S = np.zeros(8, np.float16)
+    with pytest.raises(IndexError, match="past the end of its allocation"):
+        simulated.cp_async16(S, 0, H[8:], 8)
+
+
 # --- the simulator's rendezvous when a lane never comes -----------------------------------
 # A warp collective that part of a warp skips is a kernel bug (undefined on a GPU). On the
 # simulator it must fail with a message that says so, never wait for ever.

@@ -548,9 +548,24 @@ def _d_of_lanes(A, B, C):
 
 def _memory_from(A, n):
     """A's memory from its first element on, n + 1 elements of it, as a 1D NumPy view
-    (what flat_load's address arithmetic reads: A.ravel() for a C-contiguous A)."""
+    (what flat_load's address arithmetic reads: A.ravel() for a C-contiguous A).
+    Raises IndexError, as a GPU faults, if element n lies past the end of the allocation
+    A is part of (the C-contiguous NumPy array that owns the memory; reading past a view's
+    own span but inside its allocation is allowed, as on a GPU)."""
     a = getattr(A, "_ary", A)               # the simulator's device arrays wrap NumPy's
-    return np.lib.stride_tricks.as_strided(a, (int(n) + 1,), (a.itemsize,))
+    owner = a
+    while isinstance(owner.base, np.ndarray):
+        owner = owner.base
+    if not owner.flags.c_contiguous:        # memory NumPy did not allocate: bounds unknown
+        return np.lib.stride_tricks.as_strided(a, (int(n) + 1,), (a.itemsize,))
+    offset = a.__array_interface__["data"][0] - owner.__array_interface__["data"][0]
+    try:
+        return np.ndarray((int(n) + 1,), a.dtype, owner, offset, (a.itemsize,))
+    except ValueError:
+        past = offset + (int(n) + 1) * a.itemsize - owner.nbytes
+        raise IndexError(f"a load or copy of the element {int(n)} places after an array's "
+                         f"first reads {past} bytes past the end of its allocation (a GPU "
+                         f"faults there)") from None
 
 
 def flat_load(A, n):
