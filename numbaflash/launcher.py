@@ -77,11 +77,35 @@ def launch(kernel, grid, block, args, types_key=None, dynamic_shared_bytes=0,
             direct(args, stream)
             return
     smem.allow_dynamic_shared_memory(kernel, args, dynamic_shared_bytes)
-    kernel[grid, block, stream.numba, dynamic_shared_bytes](*args)
+    try:
+        kernel[grid, block, stream.numba, dynamic_shared_bytes](*args)
+    except Exception as error:
+        if not _out_of_resources(error):
+            raise
+        raise ValueError(_too_many_registers(kernel, args, block)) from error
     if direct_ok:
         if len(_DIRECT) >= _DIRECT_MAX:
             _DIRECT.clear()
         _DIRECT[key] = _DirectLaunch(kernel, args, grid, block, dynamic_shared_bytes)
+
+
+def _out_of_resources(error):
+    """Whether a launch failed because the block needs more registers than the GPU has
+    (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, 701): a kernel's registers per thread times the
+    block's threads. Only a caller's own tiles can get there: a version's default tiles
+    are sized to launch."""
+    return getattr(error, "code", None) == 701 or "OUT_OF_RESOURCES" in str(error)
+
+
+def _too_many_registers(kernel, args, block):
+    """The ValueError message for a block that needs more registers than the GPU has."""
+    threads = math.prod(block) if isinstance(block, tuple) else block
+    compiled = kernel.compile(tuple(kernel.typeof_pyval(a) for a in args))
+    return (f"the kernel {kernel.py_func.__name__} was not launched: {threads} threads a "
+            f"block at {compiled.regs_per_thread} registers a thread need more registers "
+            f"than the GPU has for one block (it launches this kernel with at most "
+            f"{compiled.max_threads_per_block} threads a block). Ask for smaller tiles "
+            f"(fewer threads a block) or leave tiles=None (the version's default tiles)")
 
 
 def _array_words(a):

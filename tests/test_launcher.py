@@ -112,3 +112,47 @@ def test_a_direct_backward_launch_gives_bitwise_the_dispatchers_gradients(versio
         results[direct] = [to_host(g) for g in grads]
     for a, b in zip(results[False], results[True]):
         np.testing.assert_array_equal(a, b)
+
+
+class _TooManyRegisters(Exception):
+    """What a launch raises when the block needs more registers than the GPU has."""
+    code = 701
+
+
+def forward_v10():
+    """The Python function of the stand-in kernel below (its name is the kernel's)."""
+
+
+class _UnlaunchableKernel:
+    """Stands in for a compiled kernel whose block is too large for its registers: the
+    launch fails as on a GPU (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES), and compile() reports
+    what ptxas gave (forward v10's numbers at d = 128, asked for 384 threads a block)."""
+    py_func = staticmethod(forward_v10)
+    failure = _TooManyRegisters("CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES")
+
+    def __getitem__(self, config):
+        def launch(*args):
+            raise self.failure
+        return launch
+
+    def typeof_pyval(self, value):
+        return type(value)
+
+    def compile(self, types):
+        return type("Compiled", (), {"regs_per_thread": 172, "max_threads_per_block": 352})
+
+
+class _FailingKernel(_UnlaunchableKernel):
+    failure = RuntimeError("some other launch failure")
+
+
+def test_a_block_with_too_many_registers_is_named_with_the_limit():
+    """A caller's tiles can ask for a block that needs more registers than a GPU has (the
+    launch fails with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES): the error names the kernel, its
+    threads and registers, the most threads it can launch, and what to do. Other launch
+    failures pass through as they are."""
+    with pytest.raises(ValueError, match=r"forward_v10 was not launched: 384 threads a block "
+                                         r"at 172 registers.*at most 352 threads.*smaller tiles"):
+        launcher.launch(_UnlaunchableKernel(), (4, 1), 384, (1.0,))
+    with pytest.raises(RuntimeError, match="some other launch failure"):
+        launcher.launch(_FailingKernel(), (4, 1), 384, (1.0,))
