@@ -753,8 +753,10 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
       No gradient flows to it.
     - GQA/MQA: k, v with fewer heads than q (a divisor): query head h uses K/V head
       h // (Hq // Hkv).
-    - ``deterministic`` is accepted and has no effect: numbaflash's backward is always
-      deterministic (no atomics).
+    - ``deterministic`` is accepted and has no effect: the backward here is always the
+      deterministic default (no atomics). flash-attn's default, False, would otherwise
+      pick backward v8, whose atomic dQ is opt-in and not yet timed on a GPU; it is
+      reached through ``numbaflash.attention_backward(..., deterministic=False)``.
 
     **Layout**: no copy for C-contiguous (batch, seqlen, heads, d) float16, bfloat16 and
     float32 tensors. The batch is run as a packed batch of equal-length sequences
