@@ -313,6 +313,17 @@ def seqlens(tile, lo, hi):
     return st.one_of(st.sampled_from(boundaries), uniform) if boundaries else uniform
 
 
+def within_budget(Sq, Sk, per_pair, budget):
+    """(Sq, Sk) with the longer one halved (rounding down, at least 1) until
+    Sq * Sk * per_pair <= budget: a drawn case kept to the simulator's cost."""
+    while Sq * Sk * per_pair > budget:
+        if Sq >= Sk:
+            Sq = max(1, Sq // 2)
+        else:
+            Sk = max(1, Sk // 2)
+    return Sq, Sk
+
+
 def _axis_max(sizes, tile, max_seqlen):
     hi = sizes.max_seqlen if max_seqlen is None else min(max_seqlen, sizes.max_seqlen)
     if sizes.max_tiles_per_axis is not None:

@@ -43,7 +43,7 @@ import numbaflash
 from numbaflash import policy, validate
 from numbaflash.kernels import backward as bwd
 from backward_checks import GRADS, backward_magnitudes, check_backward
-from strategies import examples, on_gpu
+from strategies import examples, on_gpu, within_budget
 from test_dropout_backward_kernels import (P_DROP, SEED, check_dropout_backward,
                                            forward_out_lse, keep_of)
 from tolerance import assert_bitwise_equal, fully_masked_rows, to_host, unseen_keys
@@ -79,12 +79,7 @@ def v8_cases(draw):
 
     def seqlen():
         return draw(st.one_of(st.sampled_from(BOUNDARIES), st.integers(1, MAX_SEQLEN)))
-    Sq, Sk = seqlen(), seqlen()
-    while B * H * Sq * Sk * d > MAX_WORK:           # shrink the longer axis to the budget
-        if Sq >= Sk:
-            Sq = max(1, Sq // 2)
-        else:
-            Sk = max(1, Sk // 2)
+    Sq, Sk = within_budget(seqlen(), seqlen(), B * H * d, MAX_WORK)
     causal = draw(st.sampled_from(CAUSAL))
     scale = draw(st.sampled_from((None, 0.5)))
     return dtype, B, H, Hkv, Sq, Sk, d, causal, scale, draw(st.integers(0, 2 ** 16))

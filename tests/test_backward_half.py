@@ -40,7 +40,7 @@ from numbaflash.kernels import backward as bwd
 from numbaflash.kernels.backward import nonfinite
 from numbaflash.kernels.backward import preprocess as bwd_pre
 from backward_checks import GRADS, check_backward
-from strategies import examples, on_gpu
+from strategies import examples, on_gpu, within_budget
 from tolerance import assert_bitwise_equal, fully_masked_rows, to_host, unseen_keys
 
 pytestmark = pytest.mark.usefixtures("nan_prefilled_outputs")
@@ -86,12 +86,7 @@ def half_cases(draw):
 
     def seqlen():
         return draw(st.one_of(st.sampled_from(BOUNDARIES), st.integers(1, MAX_SEQLEN)))
-    Sq, Sk = seqlen(), seqlen()
-    while B * H * Sq * Sk * d > MAX_WORK:           # shrink the longer axis to the budget
-        if Sq >= Sk:
-            Sq = max(1, Sq // 2)
-        else:
-            Sk = max(1, Sk // 2)
+    Sq, Sk = within_budget(seqlen(), seqlen(), B * H * d, MAX_WORK)
     causal = draw(st.sampled_from(CAUSAL))
     scale = draw(st.sampled_from((None, 0.5)))
     return dtype, B, H, Sq, Sk, d, causal, scale, draw(st.integers(0, 2 ** 16))
