@@ -580,15 +580,16 @@ def default_backward_v5_tiles(d, where, version="v5"):
                      f"head dim {d} within {target} bytes of shared memory")
 
 
-def check_backward_v5_tiles(tiles, d, version="v5"):
-    """A caller's backward v5 / v6 tiles; ValueError names the limit."""
+def check_backward_v5_tiles(tiles, d, version="v5", shared_bytes=None):
+    """A caller's backward v5 / v6 tiles (v8's with its ``shared_bytes(Br, Bc, d)``, the
+    same warps and chunks); ValueError names the limit."""
     Br, Bc = parse_tiles(tiles)
     chunk = V5_CHUNK
     if Br % 16 or Bc % 16 or Br > 256 or Bc > 256:
         raise ValueError(f"backward {version} tiles must be (Br, Bc) with Br and Bc multiples "
                          f"of 16 up to 256 (warps of 16 rows, chunks of {chunk}); got "
                          f"({Br}, {Bc})")
-    need = bwd_v5_bytes(Br, Bc, d)
+    need = (shared_bytes or bwd_v5_bytes)(Br, Bc, d)
     if need > DYNAMIC_SHARED_MEM_LIMIT:
         raise ValueError(f"backward {version} tiles ({Br}, {Bc}) need {need} bytes of shared "
                          f"memory at head dim {d}; the limit is {DYNAMIC_SHARED_MEM_LIMIT} "

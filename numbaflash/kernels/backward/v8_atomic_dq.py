@@ -62,12 +62,12 @@ import numpy as np
 from numba import cuda
 
 from .. import acc_type, jit_options
-from ..plan import (DYNAMIC_LIMIT_WHY, DYNAMIC_SHARED_MEM_LIMIT, TILE_TABLE_REASON, Plan,
-                    Plans, device_dynamic_shared_limit, parse_tiles, variant_description)
+from ..plan import (TILE_TABLE_REASON, Plan, Plans, device_dynamic_shared_limit,
+                    variant_description)
 from ..smem import U
 from ..variants import PLAIN
 from .v5_tensor_cores import (BWD_V5_CANDIDATES, backward_tensor_core_refusal,
-                              dkdv_v5_shared_layout, v5_head_dim)
+                              check_backward_v5_tiles, dkdv_v5_shared_layout, v5_head_dim)
 from .v6_split_pairs import (V6_CHUNK, DqStep, _make_v6_helpers, backward_v6_chunk,
                              default_backward_v6_plan, make_dkdv_v6_work)
 
@@ -331,18 +331,9 @@ def tiles_fit(d, causal, dtype, where):
 
 
 def check_backward_v8_tiles(tiles, d):
-    """A caller's backward v8 tiles (Br, Bc); ValueError names the limit."""
-    Br, Bc = parse_tiles(tiles)
-    if Br % 16 or Bc % 16 or Br > 256 or Bc > 256:
-        raise ValueError(f"backward v8 tiles must be (Br, Bc) with Br and Bc multiples of 16 "
-                         f"up to 256 (warps of 16 keys, chunks of {V6_CHUNK} query rows); "
-                         f"got ({Br}, {Bc})")
-    need = v8_shared_bytes(Br, Bc, d)
-    if need > DYNAMIC_SHARED_MEM_LIMIT:
-        raise ValueError(f"backward v8 tiles ({Br}, {Bc}) need {need} bytes of shared memory "
-                         f"at head dim {d}; the limit is {DYNAMIC_SHARED_MEM_LIMIT} "
-                         f"({DYNAMIC_LIMIT_WHY})")
-    return Br, Bc
+    """A caller's backward v8 tiles (Br, Bc): v5's rule with v8's shared memory; ValueError
+    names the limit."""
+    return check_backward_v5_tiles(tiles, d, "v8", v8_shared_bytes)
 
 
 def plan(p, where, tiles, reason, preprocess):
