@@ -31,6 +31,7 @@ log = logging.getLogger("numbaflash")
 BACKENDS = ("gpu", "simulator")
 SIMT_MAX_HEAD_DIM = 128         # where the fast SIMT and tensor-core versions were measured
 V9_MIN_HEAD_DIM = 65            # v9 over v8 from here (Qi in shared memory, d > 64)
+V10_MIN_HEAD_DIM = 65           # v10 over v7 from here (measured faster at d = 128 only)
 
 
 def backend():
@@ -87,6 +88,15 @@ def default_forward_version(p, where):
                       "32 Python threads); on a GPU, v8 runs instead" + _variant_note(p))
     limit = device_dynamic_shared_limit(where)
     v6, v7, v9 = forward.module("v6"), forward.module("v7"), forward.module("v9")
+    v10 = forward.module("v10")
+    if (p.d >= V10_MIN_HEAD_DIM and p.d % 8 == 0 and v10.refusal(p, where) is None
+            and v10.tiles_within(p.d, limit) is not None and serves(forward, "v10", p)):
+        return "v10", ("v10 is the default in float16 and bfloat16 with "
+                       f"{V10_MIN_HEAD_DIM} <= d <= {v10.V10_MAX_HEAD_DIM}, d a multiple of 8 (its "
+                       "16-byte copies), on a GPU for plain attention (causal or not): v7 with its K/V tiles copied by cp.async "
+                       "into two stages and its mma operands loaded by ldmatrix, bitwise v7's "
+                       "results, 1.47x v7's speed (1.56x causal) at d = 128 in float16 on the "
+                       "H100; at d <= 64 it was within 7% of v7 either way, so v7 runs there")
     if (v7.refusal(p, where) is None and v7.tiles_within(p.d, limit) is not None
             and serves(forward, "v7", p)):
         return "v7", ("v7 is the default in float16 and bfloat16 with d <= "

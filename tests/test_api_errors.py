@@ -358,7 +358,8 @@ def test_backward_v6_plans_tiles_per_kernel_on_a_gpu(monkeypatch):
 
 def test_v7_plans_float16_on_a_gpu_and_refuses_the_rest(monkeypatch):
     """v7 (float16 tensor cores): refused on the simulator with the reason; on a GPU
-    (simulating patched away) it is the default for float16 (v8 stays float32's), with
+    (simulating patched away) it is the default for float16 at d <= 64 and for variants
+    (v10 for plain attention above; v8 stays float32's), with
     the documented tiles and chunks, 2 Br threads and its dynamic shared memory, and it
     refuses float32, d > 128 and bad tiles, each with its limit."""
     q, k, v = arrays((2, 5, 64), (2, 6, 64), dtype=np.float16)
@@ -372,8 +373,12 @@ def test_v7_plans_float16_on_a_gpu_and_refuses_the_rest(monkeypatch):
         assert plan.kernel == "forward_v7" and (plan.Br, plan.Bc) == tiles
         assert plan.block == (256,) and plan.shared_bytes == fwd_v7.v7_shared_bytes(*tiles, d)
         assert fwd_v7.v7_chunk(d, plan.Bc) == chunk
-        default = numbaflash.explain(q, k, v)           # the default for float16 is v7
-        assert default.version == "v7" and "float16" in default.reason
+        # The default for float16: v7 at d <= 64, v10 (v7's bits, faster there) above,
+        # for plain attention; a variant (here GQA) stays on v7, which takes variants.
+        default = numbaflash.explain(q, k, v)
+        assert default.version == ("v7" if d <= 64 else "v10") and "float16" in default.reason
+        qg, kg, _ = arrays((1, 4, 5, d), (1, 2, 6, d), dtype=np.float16)
+        assert numbaflash.explain(qg, kg, kg).version == "v7"
         q32, k32, v32 = arrays((2, 5, d), (2, 6, d))    # and for float32 still v8 / v9
         assert numbaflash.explain(q32, k32, v32).version == ("v8" if d <= 64 else "v9")
     q, k, v = arrays((2, 5, 64), (2, 6, 64))

@@ -18,11 +18,13 @@ The ladder, by lineage: each file says its parent, what it changes and what that
           │  └─ v9_async_copy  the next K/V tile copied by cp.async (float32)
           └─ v7_float16      float16 and bfloat16 inputs on the 16-bit tensor cores (m16n8k16)
              └─ v10_ldmatrix  v7's operands by ldmatrix (V untransposed), K/V tiles by cp.async
-                              into two stages; opt-in (version="v10"), not measured yet
+                              into two stages; the default for plain attention at d > 64
 
 Defaults (numbaflash/policy.py decides, and explain() says why), variants or not: v2 in
-float64 and at d > 128; on a GPU v7 for float16 and bfloat16 inputs, v8 for float32 at d <= 64 and v9 at
-64 < d <= 128; on the simulator, which cannot run the tensor-core versions, v5.
+float64 and at d > 128; on a GPU, for float16 and bfloat16 inputs, v10 for plain attention
+(causal or not) at 64 < d <= 128 with d a multiple of 8 and v7 otherwise, and for float32
+v8 at d <= 64 and v9 at 64 < d <= 128; on the simulator, which cannot run the tensor-core
+versions, v5.
 
 Building blocks: ``mma_rows`` (the per-row steps on mma fragments: the online softmax,
 the non-finite fix-ups, the write-out) and ``v6_tile_steps`` (v6's staging and products,

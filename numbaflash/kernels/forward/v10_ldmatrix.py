@@ -22,11 +22,16 @@ for bit (tests/test_forward_v10.py checks it on the simulator):
 * Qi's A fragments stay in registers, and P~ stays in registers as the A operand of
   P~ Vj, as in v7.
 
-What it should buy: fewer shared-memory instructions per product and the K/V loads off
-the critical path (FlashAttention-2's ingredients that v7 lacks). Unmeasured: no GPU has
-run it yet, so it is not a default (ask for it with ``version="v10"``); the lab journal
-will hold the timing against v7 and SDPA FLASH (scripts/half_gpu.py
---forward-versions v7,v10).
+What it buys: fewer shared-memory instructions per product and the K/V loads off the
+critical path (FlashAttention-2's ingredients that v7 lacks). Measured on the H100
+(lab/runs/2026-12-05/105_half_speed.txt, scripts/half_gpu.py --parts speed
+--forward-versions default,v10, float16): at (2, 16, 4096, 128) 3.49 ms against v7's 5.14
+(1.47x), causal 2.12 against 3.30 (1.56x); at d = 64 within 7% of v7 either way (faster
+causal at 4096, slower not causal at 16384). So the policy runs v10 for plain attention at
+64 < d <= 128 with d a multiple of 8, and v7 below. Nsight Compute at (2, 16, 4096, 64)
+(lab/runs/2026-12-05/104_ncu_v10.txt): one block of 8 warps per SM (registers and shared
+memory each allow one), issue slots 42% busy, the integer ALU the busiest pipe (36%):
+address arithmetic and too few warps to hide latency, not the tensor cores, limit it.
 
 Shared memory (v10_shared_layout): two stages of Kj and Vj, Bc rows each, row-major,
 rows of ROW = DP + 8 halves (DP = d rounded up to the mma's k = 16). ldmatrix reads an
