@@ -755,16 +755,18 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
       h // (Hq // Hkv).
     - ``deterministic`` is accepted and has no effect: the backward here is always the
       deterministic default (no atomics). flash-attn's default, False, would otherwise
-      pick backward v8, whose atomic dQ is opt-in and not yet timed on a GPU; it is
-      reached through ``numbaflash.attention_backward(..., deterministic=False)``.
+      pick backward v8, whose atomic dQ is opt-in; it is reached through
+      ``numbaflash.attention_backward(..., deterministic=False)``.
 
-    **Layout**: no copy for C-contiguous (batch, seqlen, heads, d) float16, bfloat16 and
-    float32 tensors. The batch is run as a packed batch of equal-length sequences
-    (numbaflash.attention_varlen, whose kernels read the (heads, rows, d) views through
-    their strides), so out and the gradients come back in flash-attn's layout directly,
-    the same bits as numbaflash.attention on transposed copies (the same kernels run).
-    Other strides are copied first (``.contiguous()``). float64 tensors, and calls under
-    torch.compile (through the custom op of ``attention``), take transposed copies.
+    **Layout**: q, k and v are copied to (batch, heads, seqlen, d) (``transpose(1, 2)
+    .contiguous()``), ``attention`` runs on the copies, and out comes back transposed the
+    same way; autograd carries the gradients through the transposes. The copies read and
+    write each tensor once, against attention's quadratic work. The kernels can read the
+    flash-attn layout in place (``flash_attn_varlen_func`` does, through strides), but their
+    strided builds need more registers: on the H100 a float32 call at (2, 4096, 16, 64)
+    read in place took 1.55x the time of the same call on (batch, heads, seqlen, d) tensors
+    (lab/runs/2026-12-05/106_torch_gpu.txt), where the copies cost 2-6%
+    (lab/runs/2026-12-03/75_torch_gpu.txt, lab/runs/2026-12-04/92_torch_gpu.txt, H200).
 
     Args:
         q: (batch, Sq, Hq, d); k, v: (batch, Sk, Hkv, d). float16, bfloat16, float32 or
@@ -796,32 +798,15 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     softcap=None if softcap == 0.0 else softcap, alibi_slopes=alibi_slopes)
     check_dropout_p(dropout_p)                  # a bad p fails here, before any copy
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))        # (batch, heads, seqlen, d) views
-    if _compiling() or q.dtype == torch.float64:
-        # Transposed copies: under torch.compile through the custom op (it validates when
-        # it runs); in float64 because its backward default (v3) takes no packed batch, so
-        # the packed path would run v1 and differ from attention() by rounding.
-        out = attention(qt.contiguous(), kt.contiguous(), vt.contiguous(),
-                        dropout_p=dropout_p, **variants)
-        return out.transpose(1, 2).contiguous()                 # (batch, Sq, Hq, d)
-    # Validate before anything is copied or launched.
-    check_attention_inputs(qt, kt, vt, **variants)
-    _refuse_capture(q.device)
-    # The batch as packed equal-length sequences: (batch * seqlen, heads, d) views.
-    B, Sq, Hq, d = q.shape
-    Sk = k.shape[1]
-    cu_q, cu_k = (torch.arange(B + 1, dtype=torch.int32) * n for n in (Sq, Sk))
-    packed = [x.contiguous().view(x.shape[0] * x.shape[1], x.shape[2], x.shape[3])
-              for x in (q, k, v)]
-    options = dict(max_seqlen_q=Sq, max_seqlen_k=Sk, causal=variants["causal"],
-                   scale=softmax_scale, window_size=variants["window_size"],
-                   softcap=variants["softcap"], dropout_p=dropout_p,
-                   dropout_seed=_torch_seed() if dropout_p != 0.0 else None)
-    slopes = _compact(alibi_slopes)
-    if torch.is_grad_enabled() and any(x.requires_grad for x in packed):
-        out, _ = _VarlenAttention.apply(*packed, cu_q, cu_k, slopes, options)
-    else:
-        out, _ = _varlen_forward(*packed, cu_q, cu_k, slopes, options)
-    return out.view(B, Sq, Hq, d)
+    if not _compiling():
+        # Validate before anything is copied or launched (under torch.compile the custom
+        # op validates when it runs).
+        check_attention_inputs(qt, kt, vt, **variants)
+        _refuse_capture(q.device)
+    # Transposed copies (the docstring's Layout says why not the strided kernels).
+    out = attention(qt.contiguous(), kt.contiguous(), vt.contiguous(),
+                    dropout_p=dropout_p, **variants)
+    return out.transpose(1, 2).contiguous()                     # (batch, Sq, Hq, d)
 
 
 class _VarlenAttention(torch.autograd.Function):
