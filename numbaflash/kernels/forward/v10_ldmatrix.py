@@ -26,8 +26,8 @@ What it buys: fewer shared-memory instructions per product and the K/V loads off
 critical path (FlashAttention-2's ingredients that v7 lacks). Measured on the H100
 (lab/runs/2026-12-05/105_half_speed.txt, scripts/half_gpu.py --parts speed
 --forward-versions default,v10, float16): at (2, 16, 4096, 128) 3.49 ms against v7's 5.14
-(1.47x), causal 2.12 against 3.30 (1.56x); at d = 64 within 7% of v7 either way (faster
-causal at 4096, slower not causal at 16384). So the policy runs v10 for plain attention at
+(1.47x), causal 2.12 against 3.30 (1.56x); at d = 64 from 0.95x (not causal, 16384) to
+1.16x (causal, 4096) v7's speed, mixed. So the policy runs v10 for plain attention at
 64 < d <= 128 with d a multiple of 8, and v7 below. Nsight Compute at (2, 16, 4096, 64)
 (lab/runs/2026-12-05/104_ncu_v10.txt): one block of 8 warps per SM (registers and shared
 memory each allow one), issue slots 42% busy, the integer ALU the busiest pipe (36%):
