@@ -131,8 +131,15 @@ def make_mma_row_steps(d, causal, chunk, o_tiles, variant=PLAIN, half=None):
         for nt in range(NT):
             col = col0 + nt * 8 + 2 * t
             for x in range(4):      # s[nt * 4 + x]: row0 or row1, col or col + 1
-                s[nt * 4 + x] += nonfinite_terms(Q, K, bh, bh_kv, row0 + 8 * (x // 2),
-                                                 col + x % 2, Sq, Sk)
+                term = nonfinite_terms(Q, K, bh, bh_kv, row0 + 8 * (x // 2), col + x % 2,
+                                       Sq, Sk)
+                # s[nt * 4 + x] += term, with constant indices only: this loop is not
+                # unrolled (its body holds a loop over d), and one run-time index into s
+                # would put s in local memory for the whole kernel (it did with 32-key
+                # chunks: lab/sweeps/v7_chunk_registers.py); the loop below is unrolled.
+                for y in range(S_FRAGS):
+                    if y == nt * 4 + x:
+                        s[y] += term
 
     @cuda.jit(device=True, inline=True)
     def softmax_step(s, softmax_scale, whole_tile, col0, row0, t, b, h, Sq, Sk,
