@@ -92,16 +92,18 @@ def default_forward_version(p, where):
     if (p.d >= V10_MIN_HEAD_DIM and p.d % 8 == 0 and v10.refusal(p, where) is None
             and v10.tiles_within(p.d, limit) is not None and serves(forward, "v10", p)):
         return "v10", ("v10 is the default in float16 and bfloat16 with "
-                       f"{V10_MIN_HEAD_DIM} <= d <= {v10.V10_MAX_HEAD_DIM}, d a multiple of 8 (its "
-                       "16-byte copies), on a GPU for plain attention (causal or not): v7 with its K/V tiles copied by cp.async "
-                       "into two stages and its mma operands loaded by ldmatrix, bitwise v7's "
-                       "results, 1.47x v7's speed (1.56x causal) at d = 128 in float16 on the "
-                       "H100; at d = 64 it ranged from 0.95x to 1.16x v7's, so v7 runs there")
+                       f"{V10_MIN_HEAD_DIM} <= d <= {v10.V10_MAX_HEAD_DIM}, d a multiple of 8 "
+                       "(its 16-byte copies), on a GPU for plain attention (causal or not): "
+                       "v7 with its K/V tiles copied by cp.async into two stages and its mma "
+                       "operands loaded by ldmatrix, bitwise v7's results, 1.47x v7's speed "
+                       "(1.56x causal) at d = 128 in float16 on the H100; at d = 64 it ranged "
+                       "from 0.95x to 1.16x v7's, so v7 runs there")
     if (v7.refusal(p, where) is None and v7.tiles_within(p.d, limit) is not None
             and serves(forward, "v7", p)):
         return "v7", ("v7 is the default in float16 and bfloat16 with d <= "
-                      f"{v7.V7_MAX_HEAD_DIM} on a GPU: 16-bit products on the tensor cores "
-                      "(m16n8k16, float32 sums; P~ rounded to the input type for P~ V), NaN and inf "
+                      f"{v7.V7_MAX_HEAD_DIM} on a GPU where v10 is not (d <= 64, variants, d "
+                      "not a multiple of 8): 16-bit products on the tensor cores (m16n8k16, "
+                      "float32 sums; P~ rounded to the input type for P~ V), NaN and inf "
                       "placed exactly as by v6, 2.2x-2.4x v6's speed on the H200"
                       + _variant_note(p))
     if v6.tiles_within(p.d, limit) is None:

@@ -27,7 +27,8 @@ def main():
         b = old.get(name)
         if b is None or (b["fingerprint"] == a["fingerprint"] and not every):
             continue
-        cells = [f"{b.get(key)}->{a.get(key)}" for key in ("registers", "stack_bytes", "spill_stores")]
+        cells = [f"{b.get(key)}->{a.get(key)}"
+                 for key in ("registers", "stack_bytes", "spill_stores")]
         print(f"{name:72s} {cells[0]:10s} {cells[1]:6s} {cells[2]}")
 
 
