@@ -38,11 +38,11 @@ float16 with d <= 128 and finite inputs (v4 when an input holds NaN or inf, or w
 tile fits the GPU's shared memory); on the simulator, which cannot run the tensor-core
 versions, v4. Every default is deterministic: no atomics, so repeated runs give bitwise
 identical gradients (v2, which adds dQ with atomics, runs only when asked for; so does v7,
-deterministic but without a recorded measurement yet). ``deterministic=False`` (as in
-flash-attention) lets the default be v8 on a GPU where v8 can run the input: v6's dK/dV
-kernel adding dQ by atomics, 5 tile products instead of 7 and no dQ kernel, dQ's last
-bits varying between runs (not measured yet); elsewhere the deterministic default runs
-and the plan says why.
+deterministic and measured faster, but its bitwise reruns on a GPU have not run yet).
+``deterministic=False`` (as in flash-attention) lets the default be v8 on a GPU where v8
+can run the input: v6's dK/dV kernel adding dQ by atomics, 5 tile products instead of 7
+and no dQ kernel, dQ's last bits varying between runs (not yet counted on a GPU);
+elsewhere the deterministic default runs and the plan says why.
 
 Each version's file holds its kernel factories and its launch contract: ``plan(p, where,
 tiles, reason, preprocess)`` (the Plans of D, dK/dV and dQ: tile rule, tile check, shared
