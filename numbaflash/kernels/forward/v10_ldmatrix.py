@@ -89,13 +89,14 @@ def v10_shared_layout(Bc, d):
 
 
 @functools.lru_cache(maxsize=None)
-def make_forward_v10(Br, Bc, d, causal, chunk, half="float16"):
+def make_forward_v10(Br, Bc, d, causal, chunk, half="float16", max_registers=None):
     """v10: v7 with ldmatrix loads of Kj and Vj (Vj untransposed) and cp.async copies of
     the next K/V tile into the other of two stages (module docstring). float16 or bfloat16
     (``half``, kernels/halves.py), d <= 128, plain attention, ``causal`` as v7's.
 
     ``chunk``: keys per online-softmax step, a multiple of 16 dividing Bc (v7_chunk);
-    with v7's chunk the same results as v7, bit for bit.
+    with v7's chunk the same results as v7, bit for bit. ``max_registers``: ptxas's
+    register limit (None: ptxas's choice), a knob for lab/sweeps/half_sweep.py.
 
     Per K/V tile j (stage st = its parity from the first visited tile):
 
@@ -232,7 +233,7 @@ def make_forward_v10(Br, Bc, d, causal, chunk, half="float16"):
                     if not all_finite(smem, V_AT + st * TILE + at):
                         zero_nonfinite(smem, V_AT + st * TILE + at, bad, 2, mark, HZERO)
 
-    @cuda.jit(**jit_options())
+    @cuda.jit(**jit_options(max_registers))
     def forward_v10(Q, K, V, O, L, softmax_scale, causal_offset):
         bh = cuda.blockIdx.y                    # b * H + h (query and K/V head alike)
         i = cuda.blockIdx.x
