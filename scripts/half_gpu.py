@@ -2,19 +2,20 @@
 
     python scripts/half_gpu.py [--parts agreement,reruns,speed] [--dtypes float16,bfloat16]
                                [--repeats 10] [--reruns 50] [--forward-versions default,v10]
+                               [--backward-versions v6,v7,v9]
 
 1. agreement: the forward default (v7, the 16-bit tensor cores), the default backward
-   (v6, 3xTF32) and backward v7 (the 16-bit tensor cores) on ragged shapes (Sq != Sk,
-   both causal alignments, rows that see no key, bfloat16 inputs up to 2^20), against
+   (v6, 3xTF32) and backward v7 and v9 (the 16-bit tensor cores; ``--backward-versions``
+   picks) on ragged shapes (Sq != Sk, both causal alignments, rows that see no key, bfloat16 inputs up to 2^20), against
    ``numbaflash.reference`` in float64 by the bench's rule, whose baseline is the same
    formula in the inputs' dtype (``bench._agreement``; gradients with the bench's
    multipliers). Each forward named by ``--forward-versions`` besides the default (e.g.
    v10, opt-in) is checked on the same cases, out and lse by the same rule.
-2. reruns: backward v7 (and v6) ``--reruns`` times on the same inputs: every run's dq, dk,
-   dv the same bits as the first (deterministic: no atomics).
+2. reruns: each backward version (v6, v7, v9) ``--reruns`` times on the same inputs:
+   every run's dq, dk, dv the same bits as the first (deterministic: no atomics).
 3. speed: the issue's shapes, (2, 16, 4096, 64), (2, 16, 4096, 128), (1, 16, 16384, 64),
    causal and not: the forward (default v7) and forward + backward (with backward v6, the
-   default, and with backward v7) against PyTorch SDPA FLASH on the same tensors, as
+   default, and with backward v7 and v9) against PyTorch SDPA FLASH on the same tensors, as
    ratios (SDPA's time / numbaflash's; the targets: forward 0.5x, forward + backward 0.4x).
    ``--forward-versions`` (default: ``default``, the policy's forward alone) times each
    forward named there side by side in the same process, on the same tensors, against the
@@ -37,7 +38,7 @@ from numbaflash import bench, reference
 
 SHAPES = ((2, 16, 4096, 4096, 64), (2, 16, 4096, 4096, 128), (1, 16, 16384, 16384, 64))
 TARGETS = {"forward": 0.5, "fwd+bwd": 0.4}
-BACKWARDS = ("v6", "v7")        # the default (3xTF32) and the 16-bit tensor cores
+BACKWARDS = ("v6", "v7", "v9")  # the default (3xTF32) and the 16-bit tensor cores
 
 
 def _np_dtype(name):
@@ -83,7 +84,7 @@ def _check_forward_version(version, q, k, v, causal, scale, dtype, out, lse):
     return ok and c["ok"]
 
 
-def agreement(dtypes, forward_versions=("default",)):
+def agreement(dtypes, forward_versions=("default",), backwards=BACKWARDS):
     rng = np.random.default_rng(1)
     cases = [  # (B, H, Sq, Sk, d, causal, magnitude)
         (1, 4, 777, 1000, 64, None, 1.0),
@@ -114,7 +115,7 @@ def agreement(dtypes, forward_versions=("default",)):
             want_g = reference.backward(dout, q, k, v, causal=causal, scale=scale)
             base_g = reference.backward(dout, q, k, v, causal=causal, scale=scale,
                                         dtype=dtype.type)
-            for version in BACKWARDS:
+            for version in backwards:
                 grads = numbaflash.attention_backward(dout, q, k, v, out, lse, causal=causal,
                                                       scale=scale, version=version)
                 for g_name, g, w, b, mult in zip(("dq", "dk", "dv"), grads, want_g, base_g,
@@ -123,7 +124,7 @@ def agreement(dtypes, forward_versions=("default",)):
     return ok
 
 
-def reruns(torch, dtypes, n):
+def reruns(torch, dtypes, n, backwards=BACKWARDS):
     ok = True
     for name in dtypes:
         g = torch.Generator(device="cuda").manual_seed(2)
@@ -132,7 +133,7 @@ def reruns(torch, dtypes, n):
              for _ in range(4)]
         q, k, v, dout = (_device(torch, x) for x in t)
         out, lse = numbaflash.attention(q, k, v, causal=True, return_lse=True)
-        for version in BACKWARDS:
+        for version in backwards:
             first = [x.copy_to_host() for x in numbaflash.attention_backward(
                 dout, q, k, v, out, lse, causal=True, version=version)]
             same = 0
@@ -147,7 +148,7 @@ def reruns(torch, dtypes, n):
     return ok
 
 
-def speed(torch, dtypes, repeats, forward_versions=("default",)):
+def speed(torch, dtypes, repeats, forward_versions=("default",), backwards=BACKWARDS):
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -171,7 +172,7 @@ def speed(torch, dtypes, repeats, forward_versions=("default",)):
                     t_fwds[fv] = ms(lambda version=version: numbaflash.attention(
                         q, k, v, causal=mode, version=version))
                 t_fb = {}
-                for version in BACKWARDS:
+                for version in backwards:
                     def fb(version=version):
                         o, L = numbaflash.attention(q, k, v, causal=mode, return_lse=True)
                         numbaflash.attention_backward(dout, q, k, v, o, L, causal=mode,
@@ -201,6 +202,8 @@ def main(argv=None):
     ap.add_argument("--dtypes", default="float16,bfloat16")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--reruns", type=int, default=50)
+    ap.add_argument("--backward-versions", default=",".join(BACKWARDS),
+                    help="backward versions to check, rerun and time, comma-separated")
     ap.add_argument("--forward-versions", default="default",
                     help="forward versions to check and time, comma-separated ('default': "
                          "the policy's choice), e.g. default,v7,v10")
@@ -210,6 +213,7 @@ def main(argv=None):
     import torch
     parts, dtypes = args.parts.split(","), args.dtypes.split(",")
     forward_versions = tuple(args.forward_versions.split(","))
+    backwards = tuple(args.backward_versions.split(","))
     from numbaflash.kernels.forward import VERSIONS
     unknown = [v for v in forward_versions if v != "default" and v not in VERSIONS]
     if unknown:
@@ -217,11 +221,11 @@ def main(argv=None):
                  f"default, {', '.join(VERSIONS)}")
     ok = True
     if "agreement" in parts:
-        ok &= agreement(dtypes, forward_versions)
+        ok &= agreement(dtypes, forward_versions, backwards)
     if "reruns" in parts:
-        ok &= reruns(torch, dtypes, args.reruns)
+        ok &= reruns(torch, dtypes, args.reruns, backwards)
     if "speed" in parts:
-        speed(torch, dtypes, args.repeats, forward_versions)
+        speed(torch, dtypes, args.repeats, forward_versions, backwards)
     print("half_gpu:", "all checks passed" if ok else "SOME CHECKS FAILED", flush=True)
     return 0 if ok else 1
 

@@ -645,14 +645,15 @@ def bfloat16_entries():
 
 
 def backward_half_entries():
-    """Backward v7 (the 16-bit tensor cores, kernels/backward/v7_half.py): its dK/dV and dQ
-    kernels for float16 and bfloat16 (the arrays the values' bits, uint16) at d = 64 and
-    128, full and causal, with its GPU tile rule (each kernel its own tiles); and the D
-    kernel reading bfloat16 bits. None of them may use float64."""
+    """Backward v7 (the 16-bit tensor cores, kernels/backward/v7_half.py) and v9 (v7 with
+    ldmatrix and cp.async, v9_ldmatrix.py): their dK/dV and dQ kernels for float16 and
+    bfloat16 (the arrays the values' bits, uint16) at d = 64 and 128, full and causal,
+    each with its GPU tile rule (each kernel its own tiles); and the D kernel reading
+    bfloat16 bits. None of them may use float64."""
     import numpy as np
     from numbaflash.kernels import backward as bwd
     from numbaflash.kernels.backward import preprocess as bwd_pre
-    v7 = bwd.module("v7")
+    v7, v9 = bwd.module("v7"), bwd.module("v9")
     f32 = np.dtype(np.float32)
     out = []
     for half in ("float16", "bfloat16"):
@@ -667,6 +668,15 @@ def backward_half_entries():
                 tag = f"{half}-d{d}-{'causal' if causal else 'full'}-tiles{Br}x{Bc}"
                 make = getattr(v7, f"make_backward_{kind}_v7")
                 out.append(Entry(f"backward_{kind}_v7-{tag}", "backward_half",
+                                 lambda m=make, t=(Br, Bc, d, causal, half): m(*t),
+                                 sigs[kind], True))
+            # backward v9 (v7 with ldmatrix and cp.async, v9_ldmatrix.py), its own tiles
+            tiles9 = v9.default_backward_v9_tiles(d, "gpu")
+            for causal, kind in itertools.product((False, True), ("dkdv", "dq")):
+                Br, Bc = tiles9[kind]
+                tag = f"{half}-d{d}-{'causal' if causal else 'full'}-tiles{Br}x{Bc}"
+                make = getattr(v9, f"make_backward_{kind}_v9")
+                out.append(Entry(f"backward_{kind}_v9-{tag}", "backward_half",
                                  lambda m=make, t=(Br, Bc, d, causal, half): m(*t),
                                  sigs[kind], True))
         if half == "bfloat16":

@@ -516,7 +516,8 @@ def test_attention_logs_its_plan_at_info(version, allow_launch, caplog):
 def test_explain_backward_names_each_kernel_or_says_why_not(version, dtype):
     """Every backward version either plans its kernels (one line each: kernel, tiles,
     backend, reason; v3 and v4 also their thread tile) or refuses with a ValueError that says why
-    (v2 with float16: atomics in the output dtype; v7 with float32: 16-bit inputs only)."""
+    (v2 with float16: atomics in the output dtype; v7 and v9 with float32: 16-bit inputs
+    only)."""
     q, k, v = arrays((2, 3, 5, 8), (2, 3, 6, 8), dtype=dtype)
     try:
         plans = numbaflash.explain_backward(q, k, v, causal=True, version=version)
@@ -526,10 +527,10 @@ def test_explain_backward_names_each_kernel_or_says_why_not(version, dtype):
                              r"tensor cores through inline PTX, which the simulator cannot "
                              r"run", str(err))
             return
-        if version == "v7":         # the 16-bit tensor cores: float16 and bfloat16 only
+        if version in ("v7", "v9"):     # the 16-bit tensor cores: float16 and bfloat16 only
             assert dtype == np.float32, str(err)
-            assert re.search(r"backward v7 cannot run this input: v7 multiplies float16 and "
-                             r"bfloat16 inputs", str(err))
+            assert re.search(rf"backward {version} cannot run this input: {version} multiplies "
+                             r"float16 and bfloat16 inputs", str(err))
             return
         assert version == "v2" and dtype == np.float16, str(err)
         assert re.search(r"backward v2 .*needs float32 or float64 inputs", str(err))

@@ -81,10 +81,11 @@ def tile_pairs(d, acc_dtype):
 
 def dtype_version_params():
     """Every (dtype, version) pair; one the library refuses (e.g. v2 with float16) is a
-    visible skip carrying the library's reason. v5 to v8 refuse NaN inputs with an
-    error (the default runs v4 instead of v5, v6 and v8; v7 is never the default): their
-    own tests check that (v7's: tests/test_backward_half.py, v8's:
-    tests/test_backward_atomic_dq.py), and here they are skips that say so."""
+    visible skip carrying the library's reason. v5 to v9 refuse NaN inputs with an
+    error (the default runs v4 instead of v5, v6 and v8; v7 and v9 are never the
+    default): their own tests check that (v7's: tests/test_backward_half.py, v8's:
+    tests/test_backward_atomic_dq.py, v9's: tests/test_backward_v9.py), and here they are
+    skips that say so."""
     params = []
     for dtype in DTYPES:
         for version in bwd.VERSIONS:
@@ -96,6 +97,9 @@ def dtype_version_params():
             elif why is None and version == "v7":
                 why = ("v7 takes finite inputs only: it refuses NaN with an error "
                        "(tests/test_backward_half.py, test_v7_refuses_nonfinite_inputs)")
+            elif why is None and version == "v9":
+                why = ("v9 takes finite inputs only: it refuses NaN with an error "
+                       "(tests/test_backward_v9.py, test_v9_refuses_nonfinite_inputs)")
             elif why is None and version == "v8":
                 why = ("v8 takes finite inputs only: it refuses NaN with an error "
                        "(tests/test_backward_atomic_dq.py, test_nonfinite_inputs_fall_back_"

@@ -12,6 +12,7 @@ mixed up warps, lanes or fragment positions fails. What is checked:
 - ``tf32_round`` (ties away from zero, NaN and inf kept) and ``tf32_round_finite``
   bit for bit against a NumPy model, ``pack_f16x2`` / ``load_b32`` against NumPy's
   float16 rounding and layout;
+- ``exp2_approx`` (within 2 ulps, subnormal results flushed to 0) and ``fmax`` (NaN loses);
 - ``shfl_sync`` and ``shfl_xor_sync``: every lane gets the lane it asked for;
 - ``flat_load``, ``load_pair``, ``store_pair``, ``cp_async`` (then ``cp_async_wait_all``
   and a barrier): the elements they name, bit for bit;
@@ -155,6 +156,37 @@ def test_tf32_rounding_bit_for_bit():
     np.testing.assert_array_equal(R[finite].view(np.uint32), want[finite].view(np.uint32))
     ok = np.isfinite(X) & (np.abs(X) < 3.39e38)         # the bit trick's domain
     np.testing.assert_array_equal(F[ok].view(np.uint32), want[ok].view(np.uint32))
+
+
+@cuda.jit
+def _softmax_ops_kernel(X, Y, E, M):
+    i = cuda.threadIdx.x
+    E[i] = ptx.exp2_approx(X[i])
+    M[i] = ptx.fmax(X[i], Y[i])
+
+
+def test_exp2_approx_and_fmax():
+    """``exp2_approx``: 2^x within 2 float32 ulps (the GPU's MUFU.EX2), exactly 0 below
+    2^-126 (flushed) and for -inf, inf above 2^128, NaN for NaN. ``fmax``: the larger
+    value, the other one when either is NaN, bit for bit."""
+    special = np.array([0.0, 1.0, -1.0, 10.5, -125.5, -126.5, -140.0, -200.0, 127.9, 128.5,
+                        -np.inf, np.inf, np.nan, -0.0], np.float32)
+    rng = np.random.default_rng(14)
+    X = np.concatenate([special, rng.uniform(-120, 120, 32 * WARPS - special.size)])
+    X = X.astype(np.float32)
+    Y = rng.standard_normal(X.size).astype(np.float32) * np.float32(50)
+    Y[:4] = [np.nan, -np.inf, 5.0, np.nan]
+    _, _, E, M = launch(_softmax_ops_kernel, X, Y, np.zeros_like(X), np.zeros_like(X))
+    want = np.exp2(X.astype(np.float64))
+    normal = np.isfinite(want) & (want >= 2.0 ** -126) & (want < 2.0 ** 128)
+    np.testing.assert_allclose(E[normal], want[normal], rtol=2 * 2.0 ** -23, atol=0)
+    tiny = ~np.isnan(X) & (want < 2.0 ** -126)
+    assert np.all(E[tiny] == 0)
+    assert np.all(np.isposinf(E[~np.isnan(X) & (want >= 2.0 ** 128)]))
+    assert np.all(np.isnan(E[np.isnan(X)]))
+    want_max = np.where(np.isnan(X), Y, np.where(np.isnan(Y), X, np.maximum(X, Y)))
+    both = ~(np.isnan(X) & np.isnan(Y))
+    np.testing.assert_array_equal(M[both], want_max[both])
 
 
 @cuda.jit

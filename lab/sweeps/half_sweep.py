@@ -11,6 +11,8 @@ v7's tiles, backward v7's tiles, each checked and then timed against SDPA FLASH.
 --v7 d:Br:Bc: numbaflash.attention(..., version="v7", tiles=(Br, Bc)) (v7's own chunk).
 --backward d:BrxBc:BrxBc: numbaflash.attention_backward(..., version="v7",
     tiles=((Br, Bc), (Br, Bc))): the dK/dV kernel's tiles, then the dQ kernel's.
+--v9 d:BrxBc:BrxBc: the same for backward v9 (after a line with v9's own tiles), whose
+    gradients are v7's bits.
 
 At (B, H, N, d) for each --shapes entry, causal (Sq = Sk) and not. Each result is compared
 with the default call's (numbaflash.attention, and attention_backward version="v7" with
@@ -39,9 +41,9 @@ DEFAULT_FORWARD = ("64:128:128:32:0,64:128:128:32:128,64:64:128:32:0,64:64:64:32
                    "64:128:128:64:0,128:128:64:16:0,128:64:64:16:0,128:64:64:16:128,"
                    "128:64:32:16:0,128:128:128:16:0")
 DEFAULT_V7 = "64:128:128,64:64:128,128:128:64,128:64:64"
-DEFAULT_BACKWARD = ("64:64x64:64x64,64:64x128:64x64,64:128x64:64x64,64:64x64:128x64,"
-                    "64:64x64:64x128,64:32x64:32x64,128:32x64:64x64,128:64x64:64x64,"
-                    "128:32x64:32x64,128:64x32:64x64,128:32x64:128x64")
+DEFAULT_BACKWARD = ("64:64x128:64x64,64:128x64:64x64,64:64x64:128x64,64:64x64:64x128,"
+                    "128:64x64:64x64,128:32x64:128x64")
+DEFAULT_V9 = "64:64x128:64x64,64:64x64:128x64,128:64x64:64x64,128:32x64:64x32"
 
 
 def parse(items, kinds):
@@ -108,6 +110,7 @@ def main():
     ap.add_argument("--forward", default=DEFAULT_FORWARD, help="d:Br:Bc:chunk:maxreg,...")
     ap.add_argument("--v7", default=DEFAULT_V7, help="d:Br:Bc,...")
     ap.add_argument("--backward", default=DEFAULT_BACKWARD, help="d:BrxBc:BrxBc,...")
+    ap.add_argument("--v9", default=DEFAULT_V9, help="backward v9: d:BrxBc:BrxBc,...")
     ap.add_argument("--shapes", default="2x16x4096", help="BxHxN,... (d from the configs)")
     ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
     ap.add_argument("--repeats", type=int, default=10)
@@ -115,8 +118,8 @@ def main():
     import torch
 
     forward_cfg, v7_cfg = parse(args.forward, int), parse(args.v7, int)
-    backward_cfg = parse(args.backward, pair)
-    dims = sorted(set(forward_cfg) | set(v7_cfg) | set(backward_cfg))
+    backward_cfg, v9_cfg = parse(args.backward, pair), parse(args.v9, pair)
+    dims = sorted(set(forward_cfg) | set(v7_cfg) | set(backward_cfg) | set(v9_cfg))
     tdtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}[args.dtype]
     npdtype = np.dtype(ml_dtypes.bfloat16) if args.dtype == "bfloat16" else np.dtype("float16")
     ok = True
@@ -183,14 +186,16 @@ def main():
                                                      version="v7")
                 base_g = [host64(g, npdtype) for g in base]
                 base_errs = [float(np.abs(g[0, 0] - r).max()) for g, r in zip(base_g, ref_grads)]
-                configs = [None] + list(backward_cfg.get(d, ()))
-                for tiles in configs:
-                    def call(t=tiles):
+                configs = ([("v7", None)] + [("v7", t) for t in backward_cfg.get(d, ())]
+                           + ([("v9", None)] if d in v9_cfg else [])
+                           + [("v9", t) for t in v9_cfg.get(d, ())])
+                for version, tiles in configs:
+                    def call(version=version, t=tiles):
                         return numbaflash.attention_backward(do, q, k, v, out, lse,
-                                                             causal=causal, version="v7",
+                                                             causal=causal, version=version,
                                                              tiles=t)
-                    name = ("backward v7 default tiles" if tiles is None else
-                            f"backward v7 dkdv {tiles[0]} dq {tiles[1]}")
+                    name = (f"backward {version} default tiles" if tiles is None else
+                            f"backward {version} dkdv {tiles[0]} dq {tiles[1]}")
                     got = [host64(g, npdtype) for g in call()]
                     if all(np.array_equal(a, b, equal_nan=True) for a, b in zip(got, base_g)):
                         check = "same bits"

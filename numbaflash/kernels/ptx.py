@@ -137,6 +137,19 @@ by ldmatrix, and 16-byte asynchronous copies waited for in groups (double buffer
     is_aligned16(A) whether A's first element lies at a 16-byte aligned address (the
                     condition of cp_async16 on a row of A); plain LLVM IR.
 
+Two for the online softmax of the tensor-core forwards (kernels/forward/mma_rows.py), each
+one instruction where Numba's own spends several:
+
+    exp2_approx(x)  2^x for a float32 x: ``ex2.approx.ftz.f32``, the hardware's exp2
+                    (MUFU.EX2, at most 2 ulp from 2^x). ``math.exp2`` runs the same
+                    instruction, wrapped in a test and two multiplies that keep results
+                    below 2^-126 as float32 subnormals; here those flush to 0 (a term below
+                    2^-126 of a row sum that is at least 1 changes no bit of it), and
+                    2^-inf is 0, so masked scores need no test of their own.
+    fmax(x, y)      the larger of two float32 values, the other one if either is NaN:
+                    ``max.f32``, one FMNMX where ``y if y > x else x`` is a compare and
+                    a select.
+
 Three device functions on top of them: ``split_tf32(x)`` -> (big, small), its finite-only
 twin ``split_tf32_finite``, and ``mma3_split_b``, forward v3's and backward v5's 3xTF32
 product of an A given split and a B split on the way in.
@@ -150,12 +163,45 @@ one; this is what PyTorch's float32 "efficient" attention does on sm80+.
 
 from llvmlite import ir
 from numba import cuda, types
+from numba.core import cgutils
 from numba.cuda.extending import intrinsic
 
 from . import simulating
 
 _F32 = ir.FloatType()
 _I32 = ir.IntType(32)
+
+
+@intrinsic
+def exp2_approx(typingctx, x):
+    """2^x for a float32 x by the hardware's exp2 alone: ``ex2.approx.ftz.f32`` (module
+    docstring)."""
+    if x != types.float32:
+        return None
+    sig = types.float32(types.float32)
+
+    def codegen(context, builder, sig, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F32, [_F32]),
+                                   "llvm.nvvm.ex2.approx.ftz.f")
+        return builder.call(fn, args)
+
+    return sig, codegen
+
+
+@intrinsic
+def fmax(typingctx, x, y):
+    """The larger of two float32 values, the other one if either is NaN: ``max.f32``
+    (module docstring)."""
+    if x != types.float32 or y != types.float32:
+        return None
+    sig = types.float32(types.float32, types.float32)
+
+    def codegen(context, builder, sig, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F32, [_F32, _F32]),
+                                   "llvm.maxnum.f32")
+        return builder.call(fn, args)
+
+    return sig, codegen
 
 
 @intrinsic
@@ -426,7 +472,7 @@ def _no_operand(text):
 
 def _cp_async(dtypes, copy):
     """The intrinsic (S, n, A, m) that starts the asynchronous copy ``copy`` (its PTX, with
-    [sb] the shared address of S[n] and [$1] the global address of A's element m) for S a
+    [$0] the 32-bit shared address of S[n] and [$1] the global address of A's element m) for S a
     1D shared array and A an array (C-contiguous or a view) of one of ``dtypes``, the same
     for both (module docstring)."""
 
@@ -440,11 +486,10 @@ def _cp_async(dtypes, copy):
         sig = types.void(S, n, A, m)
 
         def codegen(context, builder, sig, args):
-            dst = _element(context, builder, sig.args[0], args[0], args[1])
+            dst = _shared_address(context, builder, sig.args[0], args[0], args[1])
             src = _element(context, builder, sig.args[2], args[2], args[3])
             fnty = ir.FunctionType(ir.VoidType(), [dst.type, src.type])
-            asm = ir.InlineAsm(fnty, _shared_b32("$0") + copy + " }", "l,l,~{memory}",
-                               side_effect=True)
+            asm = ir.InlineAsm(fnty, copy, "r,l,~{memory}", side_effect=True)
             builder.call(asm, [dst, src])
             return context.get_dummy_value()
 
@@ -453,17 +498,30 @@ def _cp_async(dtypes, copy):
     return start
 
 
-def _shared_b32(pointer):
-    """The start of an inline-PTX block that turns the generic pointer operand ``pointer``
-    (to shared memory) into the 32-bit shared address ``sb`` that ldmatrix and cp.async
-    take (cvta.to.shared); the caller closes the block."""
-    return ("{ .reg .u64 sa; .reg .u32 sb; cvta.to.shared.u64 sa, %s; cvt.u32.u64 sb, sa; "
-            % pointer)
+def _shared_address(context, builder, array_type, array, index):
+    """The 32-bit shared-memory address (what ldmatrix and cp.async take) of element
+    ``index`` of a 1D shared array: its first element's generic address converted once
+    (cvta.to.shared, an inline-PTX block without side effects, so that the compiler
+    computes it once for all the calls of a kernel), plus index * itemsize in 32-bit
+    arithmetic. Adding the index in 64 bits to the generic address before converting, as
+    the first version did, cost each ldmatrix a 64-bit add with carry and a move (forward
+    v10's SASS, lab/sweeps/sass_half.py); in 32 bits ptxas folds the constant part of an
+    index into the instruction's address offset."""
+    data = context.make_array(array_type)(context, builder, array).data
+    to_shared = ir.InlineAsm(ir.FunctionType(_I32, [data.type]),
+                             "{ .reg .u64 sa; cvta.to.shared.u64 sa, $1; cvt.u32.u64 $0, sa; }",
+                             "=r,l")
+    base = builder.call(to_shared, [data])
+    size = context.get_abi_sizeof(context.get_data_type(array_type.dtype))
+    offset = builder.mul(builder.trunc(index, _I32) if index.type.width > 32
+                         else builder.zext(index, _I32) if index.type.width < 32 else index,
+                         ir.Constant(_I32, size))
+    return builder.add(base, offset)
 
 
 # Start copying the float32 element m places after A's first into S[n]: 4 bytes through L1
 # (forward v9; module docstring).
-cp_async = _cp_async((types.float32,), "cp.async.ca.shared.global [sb], [$1], 4;")
+cp_async = _cp_async((types.float32,), "cp.async.ca.shared.global [$0], [$1], 4;")
 # Wait for every copy this thread has started (module docstring).
 cp_async_wait_all = _no_operand("cp.async.wait_all;")
 
@@ -484,14 +542,12 @@ def _ldmatrix(trans):
         sig = types.UniTuple(types.uint32, 4)(S, n)
 
         def codegen(context, builder, sig, args):
-            row = _element(context, builder, sig.args[0], args[0], args[1])
+            row = _shared_address(context, builder, sig.args[0], args[0], args[1])
             fnty = ir.FunctionType(ir.LiteralStructType([_I32] * 4), [row.type])
             asm = ir.InlineAsm(
                 fnty,
-                _shared_b32("$4")
-                + f"ldmatrix.sync.aligned.m8n8.x4{kind}.shared.b16 "
-                "{$0, $1, $2, $3}, [sb]; }",
-                "=r,=r,=r,=r,l,~{memory}", side_effect=True)
+                f"ldmatrix.sync.aligned.m8n8.x4{kind}.shared.b16 {{$0, $1, $2, $3}}, [$4];",
+                "=r,=r,=r,=r,r,~{memory}", side_effect=True)
             res = builder.call(asm, [row])
             vals = [builder.extract_value(res, i) for i in range(4)]
             return context.make_tuple(builder, sig.return_type, vals)
@@ -507,7 +563,7 @@ ldmatrix_x4_trans = _ldmatrix(True)
 
 # Start copying 16 bytes (8 16-bit values) from A's element m into S[n:n + 8], bypassing L1
 # (module docstring).
-cp_async16 = _cp_async((types.float16, types.uint16), "cp.async.cg.shared.global [sb], [$1], 16;")
+cp_async16 = _cp_async((types.float16, types.uint16), "cp.async.cg.shared.global [$0], [$1], 16;")
 # Close this thread's group of asynchronous copies (module docstring).
 cp_async_commit = _no_operand("cp.async.commit_group;")
 
@@ -549,7 +605,7 @@ if simulating():
     # The simulator has no inline PTX: it runs kernels/simulated.py's stand-ins, with
     # the same names and semantics (the device functions above call them there).
     from .simulated import (  # noqa: E402,F811
-        cp_async, cp_async_wait_all, f32_from_bits, flat_load, flat_load_wide, load_b32,
+        cp_async, cp_async_wait_all, exp2_approx, f32_from_bits, fmax, flat_load, flat_load_wide, load_b32,
         load_pair, mma_bf16, mma_f16, mma_tf32, pack_bf16x2, pack_f16x2, store_pair,
         tf32_round, tf32_round_finite)
     from .simulated import (  # noqa: E402,F811

@@ -437,6 +437,23 @@ def tf32_round_finite(x):
     return _from_bits((_bits(x) + np.uint32(0x1000)) & np.uint32(0xFFFFE000))
 
 
+def exp2_approx(x):
+    """``ex2.approx.ftz.f32``: 2^x in float32, 0 where it falls below 2^-126 (the GPU's
+    instruction flushes subnormal results; its last bit may differ from this one's)."""
+    with np.errstate(over="ignore"):
+        y = np.float32(np.exp2(np.float64(x)))
+    return np.float32(0) if abs(y) < np.float32(2.0 ** -126) else y
+
+
+def fmax(x, y):
+    """``max.f32``: the larger of x and y, the other one if either is NaN."""
+    if np.isnan(x):
+        return np.float32(y)
+    if np.isnan(y):
+        return np.float32(x)
+    return np.float32(x if x > y else y)
+
+
 def pack_f16x2(lo, hi):
     """``cvt.rn.f16x2.f32``: lo and hi to float16 (to nearest even), lo in the low half."""
     halves = np.array([lo, hi], np.float32).astype(np.float16)

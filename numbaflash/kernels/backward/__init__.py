@@ -30,7 +30,9 @@ The ladder, by lineage: each file says its parent, what it changes and what that
              ├─ v6_split_pairs  cheaper splits and staging, streamed tiles split once
              │  └─ v8_atomic_dq  v6's dK/dV kernel also adds dQ by atomics (deterministic=False)
              └─ v7_half      float16 and bfloat16 on the 16-bit tensor cores (m16n8k16)
-    nonfinite                the check that v5's to v8's inputs are finite
+                └─ v9_ldmatrix  v7's products with ldmatrix operands, no transposed copies,
+                                cp.async copies into two stages
+    nonfinite                the check that v5's to v9's inputs are finite
 
 Defaults (numbaflash/policy.py decides, and explain_backward() says why), variants or
 not: v3 in float64 and at d > 128 (v1 for a variant there); on a GPU v6 for float32 and
@@ -78,7 +80,7 @@ attention only: their plans refuse variants (dropout included), as v7's does.
 Fully masked rows (causal with Sq > Sk, where L = -inf) have P = 0: the kernels skip them
 before computing exp, so they give a zero dQ row, add nothing to dK and dV, and no
 exp(-inf - (-inf)) is ever evaluated. Masked keys are never read into a sum, so NaN there
-has no effect; NaN in a visible input propagates (v5 to v8 refuse non-finite inputs,
+has no effect; NaN in a visible input propagates (v5 to v9 refuse non-finite inputs,
 see nonfinite.py). Speed against PyTorch SDPA: docs/performance.md.
 """
 
@@ -95,6 +97,7 @@ MODULES = {
     "v6": "v6_split_pairs",
     "v7": "v7_half",
     "v8": "v8_atomic_dq",
+    "v9": "v9_ldmatrix",
 }
 VERSIONS = tuple(MODULES)
 

@@ -21,6 +21,7 @@ from numba import cuda
 
 from .. import acc_type
 from ..halves import make_halves
+from ..ptx import exp2_approx, fmax
 from ..smem import U
 from ..variants import PLAIN, make_dropout, make_variant_functions
 from ..warp import FULL_WARP, quad_max, quad_sum
@@ -180,14 +181,12 @@ def make_mma_row_steps(d, causal, chunk, o_tiles, variant=PLAIN, half=None):
                         if not (key < Sk and (not causal or key <= row + causal_offset)
                                 and (not WINDOW or key >= row + window_lo)):
                             s[nt * 4 + x] = NEG_INF
-        mt0 = NEG_INF           # this lane's part of the chunk's row maxima
-        mt1 = NEG_INF
+        mt0 = NEG_INF           # this lane's part of the chunk's row maxima (fmax: a
+        mt1 = NEG_INF           # NaN score does not win, as in quad_max)
         for nt in range(NT):
             for h in range(2):
-                if s[nt * 4 + h] > mt0:
-                    mt0 = s[nt * 4 + h]
-                if s[nt * 4 + 2 + h] > mt1:
-                    mt1 = s[nt * 4 + 2 + h]
+                mt0 = fmax(mt0, s[nt * 4 + h])
+                mt1 = fmax(mt1, s[nt * 4 + 2 + h])
         mt0 = quad_max(mt0)
         mt1 = quad_max(mt1)
         mn0 = mt0 if mt0 > m0 else m0
@@ -195,20 +194,20 @@ def make_mma_row_steps(d, causal, chunk, o_tiles, variant=PLAIN, half=None):
         ms0 = ZERO if mn0 == NEG_INF else mn0     # no key seen yet: avoid -inf - -inf
         ms1 = ZERO if mn1 == NEG_INF else mn1
         # exp(x - m) as exp2(x * log2(e) - m * log2(e)): one multiply-add and the
-        # hardware's exp2, where math.exp spends about 15 instructions.
-        alpha0 = math.exp2((m0 - ms0) * LOG2E) if m0 != NEG_INF else ZERO
-        alpha1 = math.exp2((m1 - ms1) * LOG2E) if m1 != NEG_INF else ZERO
+        # hardware's exp2 (ptx.exp2_approx), where math.exp spends about 15 instructions.
+        # A masked score (-inf) gives exp2(-inf) = 0, and so does a running max of -inf
+        # (no key seen yet: ms is 0 then), with no test.
+        alpha0 = exp2_approx((m0 - ms0) * LOG2E)
+        alpha1 = exp2_approx((m1 - ms1) * LOG2E)
         ml0 = ms0 * LOG2E
         ml1 = ms1 * LOG2E
         lt0 = ZERO
         lt1 = ZERO
         for nt in range(NT):
             for h in range(2):
-                x = s[nt * 4 + h]
-                s[nt * 4 + h] = math.exp2(x * LOG2E - ml0) if x != NEG_INF else ZERO
+                s[nt * 4 + h] = exp2_approx(s[nt * 4 + h] * LOG2E - ml0)
                 lt0 += s[nt * 4 + h]
-                x = s[nt * 4 + 2 + h]
-                s[nt * 4 + 2 + h] = math.exp2(x * LOG2E - ml1) if x != NEG_INF else ZERO
+                s[nt * 4 + 2 + h] = exp2_approx(s[nt * 4 + 2 + h] * LOG2E - ml1)
                 lt1 += s[nt * 4 + 2 + h]
         return alpha0, alpha1, mn0, mn1, alpha0 * l0 + lt0, alpha1 * l1 + lt1
 

@@ -377,11 +377,22 @@ def make_forward_v10(Br, Bc, d, causal, chunk, half="float16", max_registers=Non
 #
 # Tile rule: v7's (its candidates and chunks, the tiles measured best for v7), each
 # candidate taken if v10's two stages fit the GPU's per-block maximum: (128, 128) at
-# d <= 64 (72 KB), (128, 64) with 16-key chunks above (68 KB at d = 128). Not measured
-# for v10: a GPU sweep should decide (lab/sweeps/v7_sweep.py is the model). A caller's
-# tiles: Br a multiple of 16 up to 256, Bc a multiple of 32.
+# d <= 64 (72 KB), (128, 64) with 16-key chunks above (68 KB at d = 128). Swept on the
+# H100 at (2, 16, 4096, d), float16 (lab/runs/2026-12-05/108_sweep_after.txt, ms not causal
+# / causal): d = 64, (128, 128) with 128 registers 1.18 / 1.07, (64, 64) 1.55 / 0.98,
+# (64, 128) 1.80 / 1.14, 64-key chunks 1.44 / 1.08; d = 128, (128, 64) 2.83, (128, 128)
+# 2.76, (64, 64) 3.10, (64, 32) 3.18. A caller's tiles: Br a multiple of 16 up to 256, Bc a
+# multiple of 32.
 
 V10_SIM_TILES = (32, 32)      # the simulator: two warps, a tile boundary at short lengths
+# Up to d = 64 ptxas is held to 128 registers a thread (it takes 130-132 unheld, no spills
+# at 128 without a causal mask, 48 bytes of stack causal): 256 threads x 128 fill half
+# the register file, so two blocks share an SM. Measured on the H100 at (2, 16, 4096, 64),
+# float16 (lab/sweeps/half_sweep.py, lab/runs/2026-12-05/108_sweep_after.txt): 1.18 ms
+# against 1.49 unheld, causal 1.07 against 1.09. At d = 128 the cap spills (88 bytes at
+# (64, 64)) and was slower: 4.03 ms against 3.10.
+V10_MAX_REGISTERS = 128
+V10_CAP_MAX_HEAD_DIM = 64
 V10_MAX_HEAD_DIM = V7_MAX_HEAD_DIM
 VARIANTS = False              # plain attention only (refuse_variants names the variant)
 BFLOAT16 = True               # reads bfloat16 inputs itself (numbaflash/dtypes.py)
@@ -454,7 +465,13 @@ def plan(p, where, tiles, reason):
                 variant_description(p), dynamic_shared=True)
 
 
+def v10_max_registers(d):
+    """ptxas's register limit for forward v10 at head dim d: V10_MAX_REGISTERS up to
+    V10_CAP_MAX_HEAD_DIM, else None (ptxas's choice)."""
+    return V10_MAX_REGISTERS if d <= V10_CAP_MAX_HEAD_DIM else None
+
+
 def kernel(plan, p):
     """The compiled kernel of ``plan`` (cached per compile-time parameters)."""
     return make_forward_v10(plan.Br, plan.Bc, p.d, p.upper, v7_chunk(p.d, plan.Bc),
-                            half=p.dtype.name)
+                            half=p.dtype.name, max_registers=v10_max_registers(p.d))
