@@ -56,7 +56,9 @@ is the registry: a new version is its own file and one line there.
 Float32 sums: every accumulator (dKj, dVj over the Q tiles; dQi over the K/V tiles) adds
 one tile's terms into a fresh partial first and then adds the partial, as the forward does
 with l: adding Sq terms one by one into dK loses float32 accuracy over long sequences
-(lab/journal.md, "Backward kernel notes moved from the code"). The price is d more
+(lab/journal.md, "Backward kernel notes moved from the code"). v7 and v9 add each chunk's
+16-term products to the accumulator inside the mma (its C operand) instead, one chunk
+at a time, as FlashAttention-2 does. The price of the partials is d more
 registers per accumulator: from d = 64 on, v1's and v2's dK/dV kernels spill, while v3 and
 v4 keep their blocks in registers without spills up to d = 128 (``tests/ptx_check.py
 --link`` prints each kernel's registers and spills).

@@ -163,8 +163,12 @@ def make_backward_dkdv_v7(Br, Bc, d, causal, half="float16"):
     same queries): two n-tiles side by side are the A fragment of 16 queries (a0, a1 from
     the first, a2, a3 from the second) without moving data between lanes.
 
-    Float32 sums: each chunk's products are summed from zero and then added to dKj, dVj
-    (as v5). Rows past Sq and the head dim past d are staged as zeros; entries a query
+    Float32 sums: each chunk's dVj and dKj products are accumulated by the mma itself, in
+    its C operand (the running dk, dv fragments), where v5 sums each chunk from zero and
+    then adds it: the chunks still join the accumulator one at a time, in the same order,
+    without the 2 d / 4 float32 additions a lane spent on every chunk (64 of a 309-instruction loop at d = 64
+    in v9's SASS, lab/runs/2026-12-05/sass_half.txt). The exponentials are the hardware's
+    exp2 (ptx.exp2_approx). Rows past Sq and the head dim past d are staged as zeros; entries a query
     does not see (past Sq or Sk, or above the causal bound) have P = dS = 0.
 
     Launch: grid (ceil(Sk / Bc), BH), block (2 * Bc,); ``dkdv_v7_shared_bytes`` of
@@ -172,7 +176,7 @@ def make_backward_dkdv_v7(Br, Bc, d, causal, half="float16"):
 
         kernel[grid, block, 0, nbytes](Q, K, V, dO, L, D, dK, dV, softmax_scale, causal_offset)
     """
-    from ..ptx import load_b32              # inline PTX (simulator: simulated.py)
+    from ..ptx import exp2_approx, load_b32  # inline PTX (simulator: simulated.py)
 
     halves = make_halves(half)
     HALF = halves.storage                   # float16, or uint16 holding bfloat16 bits
@@ -295,7 +299,7 @@ def make_backward_dkdv_v7(Br, Bc, d, causal, half="float16"):
                         seen = row < Sq and col < Sk and (not causal
                                                          or col <= row + causal_offset)
                         y = nt * 4 + x
-                        p = math.exp2(s[y] * scale_log2 - L_i[r]) if seen else ZERO
+                        p = exp2_approx(s[y] * scale_log2 - L_i[r]) if seen else ZERO
                         dp[y] = p * (dp[y] - D_i[r]) if seen else ZERO
                         s[y] = p
                 # Alg.2 l.12, l.16: dVj += P^T dOi and dKj += dS^T Qi (the scale at the
@@ -311,13 +315,14 @@ def make_backward_dkdv_v7(Br, Bc, d, causal, half="float16"):
                 ga3 = pack2(dp[6], dp[7])
                 for nd in range(ND):
                     b = (nd * 8 + g) * TROW + r0 + 2 * t
+                    y = nd * 4
                     v4 = mma(pa0, pa1, pa2, pa3, load_b32(dOiT, U(b)), load_b32(dOiT, U(b + 8)),
-                             ZERO, ZERO, ZERO, ZERO)
+                             dv[y], dv[y + 1], dv[y + 2], dv[y + 3])
                     k4 = mma(ga0, ga1, ga2, ga3, load_b32(QiT, U(b)), load_b32(QiT, U(b + 8)),
-                             ZERO, ZERO, ZERO, ZERO)
+                             dk[y], dk[y + 1], dk[y + 2], dk[y + 3])
                     for x in range(4):
-                        dv[nd * 4 + x] += v4[x]
-                        dk[nd * 4 + x] += k4[x]
+                        dv[y + x] = v4[x]
+                        dk[y + x] = k4[x]
 
         # Write dKj (times the scale) and dVj, rounded to the input type once; a key no
         # query sees has dk = dv = 0 exactly.
@@ -353,7 +358,7 @@ def make_backward_dq_v7(Br, Bc, d, causal, half="float16"):
 
         kernel[grid, block, 0, nbytes](Q, K, V, dO, L, D, dQ, softmax_scale, causal_offset)
     """
-    from ..ptx import load_b32              # inline PTX (simulator: simulated.py)
+    from ..ptx import exp2_approx, load_b32  # inline PTX (simulator: simulated.py)
 
     halves = make_halves(half)
     HALF = halves.storage
@@ -467,7 +472,7 @@ def make_backward_dq_v7(Br, Bc, d, causal, half="float16"):
                         seen = row < Sq and col < Sk and (not causal
                                                          or col <= row + causal_offset)
                         y = nt * 4 + x
-                        p = math.exp2(s[y] * scale_log2 - Lr[h]) if seen else ZERO
+                        p = exp2_approx(s[y] * scale_log2 - Lr[h]) if seen else ZERO
                         dp[y] = p * (dp[y] - Dr[h]) if seen else ZERO
                 # Alg.2 l.15: dQi += dS Kj (the scale at the end); A: dS rounded to the
                 # input type (pack2); B: Kj^T rows 8nd + g, keys c_0 + 2t..
@@ -477,10 +482,11 @@ def make_backward_dq_v7(Br, Bc, d, causal, half="float16"):
                 ga3 = pack2(dp[6], dp[7])
                 for nd in range(ND):
                     b = (nd * 8 + g) * TROW + c_0 + 2 * t
+                    y = nd * 4
                     q4 = mma(ga0, ga1, ga2, ga3, load_b32(KjT, U(b)), load_b32(KjT, U(b + 8)),
-                             ZERO, ZERO, ZERO, ZERO)
+                             dq[y], dq[y + 1], dq[y + 2], dq[y + 3])
                     for x in range(4):
-                        dq[nd * 4 + x] += q4[x]
+                        dq[y + x] = q4[x]
 
         # Write dQi (times the scale), rounded to the input type once; a row that sees
         # no key has dq = 0 exactly.

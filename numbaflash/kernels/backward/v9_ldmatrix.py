@@ -25,12 +25,11 @@ the simulator). What changes is how the tiles reach the tensor cores:
   (cp.async.wait_group 1), a barrier, work, and the copies of tile i + 1 already on
   their way. The tiles every block keeps (Kj, Vj; Qi, dOi) are copied the same way once.
 
-What it buys: on the H100 at (2, 16, 4096, d), float16, the whole backward in 4.27 ms
-against v7's 10.68 at d = 64 (2.5x; causal 3.73 against 7.53) and 8.47 against 24.59 at
-d = 128 (2.9x) (lab/sweeps/half_sweep.py, lab/runs/2026-12-05/108_sweep_after.txt), with
-v7's bits on every timed input. Still opt-in (version="v9"): its 50 bitwise reruns and
-compute-sanitizer on a GPU have not run, and the stored GPU notebook records the defaults
-it measured.
+What it buys: on the H200 at (2, 16, 4096, d), float16, the whole backward in 3.63 ms
+against v7's 9.52 at d = 64 (causal 2.78 against 5.64) and 7.13 against 24.14 at d = 128
+(lab/sweeps/half_sweep.py, lab/runs/2026-12-05/110_sweep_h200.txt), with v7's bits on
+every timed input; 50 of 50 reruns bitwise identical, memcheck and racecheck clean
+(109_reruns_v9.txt, 111_*_v9.txt there). Runs when asked for (version="v9").
 
 Copies need d a multiple of 8 and the arrays 16-byte aligned (rows are then whole
 16-byte pieces); otherwise the same threads load the same 8 values element by element
@@ -148,7 +147,7 @@ def _make_copies(d, THREADS, half):
 
 
 @functools.lru_cache(maxsize=None)
-def make_backward_dkdv_v9(Br, Bc, d, causal, half="float16"):
+def make_backward_dkdv_v9(Br, Bc, d, causal, half="float16", max_registers=None):
     """v9 dK/dV kernel: v7's (make_backward_dkdv_v7) with ldmatrix operands and Qi, dOi,
     L_i, D_i copied by cp.async into two stages (module docstring). Warp w owns the keys
     j * Bc + 16 w .. + 16; per chunk of V7_CHUNK = 16 queries of Qi, as v7:
@@ -163,12 +162,15 @@ def make_backward_dkdv_v9(Br, Bc, d, causal, half="float16"):
     is done with stage 1 - st), start the copies of tile i + 1 into stage 1 - st, commit,
     wait_group 1 (this thread's copies of tile i have landed), barrier, the chunks.
 
+    ``max_registers``: ptxas's register limit (None: ptxas's choice; the launch contract
+    gives V9_DKDV_MAX_REGISTERS up to d = 64).
+
     Launch: grid (ceil(Sk / Bc), BH), block (2 * Bc,), ``dkdv_v9_shared_bytes`` of dynamic
     shared memory; arguments as v7's: Q, K, V, dO, L, D, dK, dV, softmax_scale,
     causal_offset.
     """
-    from ..ptx import (cp_async, cp_async_commit, cp_async_wait_group, is_aligned16,
-                       ldmatrix_x4, ldmatrix_x4_trans)
+    from ..ptx import (cp_async, cp_async_commit, cp_async_wait_group, exp2_approx,
+                       is_aligned16, ldmatrix_x4, ldmatrix_x4_trans)
 
     halves = make_halves(half)
     HALF = halves.storage
@@ -207,7 +209,7 @@ def make_backward_dkdv_v9(Br, Bc, d, causal, half="float16"):
                 smem32[U(st * 2 * Br + Br + r)] = ZERO
             r += THREADS
 
-    @cuda.jit(**jit_options())
+    @cuda.jit(**jit_options(max_registers))
     def backward_dkdv_v9(Q, K, V, dO, L, D, dK, dV, softmax_scale, causal_offset):
         bh = cuda.blockIdx.y
         j = cuda.blockIdx.x
@@ -297,7 +299,7 @@ def make_backward_dkdv_v9(Br, Bc, d, causal, half="float16"):
                                                          or col <= row + causal_offset)
                         y = nt * 4 + x
                         L_r = smem32[U(LI + r)] * LOG2E_ACC
-                        p = math.exp2(s[y] * scale_log2 - L_r) if seen else ZERO
+                        p = exp2_approx(s[y] * scale_log2 - L_r) if seen else ZERO
                         dp[y] = p * (dp[y] - smem32[U(DI + r)]) if seen else ZERO
                         s[y] = p
                 # Alg.2 l.12, l.16: dVj += P^T dOi, dKj += dS^T Qi; B by ldmatrix .trans
@@ -313,15 +315,18 @@ def make_backward_dkdv_v9(Br, Bc, d, causal, half="float16"):
                 for nd in range(0, ND, 2):
                     o0, o1, o2, o3 = ldmatrix_x4_trans(smem, U(DOI + r0 * ROW + t_row + 8 * nd))
                     q0, q1, q2, q3 = ldmatrix_x4_trans(smem, U(QI + r0 * ROW + t_row + 8 * nd))
-                    v4a = mma(pa0, pa1, pa2, pa3, o0, o1, ZERO, ZERO, ZERO, ZERO)
-                    v4b = mma(pa0, pa1, pa2, pa3, o2, o3, ZERO, ZERO, ZERO, ZERO)
-                    k4a = mma(ga0, ga1, ga2, ga3, q0, q1, ZERO, ZERO, ZERO, ZERO)
-                    k4b = mma(ga0, ga1, ga2, ga3, q2, q3, ZERO, ZERO, ZERO, ZERO)
+                    y = nd * 4
+                    v4a = mma(pa0, pa1, pa2, pa3, o0, o1, dv[y], dv[y + 1], dv[y + 2], dv[y + 3])
+                    v4b = mma(pa0, pa1, pa2, pa3, o2, o3, dv[y + 4], dv[y + 5], dv[y + 6],
+                              dv[y + 7])
+                    k4a = mma(ga0, ga1, ga2, ga3, q0, q1, dk[y], dk[y + 1], dk[y + 2], dk[y + 3])
+                    k4b = mma(ga0, ga1, ga2, ga3, q2, q3, dk[y + 4], dk[y + 5], dk[y + 6],
+                              dk[y + 7])
                     for x in range(4):
-                        dv[nd * 4 + x] += v4a[x]
-                        dv[nd * 4 + 4 + x] += v4b[x]
-                        dk[nd * 4 + x] += k4a[x]
-                        dk[nd * 4 + 4 + x] += k4b[x]
+                        dv[y + x] = v4a[x]
+                        dv[y + 4 + x] = v4b[x]
+                        dk[y + x] = k4a[x]
+                        dk[y + 4 + x] = k4b[x]
 
         cp_async_wait_group(0)      # no copy left in flight (with no Q tile: Kj, Vj)
         # Write dKj (times the scale) and dVj, rounded to the input type once (v7's).
@@ -350,8 +355,8 @@ def make_backward_dq_v9(Br, Bc, d, causal, half="float16"):
     Launch: grid (ceil(Sq / Br), BH), block (2 * Br,), ``dq_v9_shared_bytes`` of dynamic
     shared memory; arguments as v7's: Q, K, V, dO, L, D, dQ, softmax_scale, causal_offset.
     """
-    from ..ptx import cp_async_commit, cp_async_wait_group, is_aligned16, ldmatrix_x4
-    from ..ptx import ldmatrix_x4_trans
+    from ..ptx import (cp_async_commit, cp_async_wait_group, exp2_approx, is_aligned16,
+                       ldmatrix_x4, ldmatrix_x4_trans)
 
     halves = make_halves(half)
     HALF = halves.storage
@@ -463,7 +468,7 @@ def make_backward_dq_v9(Br, Bc, d, causal, half="float16"):
                         seen = row < Sq and col < Sk and (not causal
                                                          or col <= row + causal_offset)
                         y = nt * 4 + x
-                        p = math.exp2(s[y] * scale_log2 - Lr[h]) if seen else ZERO
+                        p = exp2_approx(s[y] * scale_log2 - Lr[h]) if seen else ZERO
                         dp[y] = p * (dp[y] - Dr[h]) if seen else ZERO
                 # Alg.2 l.15: dQi += dS Kj; B by ldmatrix .trans of the chunk's 16 key
                 # rows, head-dim columns 8 nd.. (two n-tiles).
@@ -473,11 +478,13 @@ def make_backward_dq_v9(Br, Bc, d, causal, half="float16"):
                 ga3 = pack2(dp[6], dp[7])
                 for nd in range(0, ND, 2):
                     k0, k1, k2, k3 = ldmatrix_x4_trans(smem, U(KJ + c_0 * ROW + t_row + 8 * nd))
-                    q4a = mma(ga0, ga1, ga2, ga3, k0, k1, ZERO, ZERO, ZERO, ZERO)
-                    q4b = mma(ga0, ga1, ga2, ga3, k2, k3, ZERO, ZERO, ZERO, ZERO)
+                    y = nd * 4
+                    q4a = mma(ga0, ga1, ga2, ga3, k0, k1, dq[y], dq[y + 1], dq[y + 2], dq[y + 3])
+                    q4b = mma(ga0, ga1, ga2, ga3, k2, k3, dq[y + 4], dq[y + 5], dq[y + 6],
+                              dq[y + 7])
                     for x in range(4):
-                        dq[nd * 4 + x] += q4a[x]
-                        dq[nd * 4 + 4 + x] += q4b[x]
+                        dq[y + x] = q4a[x]
+                        dq[y + 4 + x] = q4b[x]
 
         cp_async_wait_group(0)      # no copy left in flight (with no K/V tile: Qi, dOi)
         # Write dQi (times the scale), rounded to the input type once (v7's).
@@ -506,6 +513,19 @@ def make_backward_dq_v9(Br, Bc, d, causal, half="float16"):
 BWD_V9_CANDIDATES = {"dkdv": ((64, 64), (32, 64), (64, 32), (32, 32), (16, 32), (16, 16)),
                      "dq": ((64, 64), (64, 32), (32, 64), (32, 32), (16, 32), (16, 16))}
 BWD_V9_SHARED_MEM_TARGET = 99 * 1024
+# The dK/dV kernel up to d = 64 is held to 128 registers a thread: four blocks of four
+# warps then share an SM (55 KB of shared memory each), as in run 108, where ptxas gave it
+# 128 unheld. Accumulating dK and dV in the mma's C operand took it to 134-138 (three
+# blocks); held at 128 it has no spills without a mask, 12 bytes causal
+# (lab/sweeps/half_registers.py, lab/runs/2026-12-05/half_registers.txt). Not timed yet.
+V9_DKDV_MAX_REGISTERS = 128
+V9_CAP_MAX_HEAD_DIM = 64
+# At d = 128 with the causal mask the dK/dV kernel spills: ptxas gives it 255 registers and
+# 112 bytes of spill stores in float16 (88 in bfloat16), where summing each chunk from zero
+# first took 254-255 without spills. Kept, because the whole causal backward at (2, 16,
+# 4096, 128) took 5.23 ms on the H200 with it, against v7's 12.43
+# (lab/runs/2026-12-05/110_sweep_h200.txt); tests/test_backward_half.py bounds it here.
+V9_DKDV_SPILL_BYTES = 128
 # On the simulator (kernels/simulated.py): v7's small tiles, several tile boundaries at
 # the simulator's short sequences (and so both stages in use).
 BWD_V9_SIM = {"dkdv": (16, 32), "dq": (32, 16)}
@@ -606,6 +626,8 @@ def plan(p, where, tiles, reason, preprocess):
 def kernel(plan, p):
     """The compiled kernel of one of v9's plans (cached per compile-time parameters), for
     the Problem's input type (float16, or bfloat16 read as bits)."""
-    make = {"backward_dkdv_v9": make_backward_dkdv_v9,
-            "backward_dq_v9": make_backward_dq_v9}[plan.kernel]
-    return make(plan.Br, plan.Bc, p.d, p.upper, p.dtype.name)
+    if plan.kernel == "backward_dkdv_v9":
+        cap = V9_DKDV_MAX_REGISTERS if p.d <= V9_CAP_MAX_HEAD_DIM else None
+        return make_backward_dkdv_v9(plan.Br, plan.Bc, p.d, p.upper, p.dtype.name,
+                                     max_registers=cap)
+    return make_backward_dq_v9(plan.Br, plan.Bc, p.d, p.upper, p.dtype.name)
