@@ -96,8 +96,9 @@ def default_forward_version(p, where):
                        "(its 16-byte copies), on a GPU for plain attention (causal or not): "
                        "v7 with its K/V tiles copied by cp.async into two stages and its mma "
                        "operands loaded by ldmatrix, bitwise v7's results, 1.47x v7's speed "
-                       "(1.56x causal) at d = 128 in float16 on the H100; at d = 64 it ranged "
-                       "from 0.95x to 1.16x v7's, so v7 runs there")
+                       "(1.56x causal) at d = 128 in float16 on the H100; at d <= 64 v7 runs "
+                       "(v10, held to 128 registers there, was measured faster on the H200 "
+                       "and runs when asked for: docs/performance.md)")
     if (v7.refusal(p, where) is None and v7.tiles_within(p.d, limit) is not None
             and serves(forward, "v7", p)):
         return "v7", ("v7 is the default in float16 and bfloat16 with d <= "
