@@ -479,7 +479,7 @@ def test_mixed_host_and_device_raise(no_launch):
 
 
 @pytest.mark.parametrize("version, tiles, d, match", [
-    ("v9", None, 3, r"unknown backward version 'v9'; choose from \('v1', 'v2', .*'v8'\)"),
+    ("v99", None, 3, r"unknown backward version 'v99'; choose from \('v1', 'v2', .*'v9'\)"),
     ("v1", (2048, 4), 3, r"Br = 2048 exceeds 1024: the backward runs one thread per query row"),
     ("v1", (4, 2048), 3, r"Bc = 2048 exceeds 1024: the backward runs one thread per key row"),
     ("v1", (0, 4), 3, r"tiles must be positive"),
@@ -521,7 +521,7 @@ def test_vjp_checks_backward_options_before_the_forward(monkeypatch):
     monkeypatch.setattr(numbaflash.api, "launch_forward", fail)
     q = inputs()[1]
     with pytest.raises(ValueError, match="unknown backward version"):
-        numbaflash.attention_vjp(q, q, q, backward_version="v9")
+        numbaflash.attention_vjp(q, q, q, backward_version="v99")
 
 
 def test_vjp_rejects_a_bad_dout():

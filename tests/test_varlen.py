@@ -114,7 +114,7 @@ def test_version_lists():
     assert FORWARD_VERSIONS == ("v1", "v2", "v5", "v6", "v7", "v8", "v9")
     assert BACKWARD_VERSIONS == ("v1", "v4", "v6", "v8")
     assert (FORWARD_REFUSING == ("v3", "v4", "v10")
-            and BACKWARD_REFUSING == ("v2", "v3", "v5", "v7"))
+            and BACKWARD_REFUSING == ("v2", "v3", "v5", "v7", "v9"))
 
 
 # --- cases -------------------------------------------------------------------------------
