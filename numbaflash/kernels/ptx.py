@@ -181,8 +181,8 @@ def exp2_approx(typingctx, x):
     sig = types.float32(types.float32)
 
     def codegen(context, builder, sig, args):
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F32, [_F32]),
-                                   "llvm.nvvm.ex2.approx.ftz.f")
+        fnty = ir.FunctionType(_F32, [_F32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.nvvm.ex2.approx.ftz.f")
         return builder.call(fn, args)
 
     return sig, codegen
@@ -197,8 +197,8 @@ def fmax(typingctx, x, y):
     sig = types.float32(types.float32, types.float32)
 
     def codegen(context, builder, sig, args):
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F32, [_F32, _F32]),
-                                   "llvm.maxnum.f32")
+        fnty = ir.FunctionType(_F32, [_F32, _F32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.maxnum.f32")
         return builder.call(fn, args)
 
     return sig, codegen
