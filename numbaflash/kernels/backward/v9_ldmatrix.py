@@ -514,10 +514,12 @@ BWD_V9_CANDIDATES = {"dkdv": ((64, 64), (32, 64), (64, 32), (32, 32), (16, 32), 
                      "dq": ((64, 64), (64, 32), (32, 64), (32, 32), (16, 32), (16, 16))}
 BWD_V9_SHARED_MEM_TARGET = 99 * 1024
 # The dK/dV kernel up to d = 64 is held to 128 registers a thread: four blocks of four
-# warps then share an SM (55 KB of shared memory each), as in run 108, where ptxas gave it
-# 128 unheld. Accumulating dK and dV in the mma's C operand took it to 134-138 (three
-# blocks); held at 128 it has no spills without a mask, 12 bytes causal
-# (lab/sweeps/half_registers.py, lab/runs/2026-12-05/half_registers.txt). Not timed yet.
+# warps then share an SM (55 KB of shared memory each), as when it was first timed
+# (lab/runs/2026-12-05/108_sweep_after.txt; ptxas gave it 128 unheld then). Accumulating
+# dK and dV in the mma's C operand took it to 134-138 (three blocks); held at 128 it has
+# no spills without a mask, 12 bytes causal (lab/sweeps/half_registers.py,
+# lab/runs/2026-12-05/half_registers.txt), and the whole backward took 3.75 ms where it
+# took 4.42 before the change (lab/runs/2026-12-05/109_v9_before_after.txt, H200).
 V9_DKDV_MAX_REGISTERS = 128
 V9_CAP_MAX_HEAD_DIM = 64
 # At d = 128 with the causal mask the dK/dV kernel spills: ptxas gives it 255 registers and
