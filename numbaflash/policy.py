@@ -31,7 +31,6 @@ log = logging.getLogger("numbaflash")
 BACKENDS = ("gpu", "simulator")
 SIMT_MAX_HEAD_DIM = 128         # where the fast SIMT and tensor-core versions were measured
 V9_MIN_HEAD_DIM = 65            # v9 over v8 from here (Qi in shared memory, d > 64)
-V10_MIN_HEAD_DIM = 65           # v10 over v7 from here (measured faster at d = 128 only)
 
 
 def backend():
@@ -89,21 +88,20 @@ def default_forward_version(p, where):
     limit = device_dynamic_shared_limit(where)
     v6, v7, v9 = forward.module("v6"), forward.module("v7"), forward.module("v9")
     v10 = forward.module("v10")
-    if (p.d >= V10_MIN_HEAD_DIM and p.d % 8 == 0 and v10.refusal(p, where) is None
+    if (p.d % 8 == 0 and v10.refusal(p, where) is None
             and v10.tiles_within(p.d, limit) is not None and serves(forward, "v10", p)):
-        return "v10", ("v10 is the default in float16 and bfloat16 with "
-                       f"{V10_MIN_HEAD_DIM} <= d <= {v10.V10_MAX_HEAD_DIM}, d a multiple of 8 "
-                       "(its 16-byte copies), on a GPU for plain attention (causal or not): "
-                       "v7 with its K/V tiles copied by cp.async into two stages and its mma "
-                       "operands loaded by ldmatrix, bitwise v7's results, 1.47x v7's speed "
-                       "(1.56x causal) at d = 128 in float16 on the H100; at d <= 64 v7 runs "
-                       "(v10, held to 128 registers there, was measured faster on the H200 "
-                       "and runs when asked for: docs/performance.md)")
+        return "v10", ("v10 is the default in float16 and bfloat16 with d <= "
+                       f"{v10.V10_MAX_HEAD_DIM}, d a multiple of 8 (its 16-byte copies), on a "
+                       "GPU for plain attention (causal or not): v7 with its K/V tiles copied "
+                       "by cp.async into two stages and its mma operands loaded by ldmatrix, "
+                       "bitwise v7's results; on the H100 at (2, 16, 4096, d) in float16 "
+                       "1.43x v7's speed at d = 64 (128 registers a thread, two blocks per "
+                       "SM) and 1.80x at d = 128 (lab/runs/2026-12-05/108_sweep_after.txt)")
     if (v7.refusal(p, where) is None and v7.tiles_within(p.d, limit) is not None
             and serves(forward, "v7", p)):
         return "v7", ("v7 is the default in float16 and bfloat16 with d <= "
-                      f"{v7.V7_MAX_HEAD_DIM} on a GPU where v10 is not (d <= 64, variants, d "
-                      "not a multiple of 8): 16-bit products on the tensor cores (m16n8k16, "
+                      f"{v7.V7_MAX_HEAD_DIM} on a GPU where v10 is not (variants, d not a "
+                      "multiple of 8): 16-bit products on the tensor cores (m16n8k16, "
                       "float32 sums; P~ rounded to the input type for P~ V), NaN and inf "
                       "placed exactly as by v6, 2.2x-2.4x v6's speed on the H200"
                       + _variant_note(p))
@@ -137,8 +135,18 @@ def default_forward_version(p, where):
 
 def default_backward_version(p, where, tensor_cores=True):
     """The default backward version for Problem ``p`` on ``where``, and why;
-    ``tensor_cores=False`` leaves out v5 and v6 (inputs that hold NaN or inf)."""
+    ``tensor_cores=False`` leaves out v5, v6 and v9 (inputs that hold NaN or inf)."""
     wanted = needs_variants(p)
+    v9 = backward.module("v9")
+    if (tensor_cores and where == "gpu" and v9.refusal(p, where) is None
+            and serves(backward, "v9", p)):
+        return "v9", ("v9 is the default in float16 and bfloat16 with d <= "
+                      f"{v9.BWD_V9_MAX_HEAD_DIM} on a GPU for plain attention (causal or "
+                      "not): the 16-bit tensor cores (v7's products, bitwise v7's gradients) "
+                      "with ldmatrix operands and cp.async copies, deterministic (no "
+                      "atomics); on the H100 at (2, 16, 4096, d) in float16 2.5x v7's speed "
+                      "at d = 64 and 2.9x at d = 128, v7 itself 1.3x-1.8x v6's in forward + "
+                      "backward (lab/runs/2026-12-05/108_sweep_after.txt, 105_half_speed.txt)")
     if (tensor_cores and where == "gpu" and p.acc_dtype == "float32"
             and p.d <= SIMT_MAX_HEAD_DIM and backward.module("v6").tiles_fit(p.d, where)
             and serves(backward, "v6", p)):
@@ -190,8 +198,14 @@ def plan_forward(p, version=None, tiles=None, where=None):
 
 
 def atomic_backward_version(p, where, version, reason):
-    """``deterministic=False``: v8 (dQ added by atomics) where it runs Problem ``p``, else
-    the deterministic default (``version``, ``reason``), saying why."""
+    """``deterministic=False``: v8 (dQ added by atomics) where it runs Problem ``p`` and the
+    deterministic default is not v9, else the deterministic default (``version``,
+    ``reason``), saying why."""
+    if version == "v9":
+        return version, (f"{reason}; deterministic=False keeps v9: v8 adds dQ by atomics "
+                         "but multiplies in 3xTF32, and v9's 16-bit backward took under a "
+                         "third of v8's float32 one at (2, 16, 4096, 64) on the H100 "
+                         "(lab/runs/2026-12-05/113_half_speed.txt, 115_atomic_speed.txt)")
     v8 = backward.module("v8")
     why = v8.refusal(p, where)
     if where != "gpu":
@@ -239,7 +253,7 @@ def finite_inputs_plans(plans, p, asked, Q, K, V, O, dO, L, stream=DEFAULT):
     4-byte copy back, on ``stream`` (a streams.CallStream), which is then waited for; for
     bfloat16 given as its bits (v7: Problem ``p`` says bfloat16) the check reads the
     exponent bits. ``asked``: the caller named the version, which then raises ValueError
-    instead of falling back (v7 and v9 are never the default, so they always raise)."""
+    instead of falling back (v7 is never the default, so it always raises)."""
     version = plans[-1].version
     if version not in ("v5", "v6", "v7", "v8", "v9"):
         return plans

@@ -4,18 +4,18 @@
                                [--repeats 10] [--reruns 50] [--forward-versions default,v10]
                                [--backward-versions v6,v7,v9]
 
-1. agreement: the forward default (v7, the 16-bit tensor cores), the default backward
-   (v6, 3xTF32) and backward v7 and v9 (the 16-bit tensor cores; ``--backward-versions``
+1. agreement: the forward default (v10, the 16-bit tensor cores), backward v6 (3xTF32),
+   v7 and v9 (the 16-bit tensor cores; v9 the default; ``--backward-versions``
    picks) on ragged shapes (Sq != Sk, both causal alignments, rows that see no key, bfloat16 inputs up to 2^20), against
    ``numbaflash.reference`` in float64 by the bench's rule, whose baseline is the same
    formula in the inputs' dtype (``bench._agreement``; gradients with the bench's
    multipliers). Each forward named by ``--forward-versions`` besides the default (e.g.
-   v10, opt-in) is checked on the same cases, out and lse by the same rule.
+   v7) is checked on the same cases, out and lse by the same rule.
 2. reruns: each backward version (v6, v7, v9) ``--reruns`` times on the same inputs:
    every run's dq, dk, dv the same bits as the first (deterministic: no atomics).
 3. speed: the issue's shapes, (2, 16, 4096, 64), (2, 16, 4096, 128), (1, 16, 16384, 64),
-   causal and not: the forward (default v7) and forward + backward (with backward v6, the
-   default, and with backward v7 and v9) against PyTorch SDPA FLASH on the same tensors, as
+   causal and not: the forward (default v10) and forward + backward (with backward v6,
+   v7 and v9, the default) against PyTorch SDPA FLASH on the same tensors, as
    ratios (SDPA's time / numbaflash's; the targets: forward 0.5x, forward + backward 0.4x).
    ``--forward-versions`` (default: ``default``, the policy's forward alone) times each
    forward named there side by side in the same process, on the same tensors, against the
@@ -38,7 +38,7 @@ from numbaflash import bench, reference
 
 SHAPES = ((2, 16, 4096, 4096, 64), (2, 16, 4096, 4096, 128), (1, 16, 16384, 16384, 64))
 TARGETS = {"forward": 0.5, "fwd+bwd": 0.4}
-BACKWARDS = ("v6", "v7", "v9")  # the default (3xTF32) and the 16-bit tensor cores
+BACKWARDS = ("v6", "v7", "v9")  # 3xTF32, and the 16-bit tensor cores (v9 the default)
 
 
 def _np_dtype(name):

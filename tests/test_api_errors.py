@@ -304,7 +304,7 @@ def test_v6_and_v8_plan_on_a_gpu_and_refuse_elsewhere(version, monkeypatch):
 
 
 def test_backward_v6_plans_tiles_per_kernel_on_a_gpu(monkeypatch):
-    """Backward v6 (the GPU default) plans each kernel's tiles and whether its streamed
+    """Backward v6 (the GPU default in float32) plans each kernel's tiles and whether its streamed
     tiles are kept as split pairs (backward v6's BWD_V6_NARROW, BWD_V6_WIDE): at d <= 64 the
     dQ kernel (64, 32) with pairs, the dK/dV kernel (32, 64) with pairs, or with the
     causal mask (64, 64) without; above that (32, 128) and (128, 32), both with pairs;
@@ -329,10 +329,11 @@ def test_backward_v6_plans_tiles_per_kernel_on_a_gpu(monkeypatch):
         assert qp.shared_bytes == bwd_v5.dq_v5_shared_bytes(*dq[:2], d, dq[2]) <= 232448
         assert "each kernel its own" in kv.reason
         assert ("split pairs" in str(kv)) == dkdv[2] and "split pairs" in str(qp)
-    # float16 inputs: the tiles of run 57, without pairs (BWD_V6_FLOAT16)
+    # float16 inputs (v9 is their default; v6 when asked for): the tiles of run 57,
+    # without pairs (BWD_V6_FLOAT16)
     for d, dkdv, dq in ((64, (64, 64), (64, 64)), (128, (64, 128), (128, 64))):
         q, k, v = arrays((2, 300, d), (2, 200, d), dtype=np.float16)
-        _, kv, qp = numbaflash.explain_backward(q, k, v)
+        _, kv, qp = numbaflash.explain_backward(q, k, v, version="v6")
         assert ((kv.Br, kv.Bc), (qp.Br, qp.Bc)) == (dkdv, dq) and not (kv.pairs or qp.pairs)
     # pairs double the streamed tiles: Qi and dOi (dK/dV), Kj and Vj (dQ)
     assert (bwd_v5.dkdv_v5_shared_bytes(32, 64, 64, True)
@@ -358,8 +359,8 @@ def test_backward_v6_plans_tiles_per_kernel_on_a_gpu(monkeypatch):
 
 def test_v7_plans_float16_on_a_gpu_and_refuses_the_rest(monkeypatch):
     """v7 (float16 tensor cores): refused on the simulator with the reason; on a GPU
-    (simulating patched away) it is the default for float16 at d <= 64 and for variants
-    (v10 for plain attention above; v8 stays float32's), with
+    (simulating patched away) it is the default for float16 variants and d not a multiple
+    of 8 (v10 for plain attention; v8 stays float32's), with
     the documented tiles and chunks, 2 Br threads and its dynamic shared memory, and it
     refuses float32, d > 128 and bad tiles, each with its limit."""
     q, k, v = arrays((2, 5, 64), (2, 6, 64), dtype=np.float16)
@@ -373,10 +374,10 @@ def test_v7_plans_float16_on_a_gpu_and_refuses_the_rest(monkeypatch):
         assert plan.kernel == "forward_v7" and (plan.Br, plan.Bc) == tiles
         assert plan.block == (256,) and plan.shared_bytes == fwd_v7.v7_shared_bytes(*tiles, d)
         assert fwd_v7.v7_chunk(d, plan.Bc) == chunk
-        # The default for float16: v7 at d <= 64, v10 (v7's bits, faster there) above,
-        # for plain attention; a variant (here GQA) stays on v7, which takes variants.
+        # The default for float16: v10 (v7's bits, faster) for plain attention; a
+        # variant (here GQA) stays on v7, which takes variants.
         default = numbaflash.explain(q, k, v)
-        assert default.version == ("v7" if d <= 64 else "v10") and "float16" in default.reason
+        assert default.version == "v10" and "float16" in default.reason
         qg, kg, _ = arrays((1, 4, 5, d), (1, 2, 6, d), dtype=np.float16)
         assert numbaflash.explain(qg, kg, kg).version == "v7"
         q32, k32, v32 = arrays((2, 5, d), (2, 6, d))    # and for float32 still v8 / v9
@@ -639,7 +640,7 @@ def test_explain_shows_another_backends_plan():
     shared memory where there is no GPU to ask); backend="simulator" what the simulator
     runs; anything else is a ValueError that names the choices."""
     for d, dtype, forward, backward in ((64, np.float32, "v8", "v6"), (128, np.float32, "v9", "v6"),
-                                        (64, np.float16, "v7", "v6"), (64, np.float64, "v2", "v3")):
+                                        (64, np.float16, "v10", "v9"), (64, np.float64, "v2", "v3")):
         q, k, v = arrays((2, 3, 300, d), (2, 3, 200, d), dtype=dtype)
         plan = numbaflash.explain(q, k, v, backend="gpu")
         assert (plan.version, plan.backend) == (forward, "gpu"), plan

@@ -320,7 +320,7 @@ def test_bad_v7_tiles_and_head_dims_are_refused(no_launch, tiles, match):
 def test_explain_backward_shows_v7s_plans(dtype):
     """explain_backward(version="v7"): D, then v7's dK/dV and dQ kernels with their tiles,
     grids and reasons; on a GPU (backend="gpu") the tile rule's tiles within 99 KB. The
-    default stays v6 on a GPU (v4 on the simulator): v7 runs only when asked for."""
+    default on a GPU is v9 (v4 on the simulator): v7 runs only when asked for."""
     q = as_dtype(np.zeros((2, 3, 40, 64), np.float32), dtype)
     k = as_dtype(np.zeros((2, 3, 70, 64), np.float32), dtype)
     plans = numbaflash.explain_backward(q, k, k, causal=True, version="v7")
@@ -344,7 +344,7 @@ def test_explain_backward_shows_v7s_plans(dtype):
         assert {"dkdv": (dkdv.Br, dkdv.Bc), "dq": (dq.Br, dq.Bc)} == want
         assert max(dkdv.shared_bytes, dq.shared_bytes) <= v7.BWD_V7_SHARED_MEM_TARGET
     default = numbaflash.explain_backward(q, k, k, causal=True, backend="gpu")
-    assert default[-1].version == "v6"
+    assert default[-1].version == "v9"
 
 
 def test_v7_tile_rule_fits_every_head_dim():

@@ -82,7 +82,7 @@ def tile_pairs(d, acc_dtype):
 def dtype_version_params():
     """Every (dtype, version) pair; one the library refuses (e.g. v2 with float16) is a
     visible skip carrying the library's reason. v5 to v9 refuse NaN inputs with an
-    error (the default runs v4 instead of v5, v6 and v8; v7 and v9 are never the
+    error (the default runs v4 instead of v5, v6, v8 and v9; v7 is never the
     default): their own tests check that (v7's: tests/test_backward_half.py, v8's:
     tests/test_backward_atomic_dq.py, v9's: tests/test_backward_v9.py), and here they are
     skips that say so."""

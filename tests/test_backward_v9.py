@@ -12,9 +12,9 @@ directly. Besides:
 - the copies element by element (d not a multiple of 8, or an array not 16-byte
   aligned) give the same bits as the 16-byte copies;
 - other tiles give v7's bits too (the sums' order is the chunks', not the tiles');
-- the finite-input contract (version="v9" with NaN or inf is a ValueError), refusals
-  before any launch (variants, float32, d > 128, bad tiles), explain_backward's plans,
-  and v9 is never the default;
+- the finite-input contract (version="v9" with NaN or inf is a ValueError; the default
+  falls back to v4), refusals before any launch (variants, float32, d > 128, bad tiles),
+  explain_backward's plans, and v9 the GPU's default for plain 16-bit attention;
 - the kernels compile and link for sm_90 without spills: test_backward_half's
   compile test covers them (tests/ptx_check.py's "backward_half" group).
 """
@@ -163,7 +163,7 @@ def test_bad_v9_tiles_and_head_dims_are_refused(no_launch, tiles, match):
 @pytest.mark.parametrize("dtype", HALVES)
 def test_explain_backward_shows_v9s_plans(dtype):
     """explain_backward(version="v9"): D, then v9's two kernels with the tile rule's tiles
-    (the simulator's or, with backend="gpu", within 99 KB); the default stays v6 on a GPU."""
+    (the simulator's or, with backend="gpu", within 99 KB); on a GPU v9 is the default."""
     q = as_dtype(np.zeros((2, 3, 40, 64), np.float32), dtype)
     k = as_dtype(np.zeros((2, 3, 70, 64), np.float32), dtype)
     plans = numbaflash.explain_backward(q, k, k, causal=True, version="v9")
@@ -180,7 +180,8 @@ def test_explain_backward_shows_v9s_plans(dtype):
         qd = as_dtype(np.zeros((1, 1, 8, d), np.float32), dtype)
         _, dkdv, dq = numbaflash.explain_backward(qd, qd, qd, version="v9", backend="gpu")
         assert max(dkdv.shared_bytes, dq.shared_bytes) <= v9.BWD_V9_SHARED_MEM_TARGET
-    assert numbaflash.explain_backward(q, k, k, causal=True, backend="gpu")[-1].version == "v6"
+    default = numbaflash.explain_backward(q, k, k, causal=True, backend="gpu")[-1]
+    assert default.version == "v9" and "v9 is the default in float16 and bfloat16" in default.reason
 
 
 def test_v9_tile_rule_fits_every_head_dim():

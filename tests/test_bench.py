@@ -152,7 +152,7 @@ def test_versions_and_fully_masked_rows():
 
 def test_bfloat16_is_checked_then_timed():
     # bfloat16 inputs (ml_dtypes): checked against the float64 reference with a bfloat16
-    # baseline, then timed, forward and backward; v7 (the GPU's default) asked for too.
+    # baseline, then timed, forward and backward; v7 (the 16-bit tensor cores) asked for too.
     records = bench.run([(1, 1, 24, 20, 16)], causal=True, dtype="bfloat16",
                         passes=("forward", "backward"), versions=(None, "v7"), repeats=1,
                         warmup=0, sdpa=False, progress=False)

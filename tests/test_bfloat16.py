@@ -181,14 +181,18 @@ def test_rounding_kernels_match_ml_dtypes():
 
 
 def test_plans_say_how_bfloat16_runs():
-    """On a GPU the default forward is v7 reading bfloat16; the backward (v6) and every
-    forward but v7 say that they run on float32 copies."""
+    """On a GPU the default forward (v10) and backward (v9) read bfloat16 themselves; the
+    simulator's defaults and a version without bfloat16 (backward v6) say that they run
+    on float32 copies."""
     q = np.zeros((1, 2, 64, 64), BF16)
     gpu = numbaflash.explain(q, q, q, backend="gpu")
-    assert gpu.version == "v7" and "bfloat16" in gpu.reason and "widened" not in gpu.reason
+    assert gpu.version == "v10" and "bfloat16" in gpu.reason and "widened" not in gpu.reason
     assert "widened to float32" in numbaflash.explain(q, q, q, backend="simulator").reason
     plans = numbaflash.explain_backward(q, q, q, backend="gpu")
-    assert plans[-1].version == "v6" and "widened to float32" in plans[-1].reason
+    assert plans[-1].version == "v9" and "reads the bfloat16 inputs as their bits" in str(plans)
+    assert "widened" not in str(plans)
+    plans = numbaflash.explain_backward(q, q, q, backend="gpu", version="v6")
+    assert "widened to float32" in plans[-1].reason
 
 
 def test_errors_before_any_launch(no_launch):
@@ -230,8 +234,8 @@ def test_dtype_helpers():
 
 
 @pytest.mark.skipif(not on_gpu(), reason="needs a GPU: the default bfloat16 forward there is "
-                    "v7 on the tensor cores, at a size the simulator cannot afford")
-def test_gpu_default_runs_v7():
+                    "v10 on the tensor cores, at a size the simulator cannot afford")
+def test_gpu_default_runs_on_the_tensor_cores():
     rng = np.random.default_rng(1)
     q, k, v, _ = bf16_inputs(rng, 2, 4, 2, 300, 333, 64)
     out, lse = numbaflash.attention(q, k, v, causal=True, return_lse=True)

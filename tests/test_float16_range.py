@@ -87,9 +87,9 @@ BIG = 600.0             # the large component of q and k: |scale q.k| ~ 1.8e5 at
 # Forward versions that compute p = exp(s - m) from the float32 score (v3's 3xTF32
 # products of float16 values are exact too): nothing is rounded at the scale of S.
 EXP_OF_DIFFERENCE = ("v1", "v2", "v3", "v4", "v5")
-SIMT_FORWARD = [None, "v1", "v2", "v4", "v5"]         # None: the default (v5 here, v7 on a GPU)
+SIMT_FORWARD = [None, "v1", "v2", "v4", "v5"]         # None: the default (v5 here, v10 on a GPU)
 TENSOR_CORE_FORWARD = ["v3", "v6", "v7", "v8"]
-SIMT_BACKWARD = [None, "v1", "v3", "v4"]              # None: the default (v4 here, v6 on a GPU)
+SIMT_BACKWARD = [None, "v1", "v3", "v4"]              # None: the default (v4 here, v9 on a GPU)
 # Backward versions that compute p = exp(s - L) from the float32 score s = scale q.k.
 BACKWARD_EXP_OF_DIFFERENCE = ("v1",)
 CAUSAL = [None, "bottom_right", "top_left"]
@@ -338,7 +338,7 @@ def test_forward_inexact_scores_beyond_float16(version, causal):
 @pytest.mark.parametrize("exact", [True, False], ids=["exact-scores", "inexact-scores"])
 @pytest.mark.parametrize("version", TENSOR_CORE_FORWARD)
 def test_tensor_core_forward_scores_beyond_float16(version, exact):
-    """The tensor-core versions that take float16 (v7 the float16 default on a GPU), at
+    """The tensor-core versions that take float16 (v10, v7's bits, the float16 default on a GPU), at
     lengths that leave a short last tile on both axes (their tiles are 16 to 64)."""
     causal = "bottom_right" if exact else "top_left"
     q, k, v, _ = beyond_range_scores(3, B=1, H=1, Sq=17, Sk=19, exact=exact)

@@ -35,14 +35,14 @@ The ladder, by lineage: each file says its parent, what it changes and what that
     nonfinite                the check that v5's to v9's inputs are finite
 
 Defaults (numbaflash/policy.py decides, and explain_backward() says why), variants or
-not: v3 in float64 and at d > 128 (v1 for a variant there); on a GPU v6 for float32 and
-float16 with d <= 128 and finite inputs (v4 when an input holds NaN or inf, or when no v6
-tile fits the GPU's shared memory); on the simulator, which cannot run the tensor-core
-versions, v4. Every default is deterministic: no atomics, so repeated runs give bitwise
-identical gradients (v2, which adds dQ with atomics, runs only when asked for; so does v7,
-deterministic and measured faster, but its bitwise reruns on a GPU have not run yet).
+not: v3 in float64 and at d > 128 (v1 for a variant there); on a GPU, with d <= 128 and
+finite inputs, v9 for plain float16 and bfloat16 attention and v6 for float32 and for
+variants (v4 when an input holds NaN or inf, or when no v6 tile fits the GPU's shared
+memory); on the simulator, which cannot run the tensor-core versions, v4. Every default
+is deterministic: no atomics, so repeated runs give bitwise identical gradients (v2,
+which adds dQ with atomics, runs only when asked for; so does v7, v9's parent).
 ``deterministic=False`` (as in flash-attention) lets the default be v8 on a GPU where v8
-can run the input: v6's dK/dV kernel adding dQ by atomics, 5 tile products instead of 7
+can run the input and the default is not v9: v6's dK/dV kernel adding dQ by atomics, 5 tile products instead of 7
 and no dQ kernel, dQ's last bits varying between runs (not yet counted on a GPU);
 elsewhere the deterministic default runs and the plan says why.
 

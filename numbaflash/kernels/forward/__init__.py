@@ -22,7 +22,7 @@ The ladder, by lineage: each file says its parent, what it changes and what that
 
 Defaults (numbaflash/policy.py decides, and explain() says why), variants or not: v2 in
 float64 and at d > 128; on a GPU, for float16 and bfloat16 inputs, v10 for plain attention
-(causal or not) at 64 < d <= 128 with d a multiple of 8 and v7 otherwise, and for float32
+(causal or not) at d <= 128 a multiple of 8 and v7 otherwise, and for float32
 v8 at d <= 64 and v9 at 64 < d <= 128; on the simulator, which cannot run the tensor-core
 versions, v5.
 
