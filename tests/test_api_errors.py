@@ -40,9 +40,11 @@ def plan_as_on_a_gpu(monkeypatch, limit=None):
 
 
 def plan_modules():
-    """The policy and every version's module: where the device's limit is asked."""
+    """The policy, kernels/plan.py (whose shared tile rules ask for backward v7 and v9) and
+    every version's module: where the device's limit is asked."""
     from numbaflash.kernels import backward, forward
-    return ([policy] + [forward.module(v) for v in forward.VERSIONS]
+    from numbaflash.kernels import plan as plan_pieces
+    return ([policy, plan_pieces] + [forward.module(v) for v in forward.VERSIONS]
             + [backward.module(v) for v in backward.VERSIONS])
 
 

@@ -152,6 +152,49 @@ def check_warp_tiles(version, tiles, d, chunk, shared_bytes, staging_width, hint
     return Br, Bc
 
 
+def rule_per_kernel_tiles(version, d, where, candidates, shared_bytes, target, simulator):
+    """A backward tile rule with each kernel its own tiles (v7, v9): {"dkdv": (Br, Bc),
+    "dq": (Br, Bc)}, for each kernel the first of ``candidates[kind]`` whose
+    ``shared_bytes[kind](Br, Bc, d)`` fits ``target`` (or the device's maximum if lower);
+    ``simulator`` on the simulator. ValueError, naming the limit, if none fits."""
+    if where == "simulator":
+        return dict(simulator)
+    limit = min(target, device_dynamic_shared_limit(where))
+    tiles = {}
+    for kind, need in shared_bytes.items():
+        tiles[kind] = next((t for t in candidates[kind] if need(*t, d) <= limit), None)
+        if tiles[kind] is None:
+            raise ValueError(f"backward {version} cannot run this input: no {version} tile "
+                             f"fits head dim {d} within {limit} bytes of shared memory")
+    return tiles
+
+
+def check_per_kernel_tiles(version, tiles, d, shared_bytes, chunk):
+    """A caller's tiles for a backward with each kernel its own (v7, v9): (Br, Bc) for both
+    kernels, or ((Br, Bc), (Br, Bc)) for the dK/dV kernel and the dQ kernel, each Br and Bc
+    a multiple of 16 up to 256 (warps of 16 rows, chunks of ``chunk``) whose
+    ``shared_bytes[kind]`` fits the dynamic limit. Returns {"dkdv": ..., "dq": ...};
+    ValueError names the limit."""
+    try:
+        nested = len(tiles) == 2 and all(isinstance(t, (tuple, list)) for t in tiles)
+    except TypeError:
+        nested = False
+    per_kernel = dict(zip(("dkdv", "dq"), tiles if nested else (tiles, tiles)))
+    for kind, pair in per_kernel.items():
+        Br, Bc = parse_tiles(pair)
+        if Br % 16 or Bc % 16 or Br > 256 or Bc > 256:
+            raise ValueError(f"backward {version} tiles must be (Br, Bc) with Br and Bc "
+                             f"multiples of 16 up to 256 (warps of 16 rows, chunks of "
+                             f"{chunk}); got ({Br}, {Bc})")
+        need = shared_bytes[kind](Br, Bc, d)
+        if need > DYNAMIC_SHARED_MEM_LIMIT:
+            raise ValueError(f"backward {version} tiles ({Br}, {Bc}) need {need} bytes of "
+                             f"shared memory in its {kind} kernel at head dim {d}; the limit "
+                             f"is {DYNAMIC_SHARED_MEM_LIMIT} ({DYNAMIC_LIMIT_WHY})")
+        per_kernel[kind] = (Br, Bc)
+    return per_kernel
+
+
 def variant_description(p):
     """What explain() shows for the variant of Problem ``p``: the compiled-in pieces, the
     run-time values, and GQA."""

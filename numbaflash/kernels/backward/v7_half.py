@@ -53,8 +53,8 @@ from numba import cuda, float32, uint16, uint32
 from .. import LOG2E, acc_type, jit_options
 from ..bands import make_kv_tile_range, make_q_tile_range
 from ..halves import NAMES, make_halves
-from ..plan import (DYNAMIC_LIMIT_WHY, DYNAMIC_SHARED_MEM_LIMIT, Plan, Plans,
-                    device_dynamic_shared_limit, parse_tiles, refuse_backward_variants)
+from ..plan import (Plan, Plans, check_per_kernel_tiles, refuse_backward_variants,
+                    rule_per_kernel_tiles)
 from ..smem import U
 
 
@@ -539,42 +539,16 @@ def refusal(p, where):
 
 def default_backward_v7_tiles(d, where):
     """The backward v7 tile rule (above): {"dkdv": (Br, Bc), "dq": (Br, Bc)} for ``where``
-    (the simulator: BWD_V7_SIM); ValueError if no candidate fits."""
-    if where == "simulator":
-        return dict(BWD_V7_SIM)
-    limit = min(BWD_V7_SHARED_MEM_TARGET, device_dynamic_shared_limit(where))
-    tiles = {}
-    for kind, shared_bytes in SHARED_BYTES.items():
-        tiles[kind] = next((t for t in BWD_V7_CANDIDATES if shared_bytes(*t, d) <= limit),
-                           None)
-        if tiles[kind] is None:
-            raise ValueError(f"backward v7 cannot run this input: no v7 tile fits head dim "
-                             f"{d} within {limit} bytes of shared memory")
-    return tiles
+    (the simulator: BWD_V7_SIM); ValueError if no candidate fits (kernels/plan.py)."""
+    return rule_per_kernel_tiles("v7", d, where, {"dkdv": BWD_V7_CANDIDATES, "dq": BWD_V7_CANDIDATES}, SHARED_BYTES,
+                                 BWD_V7_SHARED_MEM_TARGET, BWD_V7_SIM)
 
 
 def check_backward_v7_tiles(tiles, d):
     """A caller's backward v7 tiles: (Br, Bc) for both kernels, or ((Br, Bc), (Br, Bc)) for
     the dK/dV kernel and the dQ kernel. Returns {"dkdv": ..., "dq": ...}; ValueError names
-    the limit."""
-    try:
-        nested = len(tiles) == 2 and all(isinstance(t, (tuple, list)) for t in tiles)
-    except TypeError:
-        nested = False
-    per_kernel = dict(zip(("dkdv", "dq"), tiles if nested else (tiles, tiles)))
-    for kind, pair in per_kernel.items():
-        Br, Bc = parse_tiles(pair)
-        if Br % 16 or Bc % 16 or Br > 256 or Bc > 256:
-            raise ValueError(f"backward v7 tiles must be (Br, Bc) with Br and Bc multiples of "
-                             f"16 up to 256 (warps of 16 rows, chunks of {V7_CHUNK}); got "
-                             f"({Br}, {Bc})")
-        need = SHARED_BYTES[kind](Br, Bc, d)
-        if need > DYNAMIC_SHARED_MEM_LIMIT:
-            raise ValueError(f"backward v7 tiles ({Br}, {Bc}) need {need} bytes of shared "
-                             f"memory in its {kind} kernel at head dim {d}; the limit is "
-                             f"{DYNAMIC_SHARED_MEM_LIMIT} ({DYNAMIC_LIMIT_WHY})")
-        per_kernel[kind] = (Br, Bc)
-    return per_kernel
+    the limit (kernels/plan.py)."""
+    return check_per_kernel_tiles("v7", tiles, d, SHARED_BYTES, V7_CHUNK)
 
 
 def plan(p, where, tiles, reason, preprocess):
