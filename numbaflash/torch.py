@@ -211,10 +211,10 @@ def _widened(x):
 # their options (no alibi_slopes, attn_mask, score_mod or mask_mod) and on kernels that
 # take no tile table are remembered. The dropout seed may differ from call to call.
 # bfloat16 takes the direct launch only on a kernel that reads its bits itself (forward
-# v7 and v10, the GPU's default: the tensors' pointers are the bits it reads and writes); on
-# the others a call also widens the inputs to float32 copies and rounds the output back
-# (numbaflash/dtypes.py), launches the direct path does not make, so every such call
-# takes the whole path.
+# v7, and v10, the GPU's default: the tensors' pointers are the bits they read and
+# write); on the others a call also widens the inputs to float32 copies and rounds the
+# output back (numbaflash/dtypes.py), launches the direct path does not make, so every
+# such call takes the whole path.
 
 _FAST = {}                  # _fast_key -> _FastForward
 _FAST_MAX = 256

@@ -42,9 +42,9 @@ memory); on the simulator, which cannot run the tensor-core versions, v4. Every 
 is deterministic: no atomics, so repeated runs give bitwise identical gradients (v2,
 which adds dQ with atomics, runs only when asked for; so does v7, v9's parent).
 ``deterministic=False`` (as in flash-attention) lets the default be v8 on a GPU where v8
-can run the input and the default is not v9: v6's dK/dV kernel adding dQ by atomics, 5 tile products instead of 7
-and no dQ kernel, dQ's last bits varying between runs (not yet counted on a GPU);
-elsewhere the deterministic default runs and the plan says why.
+can run the input and the default is not v9: v6's dK/dV kernel adding dQ by atomics, 5
+tile products instead of 7 and no dQ kernel, dQ's last bits varying between runs (not
+yet counted on a GPU); elsewhere the deterministic default runs and the plan says why.
 
 Each version's file holds its kernel factories and its launch contract: ``plan(p, where,
 tiles, reason, preprocess)`` (the Plans of D, dK/dV and dQ: tile rule, tile check, shared

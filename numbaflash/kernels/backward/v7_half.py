@@ -540,7 +540,8 @@ def refusal(p, where):
 def default_backward_v7_tiles(d, where):
     """The backward v7 tile rule (above): {"dkdv": (Br, Bc), "dq": (Br, Bc)} for ``where``
     (the simulator: BWD_V7_SIM); ValueError if no candidate fits (kernels/plan.py)."""
-    return rule_per_kernel_tiles("v7", d, where, {"dkdv": BWD_V7_CANDIDATES, "dq": BWD_V7_CANDIDATES}, SHARED_BYTES,
+    candidates = {"dkdv": BWD_V7_CANDIDATES, "dq": BWD_V7_CANDIDATES}   # one list for both
+    return rule_per_kernel_tiles("v7", d, where, candidates, SHARED_BYTES,
                                  BWD_V7_SHARED_MEM_TARGET, BWD_V7_SIM)
 
 
