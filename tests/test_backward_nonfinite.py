@@ -395,24 +395,27 @@ def test_nan_positions_equal_reference_backward(dtype, version, name):
 
 @pytest.mark.skipif(not on_gpu(), reason="the GPU's finite check and fallback; the simulator's "
                                          "default is v4 already")
+@pytest.mark.parametrize("dtype,default,refusing", [
+    ("float32", "v6", ("v5", "v6")), ("float16", "v9", ("v5", "v6", "v9"))])
 @pytest.mark.parametrize("which", ["q", "k", "v", "dout", "lse"])
-def test_tensor_core_versions_refuse_nonfinite_inputs_and_the_default_runs_v4(which, caplog):
-    """Backward v5 and v6 (tensor cores) need finite inputs: with a NaN in any input,
-    asking for either is a ValueError that says why, and the default (v6 on a GPU) runs
-    v4 instead, logs why, and gives v4's gradients bitwise. With finite inputs the
-    default is v6."""
-    case = make_case(1, 2, 40, 33, 16, "float32", "bottom_right", None, None, "uniform", 4,
+def test_tensor_core_versions_refuse_nonfinite_inputs_and_the_default_runs_v4(
+        which, dtype, default, refusing, caplog):
+    """The tensor-core backwards need finite inputs: with a NaN in any input, asking for
+    one of them is a ValueError that says why, and the default (v6 on a GPU in float32, v9
+    in float16) runs v4 instead, logs why, and gives v4's gradients bitwise. With finite
+    inputs the default is v6 or v9."""
+    case = make_case(1, 2, 40, 33, 16, dtype, "bottom_right", None, None, "uniform", 4,
                      True)
     out, lse = numbaflash.attention(case.q, case.k, case.v, causal=case.causal,
                                     return_lse=True)
     args = {"dout": case.dout, "q": case.q, "k": case.k, "v": case.v, "out": out, "lse": lse}
     assert numbaflash.explain_backward(case.q, case.k, case.v,
-                                       causal=case.causal)[1].version == "v6"
+                                       causal=case.causal)[-1].version == default
     bad = dict(args)
     bad[which] = args[which].copy()
     bad[which][0, 1, 7] = np.nan            # a row (query or key) that the mask leaves seen
     names = ("dout", "q", "k", "v", "out", "lse")
-    for version in ("v5", "v6"):
+    for version in refusing:
         with pytest.raises(ValueError, match=rf"backward {version} cannot run this input: "
                                              r"the inputs hold NaN or inf .*; use v4"):
             numbaflash.attention_backward(*(bad[n] for n in names), causal=case.causal,
@@ -424,5 +427,5 @@ def test_tensor_core_versions_refuse_nonfinite_inputs_and_the_default_runs_v4(wh
     for name, a, b in zip(GRADS, got, want):
         assert_bitwise_equal(name, a, b)
     text = caplog.text
-    assert "running v4 instead of the default v6" in text and "backward_dkdv_v4" in text
-    assert "backward_dkdv_v6" not in text
+    assert f"running v4 instead of the default {default}" in text
+    assert "backward_dkdv_v4" in text and f"backward_dkdv_{default}" not in text

@@ -12,8 +12,8 @@ directly. Besides:
 - the copies element by element (d not a multiple of 8, or an array not 16-byte
   aligned) give the same bits as the 16-byte copies;
 - other tiles give v7's bits too (the sums' order is the chunks', not the tiles');
-- the finite-input contract (version="v9" with NaN or inf is a ValueError; the default
-  falls back to v4), refusals before any launch (variants, float32, d > 128, bad tiles),
+- the finite-input contract (version="v9" with NaN or inf is a ValueError; the default's
+  fallback to v4 is tests/test_backward_nonfinite.py's, on a GPU), refusals before any launch (variants, float32, d > 128, bad tiles),
   explain_backward's plans, and v9 the GPU's default for plain 16-bit attention;
 - the kernels compile and link for sm_90 without spills: test_backward_half's
   compile test covers them (tests/ptx_check.py's "backward_half" group).
