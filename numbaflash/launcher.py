@@ -43,6 +43,7 @@ from .kernels import forward as forward_kernels
 from .kernels import simulating, smem
 from . import arrays, dropout
 from .kernels import variants as variant_kernels
+from .kernels.plan import takes_variant_arguments
 from .streams import DEFAULT
 
 log = logging.getLogger("numbaflash")
@@ -202,7 +203,7 @@ def launch_forward(plan, p, Q, K, V, O, L, slopes=None, attn_mask=None, stream=D
     version = forward_kernels.module(plan.version)
     scale = np.dtype(p.acc_dtype).type(p.softmax_scale)   # keep the kernel's arithmetic in acc dtype
     args = (Q, K, V, O, L, scale, np.int64(p.causal_offset))
-    if version.VARIANTS:
+    if takes_variant_arguments(version, p):
         tiles = (tile_table(p, plan.Br, plan.Bc, attn_mask, stream) if version.TILE_TABLE
                  else None)
         args += variant_arguments(p, slopes, attn_mask, tiles, seqs)
@@ -236,7 +237,7 @@ def launch_backward(plans, p, Q, K, V, O, dO, L, D, dQ, dK, dV, slopes=None, att
     offset = np.int64(p.causal_offset)
     version = backward_kernels.module(plans[-1].version)
     extra = ()
-    if version.VARIANTS:
+    if takes_variant_arguments(version, p):
         tiled = [plan for plan in plans if plan.Br][-1]     # the last kernel with tiles
         tiles = (tile_table(p, tiled.Br, tiled.Bc, attn_mask, stream) if version.TILE_TABLE
                  else None)

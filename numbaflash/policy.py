@@ -22,7 +22,7 @@ from . import arrays, dtypes
 from .kernels import backward, forward, simulating
 from .kernels.backward.nonfinite import nonfinite_check, nonfinite_check_bfloat16
 from .kernels.decode.split_kv import rows_per_block
-from .kernels.plan import Plans, device_dynamic_shared_limit, needs_variants
+from .kernels.plan import Plans, computes, device_dynamic_shared_limit, needs_variants
 from .launcher import launch
 from .streams import DEFAULT
 
@@ -56,8 +56,9 @@ def where_to_plan(where):
 def serves(ladder, version, p):
     """Whether ``version`` of ``ladder`` (kernels.forward or kernels.backward) computes
     Problem ``p``: plain attention, or a variant if the version takes variants (its
-    module's VARIANTS)."""
-    return needs_variants(p) is None or ladder.module(version).VARIANTS
+    module's VARIANTS), or a packed batch of plain attention if its PACKED says so
+    (kernels/plan.py: computes)."""
+    return computes(ladder.module(version), p)
 
 
 def _variant_note(p):
@@ -142,11 +143,12 @@ def default_backward_version(p, where, tensor_cores=True):
             and serves(backward, "v9", p)):
         return "v9", ("v9 is the default in float16 and bfloat16 with d <= "
                       f"{v9.BWD_V9_MAX_HEAD_DIM} on a GPU for plain attention (causal or "
-                      "not): the 16-bit tensor cores (v7's products, bitwise v7's gradients) "
-                      "with ldmatrix operands and cp.async copies, deterministic (no "
-                      "atomics); on the H100 at (2, 16, 4096, d) in float16 2.5x v7's speed "
-                      "at d = 64 and 2.9x at d = 128, v7 itself 1.3x-1.8x v6's in forward + "
-                      "backward (lab/runs/2026-12-05/108_sweep_after.txt, 105_half_speed.txt)")
+                      "not, in one batch or packed): the 16-bit tensor cores (v7's "
+                      "products, bitwise v7's gradients) with ldmatrix operands and "
+                      "cp.async copies, deterministic (no atomics); on the H100 at (2, 16, "
+                      "4096, d) in float16 2.5x v7's speed at d = 64 and 2.9x at d = 128, v7 "
+                      "itself 1.3x-1.8x v6's in forward + backward "
+                      "(lab/runs/2026-12-05/108_sweep_after.txt, 105_half_speed.txt)")
     if (tensor_cores and where == "gpu" and p.acc_dtype == "float32"
             and p.d <= SIMT_MAX_HEAD_DIM and backward.module("v6").tiles_fit(p.d, where)
             and serves(backward, "v6", p)):

@@ -503,7 +503,7 @@ def varlen_entries():
     ``Variant(varlen=True)``: the packed arrays are (heads, total, d) strided views (layout
     "A"), lse, D and seqs C-contiguous. Forward v7 (float16), v8 (float32, d = 64), v9
     (float32, d = 128), v2 (float64) and v5 (the simulator's); backward v6 (float16 and
-    float32, GQA), v4 and v1 (float64), and the D kernel on views; causal."""
+    float32, GQA), v9 (float16), v4 and v1 (float64), and the D kernel on views; causal."""
     import numpy as np
     from numbaflash.kernels import backward as bwd
     from numbaflash.kernels.backward import v1_two_kernels as bwd_v1
@@ -548,6 +548,16 @@ def varlen_entries():
                              lambda t=(Br, Bc): F["v7"].make_forward_v7(*t, 64, True, gqa=True,
                                                                         variant=variant),
                              fsig, no_f64))
+            # backward v9 (the 16-bit default for packed batches of plain attention), its
+            # GPU tiles, without GQA (v9 takes none); unheld (its dK/dV cap is a link option)
+            bwd_v9 = bwd.module("v9")
+            tiles9 = bwd_v9.default_backward_v9_tiles(64, "gpu")
+            for kind, sig in (("dkdv", dkdv), ("dq", dq)):
+                Br, Bc = tiles9[kind]
+                make = getattr(bwd_v9, f"make_backward_{kind}_v9")
+                out.append(Entry(f"backward_{kind}_v9-{tag}-d64-tiles{Br}x{Bc}", "varlen",
+                                 lambda m=make, t=(Br, Bc): m(*t, 64, True, varlen=True),
+                                 sig, no_f64))
         else:
             for ver, d in (("v8", 64), ("v9", 128)):
                 shared = F["v9"].v9_shared_bytes if ver == "v9" else F["v6"].v6_shared_bytes

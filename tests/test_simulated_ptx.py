@@ -13,6 +13,7 @@ mixed up warps, lanes or fragment positions fails. What is checked:
   bit for bit against a NumPy model, ``pack_f16x2`` / ``load_b32`` against NumPy's
   float16 rounding and layout;
 - ``exp2_approx`` (within 2 ulps, subnormal results flushed to 0) and ``fmax`` (NaN loses);
+- ``warp_min_i32``: every lane gets its own warp's smallest value;
 - ``shfl_sync`` and ``shfl_xor_sync``: every lane gets the lane it asked for;
 - ``flat_load``, ``load_pair``, ``store_pair``, ``cp_async`` (then ``cp_async_wait_all``
   and a barrier): the elements they name, bit for bit;
@@ -187,6 +188,26 @@ def test_exp2_approx_and_fmax():
     want_max = np.where(np.isnan(X), Y, np.where(np.isnan(Y), X, np.maximum(X, Y)))
     both = ~(np.isnan(X) & np.isnan(Y))
     np.testing.assert_array_equal(M[both], want_max[both])
+
+
+@cuda.jit
+def _warp_min_kernel(X, M, U):
+    i = cuda.threadIdx.x
+    M[i] = ptx.warp_min_i32(X[i])
+    U[i] = ptx.warp_min_i32(X[i] // 1000 * 0 + 7 + i // 32)   # the same in every lane
+
+
+def test_warp_min_i32():
+    """``warp_min_i32``: each lane gets the smallest value of its own warp (the two warps
+    hold different values, negative ones included), and a value every lane holds comes
+    back unchanged."""
+    rng = np.random.default_rng(15)
+    X = rng.integers(-2 ** 31, 2 ** 31 - 1, 32 * WARPS).astype(np.int32)
+    X[40] = -2 ** 31
+    _, M, U = launch(_warp_min_kernel, X, np.zeros_like(X), np.zeros_like(X))
+    want = np.repeat(X.reshape(WARPS, 32).min(axis=1), 32)
+    np.testing.assert_array_equal(M, want)
+    np.testing.assert_array_equal(U, 7 + np.arange(32 * WARPS) // 32)
 
 
 @cuda.jit

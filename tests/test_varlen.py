@@ -83,11 +83,18 @@ MAX_LENGTH = 12
 WINDOW_SIDES = (-1, 0, 1, 3)
 SOFTCAPS = (2.0, 30.0)
 
-# Versions that take variants run packed batches; the others refuse them.
+# Versions that take variants run packed batches; those whose module sets PACKED run
+# packed batches of plain attention only (no GQA, window, softcap, ALiBi or dropout); the
+# others refuse them.
 FORWARD_VERSIONS = tuple(v for v in fwd.VERSIONS if fwd.module(v).VARIANTS)
 BACKWARD_VERSIONS = tuple(v for v in bwd.VERSIONS if bwd.module(v).VARIANTS)
-FORWARD_REFUSING = tuple(v for v in fwd.VERSIONS if not fwd.module(v).VARIANTS)
-BACKWARD_REFUSING = tuple(v for v in bwd.VERSIONS if not bwd.module(v).VARIANTS)
+FORWARD_PACKED_ONLY = tuple(v for v in fwd.VERSIONS if getattr(fwd.module(v), "PACKED", False))
+BACKWARD_PACKED_ONLY = tuple(v for v in bwd.VERSIONS
+                             if getattr(bwd.module(v), "PACKED", False))
+FORWARD_REFUSING = tuple(v for v in fwd.VERSIONS
+                         if v not in FORWARD_VERSIONS + FORWARD_PACKED_ONLY)
+BACKWARD_REFUSING = tuple(v for v in bwd.VERSIONS
+                          if v not in BACKWARD_VERSIONS + BACKWARD_PACKED_ONLY)
 
 # Small tiles on the simulator, so the fixed batch's sequences cross several; on a GPU
 # each version's own rule (as tests/test_dropout_*_kernels.py).
@@ -113,8 +120,9 @@ def test_version_lists():
     a new version that takes variants must be added to the tile tables above."""
     assert FORWARD_VERSIONS == ("v1", "v2", "v5", "v6", "v7", "v8", "v9")
     assert BACKWARD_VERSIONS == ("v1", "v4", "v6", "v8")
+    assert FORWARD_PACKED_ONLY == () and BACKWARD_PACKED_ONLY == ("v9",)
     assert (FORWARD_REFUSING == ("v3", "v4", "v10")
-            and BACKWARD_REFUSING == ("v2", "v3", "v5", "v7", "v9"))
+            and BACKWARD_REFUSING == ("v2", "v3", "v5", "v7"))
 
 
 # --- cases -------------------------------------------------------------------------------
@@ -275,8 +283,10 @@ FIXED_OPTIONS = {
 
 
 def fixed_case(dtype="float32", name="variants", seed=1, **kw):
-    return make_packed_case(FIXED_Q, FIXED_K, Hq=4, Hkv=2, d=8, dtype=dtype, seed=seed,
-                            **{**FIXED_OPTIONS[name], **kw})
+    """The fixed batch (4 query heads on 2 K/V heads, d = 8) with the options ``name``;
+    ``kw`` overrides any argument of make_packed_case."""
+    return make_packed_case(FIXED_Q, FIXED_K, **{**dict(Hq=4, Hkv=2, d=8, dtype=dtype, seed=seed),
+                                                 **FIXED_OPTIONS[name], **kw})
 
 
 # --- running and checking ----------------------------------------------------------------
@@ -423,6 +433,53 @@ def test_backward_bitwise_equals_attention(version, name):
             if GPU and version == "v8" and g_name == "dq":
                 continue                # atomics: see the docstring
             assert_bitwise_equal(f"sequence {b}: {g_name}", seq(got, cu, b), to_host(w))
+
+
+# The 16-bit backward that takes packed batches of plain attention only (PACKED): the
+# fixed batch without GQA, causal (Sq > Sk and Sq < Sk shift the mask) and not, float16
+# and bfloat16 with d = 8 (16-byte copies), float16 with d = 3 (element by element); 16 x
+# 16 tiles on the simulator, so the sequences of 17 and 18 rows cross tiles.
+PACKED_ONLY_CASES = [(v, dtype, d, causal) for v in BACKWARD_PACKED_ONLY
+                     for dtype, d in (("float16", 8), ("bfloat16", 8), ("float16", 3))
+                     for causal in (False, True) if d == 8 or causal]
+
+
+@pytest.mark.parametrize("version,dtype,d,causal", PACKED_ONLY_CASES)
+def test_packed_only_backward_bitwise_equals_attention(version, dtype, d, causal):
+    """Sequence b of attention_varlen_backward(version=V) is attention_backward(version=V)
+    of its slices, bit for bit, and each sequence's gradients meet TESTING.md's rule
+    (check_backward_per_sequence), for a version that takes packed batches of plain
+    attention only."""
+    case = fixed_case(dtype, "plain", Hkv=4, d=d, causal=causal)
+    out, lse = forward(case)
+    tiles = None if GPU else (16, 16)
+    grads = backward(case, out, lse, version=version, tiles=tiles)
+    check_backward_per_sequence(case, out, lse, grads)
+    cu_q, cu_k = case.cu_q, case.cu_k
+    for b in range(case.B):
+        q, k, v, dout = case.sequence(b)
+        want = numbaflash.attention_backward(
+            dout, q, k, v, seq(out, cu_q, b), seq_lse(lse, cu_q, b), causal=case.mode,
+            scale=case.scale, version=version, tiles=tiles)
+        for g_name, got, w, cu in zip(("dq", "dk", "dv"), grads, want, (cu_q, cu_k, cu_k)):
+            assert_bitwise_equal(f"sequence {b}: {g_name}", seq(got, cu, b), to_host(w))
+
+
+@pytest.mark.parametrize("version", BACKWARD_PACKED_ONLY)
+@pytest.mark.parametrize("name,options", [
+    ("GQA", dict(Hkv=2)), ("window", dict(window=(3, -1))), ("softcap", dict(softcap=5.0)),
+    ("ALiBi", dict(alibi="heads"))])
+def test_packed_only_backward_refuses_other_variants(version, name, options, no_launch):
+    """A version that takes packed batches of plain attention only refuses a packed batch
+    with any other variant, naming it, before any launch."""
+    case = fixed_case("float16", "plain", **{"Hkv": 4, **options})
+    lse = np.zeros((case.Hq, sum(case.lens_q)), np.float32)
+    with pytest.raises(ValueError, match=rf"backward {version} computes plain attention, "
+                                         r"in one batch or packed,") as err:
+        numbaflash.attention_varlen_backward(case.dout, case.q, case.k, case.v, case.dout,
+                                             lse, case.cu_q, case.cu_k, version=version,
+                                             **case.options())
+    assert name in str(err.value)
 
 
 # --- 3. dropout ---------------------------------------------------------------------------
@@ -854,6 +911,24 @@ def test_explain_varlen_backward_plans(no_launch):
         assert dq.grid == (math.ceil(max(case.lens_q) / dq.Br), case.B * case.Hq)
         assert all("packed sequences (varlen)" in plan.variant for plan in (dkdv, dq))
     assert plans[-1].version == "v1" and (plans[-1].Br, plans[-1].Bc) == (8, 8)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_gpu_default_for_packed_16_bit_batches(dtype, no_launch):
+    """On a GPU a packed float16 or bfloat16 batch of plain attention (causal or not) runs
+    backward v9, as attention() does, each sequence on the grid of the longest; with a
+    variant (here GQA) the default is v6, which takes every variant."""
+    for causal in (False, True):
+        case = fixed_case(dtype, "plain", Hkv=4, causal=causal)
+        args = (case.q, case.k, case.v, case.cu_q, case.cu_k)
+        plans = numbaflash.explain_varlen_backward(*args, **case.options(), backend="gpu")
+        assert [plan.version for plan in plans[1:]] == ["v9", "v9"], str(plans)
+        assert plans[1].grid[1] == plans[2].grid[1] == case.B * case.Hq
+        assert "in one batch or packed" in plans[1].reason, plans[1].reason
+    case = fixed_case(dtype, "plain")                   # 4 query heads on 2 K/V heads
+    plans = numbaflash.explain_varlen_backward(case.q, case.k, case.v, case.cu_q, case.cu_k,
+                                               **case.options(), backend="gpu")
+    assert plans[-1].version == "v6", str(plans)
 
 
 # --- 8. max_seqlen larger than needed -----------------------------------------------------

@@ -12,12 +12,17 @@ from dataclasses import dataclass
 import numpy as np
 from numba import config, cuda
 
+from .variants import Variant
+
 SHARED_MEM_LIMIT = 48 * 1024   # static shared memory per block (bytes)
 MAX_THREADS = 1024             # threads per block
 # Dynamic shared memory one block may use on the H100/H200 (CUDA's
 # MAX_SHARED_MEMORY_PER_BLOCK_OPTIN there); kernels/smem.py allows a kernel more than 48 KB.
 DYNAMIC_SHARED_MEM_LIMIT = 227 * 1024
 DYNAMIC_LIMIT_WHY = "227 KB dynamic shared memory per block on the H100/H200"
+
+# The variant of a packed batch of plain attention (packed_only).
+PACKED_PLAIN = Variant(varlen=True)
 
 TILE_TABLE_REASON = ("; the tiles that the mask leaves empty are skipped: a table of visible "
                      "tiles is computed first (kernel tile_table, one block per tile and "
@@ -219,6 +224,29 @@ def needs_variants(p):
     return variant_description(p)
 
 
+def packed_only(p):
+    """Whether Problem ``p``'s one variant is a packed batch (``Variant.varlen``) of plain
+    attention, with or without the causal mask: what a version whose module sets
+    ``PACKED`` computes besides plain attention."""
+    return p.variant == PACKED_PLAIN and p.group == 1 and p.window is None
+
+
+def computes(module, p):
+    """Whether the version of ``module`` computes Problem ``p``: plain attention; every
+    variant if it takes variants (its ``VARIANTS``); a packed batch of plain attention if
+    its ``PACKED`` says so (a module without the name takes packed batches only through
+    VARIANTS)."""
+    return (needs_variants(p) is None or module.VARIANTS
+            or (getattr(module, "PACKED", False) and packed_only(p)))
+
+
+def takes_variant_arguments(module, p):
+    """Whether the kernels of ``module`` built for Problem ``p`` take the variant run-time
+    arguments after causal_offset (launcher.variant_arguments): every build of a version
+    that takes variants, and the packed-batch build of one that sets ``PACKED``."""
+    return bool(module.VARIANTS or (getattr(module, "PACKED", False) and p.variant.varlen))
+
+
 def refuse_variants(version, p):
     """ValueError for a forward ``version`` that computes plain attention only, if
     Problem ``p`` asks for a variant."""
@@ -229,13 +257,17 @@ def refuse_variants(version, p):
                          f"asks for {wanted}; v1 and v2 (the default) support variants")
 
 
-def refuse_backward_variants(version, p):
-    """ValueError for a backward ``version`` other than v1 (the only one that takes
-    variants), if Problem ``p`` asks for a variant."""
+def refuse_backward_variants(version, p, packed=False):
+    """ValueError for a backward ``version`` that computes plain attention only, if
+    Problem ``p`` asks for a variant; with ``packed``, a packed batch of plain attention
+    is not refused (packed_only)."""
     wanted = needs_variants(p)
+    if packed and packed_only(p):
+        return
     if wanted is not None:
         what = "v2 (a lesson)" if version == "v2" else version
-        raise ValueError(f"backward {what} computes plain attention (with or without a "
+        also = ", in one batch or packed," if packed else ""
+        raise ValueError(f"backward {what} computes plain attention{also} (with or without a "
                          f"causal mask) only, and this call asks for {wanted}; "
                          f"use v1 (the default for variants)")
 

@@ -150,6 +150,21 @@ one instruction where Numba's own spends several:
                     ``max.f32``, one FMNMX where ``y if y > x else x`` is a compare and
                     a select.
 
+One for the packed batches (kernels/sequences.py):
+
+    warp_min_i32(x) the smallest of the 32 lanes' int32 values, in every lane:
+                    ``redux.sync.min.s32`` over the full warp (sm_80 and later; every
+                    lane of the warp must execute it). Its point is not the minimum: a
+                    packed-batch kernel passes values that are the same in every lane
+                    but read from memory (a K/V tile loop's bounds, from cu_seqlens)
+                    through it, and ptxas then knows they are the same in every lane
+                    and keeps the loop in Hopper's uniform registers; as a value read
+                    from memory it moved the loop and everything computed from its
+                    index into per-lane registers, 70 more of them in a build of forward
+                    v8 without its per-sequence views
+                    (lab/runs/2026-12-05/varlen_registers_probe.txt). Backward v9's packed
+                    build uses it.
+
 Three device functions on top of them: ``split_tf32(x)`` -> (big, small), its finite-only
 twin ``split_tf32_finite``, and ``mma3_split_b``, forward v3's and backward v5's 3xTF32
 product of an A given split and a B split on the way in.
@@ -200,6 +215,23 @@ def fmax(typingctx, x, y):
         fnty = ir.FunctionType(_F32, [_F32, _F32])
         fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.maxnum.f32")
         return builder.call(fn, args)
+
+    return sig, codegen
+
+
+@intrinsic
+def warp_min_i32(typingctx, x):
+    """The smallest of the warp's 32 int32 values ``x``, in every lane:
+    ``redux.sync.min.s32`` with the full mask (module docstring)."""
+    if not isinstance(x, types.Integer):
+        return None
+    sig = types.int32(x)
+
+    def codegen(context, builder, sig, args):
+        value = context.cast(builder, args[0], sig.args[0], types.int32)
+        redux = ir.InlineAsm(ir.FunctionType(_I32, [_I32]),
+                             "redux.sync.min.s32 $0, $1, 0xffffffff;", "=r,r")
+        return builder.call(redux, [value])
 
     return sig, codegen
 
@@ -607,7 +639,7 @@ if simulating():
     from .simulated import (  # noqa: E402,F811
         cp_async, cp_async_wait_all, exp2_approx, f32_from_bits, fmax, flat_load, flat_load_wide, load_b32,
         load_pair, mma_bf16, mma_f16, mma_tf32, pack_bf16x2, pack_f16x2, store_pair,
-        tf32_round, tf32_round_finite)
+        tf32_round, tf32_round_finite, warp_min_i32)
     from .simulated import (  # noqa: E402,F811
         cp_async16, cp_async_commit, cp_async_wait_group, is_aligned16, ldmatrix_x4,
         ldmatrix_x4_trans)

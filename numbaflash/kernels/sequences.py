@@ -22,6 +22,11 @@ Built without ``varlen``, ``locate`` gives the arrays' own lengths and no shift 
 ``cut`` gives the array itself, so the kernel compiles to what it was but for the one
 more parameter.
 
+Backward v9 takes no views: it adds the sequence's first row to the row indices of the
+packed views themselves (q0 + row), so its arrays' base addresses stay kernel parameters,
+which ptxas keeps in uniform registers; a view's base computed from cu_seqlens is not
+known to be the same in every lane (kernels/backward/v9_ldmatrix.py has its registers).
+
 The tensor-core kernels stage tiles by flat positions (ptx.flat_load, ptx.cp_async: the
 element n places after the array's first), computed as (bh * S + row) * d for a
 C-contiguous array; ``position`` and ``row_step`` compute them from the strides for a view.
@@ -33,7 +38,7 @@ from collections import namedtuple
 from numba import cuda, int64
 
 # What make_sequences returns: inlined device functions, by name.
-SequenceSteps = namedtuple("SequenceSteps", "locate cut position row_step")
+SequenceSteps = namedtuple("SequenceSteps", "locate cut position row_step uniform_range")
 
 
 @cuda.jit(device=True, inline=True)
@@ -49,7 +54,8 @@ def _all_rows(A, start, n):
 
 @functools.lru_cache(maxsize=None)
 def make_sequences(varlen):
-    """``SequenceSteps(locate, cut, position, row_step)`` for kernels built with or without ``varlen``:
+    """``SequenceSteps(locate, cut, position, row_step, uniform_range)`` for kernels built
+    with or without ``varlen``:
 
     locate(seqs, b, Sq, Sk) -> (q0, k0, Sq, Sk, shift)
         sequence b's first query row and first key row in the packed arrays, its lengths
@@ -58,7 +64,14 @@ def make_sequences(varlen):
     position(A, bh, row, S, d) -> the flat position of A[bh, row, 0] (ptx.flat_load): from A's
         strides with varlen, else (bh * S + row) * d for a C-contiguous (., S, d) array
     row_step(A, d) -> how far apart two rows of A are, in elements: d, or from the strides
+    uniform_range(start, end) -> a tile loop's bounds: with varlen through
+        ptx.warp_min_i32 (every lane holds the same bounds; so ptxas knows they are the
+        same in every lane, which it cannot tell of values computed from cu_seqlens, and
+        can keep the loop in uniform registers, see ptx.py); without varlen as they are.
+        Every lane of the warp must call it. Backward v9's packed build uses it.
     """
+    from .ptx import warp_min_i32   # inline PTX (simulator: simulated.py)
+
     VARLEN = varlen
 
     @cuda.jit(device=True, inline=True)
@@ -83,4 +96,11 @@ def make_sequences(varlen):
             return q0, k0, nq, nk, nk - nq
         return int64(0), int64(0), int64(Sq), int64(Sk), int64(0)
 
-    return SequenceSteps(locate, _rows if varlen else _all_rows, position, row_step)
+    @cuda.jit(device=True, inline=True)
+    def uniform_range(start, end):
+        if VARLEN:
+            return warp_min_i32(start), warp_min_i32(end)
+        return start, end
+
+    return SequenceSteps(locate, _rows if varlen else _all_rows, position, row_step,
+                         uniform_range)

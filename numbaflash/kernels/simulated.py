@@ -454,6 +454,12 @@ def fmax(x, y):
     return np.float32(x if x > y else y)
 
 
+def warp_min_i32(x):
+    """``redux.sync.min.s32`` over the full warp: the smallest of the 32 lanes' values, in
+    every lane (a warp collective: every lane must call it)."""
+    return exchange(np.int32(x), lambda slots: [min(slots)] * WARP)
+
+
 def pack_f16x2(lo, hi):
     """``cvt.rn.f16x2.f32``: lo and hi to float16 (to nearest even), lo in the low half."""
     halves = np.array([lo, hi], np.float32).astype(np.float16)

@@ -39,11 +39,23 @@ as 0; L and D past Sq as 0 (those rows see no key, so P = dS = 0 there).
 Shared rows are DP + 8 halves (DP = d rounded up to 16), as in forward v10: each
 ldmatrix's 8 rows start in 8 different groups of 4 banks, so no bank conflicts.
 
+Packed batches (``varlen``, numbaflash/varlen.py) of plain attention: a block finds its
+sequence from cu_seqlens (kernels/sequences.py's ``locate``) and returns at once if its
+tile lies past the sequence's end; from then on it runs the plain kernel's steps with
+the sequence's first row added to every row index of the packed (heads, total, d) views
+(``copy_rows``' ``base``), where the kernels that take variants cut a view per sequence
+instead, and with its tile loop's bounds made known-uniform (``uniform_range``). Without
+the per-sequence views the dK/dV kernel at d = 64, held to 128 registers, spills 8 bytes
+(16 causal) where the views cost 64 (112); the dQ kernel needs about 150 registers
+where the plain one needs 95-108 (ptxas, lab/sweeps/packed_half_registers.py,
+lab/runs/2026-12-05/packed_half_registers.txt). GQA, windows and the other variants run
+on v6 (``PACKED``: the plan refuses them, naming the variant).
+
 Finite inputs only, as v7 (the call checks them first; version="v9" with a NaN or inf is
 a ValueError). Deterministic (no atomics).
 Inline PTX on a GPU (sm_80 and later); on the simulator kernels/simulated.py's stand-ins
 (slow). float16 and bfloat16, float32 accumulation, d <= 128, plain attention with or
-without a causal mask in either alignment.
+without a causal mask in either alignment, in one batch or packed.
 """
 
 import functools
@@ -57,7 +69,8 @@ from .. import LOG2E, acc_type, jit_options
 from ..bands import make_kv_tile_range, make_q_tile_range
 from ..halves import NAMES, make_halves
 from ..plan import (Plan, Plans, check_per_kernel_tiles, refuse_backward_variants,
-                    rule_per_kernel_tiles)
+                    rule_per_kernel_tiles, variant_description)
+from ..sequences import make_sequences
 from ..smem import U
 from .v7_half import V7_CHUNK, _write_narrow, v7_head_dim, v7_rows
 
@@ -66,6 +79,8 @@ from .v7_half import V7_CHUNK, _write_narrow, v7_head_dim, v7_rows
 # END the array's length in halves.
 DkdvV9Layout = namedtuple("DkdvV9Layout", "F32 K_AT V_AT Q_AT dO_AT TILE END")
 DqV9Layout = namedtuple("DqV9Layout", "Q_AT dO_AT K_AT V_AT TILE END")
+# What _make_copies returns: inlined device functions, by name.
+Copies = namedtuple("Copies", "copy_rows copyable")
 
 
 def dkdv_v9_shared_layout(Br, Bc, d):
@@ -106,20 +121,23 @@ def dq_v9_shared_bytes(Br, Bc, d):
 
 
 @functools.lru_cache(maxsize=None)
-def _make_copies(d, THREADS, half):
+def _make_copies(d, THREADS, half, varlen=False):
     """The tile copies both kernels use, for a block of THREADS threads and head dim d:
-    ``copy_rows(smem, at, A, bh, first, rows, n, wide, HZERO)`` starts this thread's
-    pieces of rows first .. first + rows - 1 of A[bh] (n of them exist) into smem from
-    ``at`` on, and ``wide`` says whether by cp.async (16-byte pieces) or element by
-    element."""
-    from ..ptx import cp_async16, flat_load
+    ``copy_rows(smem, at, A, bh, base, first, rows, n, wide, HZERO)`` starts this thread's
+    pieces of rows first .. first + rows - 1 of a sequence of n rows that starts at row
+    ``base`` of A[bh] into smem from ``at`` on, and ``wide`` says whether by cp.async
+    (16-byte pieces) or element by element. ``varlen``: A is a packed batch's strided
+    view (kernels/sequences.py), ``base`` the sequence's first row in it; else base is 0."""
+    from ..ptx import cp_async16, flat_load, is_aligned16
 
+    VARLEN = varlen
+    position = make_sequences(varlen).position
     DP = v7_head_dim(d)
     ROW = v7_rows(DP)
     PIECES = DP // 8                    # 16-byte pieces of a row
 
     @cuda.jit(device=True, inline=True)
-    def copy_rows(smem, at, A, bh, first, rows, n, tid, wide, HZERO):
+    def copy_rows(smem, at, A, bh, base, first, rows, n, tid, wide, HZERO):
         """Alg.2 l.6 / l.8, issued: row r of the tile (A's row first + r) into smem[at + r
         * ROW: ...], 8 columns a piece; 0 past n and past d."""
         m = tid
@@ -129,7 +147,7 @@ def _make_copies(d, THREADS, half):
             dst = at + r * ROW + k0
             row = first + r
             if row < n and k0 < d:
-                src = (bh * n + row) * d + k0
+                src = position(A, bh, base + row, n, d) + k0
                 if wide:
                     cp_async16(smem, U(dst), A, U(src))
                 else:
@@ -143,11 +161,22 @@ def _make_copies(d, THREADS, half):
                     smem[U(dst + e)] = HZERO
             m += THREADS
 
-    return copy_rows
+    @cuda.jit(device=True, inline=True)
+    def copyable(A):
+        """Whether A's rows can be copied 16 bytes at a time: A's first element 16-byte
+        aligned (d a multiple of 8 is the caller's part), and a packed batch's view's
+        strides whole pieces (d and H d elements, as numbaflash/varlen.py makes them)."""
+        if VARLEN:
+            return (is_aligned16(A) and (A.strides[0] // A.itemsize) % 8 == 0
+                    and (A.strides[1] // A.itemsize) % 8 == 0)
+        return is_aligned16(A)
+
+    return Copies(copy_rows, copyable)
 
 
 @functools.lru_cache(maxsize=None)
-def make_backward_dkdv_v9(Br, Bc, d, causal, half="float16", max_registers=None):
+def make_backward_dkdv_v9(Br, Bc, d, causal, half="float16", max_registers=None,
+                          varlen=False):
     """v9 dK/dV kernel: v7's (make_backward_dkdv_v7) with ldmatrix operands and Qi, dOi,
     L_i, D_i copied by cp.async into two stages (module docstring). Warp w owns the keys
     j * Bc + 16 w .. + 16; per chunk of V7_CHUNK = 16 queries of Qi, as v7:
@@ -167,10 +196,11 @@ def make_backward_dkdv_v9(Br, Bc, d, causal, half="float16", max_registers=None)
 
     Launch: grid (ceil(Sk / Bc), BH), block (2 * Bc,), ``dkdv_v9_shared_bytes`` of dynamic
     shared memory; arguments as v7's: Q, K, V, dO, L, D, dK, dV, softmax_scale,
-    causal_offset.
+    causal_offset. ``varlen``: a packed batch (module docstring), and the variant
+    arguments after causal_offset, as the kernels that take variants have them.
     """
     from ..ptx import (cp_async, cp_async_commit, cp_async_wait_group, exp2_approx,
-                       is_aligned16, ldmatrix_x4, ldmatrix_x4_trans)
+                       ldmatrix_x4, ldmatrix_x4_trans)
 
     halves = make_halves(half)
     HALF = halves.storage
@@ -191,36 +221,48 @@ def make_backward_dkdv_v9(Br, Bc, d, causal, half="float16", max_registers=None)
     WIDE = d % 8 == 0
     F32, K_AT, V_AT, Q_AT, dO_AT, TILE, END = dkdv_v9_shared_layout(Br, Bc, d)
     q_tile_range = make_q_tile_range(Br, Bc, causal, False)
-    copy_rows = _make_copies(d, THREADS, half)
+    copies = _make_copies(d, THREADS, half, varlen)
+    copy_rows, copyable = copies.copy_rows, copies.copyable
+    VARLEN = varlen
+    sequences = make_sequences(VARLEN)
+    locate, position = sequences.locate, sequences.position
+    uniform_range = sequences.uniform_range
 
     @cuda.jit(device=True, inline=True)
-    def start_tile(smem, smem32, Q, dO, L, D, bh, i, st, tid, Sq, wide, HZERO):
-        """Alg.2 l.8, issued: Qi, dOi of Q tile i into stage st, and L_i, D_i (0 past Sq)."""
-        copy_rows(smem, Q_AT + st * TILE, Q, bh, i * Br, Br, Sq, tid, wide, HZERO)
-        copy_rows(smem, dO_AT + st * TILE, dO, bh, i * Br, Br, Sq, tid, wide, HZERO)
+    def start_tile(smem, smem32, Q, dO, L, D, bh, q_first, i, st, tid, Sq, wide, HZERO):
+        """Alg.2 l.8, issued: Qi, dOi of Q tile i into stage st, and L_i, D_i (0 past Sq);
+        the sequence's rows start at row q_first of the arrays."""
+        copy_rows(smem, Q_AT + st * TILE, Q, bh, q_first, i * Br, Br, Sq, tid, wide, HZERO)
+        copy_rows(smem, dO_AT + st * TILE, dO, bh, q_first, i * Br, Br, Sq, tid, wide, HZERO)
         r = tid
         while r < Br:
             row = i * Br + r
             if row < Sq:
-                cp_async(smem32, U(st * 2 * Br + r), L, U(bh * Sq + row))
-                cp_async(smem32, U(st * 2 * Br + Br + r), D, U(bh * Sq + row))
+                at = position(L, bh, q_first + row, Sq, 1)    # L and D alike (Hq, total)
+                cp_async(smem32, U(st * 2 * Br + r), L, U(at))
+                cp_async(smem32, U(st * 2 * Br + Br + r), D, U(at))
             else:
                 smem32[U(st * 2 * Br + r)] = ZERO
                 smem32[U(st * 2 * Br + Br + r)] = ZERO
             r += THREADS
 
-    @cuda.jit(**jit_options(max_registers))
-    def backward_dkdv_v9(Q, K, V, dO, L, D, dK, dV, softmax_scale, causal_offset):
+    @cuda.jit(device=True, inline=True)
+    def work(Q, K, V, dO, L, D, dK, dV, softmax_scale, causal_offset, Hq, seqs):
         bh = cuda.blockIdx.y
         j = cuda.blockIdx.x
+        # A packed batch: this block's sequence, as a batch of one (kernels/sequences.py)
+        q_first, k_first, Sq, Sk, shift = locate(seqs, bh // Hq, Q.shape[1], K.shape[1])
+        if VARLEN:
+            if j * Bc >= Sk:
+                return                  # past this sequence: the whole block, no barrier yet
+            bh = bh % Hq
+        causal_offset += shift
         tid = cuda.threadIdx.x
         lane = tid % 32
         g = lane // 4
         t = lane % 4
         w0 = (tid // 32) * 16                   # the warp's first key within the tile
         key0 = j * Bc + w0 + g                  # this lane's two keys: key0, key0 + 8
-        Sq = Q.shape[1]
-        Sk = K.shape[1]
         scale_log2 = softmax_scale * LOG2E_ACC  # exp(x) = exp2(x log2(e))
         HZERO = narrow(ZERO)        # (a 16-bit constant from outside is invalid NVVM IR)
         # The row this lane gives ldmatrix (lanes 8m .. 8m + 7: rows 0..7 of matrix m):
@@ -232,8 +274,7 @@ def make_backward_dkdv_v9(Br, Bc, d, causal, half="float16", max_registers=None)
         a_row = (w0 + 8 * (m % 2) + lane % 8) * ROW + 8 * (m // 2)
         b_row = (8 * (m // 2) + lane % 8) * ROW + 8 * (m % 2)
         t_row = (8 * (m % 2) + lane % 8) * ROW + 8 * (m // 2)
-        wide = (WIDE and is_aligned16(Q) and is_aligned16(dO) and is_aligned16(K)
-                and is_aligned16(V))
+        wide = WIDE and copyable(Q) and copyable(dO) and copyable(K) and copyable(V)
 
         smem32 = cuda.shared.array(0, float32, alignment=16)
         smem = cuda.shared.array(0, HALF, alignment=16)
@@ -243,11 +284,13 @@ def make_backward_dkdv_v9(Br, Bc, d, causal, half="float16", max_registers=None)
         dp = cuda.local.array(S_FRAGS, acc)     # dP^T, then dS^T
 
         # Alg.2 l.6: Kj and Vj once (zeros past Sk and past d), and the first Q tile.
-        copy_rows(smem, K_AT, K, bh, j * Bc, Bc, Sk, tid, wide, HZERO)
-        copy_rows(smem, V_AT, V, bh, j * Bc, Bc, Sk, tid, wide, HZERO)
+        copy_rows(smem, K_AT, K, bh, k_first, j * Bc, Bc, Sk, tid, wide, HZERO)
+        copy_rows(smem, V_AT, V, bh, k_first, j * Bc, Bc, Sk, tid, wide, HZERO)
         i_start, i_end = q_tile_range(j, Sq, causal_offset, 0)   # causal: skip hidden tiles
+        i_start, i_end = uniform_range(i_start, i_end)  # packed: known uniform (sequences.py)
         if i_start < i_end:
-            start_tile(smem, smem32, Q, dO, L, D, bh, i_start, 0, tid, Sq, wide, HZERO)
+            start_tile(smem, smem32, Q, dO, L, D, bh, q_first, i_start, 0, tid, Sq, wide,
+                       HZERO)
         cp_async_commit()
         for x in range(ACC):
             dk[x] = ZERO
@@ -258,7 +301,8 @@ def make_backward_dkdv_v9(Br, Bc, d, causal, half="float16", max_registers=None)
             # Wait until every warp has finished reading stage 1 - st (tile i - 1).
             cuda.syncthreads()
             if i + 1 < i_end:
-                start_tile(smem, smem32, Q, dO, L, D, bh, i + 1, 1 - st, tid, Sq, wide, HZERO)
+                start_tile(smem, smem32, Q, dO, L, D, bh, q_first, i + 1, 1 - st, tid, Sq,
+                           wide, HZERO)
             cp_async_commit()               # (empty at the last tile: the count stays)
             cp_async_wait_group(1)          # this thread's copies of tile i have landed
             # Wait until tile i is complete (and, the first time, Kj and Vj).
@@ -335,14 +379,26 @@ def make_backward_dkdv_v9(Br, Bc, d, causal, half="float16", max_registers=None)
                 col = key0 + 8 * (x // 2)
                 k = nd * 8 + 2 * t + x % 2
                 if col < Sk and k < d:
-                    dK[U(bh), U(col), U(k)] = write_narrow(dk[nd * 4 + x] * softmax_scale)
-                    dV[U(bh), U(col), U(k)] = write_narrow(dv[nd * 4 + x])
+                    at = k_first + col
+                    dK[U(bh), U(at), U(k)] = write_narrow(dk[nd * 4 + x] * softmax_scale)
+                    dV[U(bh), U(at), U(k)] = write_narrow(dv[nd * 4 + x])
+
+    if VARLEN:
+        @cuda.jit(**jit_options(max_registers))
+        def backward_dkdv_v9(Q, K, V, dO, L, D, dK, dV, softmax_scale, causal_offset,
+                             window_lo, Hq, group, softcap, slopes, attn_mask, tiles, seed_lo,
+                             seed_hi, keep_threshold, keep_scale, seqs):
+            work(Q, K, V, dO, L, D, dK, dV, softmax_scale, causal_offset, Hq, seqs)
+    else:
+        @cuda.jit(**jit_options(max_registers))
+        def backward_dkdv_v9(Q, K, V, dO, L, D, dK, dV, softmax_scale, causal_offset):
+            work(Q, K, V, dO, L, D, dK, dV, softmax_scale, causal_offset, 1, None)
 
     return backward_dkdv_v9
 
 
 @functools.lru_cache(maxsize=None)
-def make_backward_dq_v9(Br, Bc, d, causal, half="float16"):
+def make_backward_dq_v9(Br, Bc, d, causal, half="float16", varlen=False):
     """v9 dQ kernel: v7's (make_backward_dq_v7) with ldmatrix operands and Kj, Vj copied
     by cp.async into two stages (module docstring). Warp w owns the query rows i * Br +
     16 w .. + 16; per chunk of V7_CHUNK = 16 keys of Kj, as v7:
@@ -353,10 +409,11 @@ def make_backward_dq_v9(Br, Bc, d, causal, half="float16"):
         dQi += dS Kj       A = dS (pack2), B = Kj: ldmatrix .trans
 
     Launch: grid (ceil(Sq / Br), BH), block (2 * Br,), ``dq_v9_shared_bytes`` of dynamic
-    shared memory; arguments as v7's: Q, K, V, dO, L, D, dQ, softmax_scale, causal_offset.
+    shared memory; arguments as v7's: Q, K, V, dO, L, D, dQ, softmax_scale, causal_offset;
+    ``varlen`` as make_backward_dkdv_v9's.
     """
-    from ..ptx import (cp_async_commit, cp_async_wait_group, exp2_approx, is_aligned16,
-                       ldmatrix_x4, ldmatrix_x4_trans)
+    from ..ptx import (cp_async_commit, cp_async_wait_group, exp2_approx, ldmatrix_x4,
+                       ldmatrix_x4_trans)
 
     halves = make_halves(half)
     HALF = halves.storage
@@ -377,28 +434,36 @@ def make_backward_dq_v9(Br, Bc, d, causal, half="float16"):
     WIDE = d % 8 == 0
     Q_AT, dO_AT, K_AT, V_AT, TILE, END = dq_v9_shared_layout(Br, Bc, d)
     kv_tile_range = make_kv_tile_range(Br, Bc, causal, False)
-    copy_rows = _make_copies(d, THREADS, half)
+    copies = _make_copies(d, THREADS, half, varlen)
+    copy_rows, copyable = copies.copy_rows, copies.copyable
+    VARLEN = varlen
+    sequences = make_sequences(VARLEN)
+    locate, uniform_range = sequences.locate, sequences.uniform_range
 
-    @cuda.jit(**jit_options())
-    def backward_dq_v9(Q, K, V, dO, L, D, dQ, softmax_scale, causal_offset):
+    @cuda.jit(device=True, inline=True)
+    def work(Q, K, V, dO, L, D, dQ, softmax_scale, causal_offset, Hq, seqs):
         bh = cuda.blockIdx.y
         i = cuda.blockIdx.x
+        # A packed batch: this block's sequence, as a batch of one (kernels/sequences.py)
+        q_first, k_first, Sq, Sk, shift = locate(seqs, bh // Hq, Q.shape[1], K.shape[1])
+        if VARLEN:
+            if i * Br >= Sq:
+                return                  # past this sequence: the whole block, no barrier yet
+            bh = bh % Hq
+        causal_offset += shift
         tid = cuda.threadIdx.x
         lane = tid % 32
         g = lane // 4
         t = lane % 4
         w0 = (tid // 32) * 16                   # the warp's first row within the tile
         row0 = i * Br + w0 + g                  # this lane's two rows: row0, row0 + 8
-        Sq = Q.shape[1]
-        Sk = K.shape[1]
         scale_log2 = softmax_scale * LOG2E_ACC
         HZERO = narrow(ZERO)
         m = lane // 8                           # ldmatrix rows as in the dK/dV kernel
         a_row = (w0 + 8 * (m % 2) + lane % 8) * ROW + 8 * (m // 2)
         b_row = (8 * (m // 2) + lane % 8) * ROW + 8 * (m % 2)
         t_row = (8 * (m % 2) + lane % 8) * ROW + 8 * (m // 2)
-        wide = (WIDE and is_aligned16(Q) and is_aligned16(dO) and is_aligned16(K)
-                and is_aligned16(V))
+        wide = WIDE and copyable(Q) and copyable(dO) and copyable(K) and copyable(V)
 
         smem = cuda.shared.array(0, HALF, alignment=16)
         dq = cuda.local.array(ACC, acc)         # dQi fragments (C layout)
@@ -408,17 +473,18 @@ def make_backward_dq_v9(Br, Bc, d, causal, half="float16"):
         Dr = cuda.local.array(2, acc)
 
         # Alg.2 l.8 (the dQ pass): Qi and dOi once, and the first K/V tile.
-        copy_rows(smem, Q_AT, Q, bh, i * Br, Br, Sq, tid, wide, HZERO)
-        copy_rows(smem, dO_AT, dO, bh, i * Br, Br, Sq, tid, wide, HZERO)
+        copy_rows(smem, Q_AT, Q, bh, q_first, i * Br, Br, Sq, tid, wide, HZERO)
+        copy_rows(smem, dO_AT, dO, bh, q_first, i * Br, Br, Sq, tid, wide, HZERO)
         j_start, j_end = kv_tile_range(i, Sk, causal_offset, 0)  # causal: skip hidden tiles
+        j_start, j_end = uniform_range(j_start, j_end)  # packed: known uniform (sequences.py)
         if j_start < j_end:
-            copy_rows(smem, K_AT, K, bh, j_start * Bc, Bc, Sk, tid, wide, HZERO)
-            copy_rows(smem, V_AT, V, bh, j_start * Bc, Bc, Sk, tid, wide, HZERO)
+            copy_rows(smem, K_AT, K, bh, k_first, j_start * Bc, Bc, Sk, tid, wide, HZERO)
+            copy_rows(smem, V_AT, V, bh, k_first, j_start * Bc, Bc, Sk, tid, wide, HZERO)
         cp_async_commit()
         for h in range(2):
             row = row0 + 8 * h
-            Lr[h] = L[U(bh), U(row)] * LOG2E_ACC if row < Sq else ZERO
-            Dr[h] = D[U(bh), U(row)] if row < Sq else ZERO
+            Lr[h] = L[U(bh), U(q_first + row)] * LOG2E_ACC if row < Sq else ZERO
+            Dr[h] = D[U(bh), U(q_first + row)] if row < Sq else ZERO
         for x in range(ACC):
             dq[x] = ZERO
 
@@ -427,10 +493,10 @@ def make_backward_dq_v9(Br, Bc, d, causal, half="float16"):
             # Wait until every warp has finished reading stage 1 - st (tile j - 1).
             cuda.syncthreads()
             if j + 1 < j_end:
-                copy_rows(smem, K_AT + (1 - st) * TILE, K, bh, (j + 1) * Bc, Bc, Sk, tid,
-                          wide, HZERO)
-                copy_rows(smem, V_AT + (1 - st) * TILE, V, bh, (j + 1) * Bc, Bc, Sk, tid,
-                          wide, HZERO)
+                copy_rows(smem, K_AT + (1 - st) * TILE, K, bh, k_first, (j + 1) * Bc, Bc, Sk,
+                          tid, wide, HZERO)
+                copy_rows(smem, V_AT + (1 - st) * TILE, V, bh, k_first, (j + 1) * Bc, Bc, Sk,
+                          tid, wide, HZERO)
             cp_async_commit()
             cp_async_wait_group(1)          # this thread's copies of tile j have landed
             # Wait until tile j is complete (and, the first time, Qi and dOi).
@@ -493,7 +559,19 @@ def make_backward_dq_v9(Br, Bc, d, causal, half="float16"):
                 row = row0 + 8 * (x // 2)
                 k = nd * 8 + 2 * t + x % 2
                 if row < Sq and k < d:
-                    dQ[U(bh), U(row), U(k)] = write_narrow(dq[nd * 4 + x] * softmax_scale)
+                    dQ[U(bh), U(q_first + row), U(k)] = write_narrow(
+                        dq[nd * 4 + x] * softmax_scale)
+
+    if VARLEN:
+        @cuda.jit(**jit_options())
+        def backward_dq_v9(Q, K, V, dO, L, D, dQ, softmax_scale, causal_offset, window_lo, Hq,
+                           group, softcap, slopes, attn_mask, tiles, seed_lo, seed_hi,
+                           keep_threshold, keep_scale, seqs):
+            work(Q, K, V, dO, L, D, dQ, softmax_scale, causal_offset, Hq, seqs)
+    else:
+        @cuda.jit(**jit_options())
+        def backward_dq_v9(Q, K, V, dO, L, D, dQ, softmax_scale, causal_offset):
+            work(Q, K, V, dO, L, D, dQ, softmax_scale, causal_offset, 1, None)
 
     return backward_dq_v9
 
@@ -534,7 +612,8 @@ BWD_V9_SIM = {"dkdv": (16, 32), "dq": (32, 16)}
 BWD_V9_MAX_HEAD_DIM = 128     # dKj, dVj and dQi fragments (d / 2 each a lane) in registers
 SHARED_BYTES = {"dkdv": dkdv_v9_shared_bytes, "dq": dq_v9_shared_bytes}
 
-VARIANTS = False              # plain attention only (causal in both alignments)
+VARIANTS = False              # plain attention only (causal in both alignments) ...
+PACKED = True                 # ... in one batch or packed (kernels/plan.py: packed_only)
 TILE_TABLE = False
 BFLOAT16 = True               # reads bfloat16 inputs itself (numbaflash/dtypes.py)
 
@@ -570,7 +649,7 @@ def plan(p, where, tiles, reason, preprocess):
     2 Bc threads, then dQ with grid (Tr, BH) and 2 Br threads, both with dynamic shared
     memory, each kernel its own tiles. ValueError for float32 and float64 inputs, d > 128
     and every variant (as v7)."""
-    refuse_backward_variants("v9", p)
+    refuse_backward_variants("v9", p, packed=True)
     why = refusal(p, where)
     if why is not None:
         raise ValueError(f"backward v9 cannot run this input: {why}")
@@ -590,12 +669,12 @@ def plan(p, where, tiles, reason, preprocess):
     dkdv = Plan("backward dK dV", "v9", "backward_dkdv_v9", where, Br, Bc,
                 (math.ceil(p.Sk / Bc), p.BH), (2 * Bc,), dkdv_v9_shared_bytes(Br, Bc, p.d),
                 p.acc_dtype, p.causal, reason + "; one block per K/V tile, each warp 16 keys",
-                dynamic_shared=True)
+                variant=variant_description(p), dynamic_shared=True)
     Br, Bc = per_kernel["dq"]
     dq = Plan("backward dQ", "v9", "backward_dq_v9", where, Br, Bc,
               (math.ceil(p.Sq / Br), p.BH), (2 * Br,), dq_v9_shared_bytes(Br, Bc, p.d),
               p.acc_dtype, p.causal, reason + "; one block per Q tile, each warp 16 query rows",
-              dynamic_shared=True)
+              variant=variant_description(p), dynamic_shared=True)
     return Plans((preprocess, dkdv, dq))
 
 
@@ -605,5 +684,6 @@ def kernel(plan, p):
     if plan.kernel == "backward_dkdv_v9":
         cap = V9_DKDV_MAX_REGISTERS if p.d <= V9_CAP_MAX_HEAD_DIM else None
         return make_backward_dkdv_v9(plan.Br, plan.Bc, p.d, p.upper, p.dtype.name,
-                                     max_registers=cap)
-    return make_backward_dq_v9(plan.Br, plan.Bc, p.d, p.upper, p.dtype.name)
+                                     max_registers=cap, varlen=p.variant.varlen)
+    return make_backward_dq_v9(plan.Br, plan.Bc, p.d, p.upper, p.dtype.name,
+                               varlen=p.variant.varlen)
