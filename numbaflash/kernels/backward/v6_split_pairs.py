@@ -5,7 +5,8 @@ Parent: v5 (v5_tensor_cores.py): its layout, its two kernels and their order of 
 v6 changes what v5 spends instructions on rather than tensor-core time: TF32 splits on
 the bits (the inputs were checked finite), each A fragment loaded and split once per
 chunk instead of once per n-tile, staging with one flat address per element, exp2 with
-log2(e) folded in, and 32 keys a step in the dQ kernel (make_backward_dkdv_v6 says how).
+log2(e) folded in (ex2.approx.ftz), and 32 keys a step in the dQ kernel
+(make_backward_dkdv_v6 says how).
 Its plan gives each kernel its own tiles, eight warps a block above d = 64, and, in
 float32, keeps the streamed tiles (Qi, dOi for dK/dV; Kj, Vj for dQ) as TF32 pairs split
 once as staged, with that side of the tile halved to keep the shared memory.
@@ -215,6 +216,7 @@ def _make_entry(causal, variant):
     (Alg.2 l.11), ds = p (dp - D_r) (l.14). With a score modifier (variants.py) p =
     exp(score - L) of the modified score and ds is times d(score)/ds; a score of -inf
     has p = 0 without an exp (its row may have L = -inf)."""
+    from ..ptx import exp2_approx      # inline PTX (simulator: simulated.py)
     visible, score = make_variant_functions(variant, causal, "float32")
     flags = _variant_flags(variant)
     SCORES, BY_ELEMENT = flags.scores, flags.by_element
@@ -232,7 +234,7 @@ def _make_entry(causal, variant):
         else:
             seen = row < Sq and col < Sk and (not causal or col <= row + causal_offset)
         if not SCORES:
-            p = math.exp2(s * scale_log2 - L2) if seen else ZERO
+            p = exp2_approx(s * scale_log2 - L2) if seen else ZERO
             ds = p * (dp - D_r) if seen else ZERO
             return p, ds
         p = ZERO
@@ -241,7 +243,7 @@ def _make_entry(causal, variant):
             sc, dsc = score(s * softmax_scale, b, h, row, col, Sq, Sk, softcap, slopes,
                             attn_mask)
             if sc != NEG_INF:
-                p = math.exp2(sc * LOG2E_ACC - L2)
+                p = exp2_approx(sc * LOG2E_ACC - L2)
                 ds = p * (dp - D_r) * dsc
         return p, ds
 
@@ -266,7 +268,10 @@ def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False,
     * Staging without the index arithmetic: one flat address per element
       (ptx.flat_load), and no L test per element (with finite inputs, the q and dO of a
       row that sees no key only ever meet P = 0).
-    * exp2 with log2(e) folded into the scale and into L_i (as backward v4).
+    * exp2 with log2(e) folded into the scale and into L_i (as backward v4), by
+      ptx.exp2_approx (ex2.approx.ftz.f32, as the forward kernels: math.exp2 wraps the
+      same instruction in a range test and two multiplies that keep results below 2^-126
+      as subnormals; here those are 0, and every other result is the same).
 
     ``chunk``: the query rows of Qi a step takes (a multiple of 8 dividing Br; None:
     V6_CHUNK); v6's plan gives V6_CHUNKS (backward_v6_chunk).
@@ -356,6 +361,7 @@ def make_dkdv_v6_work(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False, var
     ``dkdv_v5_shared_layout(Br, Bc, d, pairs).END`` on are the step's; with a packed
     batch dQ is cut to the block's sequence as Q is.
     """
+    from ..ptx import exp2_approx      # inline PTX (simulator: simulated.py)
     helpers = _make_v6_helpers(d, variant.varlen)
     split_finite, stage, a_fragment = helpers.split_finite, helpers.stage, helpers.a_fragment
     mma3, load_split = helpers.mma3, helpers.load_split
@@ -524,7 +530,7 @@ def make_dkdv_v6_work(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False, var
                         if PLAIN_ENTRY:
                             seen = row < Sq and col < Sk and (not causal
                                                              or col <= row + causal_offset)
-                            p = (math.exp2((s[y] + se[y]) * scale_log2 - L_i[r]) if seen
+                            p = (exp2_approx((s[y] + se[y]) * scale_log2 - L_i[r]) if seen
                                  else ZERO)
                             ds = p * ((dp[y] + dpe[y]) - D_i[r]) if seen else ZERO
                         else:
@@ -601,6 +607,7 @@ def make_backward_dq_v6(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False,
     there (dropout: dP times keep_scale or 0 before dS = P (dP - D)). Launch: grid
     (ceil(Sq / Br), B * Hq), block (2 * Br,), END * 4 bytes (``dq_v5_shared_layout(Br,
     Bc, d, pairs)``); with ``gqa`` query head h reads K/V head h // group of its batch."""
+    from ..ptx import exp2_approx      # inline PTX (simulator: simulated.py)
     helpers = _make_v6_helpers(d, variant.varlen)
     split_finite, stage, a_fragment = helpers.split_finite, helpers.stage, helpers.a_fragment
     mma3, load_split = helpers.mma3, helpers.load_split
@@ -743,7 +750,8 @@ def make_backward_dq_v6(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False,
                         if PLAIN_ENTRY:
                             seen = row < Sq and col < Sk and (not causal
                                                              or col <= row + causal_offset)
-                            p = math.exp2((s[y] + se[y]) * scale_log2 - Lr[half]) if seen else ZERO
+                            p = (exp2_approx((s[y] + se[y]) * scale_log2 - Lr[half]) if seen
+                                 else ZERO)
                             ds = p * ((dp[y] + dpe[y]) - Dr[half]) if seen else ZERO
                         else:
                             _, ds = entry(s[y] + se[y], dp[y] + dpe[y], Lr[half], Dr[half], b,
