@@ -245,7 +245,9 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, win
             bfloat16, plain or causal attention, when asked for; "v8": v6's dK/dV kernel
             adding dQ by atomics, not bitwise reproducible, the default on a GPU with
             deterministic=False; "v9": v7 with ldmatrix operands and cp.async copies,
-            bitwise v7's gradients, when asked for. v5 to v9 take finite inputs only: the call checks them
+            bitwise v7's gradients, when asked for; "v10": v6 adding dK, dV and dQ in
+            the mma's C operand (v6's tiles and variants, its own rounding, not yet
+            measured on a GPU), when asked for. v5 to v9 take finite inputs only: the call checks them
             first and, if one is NaN or inf, runs v4 and logs why for the default, or
             raises ValueError if one of them was asked for); None picks the default; see
             ``explain_backward`` and numbaflash/kernels/backward/ (one file per version).

@@ -294,8 +294,8 @@ def judge_gradients(grads, dtype, ref, base, mags, p_mags, size_S, exact):
 def version_tiles(version, tiles, d, dtype, seed=0):
     """The tiles to give backward ``version`` for a drawn (Br, Bc) (test helper).
 
-    v1 and v2 take (Br, Bc) as it is; v5, v6 and v8 too if both are multiples of 16 (else
-    None: its own rule). v3 and v4 also take a thread tile (TM, TN), picked
+    v1 and v2 take (Br, Bc) as it is; v5, v6, v8 and v10 too if both are multiples of 16
+    (else None: its own rule). v3 and v4 also take a thread tile (TM, TN), picked
     here from the divisors of Br and Bc by ``seed`` (the case's seed: a case's repr still
     rebuilds it), so that the draws cover thread grids from 1 x 1 up. Under the simulator
     at most 4 threads per axis (every simulated thread and barrier is slow); on a GPU
@@ -307,8 +307,8 @@ def version_tiles(version, tiles, d, dtype, seed=0):
     from numbaflash.kernels.backward import v3_register_blocked as bwd_v3
     from numbaflash.kernels.backward import v4_dynamic_shared as bwd_v4
     from numbaflash.kernels.backward import v5_tensor_cores as bwd_v5
-    if version in ("v5", "v6", "v8") and tiles is not None and len(tiles) == 2:
-        try:                                  # v5, v6, v8: multiples of 16, else their rule
+    if version in ("v5", "v6", "v8", "v10") and tiles is not None and len(tiles) == 2:
+        try:                                  # multiples of 16, else their rule
             if version == "v8":
                 from numbaflash.kernels.backward import v8_atomic_dq as bwd_v8
                 return bwd_v8.check_backward_v8_tiles(tiles, d)

@@ -303,19 +303,21 @@ def backward_entries():
                                      no_f64))
             # v5 (tensor cores, GPU only): float32 accumulation (float16 and float32
             # inputs), d <= 128, its own tile rule (bwd_v5.default_backward_v5_tiles;
-            # v6: tiles and pairs per kernel, bwd_v6.default_backward_v6_plan)
-            for ver in ("v5", "v6"):
+            # v6: tiles and pairs per kernel, bwd_v6.default_backward_v6_plan; v10: v6's
+            # kernels accumulating in the mma, v6's plan)
+            for ver in ("v5", "v6", "v10"):
                 if ver not in bwd.VERSIONS or acc != "float32" or d > bwd_v5.BWD_V5_MAX_HEAD_DIM:
                     continue
+                v6_family = ver in ("v6", "v10")
                 for causal, kind in itertools.product((False, True), ("dkdv", "dq")):
                     Br, Bc, pairs = (bwd_v6.default_backward_v6_plan(d, causal, dtype, "gpu")[kind]
-                                     if ver == "v6"
+                                     if v6_family
                                      else bwd_v5.default_backward_v5_tiles(d, "gpu", ver) + (False,))
                     tag = (f"{dtype}-d{d}-{'causal' if causal else 'full'}-tiles{Br}x{Bc}"
                            + ("-pairs" if pairs else ""))
-                    make = getattr({"v5": bwd_v5, "v6": bwd_v6}[ver], f"make_backward_{kind}_{ver}")
-                    # v6: the chunk the dispatcher gives it, and pairs or not
-                    extra = ((bwd_v6.backward_v6_chunk(kind, Br, Bc), pairs) if ver == "v6"
+                    make = getattr(bwd.module(ver), f"make_backward_{kind}_{ver}")
+                    # v6, v10: the chunk the dispatcher gives it, and pairs or not
+                    extra = ((bwd_v6.backward_v6_chunk(kind, Br, Bc), pairs) if v6_family
                              else ())
                     out.append(Entry(f"backward_{kind}_{ver}-{tag}", "backward",
                                      lambda m=make, t=(Br, Bc, d, causal) + extra: m(*t),
@@ -408,9 +410,9 @@ def variant_entries():
 
 
 def fast_variant_entries(dtype, acc, tag, variant, causal, fsig, dkdv, dq, no_f64):
-    """The fast versions that take variants (forward v5 to v9, backward v4 and v6, each
-    where its module says VARIANTS and it takes ``dtype``), at d = 64 with their GPU tile
-    rules, specialised for ``variant``."""
+    """The fast versions that take variants (forward v5 to v9, backward v4, v6 and v10 (in
+    float32), each where its module says VARIANTS and it takes ``dtype``), at d = 64 with
+    their GPU tile rules, specialised for ``variant``."""
     from numbaflash.kernels import backward as bwd
     from numbaflash.kernels.backward import v4_dynamic_shared as bwd_v4
     from numbaflash.kernels.backward import v6_split_pairs as bwd_v6
@@ -445,13 +447,17 @@ def fast_variant_entries(dtype, acc, tag, variant, causal, fsig, dkdv, dq, no_f6
             out.append(Entry(f"backward_{kind}_v4-{tag}-tiles{t[0]}x{t[1]}", "variants",
                              lambda m=make, t=t: m(*t, d, causal, acc, variant=variant), sig,
                              no_f64))
-    if bwd.module("v6").VARIANTS:
+    # v6, and v10 (v6's kernels accumulating in the mma) in float32 only
+    for ver in ("v6", "v10"):
+        if (ver not in bwd.VERSIONS or not bwd.module(ver).VARIANTS
+                or (ver == "v10" and dtype != "float32")):
+            continue
         for kind, sig in (("dkdv", dkdv), ("dq", dq)):
             Br, Bc, pairs = bwd_v6.default_backward_v6_plan(d, causal, dtype, "gpu")[kind]
-            make = getattr(bwd_v6, f"make_backward_{kind}_v6")
+            make = getattr(bwd.module(ver), f"make_backward_{kind}_{ver}")
             chunk = bwd_v6.backward_v6_chunk(kind, Br, Bc)
             # with GQA's loop over the group's query heads (a compile-time flag of v6)
-            out.append(Entry(f"backward_{kind}_v6-{tag}-gqa-tiles{Br}x{Bc}", "variants",
+            out.append(Entry(f"backward_{kind}_{ver}-{tag}-gqa-tiles{Br}x{Bc}", "variants",
                              lambda m=make, t=(Br, Bc, d, causal, chunk, pairs):
                              m(*t, gqa=True, variant=variant), sig, no_f64))
     return out
@@ -503,7 +509,7 @@ def varlen_entries():
     ``Variant(varlen=True)``: the packed arrays are (heads, total, d) strided views (layout
     "A"), lse, D and seqs C-contiguous. Forward v7 (float16), v8 (float32, d = 64), v9
     (float32, d = 128), v2 (float64) and v5 (the simulator's); backward v6 (float16 and
-    float32, GQA), v9 (float16), v4 and v1 (float64), and the D kernel on views; causal."""
+    float32, GQA), v10 (float32, GQA), v9 (float16), v4 and v1 (float64), and the D kernel on views; causal."""
     import numpy as np
     from numbaflash.kernels import backward as bwd
     from numbaflash.kernels.backward import v1_two_kernels as bwd_v1
@@ -579,13 +585,17 @@ def varlen_entries():
                                  lambda m=make, t=t, a=acc: m(*t, 64, True, a,
                                                               variant=variant),
                                  sig, no_f64))
-        for kind, sig in (("dkdv", dkdv), ("dq", dq)):
-            Br, Bc, pairs = bwd_v6.default_backward_v6_plan(64, True, dtype, "gpu")[kind]
-            make = getattr(bwd_v6, f"make_backward_{kind}_v6")
-            chunk = bwd_v6.backward_v6_chunk(kind, Br, Bc)
-            out.append(Entry(f"backward_{kind}_v6-{tag}-d64-gqa-tiles{Br}x{Bc}", "varlen",
-                             lambda m=make, t=(Br, Bc, 64, True, chunk, pairs):
-                             m(*t, gqa=True, variant=variant), sig, no_f64))
+        # v6, and v10 (v6's kernels accumulating in the mma) in float32 only
+        for ver in ("v6", "v10"):
+            if ver not in bwd.VERSIONS or (ver == "v10" and dtype != "float32"):
+                continue
+            for kind, sig in (("dkdv", dkdv), ("dq", dq)):
+                Br, Bc, pairs = bwd_v6.default_backward_v6_plan(64, True, dtype, "gpu")[kind]
+                make = getattr(bwd.module(ver), f"make_backward_{kind}_{ver}")
+                chunk = bwd_v6.backward_v6_chunk(kind, Br, Bc)
+                out.append(Entry(f"backward_{kind}_{ver}-{tag}-d64-gqa-tiles{Br}x{Bc}",
+                                 "varlen", lambda m=make, t=(Br, Bc, 64, True, chunk, pairs):
+                                 m(*t, gqa=True, variant=variant), sig, no_f64))
     return out
 
 

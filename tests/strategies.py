@@ -112,9 +112,10 @@ def refusal(explain, version, dtype="float32"):
 # budget, and tests/test_simulated_kernels.py runs each at fixed small shapes, through
 # the same checks and the same bitwise ladder.
 SIMULATOR_FIXED_SHAPES_ONLY = {"explain": ("v3", "v6", "v7", "v8", "v9", "v10"),
-                               "explain_backward": ("v5", "v6", "v8")}
+                               "explain_backward": ("v5", "v6", "v8", "v10")}
 # where a version above is tested on the simulator instead, if not in those two files
 SIMULATOR_TESTS = {("explain_backward", "v8"): "tests/test_backward_atomic_dq.py",
+                   ("explain_backward", "v10"): "tests/test_backward_v10.py",
                    ("explain", "v10"): "tests/test_forward_v10.py"}
 
 

@@ -551,7 +551,9 @@ def test_explain_backward_names_each_kernel_or_says_why_not(version, dtype):
         limit = {"v4": bwd_v4.BWD_V4_SHARED_MEM_TARGET,
                  "v5": bwd_v5.BWD_V5_SHARED_MEM_TARGET,
                  "v6": bwd_v5.BWD_V5_SHARED_MEM_TARGET,
-                 "v8": bwd_v5.BWD_V5_SHARED_MEM_TARGET}.get(version, launch_plan.SHARED_MEM_LIMIT)
+                 "v8": bwd_v5.BWD_V5_SHARED_MEM_TARGET,
+                 "v10": bwd_v5.BWD_V5_SHARED_MEM_TARGET}.get(version,
+                                                            launch_plan.SHARED_MEM_LIMIT)
         assert plan.shared_bytes <= limit
         assert "causal=bottom_right" in text
         if version in ("v3", "v4"):

@@ -55,7 +55,8 @@ VERSION_DTYPES = {"v1": ("float16", "float32", "float64"), "v2": ("float32", "fl
                   "v4": ("float16", "float32", "float64"), "v5": ("float16", "float32"),
                   "v6": ("float16", "float32"),
                   "v7": ("float16",),     # and bfloat16: tests/test_backward_half.py
-                  "v8": ("float16", "float32")}   # and tests/test_backward_atomic_dq.py
+                  "v8": ("float16", "float32"),   # and tests/test_backward_atomic_dq.py
+                  "v10": ("float16", "float32")}  # and tests/test_backward_v10.py
 # the versions without atomics
 DETERMINISTIC = [v for v in VERSIONS if getattr(v, "values", (v,))[0] not in ("v2", "v8")]
 
@@ -79,8 +80,8 @@ def forward(case, q=None, k=None, v=None):
 
 def require_dtype(version, dtype, d=4):
     """Skip, with the library's reason, if ``version`` refuses ``dtype`` (v5: float64) or
-    head dim ``d`` (v5, v6 and v8: d > 128, their fragments in registers)."""
-    too_wide = version in ("v5", "v6", "v8") and d > bwd_v5.BWD_V5_MAX_HEAD_DIM
+    head dim ``d`` (v5, v6, v8 and v10: d > 128, their fragments in registers)."""
+    too_wide = version in ("v5", "v6", "v8", "v10") and d > bwd_v5.BWD_V5_MAX_HEAD_DIM
     if np.dtype(dtype).name not in VERSION_DTYPES[version] or too_wide:
         q = np.zeros((1, 1, 4, d), dtype)
         with pytest.raises(ValueError) as err:
@@ -479,7 +480,7 @@ def test_mixed_host_and_device_raise(no_launch):
 
 
 @pytest.mark.parametrize("version, tiles, d, match", [
-    ("v99", None, 3, r"unknown backward version 'v99'; choose from \('v1', 'v2', .*'v9'\)"),
+    ("v99", None, 3, r"unknown backward version 'v99'; choose from \('v1', 'v2', .*'v10'\)"),
     ("v1", (2048, 4), 3, r"Br = 2048 exceeds 1024: the backward runs one thread per query row"),
     ("v1", (4, 2048), 3, r"Bc = 2048 exceeds 1024: the backward runs one thread per key row"),
     ("v1", (0, 4), 3, r"tiles must be positive"),
@@ -729,8 +730,8 @@ def test_backward_kernels_compile_and_link_for_sm90(dtype, record_property):
     """Every backward kernel (ptx_check.py's "backward" group: each kernel x causal off/on
     x d in 1, 64, 128, 256 with the default tiles) compiles for sm_90 and links; float16
     and float32 kernels have no float64 in their PTX; at d = 64 in float32 (the common
-    case) v1's dQ kernel spills no registers, and v3's to v6's two kernels spill none at
-    d = 64 and d = 128 in float16 and float32. (v1's dK/dV kernels keep four rows of d
+    case) v1's dQ kernel spills no registers, and v3's to v6's and v10's two kernels spill
+    none at d = 64 and d = 128 in float16 and float32. (v1's dK/dV kernels keep four rows of d
     accumulators, dKj and dVj plus one Q tile's part of each, which float32 accuracy
     needs (see backward.py); from d = 64 on they spill: reported, not failed.)"""
     from test_ptx import assert_compiled_without_f64, run_ptx_check, table
@@ -741,9 +742,9 @@ def test_backward_kernels_compile_and_link_for_sm90(dtype, record_property):
     # and v4's two kernels x causal at every d in float32, at d = 64 and 128 otherwise
     per_d = 1 + 2 * (2 if dtype == "float16" else 3)
     want = 4 * per_d + 2 * 4 * (4 if dtype == "float32" else 2)
-    # v5's and v6's two kernels x causal at d = 1, 64, 128 in float32, 64 and 128 in
-    # float16
-    want += 2 * {"float32": 12, "float16": 8, "float64": 0}[dtype]
+    # v5's, v6's and v10's two kernels x causal at d = 1, 64, 128 in float32, 64 and 128
+    # in float16
+    want += 3 * {"float32": 12, "float16": 8, "float64": 0}[dtype]
     assert len(results) == want, [r["name"] for r in results]
     assert_compiled_without_f64(results, dtype)
     hot = []
@@ -751,7 +752,7 @@ def test_backward_kernels_compile_and_link_for_sm90(dtype, record_property):
         hot = [r for r in results if "-d64-" in r["name"] and "backward_dq_v1-" in r["name"]]
         assert len(hot) == 2
     if dtype in ("float16", "float32"):
-        for version in ("_v3-", "_v4-", "_v5-", "_v6-"):
+        for version in ("_v3-", "_v4-", "_v5-", "_v6-", "_v10-"):
             blocked = [r for r in results if version in r["name"]
                        and ("-d64-" in r["name"] or "-d128-" in r["name"])]
             assert len(blocked) == 8

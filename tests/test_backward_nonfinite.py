@@ -104,6 +104,9 @@ def dtype_version_params():
                 why = ("v8 takes finite inputs only: it refuses NaN with an error "
                        "(tests/test_backward_atomic_dq.py, test_nonfinite_inputs_fall_back_"
                        "to_v4_with_the_reason)")
+            elif why is None and version == "v10":
+                why = ("v10 takes finite inputs only, as v6 (tests/test_backward_v10.py, "
+                       "test_v10_refuses_nonfinite_inputs)")
             marks = () if why is None else pytest.mark.skip(reason=why)
             params.append(pytest.param(dtype, version, id=f"{dtype}-{version}", marks=marks))
     return params

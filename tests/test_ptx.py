@@ -147,10 +147,10 @@ def test_variant_kernels_compile_and_link_for_sm90(dtype, record_property):
     record_property("ptx_report", table(results))
     # head dims x variants x kernels, and the tile table for the two variants with a mask;
     # then the fast versions at d = 64 per variant (ptx_check.fast_variant_entries):
-    # float32: forward v5, v8, v9 and the two kernels of backward v4 and v6; float16: the
-    # same with v7 in place of v9; float64: none (they compute in float32)
+    # float32: forward v5, v8, v9 and the two kernels of backward v4, v6 and v10; float16:
+    # forward v5, v8, v7 and backward v4 and v6; float64: none (they compute in float32)
     n_d = 2 if dtype == "float32" else 1
-    fast = {"float16": 7, "float32": 7, "float64": 0}[dtype]
+    fast = {"float16": 7, "float32": 9, "float64": 0}[dtype]
     assert len(results) == n_d * 3 * 4 + 2 + 3 * fast, [r["name"] for r in results]
     assert_compiled_without_f64(results, dtype)
 
@@ -174,11 +174,11 @@ def test_varlen_kernels_compile_and_link_for_sm90(dtype, record_property):
     """The kernels a packed batch runs by default (ptx_check.varlen_entries: built with
     Variant(varlen=True), reading (heads, total, d) strided views) compile and link for
     sm_90: float16 forward v7 and backward v6; float32 forward v5, v8, v9 and backward v4,
-    v6; float64 forward v2 and backward v1; and the D kernel on views. The float16 and
-    float32 ones without float64."""
+    v6, v10; float64 forward v2 and backward v1; and the D kernel on views. The float16
+    and float32 ones without float64."""
     results = run_ptx_check("--group", "varlen", f"--match=-{dtype}-varlen", "--link")
     record_property("ptx_report", table(results))
-    assert len(results) == {"float16": 4, "float32": 8, "float64": 4}[dtype], (
+    assert len(results) == {"float16": 4, "float32": 10, "float64": 4}[dtype], (
         [r["name"] for r in results])
     assert_compiled_without_f64(results, dtype)
 

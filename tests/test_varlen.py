@@ -99,7 +99,8 @@ BACKWARD_REFUSING = tuple(v for v in bwd.VERSIONS
 # Small tiles on the simulator, so the fixed batch's sequences cross several; on a GPU
 # each version's own rule (as tests/test_dropout_*_kernels.py).
 FORWARD_TILES = {"v1": None, "v2": (8, 8), "v5": (8, 8, 2, 2), "v7": (16, 32)}
-BACKWARD_TILES = {"v1": (4, 4), "v4": (8, 8, 2, 2), "v6": (16, 16), "v8": (16, 16)}
+BACKWARD_TILES = {"v1": (4, 4), "v4": (8, 8, 2, 2), "v6": (16, 16), "v8": (16, 16),
+                  "v10": (16, 16)}
 
 
 def forward_tiles(version):
@@ -119,7 +120,7 @@ def test_version_lists():
     """The versions this file runs packed batches through are the ones the brief names;
     a new version that takes variants must be added to the tile tables above."""
     assert FORWARD_VERSIONS == ("v1", "v2", "v5", "v6", "v7", "v8", "v9")
-    assert BACKWARD_VERSIONS == ("v1", "v4", "v6", "v8")
+    assert BACKWARD_VERSIONS == ("v1", "v4", "v6", "v8", "v10")
     assert FORWARD_PACKED_ONLY == () and BACKWARD_PACKED_ONLY == ("v9",)
     assert (FORWARD_REFUSING == ("v3", "v4", "v10")
             and BACKWARD_REFUSING == ("v2", "v3", "v5", "v7"))
@@ -404,10 +405,10 @@ def test_forward_bitwise_equals_attention(version, name):
                              to_host(want_lse))
 
 
-# backward v6 and v8 (3 s a call on the simulator) with the "variants" options only: their
+# backward v6, v8 and v10 (3 s a call on the simulator) with the "variants" options only: their
 # plain path is the same code with the variants compiled out
 BACKWARD_BITWISE = [(v, n) for v in BACKWARD_VERSIONS for n in sorted(FIXED_OPTIONS)
-                    if not (v in ("v6", "v8") and n == "plain")]
+                    if not (v in ("v6", "v8", "v10") and n == "plain")]
 
 
 @pytest.mark.parametrize("version,name", BACKWARD_BITWISE)

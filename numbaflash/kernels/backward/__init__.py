@@ -28,11 +28,12 @@ The ladder, by lineage: each file says its parent, what it changes and what that
        └─ v4_dynamic_shared  v3's tiles in dynamic shared memory (the simulator's default)
           └─ v5_tensor_cores the tile products on the tensor cores, 3xTF32
              ├─ v6_split_pairs  cheaper splits and staging, streamed tiles split once
-             │  └─ v8_atomic_dq  v6's dK/dV kernel also adds dQ by atomics (deterministic=False)
+             │  ├─ v8_atomic_dq  v6's dK/dV kernel also adds dQ by atomics (deterministic=False)
+             │  └─ v10_mma_accumulate  v6 summing dK, dV, dQ in the mma's C
              └─ v7_half      float16 and bfloat16 on the 16-bit tensor cores (m16n8k16)
                 └─ v9_ldmatrix  v7's products with ldmatrix operands, no transposed copies,
                                 cp.async copies into two stages
-    nonfinite                the check that v5's to v9's inputs are finite
+    nonfinite                the check that v5's to v10's inputs are finite
 
 Defaults (numbaflash/policy.py decides, and explain_backward() says why), variants or
 not: v3 in float64 and at d > 128 (v1 for a variant there); on a GPU, with d <= 128 and
@@ -40,7 +41,8 @@ finite inputs, v9 for plain float16 and bfloat16 attention and v6 for float32 an
 variants (v4 when an input holds NaN or inf, or when no v6 tile fits the GPU's shared
 memory); on the simulator, which cannot run the tensor-core versions, v4. Every default
 is deterministic: no atomics, so repeated runs give bitwise identical gradients (v2,
-which adds dQ with atomics, runs only when asked for; so does v7, v9's parent).
+which adds dQ with atomics, runs only when asked for; so do v7, v9's parent, and v10,
+not yet measured on a GPU).
 ``deterministic=False`` (as in flash-attention) lets the default be v8 on a GPU where v8
 can run the input and the default is not v9: v6's dK/dV kernel adding dQ by atomics, 5
 tile products instead of 7 and no dQ kernel, dQ's last bits varying between runs (not
@@ -58,13 +60,14 @@ one tile's terms into a fresh partial first and then adds the partial, as the fo
 with l: adding Sq terms one by one into dK loses float32 accuracy over long sequences
 (lab/journal.md, "Backward kernel notes moved from the code"). v7 and v9 add each chunk's
 16-term products to the accumulator inside the mma (its C operand) instead, one chunk
-at a time, as FlashAttention-2 does. The price of the partials is d more
-registers per accumulator: from d = 64 on, v1's and v2's dK/dV kernels spill, while v3 and
-v4 keep their blocks in registers without spills up to d = 128 (``tests/ptx_check.py
---link`` prints each kernel's registers and spills).
+at a time, as FlashAttention-2 does; v10 does it in float32 for v6's big*big products
+(the small ones still summed from zero per chunk and added by FADD). The price of the
+partials is d more registers per accumulator: from d = 64 on, v1's and v2's dK/dV
+kernels spill, while v3 and v4 keep their blocks in registers without spills up to
+d = 128 (``tests/ptx_check.py --link`` prints each kernel's registers and spills).
 
-Variants (kernels/variants.py, docs/variants.md): the v1, v4, v6 and v8 kernels take a
-compile-time ``variant`` and twelve more run-time arguments after causal_offset
+Variants (kernels/variants.py, docs/variants.md): the v1, v4, v6, v8 and v10 kernels take
+a compile-time ``variant`` and twelve more run-time arguments after causal_offset
 (window_lo, Hq, group, softcap, slopes, attn_mask, tiles, dropout's seed_lo, seed_hi,
 keep_threshold, keep_scale, and a packed batch's seqs: kernels/sequences.py). dS is multiplied by d score / d s (softcap, score_mod_grad).
 Dropout regenerates the forward's keep mask per entry (variants.make_dropout; nothing is
@@ -82,7 +85,7 @@ attention only: their plans refuse variants (dropout included), as v7's does.
 Fully masked rows (causal with Sq > Sk, where L = -inf) have P = 0: the kernels skip them
 before computing exp, so they give a zero dQ row, add nothing to dK and dV, and no
 exp(-inf - (-inf)) is ever evaluated. Masked keys are never read into a sum, so NaN there
-has no effect; NaN in a visible input propagates (v5 to v9 refuse non-finite inputs,
+has no effect; NaN in a visible input propagates (v5 to v10 refuse non-finite inputs,
 see nonfinite.py). Speed against PyTorch SDPA: docs/performance.md.
 """
 
@@ -100,6 +103,7 @@ MODULES = {
     "v7": "v7_half",
     "v8": "v8_atomic_dq",
     "v9": "v9_ldmatrix",
+    "v10": "v10_mma_accumulate",
 }
 VERSIONS = tuple(MODULES)
 

@@ -337,7 +337,7 @@ DqStep = namedtuple("DqStep", "wait keep add")
 
 @functools.lru_cache(maxsize=None)
 def make_dkdv_v6_work(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False, variant=PLAIN,
-                      dq_step=None):
+                      dq_step=None, accumulate=False):
     """The work of backward v6's dK/dV kernel (make_backward_dkdv_v6 says what it does), as
     an inline device function of the kernel's arguments with dQ added before dK:
 
@@ -360,6 +360,13 @@ def make_dkdv_v6_work(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False, var
     ``smem`` is the kernel's dynamic shared memory, whose floats from
     ``dkdv_v5_shared_layout(Br, Bc, d, pairs).END`` on are the step's; with a packed
     batch dQ is cut to the block's sequence as Q is.
+
+    ``accumulate``: False (v6: each chunk's dVj and dKj products are summed from zero, the
+    big*big ones in c, f and the small ones in e, h, and then added, dv += c + e), or True
+    (backward v10, v10_mma_accumulate.py): the running dv and dk are the C operand of the
+    big*big products, and the small ones, still summed from zero per chunk, are added
+    after them (dv = c + e): one FADD per element and chunk instead of two. Not compiled
+    when False: v6's PTX is what it was before the switch existed.
     """
     from ..ptx import exp2_approx      # inline PTX (simulator: simulated.py)
     helpers = _make_v6_helpers(d, variant.varlen)
@@ -395,6 +402,7 @@ def make_dkdv_v6_work(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False, var
 
     DQ = dq_step is not None
     dq_wait, dq_keep, dq_add = dq_step if DQ else (None, None, None)
+    ACCUMULATE = accumulate
 
     @cuda.jit(device=True, inline=True)
     def work(Q, K, V, dO, L, D, dQ, dK, dV, softmax_scale, causal_offset, window_lo, Hq, group,
@@ -546,22 +554,41 @@ def make_dkdv_v6_work(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False, var
                             dq_keep(smem, r - r0, w0 + g + 8 * (x // 2), ds)
                 # dVj += P^T dOi, dKj += dS^T Qi
                 for nd in range(KS):
-                    c0 = ZERO
-                    c1 = ZERO
-                    c2 = ZERO
-                    c3 = ZERO
-                    e0 = ZERO
-                    e1 = ZERO
-                    e2 = ZERO
-                    e3 = ZERO
-                    f0 = ZERO
-                    f1 = ZERO
-                    f2 = ZERO
-                    f3 = ZERO
-                    h0 = ZERO
-                    h1 = ZERO
-                    h2 = ZERO
-                    h3 = ZERO
+                    if ACCUMULATE:
+                        # v10: the big*big products go straight into the running sums
+                        c0 = dv[nd * 4]
+                        c1 = dv[nd * 4 + 1]
+                        c2 = dv[nd * 4 + 2]
+                        c3 = dv[nd * 4 + 3]
+                        e0 = ZERO
+                        e1 = ZERO
+                        e2 = ZERO
+                        e3 = ZERO
+                        f0 = dk[nd * 4]
+                        f1 = dk[nd * 4 + 1]
+                        f2 = dk[nd * 4 + 2]
+                        f3 = dk[nd * 4 + 3]
+                        h0 = ZERO
+                        h1 = ZERO
+                        h2 = ZERO
+                        h3 = ZERO
+                    else:
+                        c0 = ZERO
+                        c1 = ZERO
+                        c2 = ZERO
+                        c3 = ZERO
+                        e0 = ZERO
+                        e1 = ZERO
+                        e2 = ZERO
+                        e3 = ZERO
+                        f0 = ZERO
+                        f1 = ZERO
+                        f2 = ZERO
+                        f3 = ZERO
+                        h0 = ZERO
+                        h1 = ZERO
+                        h2 = ZERO
+                        h3 = ZERO
                     for ks in range(NT):
                         pa = (pb[ks * 4], pb[ks * 4 + 2], pb[ks * 4 + 1], pb[ks * 4 + 3],
                               ps[ks * 4], ps[ks * 4 + 2], ps[ks * 4 + 1], ps[ks * 4 + 3])
@@ -576,14 +603,26 @@ def make_dkdv_v6_work(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False, var
                         b1b, b1s = load_q(Qi, bt + STRIDE)
                         f0, f1, f2, f3, h0, h1, h2, h3 = mma3(
                             ga, b0b, b1b, b0s, b1s, f0, f1, f2, f3, h0, h1, h2, h3)
-                    dv[nd * 4] += c0 + e0
-                    dv[nd * 4 + 1] += c1 + e1
-                    dv[nd * 4 + 2] += c2 + e2
-                    dv[nd * 4 + 3] += c3 + e3
-                    dk[nd * 4] += f0 + h0
-                    dk[nd * 4 + 1] += f1 + h1
-                    dk[nd * 4 + 2] += f2 + h2
-                    dk[nd * 4 + 3] += f3 + h3
+                    if ACCUMULATE:
+                        # the small products, summed from zero, added by FADD (module
+                        # docstring of v10_mma_accumulate.py: not into C)
+                        dv[nd * 4] = c0 + e0
+                        dv[nd * 4 + 1] = c1 + e1
+                        dv[nd * 4 + 2] = c2 + e2
+                        dv[nd * 4 + 3] = c3 + e3
+                        dk[nd * 4] = f0 + h0
+                        dk[nd * 4 + 1] = f1 + h1
+                        dk[nd * 4 + 2] = f2 + h2
+                        dk[nd * 4 + 3] = f3 + h3
+                    else:
+                        dv[nd * 4] += c0 + e0
+                        dv[nd * 4 + 1] += c1 + e1
+                        dv[nd * 4 + 2] += c2 + e2
+                        dv[nd * 4 + 3] += c3 + e3
+                        dk[nd * 4] += f0 + h0
+                        dk[nd * 4 + 1] += f1 + h1
+                        dk[nd * 4 + 2] += f2 + h2
+                        dk[nd * 4 + 3] += f3 + h3
                 if DQ:
                     dq_add(smem, Kj, dQ, bh, i * Br + r0, Sq, tid, softmax_scale)
 
@@ -606,7 +645,34 @@ def make_backward_dq_v6(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False,
     once as staged (as make_backward_dkdv_v6's Qi and dOi); ``gqa``, ``variant``: as
     there (dropout: dP times keep_scale or 0 before dS = P (dP - D)). Launch: grid
     (ceil(Sq / Br), B * Hq), block (2 * Br,), END * 4 bytes (``dq_v5_shared_layout(Br,
-    Bc, d, pairs)``); with ``gqa`` query head h reads K/V head h // group of its batch."""
+    Bc, d, pairs)``); with ``gqa`` query head h reads K/V head h // group of its batch.
+    The work is ``make_dq_v6_work``'s (an inline device function), as the dK/dV
+    kernel's."""
+    work = make_dq_v6_work(Br, Bc, d, causal, chunk, pairs, gqa, variant)
+
+    @cuda.jit(**jit_options())
+    def backward_dq_v6(Q, K, V, dO, L, D, dQ, softmax_scale, causal_offset, window_lo, Hq,
+                       group, softcap, slopes, attn_mask, tiles, seed_lo, seed_hi,
+                       keep_threshold, keep_scale, seqs):
+        work(Q, K, V, dO, L, D, dQ, softmax_scale, causal_offset, window_lo, Hq, group,
+             softcap, slopes, attn_mask, tiles, seed_lo, seed_hi, keep_threshold, keep_scale,
+             seqs)
+
+    return backward_dq_v6
+
+
+@functools.lru_cache(maxsize=None)
+def make_dq_v6_work(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False, variant=PLAIN,
+                    accumulate=False):
+    """The work of backward v6's dQ kernel (make_backward_dq_v6 says what it does), as an
+    inline device function of the kernel's arguments:
+
+        work(Q, K, V, dO, L, D, dQ, softmax_scale, causal_offset, window_lo, Hq, group,
+             softcap, slopes, attn_mask, tiles, seed_lo, seed_hi, keep_threshold,
+             keep_scale, seqs)
+
+    ``accumulate``: as make_dkdv_v6_work's, for dq (backward v10: the running dq is the C
+    operand of the big*big products; False compiles v6's sums)."""
     from ..ptx import exp2_approx      # inline PTX (simulator: simulated.py)
     helpers = _make_v6_helpers(d, variant.varlen)
     split_finite, stage, a_fragment = helpers.split_finite, helpers.stage, helpers.a_fragment
@@ -639,10 +705,12 @@ def make_backward_dq_v6(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False,
     sequences = make_sequences(VARLEN)
     locate, cut = sequences.locate, sequences.cut
 
-    @cuda.jit(**jit_options())
-    def backward_dq_v6(Q, K, V, dO, L, D, dQ, softmax_scale, causal_offset, window_lo, Hq,
-                       group, softcap, slopes, attn_mask, tiles, seed_lo, seed_hi,
-                       keep_threshold, keep_scale, seqs):
+    ACCUMULATE = accumulate
+
+    @cuda.jit(device=True, inline=True)
+    def work(Q, K, V, dO, L, D, dQ, softmax_scale, causal_offset, window_lo, Hq, group,
+             softcap, slopes, attn_mask, tiles, seed_lo, seed_hi, keep_threshold, keep_scale,
+             seqs):
         bh = cuda.blockIdx.y            # b * Hq + h: the query head
         b = bh // Hq
         h = bh % Hq
@@ -759,14 +827,25 @@ def make_backward_dq_v6(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False,
                                           causal_offset, window_lo, softcap, slopes, attn_mask)
                         gb[y], gs[y] = split_finite(ds)
                 for nd in range(KS):
-                    c0 = ZERO
-                    c1 = ZERO
-                    c2 = ZERO
-                    c3 = ZERO
-                    e0 = ZERO
-                    e1 = ZERO
-                    e2 = ZERO
-                    e3 = ZERO
+                    if ACCUMULATE:
+                        # v10: the big*big products go straight into the running sums
+                        c0 = dq[nd * 4]
+                        c1 = dq[nd * 4 + 1]
+                        c2 = dq[nd * 4 + 2]
+                        c3 = dq[nd * 4 + 3]
+                        e0 = ZERO
+                        e1 = ZERO
+                        e2 = ZERO
+                        e3 = ZERO
+                    else:
+                        c0 = ZERO
+                        c1 = ZERO
+                        c2 = ZERO
+                        c3 = ZERO
+                        e0 = ZERO
+                        e1 = ZERO
+                        e2 = ZERO
+                        e3 = ZERO
                     for ks in range(NT):
                         ga = (gb[ks * 4], gb[ks * 4 + 2], gb[ks * 4 + 1], gb[ks * 4 + 3],
                               gs[ks * 4], gs[ks * 4 + 2], gs[ks * 4 + 1], gs[ks * 4 + 3])
@@ -775,10 +854,16 @@ def make_backward_dq_v6(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False,
                         b1b, b1s = load_kv(Kj, bt + STRIDE)
                         c0, c1, c2, c3, e0, e1, e2, e3 = mma3(
                             ga, b0b, b1b, b0s, b1s, c0, c1, c2, c3, e0, e1, e2, e3)
-                    dq[nd * 4] += c0 + e0
-                    dq[nd * 4 + 1] += c1 + e1
-                    dq[nd * 4 + 2] += c2 + e2
-                    dq[nd * 4 + 3] += c3 + e3
+                    if ACCUMULATE:
+                        dq[nd * 4] = c0 + e0        # the small products, by FADD
+                        dq[nd * 4 + 1] = c1 + e1
+                        dq[nd * 4 + 2] = c2 + e2
+                        dq[nd * 4 + 3] = c3 + e3
+                    else:
+                        dq[nd * 4] += c0 + e0
+                        dq[nd * 4 + 1] += c1 + e1
+                        dq[nd * 4 + 2] += c2 + e2
+                        dq[nd * 4 + 3] += c3 + e3
 
         for nd in range(KS):
             for x in range(4):
@@ -787,7 +872,7 @@ def make_backward_dq_v6(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False,
                 if row < Sq and k < d:
                     dQ[U(bh), U(row), U(k)] = dq[nd * 4 + x] * softmax_scale
 
-    return backward_dq_v6
+    return work
 
 
 # --- the launch contract ------------------------------------------------------------
@@ -858,18 +943,19 @@ def default_backward_v6_plan(d, causal, dtype, where):
     return {"dkdv": tiles + (False,), "dq": tiles + (False,)}
 
 
-def check_backward_v6_tiles(tiles, d):
-    """A caller's backward v6 tiles: (Br, Bc) for both kernels, or ((Br, Bc), (Br, Bc))
-    for the dK/dV kernel and the dQ kernel. Returns {"dkdv": ..., "dq": ...};
-    ValueError names the limit."""
+def check_backward_v6_tiles(tiles, d, version="v6"):
+    """A caller's backward v6 tiles (``version``'s: v10 takes v6's): (Br, Bc) for both
+    kernels, or ((Br, Bc), (Br, Bc)) for the dK/dV kernel and the dQ kernel. Returns
+    {"dkdv": ..., "dq": ...}; ValueError names the limit."""
     try:
         nested = len(tiles) == 2 and all(isinstance(t, (tuple, list)) for t in tiles)
     except TypeError:
         nested = False
     if not nested:
-        both = check_backward_v5_tiles(tiles, d, "v6")
+        both = check_backward_v5_tiles(tiles, d, version)
         return {"dkdv": both, "dq": both}
-    return {kind: check_backward_v5_tiles(t, d, "v6") for kind, t in zip(("dkdv", "dq"), tiles)}
+    return {kind: check_backward_v5_tiles(t, d, version)
+            for kind, t in zip(("dkdv", "dq"), tiles)}
 
 
 def backward_v6_chunk(kind, Br, Bc):
@@ -894,21 +980,28 @@ def plan(p, where, tiles, reason, preprocess):
     (Br, Bc) for both kernels, the table's (the launcher builds one table, for the last
     kernel's tiles): v6's fallback rule (v5's layout within the device's maximum) without
     pairs, or the caller's; a caller's two different pairs of tiles raise ValueError."""
-    refusal = backward_tensor_core_refusal("v6", p, where)
+    return v6_family_plans("v6", p, where, tiles, reason, preprocess)
+
+
+def v6_family_plans(version, p, where, tiles, reason, preprocess):
+    """``plan`` for backward ``version``, "v6" or a rung that runs v6's kernels with
+    another compile-time switch (v10): the same tiles, pairs, grids and refusals, in
+    ``version``'s name."""
+    refusal = backward_tensor_core_refusal(version, p, where)
     if refusal is not None:
-        raise ValueError(f"backward v6 cannot run this input: {refusal}")
+        raise ValueError(f"backward {version} cannot run this input: {refusal}")
     if p.variant.tile_table:
         if tiles is None:
-            both = default_backward_v5_tiles(p.d, where, "v6")
+            both = default_backward_v5_tiles(p.d, where, version)
             reason += (f"; tiles by the v6 fallback rule for d={p.d}, one pair for both "
                        f"kernels (they share the table of visible tiles)")
         else:
-            per_kernel = check_backward_v6_tiles(tiles, p.d)
+            per_kernel = check_backward_v6_tiles(tiles, p.d, version)
             both = per_kernel["dkdv"]
             if per_kernel["dq"] != both:
-                raise ValueError(f"backward v6 with a boolean attn_mask or mask_mod takes one "
-                                 f"(Br, Bc) for both kernels (they share the table of "
-                                 f"visible tiles); got {tiles}")
+                raise ValueError(f"backward {version} with a boolean attn_mask or mask_mod "
+                                 f"takes one (Br, Bc) for both kernels (they share the table "
+                                 f"of visible tiles); got {tiles}")
             reason += "; tiles given by the caller"
         per_kernel = {"dkdv": both + (False,), "dq": both + (False,)}
     elif tiles is None:
@@ -917,9 +1010,9 @@ def plan(p, where, tiles, reason, preprocess):
                    + (", causal" if p.upper else "") + " (each kernel its own)")
     else:
         per_kernel = {kind: t + (False,)
-                      for kind, t in check_backward_v6_tiles(tiles, p.d).items()}
+                      for kind, t in check_backward_v6_tiles(tiles, p.d, version).items()}
         reason += "; tiles given by the caller"
-    preprocess_plan, dkdv, dq = tensor_core_plans(p, where, reason, preprocess, "v6",
+    preprocess_plan, dkdv, dq = tensor_core_plans(p, where, reason, preprocess, version,
                                                   per_kernel)
     variant = variant_description(p)
     table = TILE_TABLE_REASON if p.variant.tile_table else ""
