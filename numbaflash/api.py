@@ -245,11 +245,12 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, win
             bfloat16, plain or causal attention, when asked for; "v8": v6's dK/dV kernel
             adding dQ by atomics, not bitwise reproducible, the default on a GPU with
             deterministic=False; "v9": v7 with ldmatrix operands and cp.async copies,
-            bitwise v7's gradients, when asked for; "v10": v6 adding dK, dV and dQ in
-            the mma's C operand (v6's tiles and variants, its own rounding, not yet
-            measured on a GPU), when asked for. v5 to v9 take finite inputs only: the call checks them
-            first and, if one is NaN or inf, runs v4 and logs why for the default, or
-            raises ValueError if one of them was asked for); None picks the default; see
+            bitwise v7's gradients, the default for plain float16 and bfloat16
+            attention on a GPU; "v10": v6 adding dK, dV and dQ in the mma's C operand
+            (v6's tiles and variants, its own rounding, not yet measured on a GPU), when
+            asked for. v5 to v10 take finite inputs only: the call checks them first
+            and, if one is NaN or inf, runs v4 and logs why for the default, or raises
+            ValueError if one of them was asked for); None picks the default; see
             ``explain_backward`` and numbaflash/kernels/backward/ (one file per version).
         tiles: (Br, Bc) for the backward kernels (v3 and v4 also take (Br, Bc, TM, TN);
             v5 and v6 take multiples of 16, and v6 also ((Br, Bc), (Br, Bc)): the dK/dV
@@ -327,7 +328,7 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, win
         dQ = arrays.device_empty((p.BH, p.Sq, p.d), grad, s)
     dK = arrays.device_empty((p.BHkv, p.Sk, p.d), grad, s)
     dV = arrays.device_empty((p.BHkv, p.Sk, p.d), grad, s)
-    # v5 to v9 (tensor cores) need finite inputs: checked here; v4 if not, or an error
+    # v5 to v10 (tensor cores) need finite inputs: checked here; v4 if not, or an error
     # if the caller asked for one of them.
     plans = finite_inputs_plans(plans, kp, version is not None, Q, K, V, O, dO, L, s)
     launch_backward(plans, kp, Q, K, V, O, dO, L, D, dQ, dK, dV, *_variant_arrays(p, s),

@@ -250,14 +250,14 @@ def plan_backward(p, version=None, tiles=None, where=None, deterministic=True):
 
 def finite_inputs_plans(plans, p, asked, Q, K, V, O, dO, L, stream=DEFAULT):
     """``plans``, or the default's without tensor cores (v4, or v1 for a variant v4 does
-    not take) if they are v5's to v9's and an input holds NaN or inf (the
+    not take) if they are v5's to v10's and an input holds NaN or inf (the
     tensor-core backward needs finite inputs). One check kernel over the six arrays and a
     4-byte copy back, on ``stream`` (a streams.CallStream), which is then waited for; for
     bfloat16 given as its bits (v7: Problem ``p`` says bfloat16) the check reads the
     exponent bits. ``asked``: the caller named the version, which then raises ValueError
     instead of falling back (v7 is never the default, so it always raises)."""
     version = plans[-1].version
-    if version not in ("v5", "v6", "v7", "v8", "v9"):
+    if version not in ("v5", "v6", "v7", "v8", "v9", "v10"):
         return plans
     flag = cuda.to_device(np.zeros(1, np.int32))
     n = max(a.size for a in (Q, K, V, O, dO, L))

@@ -20,7 +20,9 @@ head-dim columns per lane, the second ragged), float32 and float16.
 ``--varlen`` runs packed batches instead (numbaflash.attention_varlen and its backward):
 every forward and backward version that takes variants, on sequences of ragged lengths
 (an empty one, Sq != Sk, one past a tile), GQA, causal and a window, float32 and float16
-(float64 for the versions that compute in it); a version that refuses says why.
+(float64 for the versions that compute in it), and without GQA, causal or not, where the
+versions that take packed batches of plain attention (forward v10, backward v9) run too;
+a version that refuses says why.
 
 ``--forward V`` also runs forward V once on inputs with a NaN in q and k and an inf in v,
 so that the paths that handle non-finite inputs (forward v6's fix-ups) are checked too.
@@ -198,9 +200,13 @@ def main_varlen():
     lq, lk = [70, 0, 129, 5], [64, 33, 200, 5]
     cu_q, cu_k = (np.concatenate([[0], np.cumsum(n)]).astype(np.int32) for n in (lq, lk))
     for dtype in (np.float32, np.float16, np.float64):
-        for d, options in ((64, dict(causal=True)), (40, dict(window_size=(20, 3)))):
+        # GQA (4 query heads on 2 K/V heads) with causal and a window: the versions that
+        # take variants; 4 K/V heads, causal or not: also forward v10 and backward v9,
+        # which take packed batches of plain attention only (d = 48: 16-byte copies)
+        for d, hk, options in ((64, 2, dict(causal=True)), (40, 2, dict(window_size=(20, 3))),
+                               (64, 4, dict(causal=True)), (48, 4, {})):
             q = cuda.to_device(rng.standard_normal((cu_q[-1], 4, d)).astype(dtype))
-            k, v = (cuda.to_device(rng.standard_normal((cu_k[-1], 2, d)).astype(dtype))
+            k, v = (cuda.to_device(rng.standard_normal((cu_k[-1], hk, d)).astype(dtype))
                     for _ in range(2))
             dout = cuda.to_device(rng.standard_normal((cu_q[-1], 4, d)).astype(dtype))
             out = lse = None

@@ -17,8 +17,8 @@ checked:
 - The launch contract: version="v10" plans v6's tiles, pairs, grids and shared memory
   for v10's two kernels; v10 is never a default (deterministic or not, any dtype, either
   backend); refusals before any launch (float64, d > 128, bad tiles); NaN or inf with
-  version="v10" a ValueError (waits for numbaflash/policy.py to check v10's inputs: a
-  strict xfail until then).
+  version="v10" a ValueError (numbaflash/policy.py's finite_inputs_plans checks
+  them).
 - On a GPU only: the same bits over reruns (no atomics).
 
 What the simulator cannot show: it sums a tile's products and C exactly and rounds once
@@ -297,8 +297,6 @@ def test_v10_refusals(no_launch, d, dtype, tiles, match):
         numbaflash.attention_backward(q, q, q, q, q, lse, version="v10", tiles=tiles)
 
 
-@pytest.mark.xfail(strict=True, reason="numbaflash/policy.py's finite_inputs_plans checks "
-                                       "the inputs of v5 to v9 only; v10 is to be added there")
 @pytest.mark.parametrize("name", ["q", "lse"])
 def test_v10_refuses_nonfinite_inputs(name):
     """NaN in an input: version="v10" raises a ValueError that says why and what to use

@@ -441,7 +441,9 @@ class WallBoard:
 
 def test_cli_energy_adds_joules_to_the_table_and_the_json(monkeypatch, tmp_path, capsys):
     # The plain bench, on whatever backend runs numbaflash here (the simulator in CI),
-    # with the command told it is on a GPU and NVML standing in with a 250 W board.
+    # with the command told it is on a GPU and NVML standing in with a 250 W board. The
+    # window is 0.5 s: the meter reads the clock when it sees the counter move, and on a
+    # busy 2-core machine a few ms late in a 0.05 s window read 268 W (7% off).
     import numbaflash
     try:
         numbaflash.backend()
@@ -456,7 +458,7 @@ def test_cli_energy_adds_joules_to_the_table_and_the_json(monkeypatch, tmp_path,
     path = tmp_path / "bench.json"
     status = main(["bench", "--shapes", "1x1x32x8", "--causal", "no", "--passes", "forward",
                    "--repeats", "1", "--warmup", "0", "--no-sdpa", "--energy",
-                   "--energy-seconds", "0.05", "--json", str(path)])
+                   "--energy-seconds", "0.5", "--json", str(path)])
     out, err = capsys.readouterr()
     assert status == 0, out + err
     assert nvml.shutdowns == nvml.inits == 1
@@ -464,7 +466,7 @@ def test_cli_energy_adds_joules_to_the_table_and_the_json(monkeypatch, tmp_path,
     meta = json.loads(path.read_text())["meta"]["energy"]
     assert record["impl"] == "numbaflash" and record["ok"] is True
     assert record["energy_calls"] >= energy.DEFAULT_MIN_CALLS
-    assert record["energy_s"] >= 0.05
+    assert record["energy_s"] >= 0.5
     assert record["watts"] == pytest.approx(250.0, rel=0.05)
     assert record["joules"] == pytest.approx(record["watts"] * record["energy_s"]
                                              / record["energy_calls"])

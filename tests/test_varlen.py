@@ -121,8 +121,8 @@ def test_version_lists():
     a new version that takes variants must be added to the tile tables above."""
     assert FORWARD_VERSIONS == ("v1", "v2", "v5", "v6", "v7", "v8", "v9")
     assert BACKWARD_VERSIONS == ("v1", "v4", "v6", "v8", "v10")
-    assert FORWARD_PACKED_ONLY == () and BACKWARD_PACKED_ONLY == ("v9",)
-    assert (FORWARD_REFUSING == ("v3", "v4", "v10")
+    assert FORWARD_PACKED_ONLY == ("v10",) and BACKWARD_PACKED_ONLY == ("v9",)
+    assert (FORWARD_REFUSING == ("v3", "v4")
             and BACKWARD_REFUSING == ("v2", "v3", "v5", "v7"))
 
 
@@ -436,13 +436,57 @@ def test_backward_bitwise_equals_attention(version, name):
             assert_bitwise_equal(f"sequence {b}: {g_name}", seq(got, cu, b), to_host(w))
 
 
-# The 16-bit backward that takes packed batches of plain attention only (PACKED): the
+# The 16-bit versions that take packed batches of plain attention only (PACKED): the
 # fixed batch without GQA, causal (Sq > Sk and Sq < Sk shift the mask) and not, float16
 # and bfloat16 with d = 8 (16-byte copies), float16 with d = 3 (element by element); 16 x
-# 16 tiles on the simulator, so the sequences of 17 and 18 rows cross tiles.
-PACKED_ONLY_CASES = [(v, dtype, d, causal) for v in BACKWARD_PACKED_ONLY
-                     for dtype, d in (("float16", 8), ("bfloat16", 8), ("float16", 3))
-                     for causal in (False, True) if d == 8 or causal]
+# 16 tiles on the simulator (the forward's Bc 32), so the sequences of 17 and 18 rows
+# cross tiles.
+PACKED_ONLY_SHAPES = [(dtype, d, causal)
+                      for dtype, d in (("float16", 8), ("bfloat16", 8), ("float16", 3))
+                      for causal in (False, True) if d == 8 or causal]
+PACKED_ONLY_CASES = [(v,) + shape for v in BACKWARD_PACKED_ONLY for shape in PACKED_ONLY_SHAPES]
+FORWARD_PACKED_ONLY_CASES = [(v,) + shape for v in FORWARD_PACKED_ONLY
+                             for shape in PACKED_ONLY_SHAPES]
+
+
+@pytest.mark.parametrize("version,dtype,d,causal", FORWARD_PACKED_ONLY_CASES)
+def test_packed_only_forward_bitwise_equals_attention(version, dtype, d, causal):
+    """Sequence b of attention_varlen(version=V) is attention(version=V) of its rows, bit
+    for bit (out and lse), and meets TESTING.md's rule (check_forward_per_sequence), for
+    a version that takes packed batches of plain attention only."""
+    case = fixed_case(dtype, "plain", Hkv=4, d=d, causal=causal)
+    tiles = None if GPU else (16, 32)
+    out, lse = forward(case, version=version, tiles=tiles)
+    check_shapes(case, out, lse)
+    check_forward_per_sequence(case, out, lse)
+    for b in range(case.B):
+        q, k, v, _ = case.sequence(b)
+        want_out, want_lse = numbaflash.attention(q, k, v, causal=case.mode, scale=case.scale,
+                                                  version=version, tiles=tiles, return_lse=True)
+        assert_bitwise_equal(f"sequence {b}: out", seq(out, case.cu_q, b), to_host(want_out))
+        assert_bitwise_equal(f"sequence {b}: lse", seq_lse(lse, case.cu_q, b),
+                             to_host(want_lse))
+
+
+@pytest.mark.parametrize("version", FORWARD_PACKED_ONLY)
+def test_packed_only_forward_nonfinite_inputs_bitwise_equal_attention(version):
+    """A NaN in one sequence's q and an inf in another's k and v take the forward's rare
+    fix-up paths, which read the packed arrays through views cut to the sequence: each
+    sequence is still attention() of its own rows, bit for bit."""
+    case = fixed_case("float16", "plain", Hkv=4)
+    case.q[case.cu_q[2] + 3, 1, 2] = np.nan
+    case.k[case.cu_k[0] + 5, 2, 0] = np.inf
+    case.v[case.cu_k[0] + 7, 3, 4] = -np.inf
+    tiles = None if GPU else (16, 32)
+    out, lse = forward(case, version=version, tiles=tiles)
+    for b in range(case.B):
+        q, k, v, _ = case.sequence(b)
+        want_out, want_lse = numbaflash.attention(q, k, v, causal=case.mode, scale=case.scale,
+                                                  version=version, tiles=tiles, return_lse=True)
+        assert_bitwise_equal(f"sequence {b}: out", seq(out, case.cu_q, b), to_host(want_out))
+        assert_bitwise_equal(f"sequence {b}: lse", seq_lse(lse, case.cu_q, b),
+                             to_host(want_lse))
+    assert np.isnan(seq(out, case.cu_q, 2)).any()          # the fix-up path did run
 
 
 @pytest.mark.parametrize("version,dtype,d,causal", PACKED_ONLY_CASES)
@@ -466,20 +510,25 @@ def test_packed_only_backward_bitwise_equals_attention(version, dtype, d, causal
             assert_bitwise_equal(f"sequence {b}: {g_name}", seq(got, cu, b), to_host(w))
 
 
-@pytest.mark.parametrize("version", BACKWARD_PACKED_ONLY)
+@pytest.mark.parametrize("which,version", [("forward", v) for v in FORWARD_PACKED_ONLY]
+                         + [("backward", v) for v in BACKWARD_PACKED_ONLY])
 @pytest.mark.parametrize("name,options", [
     ("GQA", dict(Hkv=2)), ("window", dict(window=(3, -1))), ("softcap", dict(softcap=5.0)),
     ("ALiBi", dict(alibi="heads"))])
-def test_packed_only_backward_refuses_other_variants(version, name, options, no_launch):
+def test_packed_only_versions_refuse_other_variants(which, version, name, options, no_launch):
     """A version that takes packed batches of plain attention only refuses a packed batch
     with any other variant, naming it, before any launch."""
     case = fixed_case("float16", "plain", **{"Hkv": 4, **options})
     lse = np.zeros((case.Hq, sum(case.lens_q)), np.float32)
-    with pytest.raises(ValueError, match=rf"backward {version} computes plain attention, "
+    with pytest.raises(ValueError, match=rf"{which} {version} .*computes plain attention, "
                                          r"in one batch or packed,") as err:
-        numbaflash.attention_varlen_backward(case.dout, case.q, case.k, case.v, case.dout,
-                                             lse, case.cu_q, case.cu_k, version=version,
-                                             **case.options())
+        if which == "forward":
+            numbaflash.attention_varlen(case.q, case.k, case.v, case.cu_q, case.cu_k,
+                                        version=version, **case.options())
+        else:
+            numbaflash.attention_varlen_backward(case.dout, case.q, case.k, case.v, case.dout,
+                                                 lse, case.cu_q, case.cu_k, version=version,
+                                                 **case.options())
     assert name in str(err.value)
 
 
@@ -917,18 +966,23 @@ def test_explain_varlen_backward_plans(no_launch):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_gpu_default_for_packed_16_bit_batches(dtype, no_launch):
     """On a GPU a packed float16 or bfloat16 batch of plain attention (causal or not) runs
-    backward v9, as attention() does, each sequence on the grid of the longest; with a
-    variant (here GQA) the default is v6, which takes every variant."""
+    forward v10 and backward v9, as attention() does, each sequence on the grid of the
+    longest; with a variant (here GQA) the defaults are v7 and v6, which take every
+    variant."""
     for causal in (False, True):
         case = fixed_case(dtype, "plain", Hkv=4, causal=causal)
         args = (case.q, case.k, case.v, case.cu_q, case.cu_k)
+        plan = numbaflash.explain_varlen(*args, **case.options(), backend="gpu")
+        assert plan.version == "v10" and plan.grid[1] == case.B * case.Hq, str(plan)
+        assert "packed sequences (varlen)" in plan.variant
         plans = numbaflash.explain_varlen_backward(*args, **case.options(), backend="gpu")
         assert [plan.version for plan in plans[1:]] == ["v9", "v9"], str(plans)
         assert plans[1].grid[1] == plans[2].grid[1] == case.B * case.Hq
         assert "in one batch or packed" in plans[1].reason, plans[1].reason
     case = fixed_case(dtype, "plain")                   # 4 query heads on 2 K/V heads
-    plans = numbaflash.explain_varlen_backward(case.q, case.k, case.v, case.cu_q, case.cu_k,
-                                               **case.options(), backend="gpu")
+    args = (case.q, case.k, case.v, case.cu_q, case.cu_k)
+    assert numbaflash.explain_varlen(*args, **case.options(), backend="gpu").version == "v7"
+    plans = numbaflash.explain_varlen_backward(*args, **case.options(), backend="gpu")
     assert plans[-1].version == "v6", str(plans)
 
 

@@ -1,6 +1,6 @@
 """Registers and spills of the 16-bit kernels' packed-batch builds (Variant(varlen=True)),
-beside their plain builds: ptxas for sm_90 through nvJitLink, as tests/ptx_check.py links,
-with each version's GPU tiles and register cap. The packed arrays are (heads, total, d)
+forward v10 and backward v9, beside their plain builds: ptxas for sm_90 through
+nvJitLink, as tests/ptx_check.py links, with each version's GPU tiles and register cap. The packed arrays are (heads, total, d)
 strided views (layout "A"), lse and D C-contiguous, as numbaflash/varlen.py passes them.
 
     NUMBA_ENABLE_CUDASIM=0 python lab/sweeps/packed_half_registers.py [--dims 64,128]
@@ -57,6 +57,28 @@ def backward_v9(d, causal, half, packed):
         yield name + (f", held to {cap}" if cap else ""), link(ptx, cap)
 
 
+def forward_v10(d, causal, half, packed):
+    from numbaflash.kernels import forward as fwd
+    from numbaflash.kernels.plan import DYNAMIC_SHARED_MEM_LIMIT
+    v10 = fwd.module("v10")
+    Br, Bc = v10.tiles_within(d, DYNAMIC_SHARED_MEM_LIMIT)
+    store = np.dtype(np.uint16) if half == "bfloat16" else np.dtype(half)
+    f32 = np.dtype(np.float32)
+    t3 = numba.types.Array(numba.from_dtype(store), 3, "A" if packed else "C")
+    sig = ((t3, t3, t3, t3, pc.array(f32, 2), numba.float32, numba.int64)
+           + (pc.variant_signature(f32) if packed else ()))
+    k = v10.make_forward_v10(Br, Bc, d, causal, v10.v7_chunk(d, Bc), half, varlen=packed)
+    ptx, _ = cuda.compile_ptx(k.py_func, sig, cc=(9, 0))
+    name = f"forward_v10 {half} d={d} {'causal' if causal else 'full'} ({Br}, {Bc})"
+    # The launch contract's cap (v10_max_registers), and for a packed build also the
+    # plain build's cap, which the contract does not give it
+    caps = [v10.v10_max_registers(d, packed)]
+    if packed and v10.v10_max_registers(d):
+        caps.append(v10.v10_max_registers(d))
+    for cap in caps:
+        yield name + (f", held to {cap}" if cap else ""), link(ptx, cap)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dims", default="64,128")
@@ -65,7 +87,8 @@ def main():
     for d, causal, half in itertools.product([int(x) for x in args.dims.split(",")],
                                              (False, True), args.halves.split(",")):
         for packed in (False, True):
-            for name, info in backward_v9(d, causal, half, packed):
+            for name, info in itertools.chain(forward_v10(d, causal, half, packed),
+                                              backward_v9(d, causal, half, packed)):
                 keep = {k: info[k] for k in ("registers", "spill_stores", "spill_loads")}
                 print(f"{'packed' if packed else 'plain '} {name}: {keep}", flush=True)
 

@@ -247,14 +247,18 @@ def takes_variant_arguments(module, p):
     return bool(module.VARIANTS or (getattr(module, "PACKED", False) and p.variant.varlen))
 
 
-def refuse_variants(version, p):
+def refuse_variants(version, p, packed=False):
     """ValueError for a forward ``version`` that computes plain attention only, if
-    Problem ``p`` asks for a variant."""
+    Problem ``p`` asks for a variant; with ``packed``, a packed batch of plain attention
+    is not refused (packed_only)."""
     wanted = needs_variants(p)
+    if packed and packed_only(p):
+        return
     if wanted is not None:
+        also = ", in one batch or packed," if packed else ""
         raise ValueError(f"forward {version} cannot run this input: it computes plain "
-                         f"attention (with or without a causal mask) only, and this call "
-                         f"asks for {wanted}; v1 and v2 (the default) support variants")
+                         f"attention{also} (with or without a causal mask) only, and this "
+                         f"call asks for {wanted}; v1 and v2 (the default) support variants")
 
 
 def refuse_backward_variants(version, p, packed=False):

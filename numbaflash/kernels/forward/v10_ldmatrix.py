@@ -48,9 +48,17 @@ them: every head dim d <= 128 runs, the odd ones without the asynchronous copies
 
 Inline PTX, ldmatrix, cp.async and warp shuffles on a GPU (sm_80 and later); on the
 simulator kernels/simulated.py's stand-ins. float16 and bfloat16 inputs, d <= 128, plain
-attention with or without a causal mask (both alignments); GQA and the other variants
-(window, softcap, ALiBi, masks, score and mask functions, dropout, packed batches) are
+attention with or without a causal mask (both alignments), in one batch or packed; GQA and
+the other variants (window, softcap, ALiBi, masks, score and mask functions, dropout) are
 refused by name in the plan (v7 takes them).
+
+Packed batches (``varlen``, numbaflash/varlen.py) of plain attention: a block finds its
+sequence from cu_seqlens (kernels/sequences.py's ``locate``) and returns at once if its
+tile lies past the sequence's end; its K/V copies add the sequence's first key row to the
+key (the packed (heads, total, d) views' own base address, no per-sequence view in the
+loop), its tile loop's bounds are made known-uniform (``uniform_range``), and Q, O, L and
+the rare non-finite fix-ups go through views cut to the sequence
+(lab/runs/2026-12-05/packed_half_registers.txt has the registers).
 """
 
 import functools
@@ -89,7 +97,8 @@ def v10_shared_layout(Bc, d):
 
 
 @functools.lru_cache(maxsize=None)
-def make_forward_v10(Br, Bc, d, causal, chunk, half="float16", max_registers=None):
+def make_forward_v10(Br, Bc, d, causal, chunk, half="float16", max_registers=None,
+                     varlen=False):
     """v10: v7 with ldmatrix loads of Kj and Vj (Vj untransposed) and cp.async copies of
     the next K/V tile into the other of two stages (module docstring). float16 or bfloat16
     (``half``, kernels/halves.py), d <= 128, plain attention, ``causal`` as v7's.
@@ -114,7 +123,9 @@ def make_forward_v10(Br, Bc, d, causal, chunk, half="float16", max_registers=Non
 
     Launch: grid (ceil(Sq / Br), BH), block (2 * Br,): Br / 16 warps of 16 query rows, and
     ``v10_shared_layout(Bc, d).END * 2`` bytes of dynamic shared memory. Arguments: Q, K, V,
-    O, L, softmax_scale, causal_offset (kernels/forward/__init__.py).
+    O, L, softmax_scale, causal_offset (kernels/forward/__init__.py). ``varlen``: a packed
+    batch (module docstring), and the variant arguments after causal_offset, as the
+    kernels that take variants have them.
     """
     from numba.types import uint32
 
@@ -153,7 +164,10 @@ def make_forward_v10(Br, Bc, d, causal, chunk, half="float16", max_registers=Non
     finite, add_nonfinite_scores = rows.finite, rows.add_nonfinite_scores
     softmax_step, add_nonfinite_values = rows.softmax_step, rows.add_nonfinite_values
     write_rows, whole_tile_seen = rows.write_rows, rows.whole_tile
-    position = make_sequences(False).position
+    VARLEN = varlen
+    sequences = make_sequences(VARLEN)
+    locate, cut, position = sequences.locate, sequences.cut, sequences.position
+    uniform_range = sequences.uniform_range
 
     @cuda.jit(device=True, inline=True)
     def q_value(Q, bh, r, k, Sq, bad):
@@ -166,10 +180,10 @@ def make_forward_v10(Br, Bc, d, causal, chunk, half="float16", max_registers=Non
         return x
 
     @cuda.jit(device=True, inline=True)
-    def start_copies(smem, K, V, bh, jn, st, tid, Sk, wide, HZERO):
+    def start_copies(smem, K, V, bh, k_first, jn, st, tid, Sk, wide, HZERO):
         """Alg.1 l.7, issued: this thread's pieces of Kj and Vj for tile jn into stage st,
         by cp.async when ``wide`` (16-byte rows, aligned arrays), else loaded and stored
-        here; 0 past Sk and d."""
+        here; 0 past Sk and d. The sequence's keys start at row k_first of K and V."""
         for u in range(COPIES):
             n = tid + u * THREADS
             if n < Bc * PIECES:
@@ -178,7 +192,7 @@ def make_forward_v10(Br, Bc, d, causal, chunk, half="float16", max_registers=Non
                 at = r * ROW + k0
                 key = jn * Bc + r
                 if key < Sk and k0 < d:
-                    src = position(K, bh, key, Sk, d) + k0
+                    src = position(K, bh, k_first + key, Sk, d) + k0
                     if wide:
                         cp_async16(smem, U(K_AT + st * TILE + at), K, U(src))
                         cp_async16(smem, U(V_AT + st * TILE + at), V, U(src))
@@ -233,12 +247,29 @@ def make_forward_v10(Br, Bc, d, causal, chunk, half="float16", max_registers=Non
                     if not all_finite(smem, V_AT + st * TILE + at):
                         zero_nonfinite(smem, V_AT + st * TILE + at, bad, 2, mark, HZERO)
 
-    @cuda.jit(**jit_options(max_registers))
-    def forward_v10(Q, K, V, O, L, softmax_scale, causal_offset):
+    @cuda.jit(device=True, inline=True)
+    def copyable(A):
+        """Whether A's rows can be copied 16 bytes at a time: A's first element 16-byte
+        aligned (d a multiple of 8 is WIDE's part), and a packed batch's view's strides
+        whole pieces (d and H d elements, as numbaflash/varlen.py makes them)."""
+        if VARLEN:
+            return (is_aligned16(A) and (A.strides[0] // A.itemsize) % 8 == 0
+                    and (A.strides[1] // A.itemsize) % 8 == 0)
+        return is_aligned16(A)
+
+    @cuda.jit(device=True, inline=True)
+    def work(Q, K, V, O, L, softmax_scale, causal_offset, Hq, seqs):
         bh = cuda.blockIdx.y                    # b * H + h (query and K/V head alike)
         i = cuda.blockIdx.x
-        Sq = Q.shape[1]
-        Sk = K.shape[1]
+        # A packed batch: this block's sequence (kernels/sequences.py). K and V are read
+        # at the sequence's first key row plus the key (no view in the loop); Q, O, L and
+        # the rare fix-ups take views cut to the sequence.
+        q_first, k_first, Sq, Sk, shift = locate(seqs, bh // Hq, Q.shape[1], K.shape[1])
+        if VARLEN:
+            if i * Br >= Sq:
+                return                  # past this sequence: the whole block, no barrier yet
+            bh = bh % Hq
+        causal_offset += shift
         tid = cuda.threadIdx.x
         lane = tid % 32
         g = lane // 4
@@ -256,7 +287,7 @@ def make_forward_v10(Br, Bc, d, causal, chunk, half="float16", max_registers=Non
         HZERO = narrow(ZERO)        # (a float16 constant from outside is invalid NVVM IR)
         # 16-byte copies where every row of K and V is 16-byte aligned (the same in
         # every thread); else element by element.
-        wide = WIDE and is_aligned16(K) and is_aligned16(V)
+        wide = WIDE and copyable(K) and copyable(V)
 
         # The block's dynamic shared memory: two stages of Kj and Vj (v10_shared_layout).
         smem = cuda.shared.array(0, HALF, alignment=16)
@@ -274,18 +305,20 @@ def make_forward_v10(Br, Bc, d, causal, chunk, half="float16", max_registers=Non
         cuda.syncthreads()
         # Only the tiles the causal band leaves work in (bands.py).
         j_start, j_end = kv_tile_range(i, Sk, causal_offset, 0)
+        j_start, j_end = uniform_range(j_start, j_end)  # packed: known uniform (sequences.py)
         # The first tile's copies, on their way while Qi is read.
         if j_start < j_end:
-            start_copies(smem, K, V, bh, j_start, 0, tid, Sk, wide, HZERO)
+            start_copies(smem, K, V, bh, k_first, j_start, 0, tid, Sk, wide, HZERO)
         cp_async_commit()
         # Alg.1 l.4: Qi's A fragments (zero past Sq and d), as v7: word ks * 4 + w holds
         # row row0 (w even) or row1 (w odd), columns 16 ks + 2t (+ 8 for w >= 2) and the next.
+        Qs = cut(Q, q_first, Sq)
         for ks in range(KS):
             for w in range(4):
                 row = row0 + 8 * (w % 2)
                 col = ks * 16 + 2 * t + 8 * (w // 2)
-                q[ks * 4 + w] = pack2(q_value(Q, bh, row, col, Sq, bad),
-                                      q_value(Q, bh, row, col + 1, Sq, bad))
+                q[ks * 4 + w] = pack2(q_value(Qs, bh, row, col, Sq, bad),
+                                      q_value(Qs, bh, row, col + 1, Sq, bad))
         for x in range(O_FRAGS):
             o[x] = ZERO
         m0 = NEG_INF            # running max of row0 and row1 (the same in all 4 lanes)
@@ -300,7 +333,7 @@ def make_forward_v10(Br, Bc, d, causal, chunk, half="float16", max_registers=Non
             cuda.syncthreads()
             # Alg.1 l.7 for tile j + 1, into the other stage while this one is used.
             if j + 1 < j_end:
-                start_copies(smem, K, V, bh, j + 1, 1 - st, tid, Sk, wide, HZERO)
+                start_copies(smem, K, V, bh, k_first, j + 1, 1 - st, tid, Sk, wide, HZERO)
             cp_async_commit()               # (empty at the last tile: the count stays)
             cp_async_wait_group(1)          # this thread's copies of tile j have landed
             test_copies(smem, bad, j, st, tid, Sk, HZERO)
@@ -331,7 +364,8 @@ def make_forward_v10(Br, Bc, d, causal, chunk, half="float16", max_registers=Non
                         s[nt * 4 + x] = acc_a[x]
                         s[nt * 4 + 4 + x] = acc_b[x]
                 if fix_scores:          # rare: a non-finite q or k was staged as 0
-                    add_nonfinite_scores(s, Q, K, bh, bh, j * Bc + key0, row0, t, Sq, Sk)
+                    add_nonfinite_scores(s, cut(Q, q_first, Sq), cut(K, k_first, Sk), bh,
+                                         bh, j * Bc + key0, row0, t, Sq, Sk)
                 # Alg.1 l.9 (as v7): scale, mask, new running max, P~ in s, alpha.
                 alpha0, alpha1, m0, m1, l0, l1 = softmax_step(
                     s, softmax_scale, whole_tile, j * Bc + key0, row0, t, 0, 0, Sq, Sk,
@@ -364,11 +398,23 @@ def make_forward_v10(Br, Bc, d, causal, chunk, half="float16", max_registers=Non
                     o[nd * 4 + 6] = o[nd * 4 + 6] * alpha1 + acc_b[2]
                     o[nd * 4 + 7] = o[nd * 4 + 7] * alpha1 + acc_b[3]
                 if fix_values:          # rare: a non-finite v was staged as 0 (as v7)
-                    add_nonfinite_values(o, s, V, bh, j * Bc + key0, row0, row1, g, t, 0, 0,
-                                         Sq, Sk, causal_offset, 0, 0)
+                    add_nonfinite_values(o, s, cut(V, k_first, Sk), bh, j * Bc + key0, row0,
+                                         row1, g, t, 0, 0, Sq, Sk, causal_offset, 0, 0)
 
         # Alg.1 l.12-16: the quad's row sums, normalise once, write O and L (as v7).
-        write_rows(O, L, o, bh, row0, row1, t, m0, m1, l0, l1, Sq)
+        write_rows(cut(O, q_first, Sq), cut(L, q_first, Sq), o, bh, row0, row1, t, m0, m1, l0,
+                   l1, Sq)
+
+    if VARLEN:
+        @cuda.jit(**jit_options(max_registers))
+        def forward_v10(Q, K, V, O, L, softmax_scale, causal_offset, window_lo, Hq, group,
+                        softcap, slopes, attn_mask, tiles, seed_lo, seed_hi, keep_threshold,
+                        keep_scale, seqs):
+            work(Q, K, V, O, L, softmax_scale, causal_offset, Hq, seqs)
+    else:
+        @cuda.jit(**jit_options(max_registers))
+        def forward_v10(Q, K, V, O, L, softmax_scale, causal_offset):
+            work(Q, K, V, O, L, softmax_scale, causal_offset, 1, None)
 
     return forward_v10
 
@@ -394,7 +440,8 @@ V10_SIM_TILES = (32, 32)      # the simulator: two warps, a tile boundary at sho
 V10_MAX_REGISTERS = 128
 V10_CAP_MAX_HEAD_DIM = 64
 V10_MAX_HEAD_DIM = V7_MAX_HEAD_DIM
-VARIANTS = False              # plain attention only (refuse_variants names the variant)
+VARIANTS = False              # plain attention only (refuse_variants names the variant) ...
+PACKED = True                 # ... in one batch or packed (kernels/plan.py: packed_only)
 BFLOAT16 = True               # reads bfloat16 inputs itself (numbaflash/dtypes.py)
 TILE_TABLE = False
 
@@ -442,7 +489,7 @@ def check_v10_tiles(tiles, d):
 def plan(p, where, tiles, reason):
     """The Plan of forward v10 for Problem ``p``: grid (Tr, B * H), 2 Br threads a block;
     plain attention (causal or not) only."""
-    refuse_variants("v10", p)
+    refuse_variants("v10", p, packed=True)
     why = refusal(p, where)
     if why is not None:
         raise ValueError(f"forward v10 cannot run this input: {why}")
@@ -465,13 +512,17 @@ def plan(p, where, tiles, reason):
                 variant_description(p), dynamic_shared=True)
 
 
-def v10_max_registers(d):
+def v10_max_registers(d, packed=False):
     """ptxas's register limit for forward v10 at head dim d: V10_MAX_REGISTERS up to
-    V10_CAP_MAX_HEAD_DIM, else None (ptxas's choice)."""
-    return V10_MAX_REGISTERS if d <= V10_CAP_MAX_HEAD_DIM else None
+    V10_CAP_MAX_HEAD_DIM, else None (ptxas's choice). A packed batch's build is not held:
+    it takes about 200 registers unheld, as forward v7's packed build does, and held to
+    128 it spills 260-330 bytes (lab/runs/2026-12-05/packed_half_registers.txt)."""
+    return V10_MAX_REGISTERS if d <= V10_CAP_MAX_HEAD_DIM and not packed else None
 
 
 def kernel(plan, p):
     """The compiled kernel of ``plan`` (cached per compile-time parameters)."""
     return make_forward_v10(plan.Br, plan.Bc, p.d, p.upper, v7_chunk(p.d, plan.Bc),
-                            half=p.dtype.name, max_registers=v10_max_registers(p.d))
+                            half=p.dtype.name,
+                            max_registers=v10_max_registers(p.d, p.variant.varlen),
+                            varlen=p.variant.varlen)
