@@ -37,9 +37,9 @@ The ladder, by lineage: each file says its parent, what it changes and what that
 
 Defaults (numbaflash/policy.py decides, and explain_backward() says why), variants or
 not: v3 in float64 and at d > 128 (v1 for a variant there); on a GPU, with d <= 128 and
-finite inputs, v9 for plain float16 and bfloat16 attention and v6 for float32 and for
-variants (v4 when an input holds NaN or inf, or when no v6 tile fits the GPU's shared
-memory); on the simulator, which cannot run the tensor-core versions, v4. Every default
+finite inputs, v9 for plain float16 and bfloat16 attention (in one batch or packed: its
+module's ``PACKED``) and v6 for float32 and for variants (v4 when an input holds NaN or
+inf, or when no v6 tile fits the GPU's shared memory); on the simulator, which cannot run the tensor-core versions, v4. Every default
 is deterministic: no atomics, so repeated runs give bitwise identical gradients (v2,
 which adds dQ with atomics, runs only when asked for; so do v7, v9's parent, and v10,
 not yet measured on a GPU).

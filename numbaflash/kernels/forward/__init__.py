@@ -22,7 +22,7 @@ The ladder, by lineage: each file says its parent, what it changes and what that
 
 Defaults (numbaflash/policy.py decides, and explain() says why), variants or not: v2 in
 float64 and at d > 128; on a GPU, for float16 and bfloat16 inputs, v10 for plain attention
-(causal or not) at d <= 128 a multiple of 8 and v7 otherwise, and for float32
+(causal or not, in one batch or packed) at d <= 128 a multiple of 8 and v7 otherwise, and for float32
 v8 at d <= 64 and v9 at 64 < d <= 128; on the simulator, which cannot run the tensor-core
 versions, v5.
 
@@ -48,7 +48,8 @@ each block finds its sequence and cuts its arrays to it (kernels/sequences.py). 
 and the tiled ones skip the tiles a boolean attn_mask or a mask_mod leaves empty (the
 table of visible tiles, variants.make_tile_table). v3 and v4, the first tensor-core and
 register-blocked rungs, and v10 (v7's loads changed, not yet its variants), compute plain
-attention only: their plans refuse variants.
+attention only: their plans refuse variants, v10's all but a packed batch (its module's
+``PACKED``: kernels/plan.py, packed_only).
 
 Fully masked rows (causal with Sq > Sk, or Sk = 0) end with l = 0: they write O = 0 and
 L = -inf. NaN in a visible input propagates to the rows that see it; masked keys are
