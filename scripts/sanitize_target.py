@@ -22,7 +22,8 @@ every forward and backward version that takes variants, on sequences of ragged l
 (an empty one, Sq != Sk, one past a tile), GQA, causal and a window, float32 and float16
 (float64 for the versions that compute in it), and without GQA, causal or not, where the
 versions that take packed batches of plain attention (forward v10, backward v9) run too;
-a version that refuses says why.
+a version that refuses says why. ``--forward V`` and ``--backward V`` (together or alone:
+backward alone runs after the default forward) and ``--dtype T`` narrow it the same way.
 
 ``--forward V`` also runs forward V once on inputs with a NaN in q and k and an inf in v,
 so that the paths that handle non-finite inputs (forward v6's fix-ups) are checked too.
@@ -199,7 +200,18 @@ def main_varlen():
     rng = np.random.default_rng(9)
     lq, lk = [70, 0, 129, 5], [64, 33, 200, 5]
     cu_q, cu_k = (np.concatenate([[0], np.cumsum(n)]).astype(np.int32) for n in (lq, lk))
-    for dtype in (np.float32, np.float16, np.float64):
+    fwd_versions, bwd_versions = forward.VERSIONS, backward.VERSIONS
+    if "--forward" in sys.argv[1:]:         # --forward V: only forward V (and --backward's)
+        fwd_versions = (sys.argv[sys.argv.index("--forward") + 1],)
+        bwd_versions = ()
+    if "--backward" in sys.argv[1:]:        # --backward V: only backward V (after the
+        bwd_versions = (sys.argv[sys.argv.index("--backward") + 1],)     # default forward)
+        if "--forward" not in sys.argv[1:]:
+            fwd_versions = (None,)
+    dtypes = (np.float32, np.float16, np.float64)
+    if "--dtype" in sys.argv[1:]:
+        dtypes = (np.dtype(sys.argv[sys.argv.index("--dtype") + 1]).type,)
+    for dtype in dtypes:
         # GQA (4 query heads on 2 K/V heads) with causal and a window: the versions that
         # take variants; 4 K/V heads, causal or not: also forward v10 and backward v9,
         # which take packed batches of plain attention only (d = 48: 16-byte copies)
@@ -210,7 +222,7 @@ def main_varlen():
                     for _ in range(2))
             dout = cuda.to_device(rng.standard_normal((cu_q[-1], 4, d)).astype(dtype))
             out = lse = None
-            for version in forward.VERSIONS:
+            for version in fwd_versions:
                 try:
                     out, lse = numbaflash.attention_varlen(q, k, v, cu_q, cu_k, return_lse=True,
                                                            version=version, **options)
@@ -220,7 +232,7 @@ def main_varlen():
                 cuda.synchronize()
                 print(f"varlen forward {version} d={d} {sorted(options)} "
                       f"{np.dtype(dtype).name}: ok", flush=True)
-            for version in backward.VERSIONS:
+            for version in bwd_versions if out is not None else ():
                 try:
                     numbaflash.attention_varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k,
                                                          version=version, **options)

@@ -3,21 +3,25 @@ attention() per sequence, and the time against the same batch padded.
 
     python scripts/varlen_gpu.py [--parts agreement,bitwise,speed] [--repeats 10]
                                  [--dtypes float16,float32] [--dims 64,128]
+                                 [--forward-version V] [--backward-version V]
 
 1. agreement: ``attention_varlen`` and ``attention_varlen_backward`` (the GPU defaults:
-   forward v7 in float16, v8 / v9 in float32; backward v6) on packed batches of mixed
+   in float16 and bfloat16 forward v10 and backward v9 for plain attention, v7 and v6
+   with a variant; in float32 v8 / v9 and backward v6) on packed batches of mixed
    lengths (empty sequences, Sq != Sk, GQA, causal, window, softcap, ALiBi, dropout
    against ``reference.forward_varlen`` with ``numbaflash.dropout_mask``), each sequence
    against ``numbaflash.reference`` in float64 by the bench's rule (``bench._agreement``;
    gradients with the bench's gradient multipliers).
 2. bitwise: for each sequence, ``attention_varlen``'s rows are the same bits as
-   ``attention()`` of that sequence alone, forward (v7, v8, v9) and backward (v6).
+   ``attention()`` of that sequence alone, forward (v7, v8, v9, v10) and backward (v6,
+   v9).
 3. speed: 64 sequences of 128 to 4096 tokens (drawn once, seed 0), 16 heads, causal and
    not: the packed call against the same batch padded to the longest and run through
    ``attention()`` with a boolean attn_mask that hides the padding (the default kernels,
    which skip the tiles the mask leaves empty), forward and forward + backward; and
    PyTorch SDPA on the padded batch with the same mask, as a user would call it. Memory:
-   the packed and padded arrays' bytes.
+   the packed and padded arrays' bytes. The packed call runs the policy's kernels (each
+   line names them) or those named by ``--forward-version`` / ``--backward-version``.
 
 Timing: ``numbaflash.bench.time_ms`` (CUDA events on the default stream, median of
 ``--repeats`` after 3 warm-ups), one process. Every line is printed as it comes (flush).
@@ -26,7 +30,9 @@ Timing: ``numbaflash.bench.time_ms`` (CUDA events on the default stream, median 
 import argparse
 import sys
 
+import ml_dtypes
 import numpy as np
+from numba import cuda
 
 import numbaflash
 from numbaflash import bench, reference
@@ -41,6 +47,21 @@ def _cu(lengths):
 
 def _packed(rng, lengths, heads, d, dtype):
     return rng.standard_normal((int(np.sum(lengths)), heads, d)).astype(dtype)
+
+
+def _device(x):
+    """A host array on the device (bfloat16 through its uint16 bits, as Numba copies it)."""
+    if x.dtype == ml_dtypes.bfloat16:
+        return cuda.to_device(x.view(np.uint16)).view(ml_dtypes.bfloat16)
+    return cuda.to_device(x)
+
+
+def _numba(t):
+    """A torch CUDA tensor as numbaflash takes it: bfloat16 through its int16 view."""
+    import torch
+    if t.dtype == torch.bfloat16:
+        return cuda.as_cuda_array(t.view(torch.int16)).view(ml_dtypes.bfloat16)
+    return t
 
 
 def _check(got, want, base, dtype, mult):
@@ -59,11 +80,18 @@ def agreement():
          dict(causal=True, window_size=(200, 0))),
         ([513, 129, 1], [513, 129, 1], 4, 2, 64, np.float16, dict(softcap=20.0)),
         ([800, 300], [800, 600], 4, 4, 96, np.float32, dict(alibi_slopes=True)),
+        # plain attention in 16 bits: forward v10 and backward v9 by default
+        ([700, 0, 1500, 33], [700, 90, 1500, 2000], 8, 8, 64, np.float16,
+         dict(causal=True)),
+        ([513, 129, 1, 1000], [513, 129, 300, 1000], 4, 4, 128, "bfloat16", {}),
+        ([700, 0, 1500, 33], [700, 90, 1500, 2000], 8, 8, 64, "bfloat16",
+         dict(causal=True)),
         ([640, 100, 900], [640, 100, 900], 4, 4, 64, np.float32,
          dict(causal=True, dropout_p=0.2, dropout_seed=7)),
     ]
     bad = 0
     for lq, lk, Hq, Hk, d, dtype, options in cases:
+        dtype = np.dtype(dtype).type
         options = dict(options)
         if options.get("alibi_slopes"):
             options["alibi_slopes"] = rng.uniform(0.01, 0.2, Hq).astype(np.float32)
@@ -71,7 +99,7 @@ def agreement():
         q = _packed(rng, lq, Hq, d, dtype)
         k, v = (_packed(rng, lk, Hk, d, dtype) for _ in range(2))
         dout = _packed(rng, lq, Hq, d, dtype)
-        tq, tk, tv, tdo = (torch.from_numpy(x).cuda() for x in (q, k, v, dout))
+        tq, tk, tv, tdo = (_device(x) for x in (q, k, v, dout))
         out, lse = numbaflash.attention_varlen(tq, tk, tv, cu_q, cu_k, return_lse=True,
                                                **options)
         grads = numbaflash.attention_varlen_backward(tdo, tq, tk, tv, out, lse, cu_q, cu_k,
@@ -110,17 +138,20 @@ def bitwise():
     rng = np.random.default_rng(5)
     lq, lk = [300, 0, 129, 1000], [300, 77, 400, 1000]
     bad = 0
-    for dtype, version, d in ((np.float16, "v7", 64), (np.float32, "v8", 64),
-                              (np.float32, "v9", 128)):
+    for dtype, version, bwd, d, hk in (
+            (np.float16, "v7", "v6", 64, 2), (np.float32, "v8", "v6", 64, 2),
+            (np.float32, "v9", "v6", 128, 2), (np.float16, "v10", "v9", 64, 8),
+            ("bfloat16", "v10", "v9", 128, 8), ("bfloat16", "v10", "v9", 64, 8)):
+        dtype = np.dtype(dtype).type
         cu_q, cu_k = _cu(lq), _cu(lk)
         q = _packed(rng, lq, 8, d, dtype)
-        k, v = (_packed(rng, lk, 2, d, dtype) for _ in range(2))
+        k, v = (_packed(rng, lk, hk, d, dtype) for _ in range(2))
         dout = _packed(rng, lq, 8, d, dtype)
-        t = [torch.from_numpy(x).cuda() for x in (q, k, v, dout)]
+        t = [_device(x) for x in (q, k, v, dout)]
         out, lse = numbaflash.attention_varlen(*t[:3], cu_q, cu_k, causal=True,
                                                return_lse=True, version=version)
         grads = numbaflash.attention_varlen_backward(t[3], *t[:3], out, lse, cu_q, cu_k,
-                                                     causal=True, version="v6")
+                                                     causal=True, version=bwd)
         out, lse = out.copy_to_host(), lse.copy_to_host()
         grads = [g.copy_to_host() for g in grads]
         ok = True
@@ -137,17 +168,18 @@ def bitwise():
             if lk[b] == 0:
                 continue
             g1 = numbaflash.attention_backward(one[3], *one[:3], o1, l1, causal=True,
-                                               version="v6")
+                                               version=bwd)
             for g, want, at in zip(grads, g1, (rows, keys, keys)):
                 ok &= np.array_equal(np.swapaxes(want[0], 0, 1), g[at], equal_nan=True)
         bad += not ok
-        print(f"{'OK  ' if ok else 'FAIL'} bitwise forward {version}, backward v6, "
-              f"{np.dtype(dtype).name}, d={d}: each sequence equals attention() alone",
+        print(f"{'OK  ' if ok else 'FAIL'} bitwise forward {version}, backward {bwd}, "
+              f"{np.dtype(dtype).name}, d={d}, {hk} K/V heads: each sequence equals "
+              f"attention() alone",
               flush=True)
     return bad
 
 
-def speed(dtypes, dims, repeats):
+def speed(dtypes, dims, repeats, fwd_version=None, bwd_version=None):
     import torch
     import torch.nn.functional as F
     rng = np.random.default_rng(0)
@@ -173,6 +205,9 @@ def speed(dtypes, dims, repeats):
                 at = slice(int(cu[b]), int(cu[b + 1]))
                 for x, xp in ((q, qp), (k, kp), (v, vp), (dout, dop)):
                     xp[b, :, :lengths[b]] = x[at].transpose(0, 1)
+            # what numbaflash reads (bfloat16 through its int16 view); SDPA takes the tensors
+            nq, nk, nv, ndo, nqp, nkp, nvp, ndop = (_numba(x) for x in
+                                                    (q, k, v, dout, qp, kp, vp, dop))
             packed_bytes = 4 * q.numel() * q.element_size()
             padded_bytes = 4 * qp.numel() * qp.element_size()
             for causal in (False, True):
@@ -184,22 +219,32 @@ def speed(dtypes, dims, repeats):
                 cu_host = cu             # host cu_seqlens: no wait for a device copy
 
                 def packed_fwd():
-                    return numbaflash.attention_varlen(q, k, v, cu_host, cu_host,
+                    return numbaflash.attention_varlen(nq, nk, nv, cu_host, cu_host,
                                                        max_seqlen_q=S, max_seqlen_k=S,
-                                                       causal=causal, return_lse=True)
+                                                       causal=causal, return_lse=True,
+                                                       version=fwd_version)
+                ran = (numbaflash.explain_varlen(
+                    nq, nk, nv, cu_host, cu_host, max_seqlen_q=S, max_seqlen_k=S,
+                    causal=causal, version=fwd_version).version,
+                    numbaflash.explain_varlen_backward(
+                    nq, nk, nv, cu_host, cu_host, max_seqlen_q=S, max_seqlen_k=S,
+                    causal=causal, version=bwd_version)[-1].version,
+                    numbaflash.explain(nqp, nkp, nvp, attn_mask=mask).version,
+                    numbaflash.explain_backward(nqp, nkp, nvp, attn_mask=mask)[-1].version)
 
                 def padded_fwd():
-                    return numbaflash.attention(qp, kp, vp, attn_mask=mask, return_lse=True)
+                    return numbaflash.attention(nqp, nkp, nvp, attn_mask=mask,
+                                                return_lse=True)
 
                 out, lse = packed_fwd()
                 outp, lsep = padded_fwd()
                 t_pk = _ms(packed_fwd, repeats)
                 t_pd = _ms(padded_fwd, repeats)
                 t_pk_b = _ms(lambda: numbaflash.attention_varlen_backward(
-                    dout, q, k, v, out, lse, cu_host, cu_host, max_seqlen_q=S,
-                    max_seqlen_k=S, causal=causal), repeats)
+                    ndo, nq, nk, nv, out, lse, cu_host, cu_host, max_seqlen_q=S,
+                    max_seqlen_k=S, causal=causal, version=bwd_version), repeats)
                 t_pd_b = _ms(lambda: numbaflash.attention_backward(
-                    dop, qp, kp, vp, outp, lsep, attn_mask=mask), repeats)
+                    ndop, nqp, nkp, nvp, outp, lsep, attn_mask=mask), repeats)
                 t_sdpa = t_sdpa_fb = float("nan")
                 try:
                     qs, ks, vs = (x.clone().requires_grad_(True) for x in (qp, kp, vp))
@@ -213,7 +258,9 @@ def speed(dtypes, dims, repeats):
                 except RuntimeError as e:
                     print(f"  SDPA: {e}", flush=True)
                 fb_pk, fb_pd = t_pk + t_pk_b, t_pd + t_pd_b
-                print(f"{dtype} d={d} causal={causal}: forward packed {t_pk:.2f} ms, padded "
+                print(f"{dtype} d={d} causal={causal} (packed: forward {ran[0]}, backward "
+                      f"{ran[1]}; padded: {ran[2]}, {ran[3]}): forward packed {t_pk:.2f} ms, "
+                      f"padded "
                       f"+ mask {t_pd:.2f} ms ({t_pd / t_pk:.2f}x), SDPA padded + mask "
                       f"{t_sdpa:.2f} ms ({t_sdpa / t_pk:.2f}x); forward + backward packed "
                       f"{fb_pk:.2f} ms, padded + mask {fb_pd:.2f} ms ({fb_pd / fb_pk:.2f}x), "
@@ -235,6 +282,8 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--dtypes", default="float16,float32")
     ap.add_argument("--dims", default="64,128")
+    ap.add_argument("--forward-version", default=None)
+    ap.add_argument("--backward-version", default=None)
     args = ap.parse_args(argv)
     parts = args.parts.split(",")
     bad = 0
@@ -243,7 +292,8 @@ def main(argv=None):
     if "bitwise" in parts:
         bad += bitwise()
     if "speed" in parts:
-        speed(args.dtypes.split(","), [int(x) for x in args.dims.split(",")], args.repeats)
+        speed(args.dtypes.split(","), [int(x) for x in args.dims.split(",")], args.repeats,
+              args.forward_version, args.backward_version)
     print(f"{'FAILED' if bad else 'passed'}: {bad} failing case(s)", flush=True)
     return 1 if bad else 0
 
