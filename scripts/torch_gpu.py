@@ -20,8 +20,10 @@ Prints one line per check and a summary table last:
    tensors, numbaflash.torch.attention without and with autograd, and
    F.scaled_dot_product_attention (default backend). Targets: the torch layer at most
    1.5x the raw launch and at most 2x SDPA's call.
-5. flash-attn's layout at (2, 4096, 16, 64), float32: flash_attn_func on (b, s, h, d)
-   tensors against attention on (b, h, s, d) ones, median of 20 timed with CUDA events.
+5. flash-attn's layout at (2, 4096, 16, 64), float32 and float16: flash_attn_func on
+   (b, s, h, d) tensors and flash_attn_varlen_func on their (b * s, h, d) views (a packed
+   batch of equal lengths, read in place) against attention on (b, h, s, d) ones, median
+   of 20 timed with CUDA events.
 """
 
 import argparse
@@ -188,14 +190,26 @@ def event_ms(fn, repeats=20):
 
 def layout():
     B, S, H, d = 2, 4096, 16, 64
-    q, k, v = (torch.randn(B, S, H, d, device=DEV) for _ in range(3))
-    qh, kh, vh = (x.transpose(1, 2).contiguous() for x in (q, k, v))
-    with torch.no_grad():
-        bshd = event_ms(lambda: nft.flash_attn_func(q, k, v))
-        bhsd = event_ms(lambda: nft.attention(qh, kh, vh))
-    return [("layout (2,4096,16,64): flash_attn_func (b,s,h,d), ms", f"{bshd:.3f}"),
-            ("layout: attention (b,h,s,d), ms", f"{bhsd:.3f}"),
-            ("layout: (b,s,h,d) / (b,h,s,d) (target <= 1.05)", f"{bshd / bhsd:.3f}")]
+    cu = torch.arange(0, (B + 1) * S, S, dtype=torch.int32, device=DEV)
+    rows = []
+    for dtype in (torch.float32, torch.float16):
+        name = str(dtype).replace("torch.", "")
+        q, k, v = (torch.randn(B, S, H, d, device=DEV, dtype=dtype) for _ in range(3))
+        qh, kh, vh = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+        packed = [x.view(B * S, H, d) for x in (q, k, v)]   # the same memory, no copy
+        with torch.no_grad():
+            bshd = event_ms(lambda: nft.flash_attn_func(q, k, v))
+            inplace = event_ms(lambda: nft.flash_attn_varlen_func(*packed, cu, cu, S, S))
+            bhsd = event_ms(lambda: nft.attention(qh, kh, vh))
+        rows += [(f"layout (2,4096,16,64) {name}: flash_attn_func (b,s,h,d), ms",
+                  f"{bshd:.3f}"),
+                 (f"layout {name}: flash_attn_varlen_func on its (b*s,h,d) view, ms",
+                  f"{inplace:.3f}"),
+                 (f"layout {name}: attention (b,h,s,d), ms", f"{bhsd:.3f}"),
+                 (f"layout {name}: (b,s,h,d) / (b,h,s,d) (target <= 1.05)",
+                  f"{bshd / bhsd:.3f}"),
+                 (f"layout {name}: varlen view / (b,h,s,d)", f"{inplace / bhsd:.3f}")]
+    return rows
 
 
 def main(argv=None):

@@ -9,7 +9,8 @@
 #                                              # ragged agreement and 50 reruns; then the
 #                                              # packed batch's time against the padded one
 #   bash lab/sweeps/packed_fp32_gpu.sh time    # backward v6 against v10 in float32, and the
-#                                              # packed batch at d = 128 (v10 against v7)
+#                                              # packed batch at d = 128 (v10 against v7);
+#                                              # flash-attn's layout copied and read in place
 set -u
 cd "$(dirname "$0")/../.."
 L="bash lab/sweeps/logged.sh"
@@ -42,6 +43,7 @@ time)
         --dims 128
     $L varlen_speed_d128_v7 130 python3 scripts/varlen_gpu.py --parts speed --dtypes float16 \
         --dims 128 --forward-version v7
+    $L torch_layout 60 python3 scripts/torch_gpu.py --parts layout
     ;;
 *)
     echo "usage: $0 check|time" >&2
