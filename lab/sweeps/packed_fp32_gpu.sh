@@ -9,9 +9,9 @@
 #                                              # agreement and 50 reruns; then (timed) the
 #                                              # float16 packed batch against the padded one,
 #                                              # backward v6 against v10 in float32
-#   bash lab/sweeps/packed_fp32_gpu.sh time    # the same causal, the bfloat16 packed batch,
-#                                              # the packed batch at d = 128 (v10 against
-#                                              # v7), flash-attn's layout copied and in place
+#   bash lab/sweeps/packed_fp32_gpu.sh time    # the same causal, the packed batch at d = 128
+#                                              # (v10 against v7), flash-attn's layout copied
+#                                              # and in place, memcheck on backward v10
 set -u
 cd "$(dirname "$0")/../.."
 L="bash lab/sweeps/logged.sh"
@@ -37,16 +37,16 @@ check)
     ;;
 time)
     for version in v6 v10; do
-        $L "backward_time_f32_${version}_causal" 75 python3 lab/sweeps/backward_time.py \
+        $L "backward_time_f32_${version}_causal" 70 python3 lab/sweeps/backward_time.py \
             --dtype float32 --dims 64,128 --version "$version" --causal
     done
-    $L varlen_speed_d64_bfloat16 170 python3 scripts/varlen_gpu.py --parts speed \
-        --dtypes bfloat16 --dims 64
-    $L varlen_speed_d128 100 python3 scripts/varlen_gpu.py --parts speed --dtypes float16 \
+    $L varlen_speed_d128 90 python3 scripts/varlen_gpu.py --parts speed --dtypes float16 \
         --dims 128
-    $L varlen_speed_d128_v7 100 python3 scripts/varlen_gpu.py --parts speed --dtypes float16 \
+    $L varlen_speed_d128_v7 90 python3 scripts/varlen_gpu.py --parts speed --dtypes float16 \
         --dims 128 --forward-version v7
     $L torch_layout 60 python3 scripts/torch_gpu.py --parts layout
+    $L memcheck_backward_v10_float32 90 $SAN memcheck python3 scripts/sanitize_target.py \
+        --backward v10 --dtype float32
     ;;
 *)
     echo "usage: $0 check|time" >&2
