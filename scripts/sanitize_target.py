@@ -217,10 +217,10 @@ def main_varlen():
         # which take packed batches of plain attention only (d = 48: 16-byte copies)
         for d, hk, options in ((64, 2, dict(causal=True)), (40, 2, dict(window_size=(20, 3))),
                                (64, 4, dict(causal=True)), (48, 4, {})):
-            q = cuda.to_device(rng.standard_normal((cu_q[-1], 4, d)).astype(dtype))
-            k, v = (cuda.to_device(rng.standard_normal((cu_k[-1], hk, d)).astype(dtype))
+            q = _to_device(rng.standard_normal((cu_q[-1], 4, d)).astype(dtype))
+            k, v = (_to_device(rng.standard_normal((cu_k[-1], hk, d)).astype(dtype))
                     for _ in range(2))
-            dout = cuda.to_device(rng.standard_normal((cu_q[-1], 4, d)).astype(dtype))
+            dout = _to_device(rng.standard_normal((cu_q[-1], 4, d)).astype(dtype))
             out = lse = None
             for version in fwd_versions:
                 try:
