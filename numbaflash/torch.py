@@ -762,11 +762,10 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     .contiguous()``), ``attention`` runs on the copies, and out comes back transposed the
     same way; autograd carries the gradients through the transposes. The copies read and
     write each tensor once, against attention's quadratic work. The kernels can read the
-    flash-attn layout in place (``flash_attn_varlen_func`` does, through strides), but their
-    strided builds need more registers: on the H100 a float32 call at (2, 4096, 16, 64)
-    read in place took 1.55x the time of the same call on (batch, heads, seqlen, d) tensors
-    (lab/runs/2026-12-05/106_torch_gpu.txt), where the copies cost 2-6%
-    (lab/runs/2026-12-03/75_torch_gpu.txt, lab/runs/2026-12-04/92_torch_gpu.txt, H200).
+    flash-attn layout in place (``flash_attn_varlen_func`` does), but their packed builds
+    need more registers: on the H200 a call at (2, 4096, 16, 64) read in place took 1.43x
+    (float32) and 2.44x (float16) the time of the same call on (batch, heads, seqlen, d)
+    tensors, where the copies cost 1.04x and 1.15x (lab/runs/2026-12-06/118_torch_layout.txt).
 
     Args:
         q: (batch, Sq, Hq, d); k, v: (batch, Sk, Hkv, d). float16, bfloat16, float32 or
