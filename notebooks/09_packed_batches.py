@@ -522,10 +522,9 @@ if torch is not None:
     assert all(same)
 
 # %% [markdown]
-# ## 7. Speed: not measured yet
+# ## 7. Speed
 #
-# This notebook prints no GPU time, because none is recorded: the packed kernels have not
-# been timed on the H200 yet. The numbers will come from two commands on a GPU:
+# The packed kernels are timed on a GPU by two commands:
 #
 # * `python -m numbaflash bench --inference` checks the packed call against the float64
 #   reference and then times it on section 1's batch (64 sequences of 128 to 4096 tokens,
@@ -534,10 +533,13 @@ if torch is not None:
 #   forward + backward at least 1.5 times faster packed. It records both layouts' bytes.
 # * `python scripts/varlen_gpu.py` adds, on the GPU, the bitwise check of section 5 per
 #   sequence for the GPU's default kernels, and the same timing next to PyTorch's SDPA on
-#   the padded batch.
+#   the padded batch; each line names the kernels that ran.
 #
-# Their output goes to a lab record under `lab/runs/`; once there, this section prints it,
-# as notebook 08 does. The cell looks for it:
+# Their output goes to lab records under `lab/runs/`, which the next cell prints (the
+# table and what it means are in `docs/varlen.md`, "Speed"). In the older float16 lines
+# both layouts ran backward v6; in the newer ones the packed batch runs the 16-bit
+# defaults, forward v10 and backward v9, while the padded batch's mask still sends it to
+# forward v7 and backward v6, so their ratios measure the kernels as well as the padding.
 
 # %%
 records = sorted(ROOT.glob("lab/runs/*/*varlen*"))
