@@ -70,7 +70,6 @@ def _check(got, want, base, dtype, mult):
 
 
 def agreement():
-    import torch
     rng = np.random.default_rng(3)
     cases = [  # (lengths_q, lengths_k, Hq, Hk, d, dtype, options)
         # plain attention in 16 bits: forward v10 and backward v9 by default
@@ -135,7 +134,6 @@ def agreement():
 
 
 def bitwise(forward_versions=None):
-    import torch
     rng = np.random.default_rng(5)
     lq, lk = [300, 0, 129, 1000], [300, 77, 400, 1000]
     bad = 0
