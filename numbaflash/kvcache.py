@@ -19,7 +19,7 @@ from .kernels.plan import Plans
 from .kernels.variants import Variant
 from .launcher import _context_key, _placeholders, launch
 from .masks import band, parse_causal, parse_window
-from .policy import default_num_splits, where_to_plan
+from .policy import DECODE_MODULES, decode_kernel, default_num_splits, where_to_plan
 from .streams import call_stream, wait_for
 from .dtypes import as_bits, kernel_dtype
 from .validate import (DTYPES_TEXT, GRID_Y_MAX, HEAD_DIM_MAX, SUPPORTED_DTYPES, _check_alibi,
@@ -194,11 +194,12 @@ def plan_kvcache(p, num_splits=None, where=None):
     """The Plans of a CacheProblem, in launch order: the cache update (device caches with
     new keys), the split-KV kernel, and the combine if there is more than one split."""
     where = where_to_plan(where)
+    module, why = decode_kernel(p)
     if num_splits is None:
-        n, reason = default_num_splits(p, where)
+        n, reason = default_num_splits(p, where, module)
     else:
         n, reason = int(num_splits), f"{num_splits} split(s) asked for by the caller"
-    plans = [split_kv_kernels.plan(p, where, n, reason)]
+    plans = [module.plan(p, where, n, f"{why}; {reason}")]
     if n > 1:
         plans.append(combine_kernels.plan(p, where))
     return Plans(plans)
@@ -328,7 +329,9 @@ def launch_kvcache(plans, p, Q, K, V, S, seqlens, stream):
             np.int64(p.Hq), np.int64(p.group), acc.type(p.softcap), slopes, no_mask,
             np.int64(S), *(np.int64(x) for x in k_strides[:3]),
             *(np.int64(x) for x in v_strides[:3]))
-    launch(split_kv_kernels.kernel(split_plan, p), split_plan.grid, split_plan.block, args,
+    module = DECODE_MODULES[split_plan.version]
+    launch(module.kernel(split_plan, p), split_plan.grid, split_plan.block, args,
+           dynamic_shared_bytes=split_plan.shared_bytes if split_plan.dynamic_shared else 0,
            stream=stream)
     if n > 1:
         merge = plans[1]

@@ -21,7 +21,7 @@ from numba import cuda
 from . import arrays, dtypes
 from .kernels import backward, forward, simulating
 from .kernels.backward.nonfinite import nonfinite_check, nonfinite_check_bfloat16
-from .kernels.decode.split_kv import rows_per_block
+from .kernels.decode import split_kv, split_kv_mma
 from .kernels.plan import Plans, computes, device_dynamic_shared_limit, needs_variants
 from .launcher import launch
 from .streams import DEFAULT
@@ -307,7 +307,42 @@ def sm_count(where):
     return 132
 
 
-def default_num_splits(p, where):
+# The decode kernels, in the order decode_kernel tries them (kernels/decode/). A script
+# that times one against the other sets this (scripts/decode_gpu.py --kernels).
+DECODE_KERNELS = ("split_kv_mma", "split_kv")
+DECODE_MODULES = {"split_kv_mma": split_kv_mma, "split_kv": split_kv}
+
+
+def decode_kernel(p):
+    """The decode kernel for CacheProblem ``p`` (its module in kernels/decode/) and why.
+    The first of DECODE_KERNELS that takes the call, in order:
+
+    1. split_kv_mma: the query rows of a K/V head on the 16-bit tensor cores, K and V
+       tiles through shared memory; float16 and bfloat16 caches, d a multiple of 8 up
+       to 128, rows 16-byte aligned (its ``refusal`` names what is missing).
+    2. split_kv: every cache, each row's scores reduced over a warp on the CUDA cores.
+    """
+    refused = []
+    for name in DECODE_KERNELS:
+        module = DECODE_MODULES[name]
+        why_not = module.refusal(p)
+        if why_not is None:
+            reason = DECODE_REASONS[name]
+            if refused:
+                reason += " (not " + "; not ".join(refused) + ")"
+            return module, reason
+        refused.append(f"{name}: {why_not}")
+    raise ValueError(f"no decode kernel of {DECODE_KERNELS} takes this call: "
+                     + "; ".join(refused))
+
+
+DECODE_REASONS = {
+    "split_kv_mma": "the tensor-core decode kernel (16-bit caches with aligned rows)",
+    "split_kv": "the CUDA-core decode kernel",
+}
+
+
+def default_num_splits(p, where, module=split_kv):
     """How many ranges the split-KV kernel cuts each batch's keys into, and why
     (kernels/decode/split_kv.py). In order:
 
@@ -317,7 +352,8 @@ def default_num_splits(p, where):
     3. Otherwise enough splits to reach that, each keeping at least SPLIT_MIN_KEYS keys
        of the longest sequence, and at most SPLIT_MAX.
     """
-    blocks = p.B * p.Hk * math.ceil(p.group * p.Sq / rows_per_block(p.group * p.Sq, p.d))
+    rows = module.rows_per_block(p.group * p.Sq, p.d)
+    blocks = p.B * p.Hk * math.ceil(p.group * p.Sq / rows)
     if where != "gpu":
         return 1, ("one split on the simulator: there is no GPU to fill (num_splits= "
                    "forces more)")

@@ -1,9 +1,16 @@
 """Decoding against a KV cache on a GPU: agreement, split counts, and bandwidth against
 SDPA and the HBM copy limit.
 
-    python scripts/decode_gpu.py [--parts agreement,splits,rows,registers,kernels,layout,bandwidth]
+    python scripts/decode_gpu.py [--parts agreement,decoders,splits,rows,registers,kernels,
+                                          layout,bandwidth]
                                  [--repeats 20] [--dtypes float16,float32] [--shapes NAME,...]
+                                 [--decode-kernels split_kv_mma,split_kv]
                                  [--loads wide|scalar] [--reduction transposed|allreduce]
+
+``--decode-kernels`` sets policy.DECODE_KERNELS (the order in which the decode kernels are
+tried: split_kv_mma, the tensor-core kernel, takes 16-bit caches with aligned rows, and
+split_kv every cache) before any plan is made; ``--decode-kernels split_kv`` runs every
+part on the CUDA-core kernel.
 
 ``--loads`` and ``--reduction`` set split_kv.LOADS and split_kv.REDUCTION before any plan
 is made, so every part runs that build of the split-KV kernel (the defaults: wide and
@@ -15,6 +22,9 @@ changes, kernels/decode/split_kv.py's docstring).
    forced, and caches one column into wider arrays, which the plan must read one
    element a load) against ``numbaflash.reference.forward`` in float64 on each batch's
    slice of the caches, by the bench's rule (``bench._agreement``).
+1b. decoders: the default call's time with each decode kernel alone (split_kv_mma,
+   split_kv; policy.DECODE_KERNELS), each with the planner's split count, at each shape
+   and dtype in one process, and each one's out against the first's.
 2. splits: the time of one decode call for num_splits in 1, 2, 4, ..., 64 and the
    planner's choice, at each shape (the evidence behind policy.default_num_splits).
 3. rows (GQA shapes): the default split count's time with a block holding at most 1, 2,
@@ -79,6 +89,9 @@ def agreement():
         # boundary, so the plan must choose loads of one element (a wide load would fault)
         (2, 8, 2, 1, 3000, 1, 128, np.float16, dict(offset=1), None),
         (2, 8, 8, 2, 2000, 2, 64, np.float32, dict(offset=1, causal=True), 3),
+        # bfloat16 caches, GQA 4 with Sq = 4 (16 rows a K/V head), causal, a window
+        (2, 8, 2, 4, 3000, 4, 128, "bfloat16", dict(causal=True, window_size=(900, 0)), None),
+        (3, 32, 4, 1, 6000, 1, 64, "bfloat16", dict(softcap=30.0), None),
     ]
     bad = 0
     for B, Hq, Hk, Sq, S_max, S_new, d, dtype, options, splits in cases:
@@ -86,11 +99,14 @@ def agreement():
         offset = options.pop("offset", 0)
         if options.get("alibi_slopes"):
             options["alibi_slopes"] = rng.uniform(0.01, 0.2, Hq).astype(np.float32)
+        if dtype == "bfloat16":     # NumPy's through ml_dtypes, torch's from float32
+            import ml_dtypes
+            dtype = ml_dtypes.bfloat16
         q = rng.standard_normal((B, Hq, Sq, d)).astype(dtype)
         kc, vc = (rng.standard_normal((B, Hk, S_max, d)).astype(dtype) for _ in range(2))
         k, v = (rng.standard_normal((B, Hk, S_new, d)).astype(dtype) for _ in range(2))
         lens = rng.integers(0, S_max - S_new + 1, B).astype(np.int32)
-        tq, tkc, tvc, tk, tv = (torch.from_numpy(x).cuda() for x in (q, kc, vc, k, v))
+        tq, tkc, tvc, tk, tv = (_to_torch(x) for x in (q, kc, vc, k, v))
         if offset:
             tkc, tvc = (_inside_wider(x, offset) for x in (tkc, tvc))
         plans = numbaflash.explain_kvcache(tq, tkc, tvc, cache_seqlens=lens, k=tk, v=tv,
@@ -100,7 +116,7 @@ def agreement():
             return_lse=True, **options)
         out = out.copy_to_host()
         lse = lse.copy_to_host()
-        kc_after, vc_after = tkc.contiguous().cpu().numpy(), tvc.contiguous().cpu().numpy()
+        kc_after, vc_after = (_to_numpy(x, dtype) for x in (tkc, tvc))
         worst, ok = 0.0, True
         for b in range(B):
             n = lens[b] + S_new
@@ -125,9 +141,37 @@ def agreement():
         if offset:
             opts["caches at column"] = offset
         print(f"{'OK  ' if ok else 'FAIL'} agreement {(B, Hq, Hk, Sq, S_max, d)} S_new={S_new} "
-              f"{np.dtype(dtype).name} {opts} splits={plans[0].grid[0]} {_loads(plans[0])}: "
+              f"{np.dtype(dtype).name} {opts} {plans[0].kernel}, splits={plans[0].grid[0]} "
+              f"{_loads(plans[0])}: "
               f"max err/bound {worst:.3f}", flush=True)
     return bad
+
+
+def _to_torch(x):
+    """A NumPy array on the GPU as a torch tensor (bfloat16 through float32, exactly)."""
+    import torch
+    if x.dtype.name == "bfloat16":
+        return torch.from_numpy(x.astype(np.float32)).cuda().to(torch.bfloat16)
+    return torch.from_numpy(x).cuda()
+
+
+def _to_numpy(x, dtype):
+    """A torch tensor (any strides) as a NumPy array of ``dtype`` (bfloat16 through
+    float32, exactly)."""
+    import torch
+    if x.dtype == torch.bfloat16:
+        return x.float().contiguous().cpu().numpy().astype(dtype)
+    return x.contiguous().cpu().numpy()
+
+
+def _as_torch(out):
+    """numbaflash's device output as a float32 torch tensor (a bfloat16 one through its
+    bits)."""
+    import torch
+    if str(out.dtype) == "bfloat16":
+        bits = torch.as_tensor(out.view(np.int16), device="cuda")
+        return bits.view(torch.bfloat16).float()
+    return torch.as_tensor(out, device="cuda").float()
 
 
 def _inside_wider(x, offset):
@@ -166,6 +210,39 @@ def _inputs(shape, dtype):
 def _kv_bytes(shape, dtype):
     B, Hq, Hk, Sq, S_max, d = shape
     return 2 * B * Hk * S_max * d * np.dtype(dtype).itemsize
+
+
+def decoders(shapes, dtypes, repeats):
+    """Each decode kernel alone (module docstring, part 1b)."""
+    import torch
+    from numbaflash import policy
+    keep = policy.DECODE_KERNELS
+    for name in shapes:
+        shape = SHAPES[name]
+        S_max = shape[4]
+        for dtype in dtypes:
+            q, kc, vc = _inputs(shape, dtype)
+            n_bytes = _kv_bytes(shape, dtype)
+            row = []
+            first = None
+            for kernel in ("split_kv_mma", "split_kv"):
+                policy.DECODE_KERNELS = (kernel,)
+                try:
+                    plan = numbaflash.explain_kvcache(q, kc, vc, cache_seqlens=S_max)[0]
+                except ValueError as error:
+                    row.append(f"{kernel}: refused ({error})")
+                    continue
+                call = lambda: numbaflash.attention_with_kvcache(q, kc, vc, cache_seqlens=S_max)
+                out = _as_torch(call())
+                first = out if first is None else first
+                diff = (out - first).abs().max().item()
+                ms = _ms(call, repeats)
+                row.append(f"{kernel} ({plan.grid[0]} splits): {ms:.3f} ms "
+                           f"{n_bytes / ms / 1e6:.0f} GB/s, max |out - first| {diff:.1e}")
+            policy.DECODE_KERNELS = keep
+            print(f"decoders {name} {shape} {dtype}: " + "; ".join(row), flush=True)
+            del q, kc, vc
+            torch.cuda.empty_cache()
 
 
 def splits(shapes, dtypes, repeats):
@@ -320,7 +397,7 @@ def bandwidth(shapes, dtypes, repeats):
             gqa = Hk != Hq
             sdpa = lambda: F.scaled_dot_product_attention(q, kc, vc, enable_gqa=gqa)
             default_ms = _ms(sdpa, repeats)
-            backend = SDPBackend.FLASH_ATTENTION if dtype == "float16" else \
+            backend = SDPBackend.FLASH_ATTENTION if dtype != "float32" else \
                 SDPBackend.EFFICIENT_ATTENTION
             try:
                 with sdpa_kernel(backend):
@@ -330,14 +407,13 @@ def bandwidth(shapes, dtypes, repeats):
             theirs = min(default_ms, fused_ms) if fused_ms == fused_ms else default_ms
             how = (f"default {default_ms:.3f} ms, {backend.name} "
                    + (f"{fused_ms:.3f} ms" if fused_ms == fused_ms else "refuses the call"))
-            out = torch.as_tensor(numbaflash.attention_with_kvcache(q, kc, vc,
-                                                                  cache_seqlens=S_max),
-                                  device="cuda")
+            out = _as_torch(numbaflash.attention_with_kvcache(q, kc, vc, cache_seqlens=S_max))
             want = sdpa()
             diff = (out.float() - want.float()).abs().max().item()
             ours_gbs, theirs_gbs = n_bytes / ours / 1e6, n_bytes / theirs / 1e6
             print(f"bandwidth {name} {shape} {dtype}: numbaflash {ours:.3f} ms {ours_gbs:.0f} "
-                  f"GB/s ({plans[0].grid[0]} splits); SDPA ({how}) best {theirs:.3f} ms "
+                  f"GB/s ({plans[0].kernel}, {plans[0].grid[0]} splits); SDPA ({how}) best "
+                  f"{theirs:.3f} ms "
                   f"{theirs_gbs:.0f} GB/s; ratio {ours_gbs / theirs_gbs:.3f} of SDPA, "
                   f"{ours_gbs / hbm:.3f} of HBM copy; max |ours - SDPA| {diff:.2e}",
                   flush=True)
@@ -348,11 +424,13 @@ def bandwidth(shapes, dtypes, repeats):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parts",
-                    default="agreement,splits,rows,registers,kernels,layout,bandwidth")
+                    default="agreement,decoders,splits,rows,registers,kernels,layout,bandwidth")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--dtypes", default="float16,float32")
     ap.add_argument("--shapes", default=",".join(TARGETS),
                     help=f"from {', '.join(SHAPES)}")
+    ap.add_argument("--decode-kernels", default="split_kv_mma,split_kv",
+                    help="policy.DECODE_KERNELS for every part, in order")
     ap.add_argument("--loads", choices=("wide", "scalar"), default="wide",
                     help="split_kv.LOADS for every part (scalar: one element a load)")
     ap.add_argument("--reduction", choices=("transposed", "allreduce"), default="transposed",
@@ -360,6 +438,8 @@ def main():
     args = ap.parse_args()
     from numbaflash.kernels.decode import split_kv
     split_kv.LOADS, split_kv.REDUCTION = args.loads, args.reduction
+    from numbaflash import policy
+    policy.DECODE_KERNELS = tuple(args.decode_kernels.split(","))
     warnings.filterwarnings("ignore", message=".*(under-utilization|kernel not used|runtime "
                             "disabled|same num_heads).*")
     parts = args.parts.split(",")
@@ -367,11 +447,14 @@ def main():
     shapes = args.shapes.split(",")
     import torch
     print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}, numbaflash "
-          f"{numbaflash.__version__}; split_kv.LOADS = {split_kv.LOADS!r}, REDUCTION = "
-          f"{split_kv.REDUCTION!r}", flush=True)
+          f"{numbaflash.__version__}; policy.DECODE_KERNELS = {policy.DECODE_KERNELS}; "
+          f"split_kv.LOADS = {split_kv.LOADS!r}, REDUCTION = {split_kv.REDUCTION!r}",
+          flush=True)
     bad = 0
     if "agreement" in parts:
         bad += agreement()
+    if "decoders" in parts:
+        decoders(shapes, dtypes, args.repeats)
     if "splits" in parts:
         splits(shapes, dtypes, args.repeats)
     if "rows" in parts:

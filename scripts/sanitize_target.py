@@ -15,7 +15,8 @@ process per kernel can run in parallel (lab/sweeps/variants_fast_path_gpu.sh), a
 ``--kvcache`` runs the decoding kernels instead (kernels/decode/: the cache update, split-KV
 with one and several splits, and the combine): device caches with per-batch lengths that
 end mid-step, new keys appended, GQA, causal, a window, softcap, ALiBi, d = 40 (two
-head-dim columns per lane, the second ragged), float32 and float16.
+head-dim columns per lane, the second ragged), a NaN key and an inf value, float32 and
+float16 (float16 on the tensor-core kernel, split_kv_mma, float32 on split_kv).
 
 ``--varlen`` runs packed batches instead (numbaflash.attention_varlen and its backward):
 every forward and backward version that takes variants, on sequences of ragged lengths
@@ -175,18 +176,25 @@ def main_kvcache():
         (3, 4, 2, 1, 300, 1, 40, dict(causal=True)),
         (2, 4, 1, 3, 257, 3, 64, dict(causal=True, window_size=(50, 0), softcap=10.0)),
         (2, 2, 2, 2, 190, 0, 128, dict(alibi_slopes=np.array([0.1, 0.2], np.float32))),
+        # a NaN key and an inf value inside the lengths: the fix-ups of split_kv_mma
+        (2, 8, 2, 2, 200, 2, 64, dict(causal=True, nonfinite=True)),
     ]
     for B, Hq, Hk, Sq, S_max, S_new, d, options in cases:
+        options = dict(options)
+        nonfinite = options.pop("nonfinite", False)
         for dtype in (np.float32, np.float16):
             q = cuda.to_device(rng.standard_normal((B, Hq, Sq, d)).astype(dtype))
-            kc, vc = (cuda.to_device(rng.standard_normal((B, Hk, S_max, d)).astype(dtype))
-                      for _ in range(2))
+            kc, vc = (rng.standard_normal((B, Hk, S_max, d)).astype(dtype) for _ in range(2))
+            if nonfinite:
+                kc[0, 0, 5, 3] = np.nan
+                vc[1, 1, 7, 2] = np.inf
+            kc, vc = cuda.to_device(kc), cuda.to_device(vc)
             new = {}
             if S_new:
                 new = {n: cuda.to_device(rng.standard_normal((B, Hk, S_new, d)).astype(dtype))
                        for n in ("k", "v")}
             lens = rng.integers(0, S_max - S_new + 1, B).astype(np.int32)
-            lens[0] = 0
+            lens[0] = 0 if not nonfinite else 150
             for splits in (1, 4, None):
                 numbaflash.attention_with_kvcache(q, kc, vc, cache_seqlens=lens,
                                                   num_splits=splits, **new, **options)

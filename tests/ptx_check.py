@@ -467,9 +467,10 @@ def decode_entries():
     """The decoding kernels (kernels/decode/): split_kv x float16/float32/float64 x d in
     8, 64, 128, 256 (the rows per block of a GQA group of 8 and of one row), plain, causal,
     and causal with a window, softcap and ALiBi, with one element a load and (float16,
-    float32: "-wide") 8 bytes a load; combine and append per dtype."""
+    float32: "-wide") 8 bytes a load; split_kv_mma (float16) at d = 40, 64, 128, the same
+    three variants; combine and append per dtype."""
     import numpy as np
-    from numbaflash.kernels.decode import append, combine, split_kv
+    from numbaflash.kernels.decode import append, combine, split_kv, split_kv_mma
     from numbaflash.kernels.variants import PLAIN, Variant
     i64 = numba.int64
     full = Variant(window=True, softcap=True, alibi=True)
@@ -497,6 +498,14 @@ def decode_entries():
                             f"split_kv-{dtype}-d{d}-rows{rows}-{what}-wide", "decode",
                             lambda d=d, r=rows, c=causal, ac=acc, v=variant, w=vec:
                             split_kv.make_split_kv(d, r, c, ac, v, vec=w), sig, no_f64))
+        if dtype == "float16":
+            # the tensor-core decode kernel (float16 and bfloat16 caches, d a multiple of 8)
+            for d in (40, 64, 128):
+                for causal, variant, what in ((False, PLAIN, "full"), (True, PLAIN, "causal"),
+                                              (True, full, "causal-window-softcap-alibi")):
+                    out.append(Entry(f"split_kv_mma-{dtype}-d{d}-{what}", "decode",
+                                     lambda d=d, c=causal, v=variant:
+                                     split_kv_mma.make_split_kv_mma(d, c, v), sig, no_f64))
         out.append(Entry(f"combine-{dtype}", "decode", lambda ac=acc: combine.make_combine(ac),
                          (array(at, 4), array(at, 3), array(dt, 3), array(at, 2)), no_f64))
         out.append(Entry(f"append-{dtype}", "decode", append.make_append,
@@ -638,7 +647,7 @@ def bfloat16_entries():
                      lambda t=(Br, Bc), v=Variant(varlen=True): F["v7"].make_forward_v7(
                          *t, 64, True, variant=v, gqa=True, half="bfloat16"), vsig, True))
     # decoding against bfloat16 caches (kernels/decode/), read and written as bits
-    from numbaflash.kernels.decode import append, combine, split_kv
+    from numbaflash.kernels.decode import append, combine, split_kv, split_kv_mma
     i64, a = numba.int64, numba.float32
     dsig = (array(bits, 4), array(bits, 1), array(bits, 1), array(np.dtype(np.int32), 1), i64,
             array(bits, 3), array(f32, 2), array(f32, 4), array(f32, 3), a, i64, i64, i64, i64,
@@ -658,6 +667,11 @@ def bfloat16_entries():
                                  split_kv.make_split_kv(d, r, c, "float32", v, "bfloat16",
                                                         vec=split_kv.wide_vec(2)),
                                  dsig, True))
+        for causal, variant, what in ((False, Variant(), "full"),
+                                      (True, full, "causal-window-softcap-alibi")):
+            out.append(Entry(f"split_kv_mma-bfloat16-d{d}-{what}", "bfloat16",
+                             lambda d=d, c=causal, v=variant:
+                             split_kv_mma.make_split_kv_mma(d, c, v, "bfloat16"), dsig, True))
     out.append(Entry("combine-bfloat16", "bfloat16",
                      lambda: combine.make_combine("float32", "bfloat16"),
                      (array(f32, 4), array(f32, 3), array(bits, 3), array(f32, 2)), True))

@@ -42,6 +42,7 @@ from numba import cuda
 import numbaflash
 import numbaflash.kvcache
 import numbaflash.launcher
+import numbaflash.policy
 from numbaflash.kernels.decode import split_kv
 from strategies import examples, on_gpu, random_values
 from tolerance import (assert_bitwise_equal, assert_close_f64, check_forward,
@@ -535,6 +536,14 @@ def test_error_on_device_caches_writes_nothing(no_kvcache_launch):
 
 # --- 8. explain_kvcache ------------------------------------------------------------------
 
+@pytest.fixture
+def cuda_core_decode(monkeypatch):
+    """Plan split_kv for every cache (policy.DECODE_KERNELS), as for float32: the tests of
+    its loads and reductions use float16 caches, which split_kv_mma takes otherwise
+    (tests/test_decode_mma.py)."""
+    monkeypatch.setattr(numbaflash.policy, "DECODE_KERNELS", ("split_kv",))
+
+
 def shaped(shape, dtype="float16"):
     return types.SimpleNamespace(shape=shape, dtype=np.dtype(dtype))
 
@@ -543,10 +552,13 @@ DECODE = dict(q=shaped((8, 32, 1, 128)), k_cache=shaped((8, 32, 32768, 128)),
               v_cache=shaped((8, 32, 32768, 128)), cache_seqlens=32000)
 
 
-def test_explain_gpu_decode_splits_and_says_why(no_kvcache_launch):
-    plans = numbaflash.explain_kvcache(**DECODE, backend="gpu")
+@pytest.mark.parametrize("dtype,kernel", [("float16", "split_kv_mma"), ("float32", "split_kv")])
+def test_explain_gpu_decode_splits_and_says_why(dtype, kernel, no_kvcache_launch):
+    decode = {name: shaped(x.shape, dtype) if hasattr(x, "shape") else x
+              for name, x in DECODE.items()}
+    plans = numbaflash.explain_kvcache(**decode, backend="gpu")
     split, combine = plans          # the split kernel, then the combine
-    assert split.kernel == "split_kv" and combine.kernel == "combine"
+    assert split.kernel == kernel and combine.kernel == "combine"
     n = split.grid[0]
     assert n > 1 and split.grid[1:] == (1, 8 * 32) and split.block == (split_kv.THREADS,)
     assert f"{n} split(s)" in split.reason and "SM" in split.reason
@@ -665,6 +677,7 @@ def run_on_views(case, extra, offset, **override):
     (4, 1, "k_cache does not start at an 8-byte aligned address"),
     (2, 0, "k_cache's strides"),
 ])
+@pytest.mark.usefixtures("cuda_core_decode")
 def test_device_caches_choose_their_loads(extra, offset, path):
     """float16 caches inside wider arrays: rows 4 columns apart keep the wide loads; a
     view one column in (2 bytes past an 8-byte boundary) or rows 42 columns apart (not a
@@ -699,6 +712,7 @@ def device_like(shape, dtype, strides=None, address=0):
     (None, 4098, "k_cache does not start at an 8-byte aligned address"),
     ((6400 * 2, 6402, 64, 1), 4096, "k_cache's strides (0, 6402, 64)"),
 ])
+@pytest.mark.usefixtures("cuda_core_decode")
 def test_the_plan_reads_where_device_caches_lie(k_strides, k_address, path,
                                                 no_kvcache_launch):
     """explain_kvcache on device caches (batch 1, 2 heads, 100 rows, d = 64, float16) at
@@ -739,6 +753,7 @@ def test_an_infinite_key_in_the_last_columns():
 # The NaN pre-fill means nothing for bfloat16's uint16 outputs (NaN casts to 0, with a
 # warning); the rule's check still sees every element.
 @pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")
+@pytest.mark.usefixtures("cuda_core_decode")
 def test_bfloat16_caches_read_wide():
     """bfloat16 caches (their bits read 4 to a load and widened): the rule against the
     reference, with a split that sees no key (more splits than the keys of batch 0)."""
@@ -775,6 +790,7 @@ def test_nan_in_a_visible_key_of_a_wide_step(where):
     assert np.isnan(lse[0, 1, 1:]).all() == (where == "key")
 
 
+@pytest.mark.usefixtures("cuda_core_decode")
 def test_the_parents_kernel_is_still_there(monkeypatch):
     """LOADS = "scalar" and REDUCTION = "allreduce" (what scripts/decode_gpu.py sets to time
     the parent): the plan says so, and the result is the reference's."""

@@ -607,6 +607,11 @@ def reduction_description(keys, reduction):
     return f"each of the step's {keys} scores all-reduced over the warp (5 shuffles each)"
 
 
+def refusal(p):
+    """None: split_kv takes every cache (numbaflash/policy.py's decode_kernel)."""
+    return None
+
+
 def shared_bytes(rows, d, acc_dtype, vec=1):
     """Static shared memory of a block: the warps' m and l (rows each) and o (rows x the
     head dim padded to whole pieces of 32 vec columns)."""

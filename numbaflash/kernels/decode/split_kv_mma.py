@@ -1,0 +1,600 @@
+"""Split-KV decoding on the 16-bit tensor cores: a block's query rows are the 16 rows of
+an m16n8k16 product, and its keys and values reach the tensor cores through shared
+memory (float16 and bfloat16 caches).
+
+Parent: split_kv.py, with forward v10's staging (forward/v10_ldmatrix.py). What stays
+split_kv's: the split of a batch's keys over blocks (reference.split_ranges' rule), the
+band and the variants per (query row, key) (kernels/variants.py's ``visible`` and
+``score``, with each row's own query head and position), the warps' logsumexp merge at
+the end (the same order, so the same bits as ``merge_warps``), the combine kernel after
+it and the launch arguments. What changes is the work per key:
+
+* Rows on the tensor cores. split_kv gives a warp's 32 lanes the head-dim columns of one
+  or two query rows and reduces every score over the warp (shuffles, and an online-softmax
+  step per row and key). Here a block holds up to ROWS = 16 of the group x Sq rows that
+  read one K/V head (four query heads of a GQA group of four, with Sq = 1, take four of
+  them; the rest are zeros, never written): S = Q K^T and O += P~ V are m16n8k16 products,
+  each warp's lane holding two rows of S and O in the mma's accumulator layout, as forward
+  v10's warps do. With GQA each key and value is read once for the whole group (split_kv:
+  once per two rows).
+* Keys and values through shared memory. The block copies tiles of TILE_KEYS = 64 keys
+  and their values by cp.async (16 bytes a copy) into two stages (forward v10's
+  ``v10_shared_layout``: rows padded by 16 bytes, so every ldmatrix is conflict-free),
+  the next tile on its way while the warps use this one; warp w takes keys 16 w to
+  16 w + 15 of each tile, its B fragments from ``ldmatrix`` (K) and ``ldmatrix.trans``
+  (V, stored as the cache stores it). A whole tile (32 KB at d = 128) is in flight per
+  block, where split_kv's loads had 8 keys per warp in registers.
+* Non-finite values as forward v10 treats them: each thread tests the pieces it copied
+  (in shared memory), zeroes a NaN or inf there and flags the tile; the products then
+  miss those terms, and the flagged tile's fix-ups add them back from the caches
+  (``add_nonfinite_scores``, ``add_nonfinite_values``), so that a NaN or inf reaches
+  exactly the rows that see it and a key a row does not see has no effect (0 x NaN in a
+  product would otherwise spread it).
+* P~ is rounded to the cache's type for P~ V (as forward v7 and v10 round it) and the
+  exponentials are ``ptx.exp2_approx`` (as mma_rows' softmax step): split_kv multiplies
+  in float32 throughout, so the two agree within rounding, not bit for bit.
+
+What it buys: the per-(row, key) work leaves the CUDA cores, and more bytes are in
+flight per SM. lab/runs/ holds its timings against split_kv and SDPA
+(scripts/decode_gpu.py; docs/performance.md, "Decoding", cites them).
+
+Needs: float16 or bfloat16 caches, d <= MAX_HEAD_DIM a multiple of 8, and caches whose
+rows start 16-byte aligned (first elements aligned, strides multiples of 8 elements):
+``refusal`` says which is missing, and numbaflash/policy.py's ``decode_kernel`` then runs
+split_kv. Runs on the GPU (sm_80 and later) and on the simulator (kernels/simulated.py's
+stand-ins for ldmatrix, cp.async, mma and the shuffles).
+"""
+
+import functools
+import math
+from collections import namedtuple
+
+import numpy as np
+from numba import cuda, int32
+from numba.types import uint32
+
+from .. import acc_type, jit_options
+from ..forward.v10_ldmatrix import v10_shared_layout
+from ..halves import NAMES, half_of, make_halves
+from ..plan import Plan, variant_description
+from ..ptx import (cp_async16, cp_async_commit, cp_async_wait_group, exp2_approx, flat_load,
+                   fmax, ldmatrix_x4, ldmatrix_x4_trans, load_b32)
+from ..smem import U
+from ..variants import PLAIN, make_variant_functions
+from ..warp import FULL_WARP, quad_max, quad_sum
+
+WARPS = 4                       # warps per block, each taking CHUNK keys of every tile
+THREADS = 32 * WARPS
+ROWS = 16                       # query rows per block: the mma's M
+CHUNK = 16                      # keys per warp and tile: two n-tiles of S, one k-step of P~ V
+TILE_KEYS = WARPS * CHUNK       # keys per tile (per stage of shared memory)
+MAX_HEAD_DIM = 128              # O's fragments in registers: 64 floats a lane at d = 128
+ALIGN = 8                       # 16-byte copies: rows start at multiples of 8 elements
+MAX_REGISTERS = None            # no cap (ptxas's choice)
+
+# What split_kv_mma_shared returns, by name: the dynamic array (two stages of K and V
+# tiles, v10_shared_layout) and the static arrays of the warps' merge.
+SharedBytes = namedtuple("SharedBytes", "dynamic static")
+
+
+def split_kv_mma_shared(d):
+    """Shared memory of a block at head dim d, in bytes: ``dynamic`` (two stages of
+    TILE_KEYS keys and values, 16-bit, rows padded as forward v10 pads them) and
+    ``static`` (the warps' m and l per row, float32; the merged O, ROWS x d padded to 16,
+    float32; three int32 flags)."""
+    DP = (d + 15) // 16 * 16
+    return SharedBytes(v10_shared_layout(TILE_KEYS, d).END * 2,
+                       4 * (2 * WARPS * ROWS + ROWS * DP) + 4 * 3)
+
+
+def rows_per_block(rows_needed, d):
+    """The query rows one block holds: always ROWS (the mma's M; rows past the group x Sq
+    rows of a K/V head are zeros)."""
+    return ROWS
+
+
+@functools.lru_cache(maxsize=None)
+def make_split_kv_mma(d, causal, variant=PLAIN, half="float16"):
+    """The tensor-core split-KV kernel for head dim ``d`` (a multiple of 8, at most
+    MAX_HEAD_DIM), ``causal`` (the band's upper bound, as split_kv's) and ``variant``
+    (window, softcap, ALiBi), reading ``half`` caches ("float16" or "bfloat16": uint16
+    bits, kernels/halves.py), accumulating in float32.
+
+    Launch and arguments: split_kv's (make_split_kv), with block (THREADS,) and
+    ``split_kv_mma_shared(d).dynamic`` bytes of dynamic shared memory; the caches' rows
+    must start 16-byte aligned (``refusal``). Block (split, tile, b * Hk + hk) holds rows
+    rr = tile * ROWS + r, r < ROWS, of the (batch, K/V head): query head hk * group +
+    rr // Sq, query row rr % Sq; lane (g, t) = (lane // 4, lane % 4) holds rows g and
+    g + 8. Per tile j of the split's keys (stage st = j % 2):
+
+        barrier                      every warp has read stage 1 - st (tile j - 1)
+        start copies of tile j + 1 into stage 1 - st; commit
+        wait_group 1                 this thread's copies of tile j have landed
+        test them for NaN and inf    zero those in place, flag the tile (bad[1], bad[2])
+        barrier                      tile j complete and tested
+        warp w, keys 16 w ... 16 w + 15 of the tile:
+            S = Q K^T                KS ldmatrix.x4, 2 KS mma
+            mask, score              visible() and score() per entry (variants.py)
+            online-softmax step      quad max, exp2, rescale O, P~ rounded to 16 bits
+            O += P~ V                ND / 2 ldmatrix.x4.trans, ND mma
+    """
+    if half not in NAMES:
+        raise ValueError(f"half must be one of {NAMES}; got {half!r}")
+    if d % ALIGN or not 0 < d <= MAX_HEAD_DIM:
+        raise ValueError(f"the tensor-core decode kernel takes head dims that are multiples "
+                         f"of {ALIGN} up to {MAX_HEAD_DIM}; got {d}")
+    halves = make_halves(half)
+    HALF = halves.storage
+    widen, narrow, pack2, mma = halves.widen, halves.narrow, halves.pack2, halves.mma
+    EXP = uint32(0x7C00 if half == "float16" else 0x7F80)   # all ones: NaN or inf
+    EXP_HI = uint32(int(EXP) << 16)
+    BF16 = half == "bfloat16"
+    acc = acc_type("float32")
+    ZERO = acc(0)
+    NEG_INF = acc(-math.inf)
+    F32_MAX = acc(3.4028234663852886e38)
+    LOG2E = acc(1.4426950408889634)
+    DP = (d + 15) // 16 * 16                # head dim padded to the mma's k = 16
+    KS = DP // 16                           # k-steps of S = Q K^T
+    ND = DP // 8                            # n-tiles of 8 columns of O (even)
+    NT = CHUNK // 8                         # n-tiles of 8 keys of S (2)
+    Q_WORDS = KS * 4
+    O_FRAGS = ND * 4
+    S_FRAGS = NT * 4
+    PIECES = DP // 8                        # 16-byte pieces of a tile row
+    COPIES = -(-TILE_KEYS * PIECES // THREADS)
+    ROW, TILE, K_AT, V_AT, END = v10_shared_layout(TILE_KEYS, d)
+    WINDOW = variant.window
+    SCORES = variant.softcap or variant.alibi
+    visible, score = make_variant_functions(variant, causal, "float32")
+
+    @cuda.jit(device=True, inline=True)
+    def finite(x):
+        return abs(x) <= F32_MAX            # False for NaN and +-inf
+
+    @cuda.jit(device=True, inline=True)
+    def start_copies(smem, K, V, k_base, v_base, k_row, v_row, key_first, last, st, tid,
+                     HZERO):
+        """Alg.1 l.7, issued: this thread's 16-byte pieces of the tile of keys key_first
+        ... key_first + TILE_KEYS - 1 into stage st; rows past ``last`` (the split's end)
+        and the columns past d are written as 0."""
+        for u in range(COPIES):
+            n = tid + u * THREADS
+            if n < TILE_KEYS * PIECES:
+                r = n // PIECES
+                k0 = (n % PIECES) * 8
+                at = r * ROW + k0
+                key = key_first + r
+                if key < last and k0 < d:
+                    cp_async16(smem, U(K_AT + st * TILE + at), K, U(k_base + key * k_row + k0))
+                    cp_async16(smem, U(V_AT + st * TILE + at), V, U(v_base + key * v_row + k0))
+                else:
+                    for e in range(8):
+                        smem[U(K_AT + st * TILE + at + e)] = HZERO
+                        smem[U(V_AT + st * TILE + at + e)] = HZERO
+
+    @cuda.jit(device=True, inline=True)
+    def all_finite(smem, at):
+        """Whether the 8 values smem[at:at + 8] are all finite (exponents not all ones)."""
+        ok = True
+        for w in range(4):
+            word = load_b32(smem, U(at + 2 * w))
+            if (word & EXP) == EXP or (word & EXP_HI) == EXP_HI:
+                ok = False
+        return ok
+
+    @cuda.jit(device=True, inline=True)
+    def zero_nonfinite(smem, at, bad, which, mark, HZERO):
+        """Rare: the non-finite values of smem[at:at + 8] set to 0, bad[which] raised to
+        ``mark``."""
+        for e in range(8):
+            if not finite(widen(smem[U(at + e)])):
+                smem[U(at + e)] = HZERO
+                cuda.atomic.max(bad, which, mark)
+
+    @cuda.jit(device=True, inline=True)
+    def test_copies(smem, bad, mark, key_first, last, st, tid, HZERO):
+        """Alg.1 l.7, landed: this thread's pieces of the tile (stage st), which only it
+        wrote, tested for NaN and inf; those are zeroed and flagged (bad[1] for K, bad[2]
+        for V, raised to ``mark``) for the fix-ups."""
+        for u in range(COPIES):
+            n = tid + u * THREADS
+            if n < TILE_KEYS * PIECES:
+                r = n // PIECES
+                k0 = (n % PIECES) * 8
+                if key_first + r < last and k0 < d:
+                    at = r * ROW + k0
+                    if not all_finite(smem, K_AT + st * TILE + at):
+                        zero_nonfinite(smem, K_AT + st * TILE + at, bad, 1, mark, HZERO)
+                    if not all_finite(smem, V_AT + st * TILE + at):
+                        zero_nonfinite(smem, V_AT + st * TILE + at, bad, 2, mark, HZERO)
+
+    @cuda.jit(device=True, inline=True)
+    def nonfinite_terms(Q, K, b, h, i, k_at):
+        """The sum of the products q[c] * k[c] with a non-finite factor, for query row
+        (b, h, i) and the key row starting at flat position k_at of K: what the tensor
+        cores left out of this score (those factors were staged as 0)."""
+        x = ZERO
+        c = 0
+        while c < d:
+            q = widen(Q[U(b), U(h), U(i), U(c)])
+            kk = widen(flat_load(K, U(k_at + c)))
+            if not (finite(q) and finite(kk)):
+                x += q * kk
+            c += 1
+        return x
+
+    @cuda.jit(device=True, inline=True)
+    def add_nonfinite_scores(s, Q, K, b, h0, i0, h1, i1, real0, real1, k_base, k_row, key0,
+                             last, t):
+        """Rare: a non-finite q or k was staged as 0; add its terms to this lane's scores
+        s (keys from key0) of the block's real rows."""
+        for nt in range(NT):
+            for x in range(4):
+                key = key0 + nt * 8 + 2 * t + x % 2
+                real = real0 if x < 2 else real1
+                if real and key < last:
+                    term = nonfinite_terms(Q, K, b, h0 if x < 2 else h1, i0 if x < 2 else i1,
+                                           k_base + key * k_row)
+                    # s[nt * 4 + x] += term with constant indices only (the loop above is
+                    # not unrolled: a run-time index would put s in local memory).
+                    for y in range(S_FRAGS):
+                        if y == nt * 4 + x:
+                            s[y] += term
+
+    @cuda.jit(device=True, inline=True)
+    def add_nonfinite_values(o, s, V, b, h0, i0, h1, i1, sees_any0, sees_any1, v_base, v_row,
+                             key0, last, n, causal_offset, window_lo, attn_mask, g, t):
+        """Rare: a non-finite v of this warp's keys (from key0) was staged as 0; add p * v
+        for those values to the O fragments of the rows that see the key (visible(), as
+        the scores were masked). P~ of key kk for rows g and g + 8 is in lane (g, kk % 8
+        // 2) of the quad, s[kk // 8 * 4 + kk % 2] and the entry 2 after it."""
+        kk = 0
+        while kk < CHUNK:
+            x0 = ZERO
+            x1 = ZERO
+            for nt in range(NT):
+                for e in range(2):
+                    if kk // 8 == nt and kk % 2 == e:
+                        x0 = s[nt * 4 + e]
+                        x1 = s[nt * 4 + 2 + e]
+            p0 = cuda.shfl_sync(FULL_WARP, x0, g * 4 + kk % 8 // 2)
+            p1 = cuda.shfl_sync(FULL_WARP, x1, g * 4 + kk % 8 // 2)
+            key = key0 + kk
+            if key < last:
+                sees0 = sees_any0 and visible(b, h0, i0, key, n, causal_offset, window_lo,
+                                              attn_mask)
+                sees1 = sees_any1 and visible(b, h1, i1, key, n, causal_offset, window_lo,
+                                              attn_mask)
+                for nd in range(ND):
+                    for e in range(2):
+                        c = nd * 8 + 2 * t + e
+                        if c < d:
+                            v = widen(flat_load(V, U(v_base + key * v_row + c)))
+                            if not finite(v):
+                                if sees0:
+                                    o[nd * 4 + e] += p0 * v
+                                if sees1:
+                                    o[nd * 4 + 2 + e] += p1 * v
+            kk += 1
+
+    @cuda.jit(device=True, inline=True)
+    def masked_scores(s, softmax_scale, b, h0, i0, h1, i1, key0, last, n, Sq, causal_offset,
+                      window_lo, softcap, slopes, attn_mask, t):
+        """Alg.1 l.8-9 after the product: each of this lane's scores (rows g, g + 8; keys
+        key0 + 8 nt + 2t, + 1) scaled and passed through the variant's score if its row
+        sees its key, else -inf (split_kv's visible() and score(), per entry)."""
+        for nt in range(NT):
+            for x in range(4):
+                key = key0 + nt * 8 + 2 * t + x % 2
+                h = h0 if x < 2 else h1
+                i = i0 if x < 2 else i1
+                y = nt * 4 + x
+                if key < last and visible(b, h, i, key, n, causal_offset, window_lo,
+                                          attn_mask):
+                    if SCORES:
+                        s[y], _ = score(s[y] * softmax_scale, b, h, i, key, Sq, n, softcap,
+                                        slopes, attn_mask)
+                    else:
+                        s[y] *= softmax_scale
+                else:
+                    s[y] = NEG_INF
+
+    @cuda.jit(**jit_options(MAX_REGISTERS))
+    def split_kv_mma(Q, K, V, seqlens, n_new, O, L, O_parts, L_parts, softmax_scale,
+                     upper_shift, lower_shift, Hq, group, softcap, slopes, attn_mask, S_max,
+                     k_batch, k_head, k_row, v_batch, v_head, v_row):
+        split = cuda.blockIdx.x
+        n_splits = cuda.gridDim.x
+        tile = cuda.blockIdx.y
+        bhk = cuda.blockIdx.z               # b * Hk + hk: the K/V head
+        Hk = Hq // group
+        b = bhk // Hk
+        hk = bhk % Hk
+        tid = cuda.threadIdx.x
+        warp = tid // 32
+        lane = tid % 32
+        g = lane // 4
+        t = lane % 4
+        Sq = Q.shape[2]
+        n_rows = group * Sq                 # the rows that read this K/V head
+
+        # This batch's keys, the band its rows see, this split's share (split_kv's).
+        n = min(seqlens[b] + n_new, S_max)
+        causal_offset = n - Sq + upper_shift
+        window_lo = n - Sq + lower_shift
+        lo = 0
+        hi = n
+        if causal:
+            hi = min(hi, max(0, Sq + causal_offset))
+        if WINDOW:
+            lo = min(hi, max(0, window_lo))
+        span = hi - lo
+        first = lo + split * (span // n_splits) + min(split, span % n_splits)
+        last = first + span // n_splits + (1 if split < span % n_splits else 0)
+
+        # This lane's rows g and g + 8: their query head and row (a padded row, past the
+        # group's last, takes the last one's: its scores are computed, never written).
+        rr0 = tile * ROWS + g
+        rr1 = rr0 + 8
+        real0 = rr0 < n_rows
+        real1 = rr1 < n_rows
+        c0 = min(rr0, n_rows - 1)
+        c1 = min(rr1, n_rows - 1)
+        h0 = hk * group + c0 // Sq
+        i0 = c0 % Sq
+        h1 = hk * group + c1 // Sq
+        i1 = c1 % Sq
+        k_base = b * k_batch + hk * k_head
+        v_base = b * v_batch + hk * v_head
+        # The row this lane gives ldmatrix (forward v10's): for K, keys 8 (m // 2) + lane % 8
+        # of the warp's 16, columns 8 (m % 2) of a k-step; for V, keys 8 (m % 2) + lane % 8,
+        # columns 8 (m // 2) of an n-tile pair.
+        m = lane // 8
+        k_lane = (warp * CHUNK + 8 * (m // 2) + lane % 8) * ROW + 8 * (m % 2)
+        v_lane = (warp * CHUNK + 8 * (m % 2) + lane % 8) * ROW + 8 * (m // 2)
+        HZERO = narrow(ZERO)
+
+        smem = cuda.shared.array(0, HALF, alignment=16)     # two stages of K and V tiles
+        bad = cuda.shared.array(3, int32)       # non-finite q, k, v staged as 0
+        m_w = cuda.shared.array((WARPS, ROWS), acc)         # each warp's m and l per row
+        l_w = cuda.shared.array((WARPS, ROWS), acc)
+        o_w = cuda.shared.array((ROWS, DP), acc)            # the warps' O, merged
+        q = cuda.local.array(Q_WORDS, uint32)   # Q's A fragments
+        o = cuda.local.array(O_FRAGS, acc)      # O fragments
+        s = cuda.local.array(S_FRAGS, acc)      # S, then P~, of the warp's 16 keys
+
+        if tid == 0:
+            bad[0] = 0
+            bad[1] = 0
+            bad[2] = 0
+        # Wait until bad is clear.
+        cuda.syncthreads()
+        n_tiles = (last - first + TILE_KEYS - 1) // TILE_KEYS if last > first else 0
+        if n_tiles > 0:
+            start_copies(smem, K, V, k_base, v_base, k_row, v_row, first, last, 0, tid, HZERO)
+        cp_async_commit()
+        # Alg.1 l.4: Q's A fragments (rows g, g + 8; zero past the real rows and d; a
+        # non-finite q is staged as 0 and flagged, as forward v10 stages it).
+        for ks in range(KS):
+            for w in range(4):
+                real = real0 if w % 2 == 0 else real1
+                h = h0 if w % 2 == 0 else h1
+                i = i0 if w % 2 == 0 else i1
+                col = ks * 16 + 2 * t + 8 * (w // 2)
+                x = widen(Q[U(b), U(h), U(i), U(col)]) if real and col < d else ZERO
+                y = widen(Q[U(b), U(h), U(i), U(col + 1)]) if real and col + 1 < d else ZERO
+                if not (finite(x) and finite(y)):
+                    bad[0] = 1
+                    x = x if finite(x) else ZERO
+                    y = y if finite(y) else ZERO
+                q[ks * 4 + w] = pack2(x, y)
+        for x in range(O_FRAGS):
+            o[x] = ZERO
+        m0 = NEG_INF            # running max of rows g and g + 8 (the same in the quad)
+        m1 = NEG_INF
+        l0 = ZERO               # this lane's part of the running sums
+        l1 = ZERO
+
+        for j in range(n_tiles):
+            st = j % 2
+            mark = int32(j + 1)
+            key_first = first + j * TILE_KEYS
+            # Wait until every warp has finished reading stage 1 - st (tile j - 1).
+            cuda.syncthreads()
+            if j + 1 < n_tiles:
+                start_copies(smem, K, V, k_base, v_base, k_row, v_row, key_first + TILE_KEYS,
+                             last, 1 - st, tid, HZERO)
+            cp_async_commit()               # (empty at the last tile: the count stays)
+            cp_async_wait_group(1)          # this thread's copies of tile j have landed
+            test_copies(smem, bad, mark, key_first, last, st, tid, HZERO)
+            # Wait until the tile is complete and tested (and, at j = 0, bad[0] set).
+            cuda.syncthreads()
+            fix_scores = bad[0] != 0 or bad[1] == mark      # the same in every thread
+            fix_values = bad[2] == mark
+            key0 = key_first + warp * CHUNK                 # this warp's 16 keys
+            if key0 < last:                                 # (uniform in the warp)
+                # Alg.1 l.8: S = Q K^T; one ldmatrix gives b0, b1 of keys 0-7 and b2, b3
+                # of keys 8-15 for a k-step.
+                KJ = K_AT + st * TILE + k_lane
+                acc_a = (ZERO, ZERO, ZERO, ZERO)
+                acc_b = (ZERO, ZERO, ZERO, ZERO)
+                for ks in range(KS):
+                    b0, b1, b2, b3 = ldmatrix_x4(smem, U(KJ + 16 * ks))
+                    acc_a = mma(q[ks * 4], q[ks * 4 + 1], q[ks * 4 + 2], q[ks * 4 + 3],
+                                b0, b1, acc_a[0], acc_a[1], acc_a[2], acc_a[3])
+                    acc_b = mma(q[ks * 4], q[ks * 4 + 1], q[ks * 4 + 2], q[ks * 4 + 3],
+                                b2, b3, acc_b[0], acc_b[1], acc_b[2], acc_b[3])
+                for x in range(4):
+                    s[x] = acc_a[x]
+                    s[4 + x] = acc_b[x]
+                if fix_scores:          # rare: a non-finite q or k was staged as 0
+                    add_nonfinite_scores(s, Q, K, b, h0, i0, h1, i1, real0, real1, k_base,
+                                         k_row, key0, last, t)
+                masked_scores(s, softmax_scale, b, h0, i0, h1, i1, key0, last, n, Sq,
+                              causal_offset, window_lo, softcap, slopes, attn_mask, t)
+                # Alg.1 l.9: the new running max over the quad (fmax: NaN does not win),
+                # P~ = exp(S - m) in s, the rescale factors (mma_rows' softmax step).
+                mt0 = fmax(fmax(s[0], s[1]), fmax(s[4], s[5]))
+                mt1 = fmax(fmax(s[2], s[3]), fmax(s[6], s[7]))
+                mt0 = quad_max(mt0)
+                mt1 = quad_max(mt1)
+                mn0 = mt0 if mt0 > m0 else m0
+                mn1 = mt1 if mt1 > m1 else m1
+                ms0 = ZERO if mn0 == NEG_INF else mn0    # no key seen yet: avoid -inf - -inf
+                ms1 = ZERO if mn1 == NEG_INF else mn1
+                alpha0 = exp2_approx((m0 - ms0) * LOG2E)
+                alpha1 = exp2_approx((m1 - ms1) * LOG2E)
+                lt0 = ZERO
+                lt1 = ZERO
+                for nt in range(NT):
+                    for e in range(2):
+                        s[nt * 4 + e] = exp2_approx(s[nt * 4 + e] * LOG2E - ms0 * LOG2E)
+                        lt0 += s[nt * 4 + e]
+                        s[nt * 4 + 2 + e] = exp2_approx(s[nt * 4 + 2 + e] * LOG2E - ms1 * LOG2E)
+                        lt1 += s[nt * 4 + 2 + e]
+                l0 = alpha0 * l0 + lt0
+                l1 = alpha1 * l1 + lt1
+                m0 = mn0
+                m1 = mn1
+                # Alg.1 l.10: O = diag(alpha) O + P~ V, P~ rounded to the cache's type as
+                # the A operand (a0: row g, keys 2t, 2t + 1; a1: row g + 8; a2, a3: keys + 8).
+                p0 = pack2(s[0], s[1])
+                p1 = pack2(s[2], s[3])
+                p2 = pack2(s[4], s[5])
+                p3 = pack2(s[6], s[7])
+                VJ = V_AT + st * TILE + v_lane
+                for nd in range(0, ND, 2):
+                    # B[k, n] = V[key k, column n]: .trans gives b0, b1 of columns 8 nd
+                    # and b2, b3 of columns 8 (nd + 1), keys 0-15 of the warp's.
+                    b0, b1, b2, b3 = ldmatrix_x4_trans(smem, U(VJ + 8 * nd))
+                    acc_a = mma(p0, p1, p2, p3, b0, b1, o[nd * 4] * alpha0,
+                                o[nd * 4 + 1] * alpha0, o[nd * 4 + 2] * alpha1,
+                                o[nd * 4 + 3] * alpha1)
+                    acc_b = mma(p0, p1, p2, p3, b2, b3, o[nd * 4 + 4] * alpha0,
+                                o[nd * 4 + 5] * alpha0, o[nd * 4 + 6] * alpha1,
+                                o[nd * 4 + 7] * alpha1)
+                    for x in range(4):
+                        o[nd * 4 + x] = acc_a[x]
+                        o[nd * 4 + 4 + x] = acc_b[x]
+                if fix_values:          # rare: a non-finite v was staged as 0
+                    add_nonfinite_values(o, s, V, b, h0, i0, h1, i1, real0, real1, v_base,
+                                         v_row, key0, last, n, causal_offset, window_lo,
+                                         attn_mask, g, t)
+
+        # Merge the four warps by their logsumexp, in split_kv's order (merge_warps): each
+        # warp's weight exp(m_w - M) for the block's max M of the row, its weighted O added
+        # into o_w one warp after another, warp 0 first.
+        l0 = quad_sum(l0)
+        l1 = quad_sum(l1)
+        if t == 0:
+            m_w[warp, g] = m0
+            m_w[warp, g + 8] = m1
+            l_w[warp, g] = l0
+            l_w[warp, g + 8] = l1
+        # Wait until every warp's m and l are in shared memory.
+        cuda.syncthreads()
+        top0 = NEG_INF
+        top1 = NEG_INF
+        for w in range(WARPS):              # '>' keeps NaN out of the max
+            if m_w[w, g] > top0:
+                top0 = m_w[w, g]
+            if m_w[w, g + 8] > top1:
+                top1 = m_w[w, g + 8]
+        top0 = ZERO if top0 == NEG_INF else top0
+        top1 = ZERO if top1 == NEG_INF else top1
+        weight0 = math.exp(m0 - top0) if l0 != ZERO else ZERO
+        weight1 = math.exp(m1 - top1) if l1 != ZERO else ZERO
+        for w in range(WARPS):
+            if warp == w:
+                for nd in range(ND):
+                    for e in range(2):
+                        col = nd * 8 + 2 * t + e
+                        x0 = weight0 * o[nd * 4 + e] if l0 != ZERO else ZERO
+                        x1 = weight1 * o[nd * 4 + 2 + e] if l1 != ZERO else ZERO
+                        if w == 0:
+                            o_w[g, col] = x0
+                            o_w[g + 8, col] = x1
+                        else:
+                            o_w[g, col] += x0
+                            o_w[g + 8, col] += x1
+            # Wait until warp w's share is added before the next warp adds its own.
+            cuda.syncthreads()
+        for idx in range(tid, ROWS * d, THREADS):           # Alg.1 l.12-13
+            r = idx // d
+            col = idx % d
+            rr = tile * ROWS + r
+            if rr < n_rows:
+                bh = b * Hq + hk * group + rr // Sq
+                i = rr % Sq
+                top = NEG_INF
+                for w in range(WARPS):
+                    if m_w[w, r] > top:
+                        top = m_w[w, r]
+                top = ZERO if top == NEG_INF else top
+                l_sum = ZERO
+                for w in range(WARPS):
+                    if l_w[w, r] != ZERO:           # the warp saw a key (a NaN l counts)
+                        l_sum += math.exp(m_w[w, r] - top) * l_w[w, r]
+                # l = 0: the rows saw no key of this split: O = 0, L = -inf.
+                out = ZERO if l_sum == ZERO else o_w[r, col] / l_sum
+                lse = NEG_INF if l_sum == ZERO else top + math.log(l_sum)
+                if n_splits == 1:
+                    if BF16:
+                        O[bh, i, col] = narrow(out)
+                    else:
+                        O[bh, i, col] = out
+                    if col == 0:
+                        L[bh, i] = lse
+                else:
+                    O_parts[split, bh, i, col] = out
+                    if col == 0:
+                        L_parts[split, bh, i] = lse
+
+    return split_kv_mma
+
+
+# --- the launch contract ------------------------------------------------------------
+
+
+def refusal(p):
+    """Why the tensor-core decode kernel cannot run CacheProblem ``p``, or None if it can:
+    16-bit caches, d a multiple of 8 up to MAX_HEAD_DIM, rows that start 16-byte aligned
+    (host caches travel as fresh, aligned arrays; device caches are read in place, so
+    their first elements and strides are checked)."""
+    name = str(p.dtype)
+    if name not in NAMES:
+        return f"{name} caches (the tensor-core decode kernel reads float16 and bfloat16)"
+    if p.d % ALIGN or p.d > MAX_HEAD_DIM:
+        return (f"head dim {p.d} (the tensor-core decode kernel takes multiples of {ALIGN} "
+                f"up to {MAX_HEAD_DIM})")
+    if p.layout is not None:
+        for cache, strides, address in (("k_cache", p.layout.k_strides, p.layout.k_address),
+                                         ("v_cache", p.layout.v_strides, p.layout.v_address)):
+            if address % 16:
+                return (f"{cache} does not start at a 16-byte aligned address (the "
+                        f"tensor-core decode kernel copies 16 bytes at a time)")
+            if any(st % ALIGN for st in strides):
+                return (f"{cache}'s strides {tuple(strides)} (elements) are not multiples of "
+                        f"{ALIGN} (the tensor-core decode kernel copies 16-byte rows)")
+    return None
+
+
+def plan(p, where, n_splits, reason):
+    """The Plan of the tensor-core split-KV kernel for CacheProblem ``p`` and ``n_splits``
+    splits: grid (n_splits, row tiles, B * Hk), block (THREADS,), dynamic shared memory."""
+    rows_needed = p.group * p.Sq
+    tiles = math.ceil(rows_needed / ROWS)
+    reason += (f"; the {rows_needed} query rows that read each K/V head ({p.group} heads x "
+               f"{p.Sq} rows) as the 16 rows of the tensor cores' products, in {tiles} "
+               f"block(s); {WARPS} warps taking {CHUNK} keys each of every {TILE_KEYS}-key "
+               f"tile, copied 16 bytes at a time into two stages of shared memory")
+    return Plan("kvcache", "split_kv_mma", "split_kv_mma", where, None, None,
+                (n_splits, tiles, p.B * p.Hk), (THREADS,), split_kv_mma_shared(p.d).dynamic,
+                p.acc_dtype, "bottom_right" if p.causal else None, reason,
+                variant_description(p), dynamic_shared=True)
+
+
+def kernel(plan, p):
+    """The compiled kernel of ``plan`` (cached per compile-time parameters)."""
+    return make_split_kv_mma(p.d, p.upper, p.variant, half_of(p.dtype) or "float16")

@@ -1,0 +1,163 @@
+"""L2 (simulator) / L3 (GPU): the tensor-core decode kernel (kernels/decode/split_kv_mma.py)
+against the float64 reference, beside the CUDA-core kernel it replaces for 16-bit caches
+(kernels/decode/split_kv.py), and the policy that picks between them
+(numbaflash/policy.py's ``decode_kernel``).
+
+The cases and the check are tests/test_kvcache.py's (TESTING.md's rule per batch, caches
+bitwise). The drawn cases there reach split_kv_mma too (float16 at d = 8 and 40); here
+the fixed cases go where its own structure has edges:
+
+* more query rows than the 16 of a block (a GQA group of 8 x Sq = 3: two row tiles), and
+  ALiBi with GQA (each of a block's rows has its own head and slope);
+* lengths around its 64-key tiles and a warp's 16 keys, and splits that start inside a
+  tile;
+* head dims that are not multiples of the mma's 16 (d = 40, 72: padded columns);
+* NaN and inf, which the kernel zeroes in shared memory and adds back (fix-ups): in a
+  key or value a row does not see (no effect), in a visible one (propagates), in q;
+* bfloat16 caches.
+
+Each case runs with ``policy.DECODE_KERNELS`` set to one kernel, so both kernels meet the
+same cases. Cost on the simulator: about 1.5-3 s a call (128-thread blocks).
+"""
+
+import numpy as np
+import pytest
+
+import numbaflash
+from numbaflash import policy
+from numbaflash.kernels.decode import split_kv_mma
+from test_kvcache import (device_like, make_cache_case, no_kvcache_launch,  # noqa: F401
+                          run_and_check)
+
+pytestmark = pytest.mark.usefixtures("nan_prefilled_outputs")
+
+KERNELS = ("split_kv_mma", "split_kv")
+
+
+@pytest.fixture(params=KERNELS)
+def kernel(request, monkeypatch):
+    """Run the test with only this decode kernel in policy.DECODE_KERNELS."""
+    monkeypatch.setattr(policy, "DECODE_KERNELS", (request.param,))
+    return request.param
+
+
+def planned(case, **override):
+    """The split kernel's plan for the case."""
+    kw = dict(cache_seqlens=np.array(case.lengths, np.int32), k=case.k, v=case.v,
+              causal=case.causal, num_splits=case.num_splits, **case.variants())
+    kw.update(override)
+    return numbaflash.explain_kvcache(case.q, case.k_cache, case.v_cache, **kw)[0]
+
+
+CASES = {
+    # name: make_cache_case arguments
+    "gqa8-rows24-causal": dict(B=1, Hk=2, group=8, Sq=3, S_max=70, d=16, dtype="float16",
+                               lengths=(67,), S_new=3, causal=True, seed=101),
+    "tile-edges-splits": dict(B=3, Hk=1, group=2, Sq=1, S_max=140, d=40, dtype="float16",
+                              lengths=(63, 65, 129), S_new=1, num_splits=3, seed=103),
+    "d72-window-softcap": dict(B=1, Hk=1, group=4, Sq=2, S_max=90, d=72, dtype="float16",
+                               lengths=(88,), S_new=2, causal=True, window=(20, 0),
+                               softcap=2.0, seed=107),
+    "alibi-gqa-heads": dict(B=2, Hk=2, group=3, Sq=1, S_max=40, d=8, dtype="float16",
+                            lengths=(17, 40), alibi="batch", num_splits=2, seed=109),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_matches_reference(name, kernel):
+    case = make_cache_case(**CASES[name])
+    assert planned(case).kernel == kernel
+    run_and_check(case)
+
+
+# The NaN pre-fill means nothing for bfloat16's uint16 outputs (NaN casts to 0, with a
+# warning); the rule's check still sees every element.
+@pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")
+def test_bfloat16_caches(kernel):
+    """bfloat16 caches (P~ rounded to bfloat16 for P~ V in split_kv_mma), with a split
+    that sees no key (more splits than the keys of batch 0)."""
+    import ml_dtypes
+    from tolerance import check_forward
+    bf16 = ml_dtypes.bfloat16
+    rng = np.random.default_rng(113)
+    q = rng.uniform(-4, 4, (2, 4, 2, 24)).astype(bf16)
+    k_cache, v_cache = (rng.uniform(-4, 4, (2, 2, 80, 24)).astype(bf16) for _ in range(2))
+    lengths = np.array([3, 80], np.int32)
+    plan = numbaflash.explain_kvcache(q, k_cache, v_cache, cache_seqlens=lengths,
+                                      causal=True)[0]
+    assert plan.kernel == kernel
+    out, lse = numbaflash.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths,
+                                                 causal=True, num_splits=5, return_lse=True)
+    for b, n in enumerate(lengths):
+        check_forward(q[b:b + 1], k_cache[b:b + 1, :, :n], v_cache[b:b + 1, :, :n],
+                      out[b:b + 1], lse[b:b + 1], causal="bottom_right")
+
+
+def test_nan_a_row_does_not_see_has_no_effect(kernel):
+    """float16, causal, Sq = 3 over 70 keys: keys 68 and 69 are hidden from row 0 (and 69
+    from row 1) but lie inside the block's keys, in its last tile. NaN in their values
+    and an inf in one key: rows that do not see them are finite (a product with P~ = 0
+    would spread the NaN); the last row sees them, so it is NaN, as in the reference.
+    Cache rows past the length hold NaN too."""
+    case = make_cache_case(B=1, Hk=1, group=2, Sq=3, S_max=80, d=16, dtype="float16",
+                           lengths=(70,), causal=True, seed=127)
+    case.v_cache[0, 0, 68:70, 5] = np.nan
+    case.k_cache[0, 0, 69, 2] = np.inf
+    case.k_cache[0, 0, 70:] = np.nan
+    case.v_cache[0, 0, 70:] = np.nan
+    out, lse = run_and_check(case)
+    assert np.isfinite(out[0, :, 0]).all()                  # row 0 of both heads
+    assert np.isnan(out[0, :, 2, 5]).all()                  # the last row sees key 68
+
+
+@pytest.mark.parametrize("where", ["q", "key", "value"])
+def test_nonfinite_visible_input_propagates(where, kernel):
+    """float16, GQA 2, one split over 40 keys: an inf in q (its row's scores are inf or
+    NaN), in a visible key (its score is +-inf or NaN) or a NaN in a visible value (that
+    column of every row that sees it): the reference's NaN and inf positions, exactly."""
+    case = make_cache_case(B=1, Hk=1, group=2, Sq=1, S_max=40, d=24, dtype="float16",
+                           lengths=(40,), seed=131)
+    if where == "q":
+        case.q[0, 1, 0, 7] = np.inf
+    elif where == "key":
+        case.k_cache[0, 0, 21, 3] = -np.inf
+    else:
+        case.v_cache[0, 0, 33, 4] = np.nan
+    run_and_check(case)
+
+
+# --- the policy ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype,d,k_strides,k_address,why", [
+    ("float16", 64, None, 4096, None),
+    ("bfloat16", 128, (6400 * 2, 64, 128, 1), 4096, None),     # (batch, s, heads, d) in place
+    ("float32", 64, None, 4096, "float32 caches"),
+    ("float16", 36, None, 4096, "head dim 36"),
+    ("float16", 136, None, 4096, "head dim 136"),
+    ("float16", 64, None, 4104, "k_cache does not start at a 16-byte aligned address"),
+    ("float16", 64, (6400 * 2, 6404, 64, 1), 4096, "k_cache's strides (0, 6404, 64)"),
+])
+def test_the_policy_says_which_kernel_and_why(dtype, d, k_strides, k_address, why,
+                                              no_kvcache_launch):
+    """explain_kvcache on device caches (batch 1, 2 K/V heads, 100 rows): split_kv_mma
+    where it can run, else split_kv with split_kv_mma's refusal in the reason."""
+    import ml_dtypes
+    dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype
+    q = device_like((1, 4, 1, d), dt)
+    k_cache = device_like((1, 2, 100, d), dt, k_strides, k_address)
+    v_cache = device_like((1, 2, 100, d), dt, None, 1 << 20)
+    plan = numbaflash.explain_kvcache(q, k_cache, v_cache, cache_seqlens=100,
+                                      backend="gpu")[0]
+    if why is None:
+        assert plan.kernel == "split_kv_mma" and "tensor-core" in plan.reason
+        assert plan.block == (split_kv_mma.THREADS,) and plan.grid[1] == 1
+        assert plan.shared_bytes == split_kv_mma.split_kv_mma_shared(d).dynamic
+    else:
+        assert plan.kernel == "split_kv" and f"not split_kv_mma: {why}" in plan.reason
+
+
+def test_factory_refuses_what_it_cannot_compile():
+    with pytest.raises(ValueError, match="multiples of 8 up to 128"):
+        split_kv_mma.make_split_kv_mma(36, False)
+    with pytest.raises(ValueError, match="half must be"):
+        split_kv_mma.make_split_kv_mma(64, False, half="float32")
