@@ -81,10 +81,12 @@ def reference_per_batch(q, k_cache, v_cache, lengths, dtype=np.float64, **kw):
 
 
 # The check of notebooks 04, 05 and 07 (TESTING.md's rule): the error against the float64
-# truth at most twice a naive float32 computation's, + 2 ulps.
+# truth at most twice a naive float32 computation's, + 2 ulps of float32.
+# float16 inputs get the naive float16 computation as the baseline instead.
 def check(name, out, lse, q, k_cache, v_cache, lengths, **kw):
     want, want_lse = reference_per_batch(q, k_cache, v_cache, lengths, **kw)
-    base, base_lse = reference_per_batch(q, k_cache, v_cache, lengths, np.float32, **kw)
+    low = np.float16 if q.dtype == np.float16 else np.float32
+    base, base_lse = reference_per_batch(q, k_cache, v_cache, lengths, low, **kw)
     for what, got, w, b in (("out", out, want, base), ("lse", lse, want_lse, base_lse)):
         seen = np.isfinite(w)                    # rows that see no key: lse = -inf exactly
         assert np.array_equal(np.isfinite(got), seen), f"{name}: {what}'s -inf rows differ"
@@ -419,6 +421,41 @@ check(f"GQA, group of 2, {num_splits or 'default'} split(s)", out_g, lse_g, qg, 
       v_cache, lengths + 1)
 
 # %% [markdown]
+# ### The group on the tensor cores
+#
+# Everything above ran `split_kv.py`, which puts the head dimension across a warp's lanes:
+# each score is a sum over 32 lanes (shuffles), and each (query row, key) pair takes its
+# own online-softmax step on the CUDA cores. With a group of four query heads that is
+# four times the work per key for the same bytes, and it is what kept the float16 GQA
+# shapes far below SDPA in section 5's older record.
+#
+# For float16 and bfloat16 caches the plan picks `split_kv_mma.py` instead. It sees the
+# group's query rows of one K/V head as a small matrix Q (group x $S_q$ rows, zero-padded
+# to 16) and each tile of 64 keys as $K_j$, so a tile's scores are one matrix product
+# $Q K_j^T$: a job for the tensor cores' 16 x 8 x 16 products, exactly as in forward v10
+# (notebook 10), with each of the block's four warps taking 16 of the tile's keys. The
+# tiles are copied into shared memory asynchronously, two stages deep, the next one on its
+# way while the warps use this one. The softmax, the split and the merge are the same as
+# above. `policy.decode_kernel` says which kernel a call gets:
+
+# %%
+print(inspect.getdoc(policy.decode_kernel))
+q16 = rng.standard_normal((B, 4 * Hk, 1, d)).astype(np.float16)    # a group of 4, float16
+k16, v16 = (x.astype(np.float16) for x in (k_cache, v_cache))
+plan16 = numbaflash.explain_kvcache(q16, k16, v16, cache_seqlens=lengths + 1)[0]
+print(f"\nfloat16, group of 4: {plan16.kernel}, grid {plan16.grid}: one block per (split, "
+      f"batch x K/V head) holds the group's 4 query rows")
+out16, lse16 = numbaflash.attention_with_kvcache(q16, k16, v16, cache_seqlens=lengths + 1,
+                                                 num_splits=num_splits, return_lse=True)
+check("float16, group of 4, tensor cores", out16, lse16, q16, k16, v16, lengths + 1)
+
+# %% [markdown]
+# (The check's baseline here is the naive computation in float16, the input type.) The
+# kernel's own docstring says how it treats NaN and inf: a product with $P = 0$ would turn
+# a NaN in a key a row does not see into a NaN in that row, so non-finite values are
+# zeroed in shared memory and added back, for the rows that see them, by a slow path that
+# only flagged tiles take.
+#
 # A sequence with nothing cached and no new key sees nothing: its rows come back with
 # $O = 0$ and $L = -\infty$, the reference's convention for a row that sees no key (the
 # other sequence is unaffected).
