@@ -297,6 +297,13 @@ def finite_inputs_plans(plans, p, asked, Q, K, V, O, dO, L, stream=DEFAULT):
 SPLIT_BLOCKS_PER_SM = 8
 SPLIT_MIN_KEYS = 512
 SPLIT_MAX = 64
+# split_kv_mma: 78 KB of shared memory a block at d = 128 lets an SM hold two. Measured on
+# an H100 at d = 128, float16 (lab/runs/2026-12-06/119_decode_splits.txt, ms for 1, 2, 4,
+# ..., 64 splits): the fastest counts gave 256-512 blocks (one or two waves of two per
+# SM: 1, 4, 16 and 64 splits at batch 8 / 8 with GQA / batch 1 / 1 with GQA); the counts
+# nearest 8 blocks per SM (4, 16, 32, 64) were 9 %, 57 % and 6 % slower than those at
+# the first three shapes. This rule picks 1, 4, 8 and 33 there.
+MMA_BLOCKS_PER_SM = 2
 
 
 def sm_count(where):
@@ -343,14 +350,19 @@ DECODE_REASONS = {
 
 
 def default_num_splits(p, where, module=split_kv):
-    """How many ranges the split-KV kernel cuts each batch's keys into, and why
-    (kernels/decode/split_kv.py). In order:
+    """How many ranges the split-KV kernel ``module`` cuts each batch's keys into, and
+    why (kernels/decode/). In order:
 
     1. On the simulator, one: there is no GPU to fill, and each split is work.
-    2. One when the grid already has SPLIT_BLOCKS_PER_SM blocks per SM without splitting
-       (many batches and heads, or many query rows).
-    3. Otherwise enough splits to reach that, each keeping at least SPLIT_MIN_KEYS keys
-       of the longest sequence, and at most SPLIT_MAX.
+    2. split_kv_mma: one wave of its blocks, MMA_BLOCKS_PER_SM per SM (what its shared
+       memory lets an SM hold), the splits rounded to the nearest count (at least one):
+       its blocks pay a prologue and a merge, and a second, partial wave costs more than
+       it gives.
+    3. split_kv: one split when the grid already has SPLIT_BLOCKS_PER_SM blocks per SM
+       without splitting (many batches and heads, or many query rows); otherwise enough
+       splits to reach that.
+    Either way each split keeps at least SPLIT_MIN_KEYS keys of the longest sequence, and
+    there are at most SPLIT_MAX.
     """
     rows = module.rows_per_block(p.group * p.Sq, p.d)
     blocks = p.B * p.Hk * math.ceil(p.group * p.Sq / rows)
@@ -358,11 +370,19 @@ def default_num_splits(p, where, module=split_kv):
         return 1, ("one split on the simulator: there is no GPU to fill (num_splits= "
                    "forces more)")
     sms = sm_count(where)
+    most = min(max(1, p.n_max // SPLIT_MIN_KEYS), SPLIT_MAX)
+    if module is split_kv_mma:
+        target = MMA_BLOCKS_PER_SM * sms
+        n = min(max(1, round(target / blocks)), most)
+        count = "one split" if n == 1 else f"{n} split(s)"
+        return n, (f"{count}: {blocks} blocks without splitting for {sms} SMs; one "
+                   f"wave of {MMA_BLOCKS_PER_SM} blocks per SM, rounded, with at least "
+                   f"{SPLIT_MIN_KEYS} keys a split and at most {SPLIT_MAX} splits")
     target = SPLIT_BLOCKS_PER_SM * sms
     if blocks >= target:
         return 1, (f"one split: {blocks} blocks without splitting already give "
                    f"{SPLIT_BLOCKS_PER_SM} per SM on this GPU's {sms}")
-    n = min(math.ceil(target / blocks), max(1, p.n_max // SPLIT_MIN_KEYS), SPLIT_MAX)
+    n = min(math.ceil(target / blocks), most)
     return n, (f"{n} split(s): {blocks} blocks without splitting for {sms} SMs; splitting "
                f"the keys (up to {p.n_max} a batch) gives {n * blocks} blocks, aiming at "
                f"{SPLIT_BLOCKS_PER_SM} per SM with at least {SPLIT_MIN_KEYS} keys a split "

@@ -22,9 +22,10 @@ changes, kernels/decode/split_kv.py's docstring).
    forced, and caches one column into wider arrays, which the plan must read one
    element a load) against ``numbaflash.reference.forward`` in float64 on each batch's
    slice of the caches, by the bench's rule (``bench._agreement``).
-1b. decoders: the default call's time with each decode kernel alone (split_kv_mma,
-   split_kv; policy.DECODE_KERNELS), each with the planner's split count, at each shape
-   and dtype in one process, and each one's out against the first's.
+1b. decoders: the default call's time with each decode kernel alone (split_kv_mma with
+   FINITE_TESTS "edges" and "every", split_kv; policy.DECODE_KERNELS), each with the
+   planner's split count, at each shape and dtype in one process, and each one's out
+   against the first's.
 2. splits: the time of one decode call for num_splits in 1, 2, 4, ..., 64 and the
    planner's choice, at each shape (the evidence behind policy.default_num_splits).
 3. rows (GQA shapes): the default split count's time with a block holding at most 1, 2,
@@ -109,10 +110,11 @@ def agreement():
         tq, tkc, tvc, tk, tv = (_to_torch(x) for x in (q, kc, vc, k, v))
         if offset:
             tkc, tvc = (_inside_wider(x, offset) for x in (tkc, tvc))
-        plans = numbaflash.explain_kvcache(tq, tkc, tvc, cache_seqlens=lens, k=tk, v=tv,
+        nq, nkc, nvc, nk, nv = (_numba(x) for x in (tq, tkc, tvc, tk, tv))
+        plans = numbaflash.explain_kvcache(nq, nkc, nvc, cache_seqlens=lens, k=nk, v=nv,
                                            num_splits=splits, **options)
         out, lse = numbaflash.attention_with_kvcache(
-            tq, tkc, tvc, cache_seqlens=lens, k=tk, v=tv, num_splits=splits,
+            nq, nkc, nvc, cache_seqlens=lens, k=nk, v=nv, num_splits=splits,
             return_lse=True, **options)
         out = out.copy_to_host()
         lse = lse.copy_to_host()
@@ -162,6 +164,17 @@ def _to_numpy(x, dtype):
     if x.dtype == torch.bfloat16:
         return x.float().contiguous().cpu().numpy().astype(dtype)
     return x.contiguous().cpu().numpy()
+
+
+def _numba(x):
+    """A torch tensor as numbaflash takes it: itself, or for bfloat16 (which PyTorch does
+    not export) a Numba view of its bits as ml_dtypes' bfloat16, no copy."""
+    import torch
+    if x.dtype != torch.bfloat16:
+        return x
+    import ml_dtypes
+    from numba import cuda
+    return cuda.as_cuda_array(x.view(torch.int16)).view(ml_dtypes.bfloat16)
 
 
 def _as_torch(out):
@@ -216,7 +229,8 @@ def decoders(shapes, dtypes, repeats):
     """Each decode kernel alone (module docstring, part 1b)."""
     import torch
     from numbaflash import policy
-    keep = policy.DECODE_KERNELS
+    from numbaflash.kernels.decode import split_kv_mma
+    keep, keep_tests = policy.DECODE_KERNELS, split_kv_mma.FINITE_TESTS
     for name in shapes:
         shape = SHAPES[name]
         S_max = shape[4]
@@ -225,13 +239,17 @@ def decoders(shapes, dtypes, repeats):
             n_bytes = _kv_bytes(shape, dtype)
             row = []
             first = None
-            for kernel in ("split_kv_mma", "split_kv"):
+            q, kc, vc = (_numba(x) for x in (q, kc, vc))
+            for kernel, tests in (("split_kv_mma", "edges"), ("split_kv_mma", "every"),
+                                  ("split_kv", None)):
                 policy.DECODE_KERNELS = (kernel,)
+                split_kv_mma.FINITE_TESTS = tests or keep_tests
                 try:
                     plan = numbaflash.explain_kvcache(q, kc, vc, cache_seqlens=S_max)[0]
                 except ValueError as error:
                     row.append(f"{kernel}: refused ({error})")
                     continue
+                kernel = kernel + (f" ({tests} tiles tested)" if tests else "")
                 call = lambda: numbaflash.attention_with_kvcache(q, kc, vc, cache_seqlens=S_max)
                 out = _as_torch(call())
                 first = out if first is None else first
@@ -240,6 +258,7 @@ def decoders(shapes, dtypes, repeats):
                 row.append(f"{kernel} ({plan.grid[0]} splits): {ms:.3f} ms "
                            f"{n_bytes / ms / 1e6:.0f} GB/s, max |out - first| {diff:.1e}")
             policy.DECODE_KERNELS = keep
+            split_kv_mma.FINITE_TESTS = keep_tests
             print(f"decoders {name} {shape} {dtype}: " + "; ".join(row), flush=True)
             del q, kc, vc
             torch.cuda.empty_cache()
@@ -388,9 +407,10 @@ def bandwidth(shapes, dtypes, repeats):
         for dtype in dtypes:
             q, kc, vc = _inputs(shape, dtype)
             n_bytes = _kv_bytes(shape, dtype)
-            plans = numbaflash.explain_kvcache(q, kc, vc, cache_seqlens=S_max)
+            nq, nkc, nvc = (_numba(x) for x in (q, kc, vc))
+            plans = numbaflash.explain_kvcache(nq, nkc, nvc, cache_seqlens=S_max)
             ours = _ms(lambda: numbaflash.attention_with_kvcache(
-                q, kc, vc, cache_seqlens=S_max), repeats)
+                nq, nkc, nvc, cache_seqlens=S_max), repeats)
             # SDPA as a user calls it (its own choice of backend), and the fused backend
             # for the dtype where it takes the call (FLASH for float16, EFFICIENT for
             # float32; with GQA they may not: then only the default is timed)
@@ -407,7 +427,8 @@ def bandwidth(shapes, dtypes, repeats):
             theirs = min(default_ms, fused_ms) if fused_ms == fused_ms else default_ms
             how = (f"default {default_ms:.3f} ms, {backend.name} "
                    + (f"{fused_ms:.3f} ms" if fused_ms == fused_ms else "refuses the call"))
-            out = _as_torch(numbaflash.attention_with_kvcache(q, kc, vc, cache_seqlens=S_max))
+            out = _as_torch(numbaflash.attention_with_kvcache(nq, nkc, nvc,
+                                                              cache_seqlens=S_max))
             want = sdpa()
             diff = (out.float() - want.float()).abs().max().item()
             ours_gbs, theirs_gbs = n_bytes / ours / 1e6, n_bytes / theirs / 1e6

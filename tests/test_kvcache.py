@@ -552,16 +552,23 @@ DECODE = dict(q=shaped((8, 32, 1, 128)), k_cache=shaped((8, 32, 32768, 128)),
               v_cache=shaped((8, 32, 32768, 128)), cache_seqlens=32000)
 
 
-@pytest.mark.parametrize("dtype,kernel", [("float16", "split_kv_mma"), ("float32", "split_kv")])
-def test_explain_gpu_decode_splits_and_says_why(dtype, kernel, no_kvcache_launch):
-    decode = {name: shaped(x.shape, dtype) if hasattr(x, "shape") else x
-              for name, x in DECODE.items()}
-    plans = numbaflash.explain_kvcache(**decode, backend="gpu")
-    split, combine = plans          # the split kernel, then the combine
-    assert split.kernel == kernel and combine.kernel == "combine"
-    n = split.grid[0]
-    assert n > 1 and split.grid[1:] == (1, 8 * 32) and split.block == (split_kv.THREADS,)
-    assert f"{n} split(s)" in split.reason and "SM" in split.reason
+@pytest.mark.parametrize("dtype,Hk,kernel,splits", [
+    ("float32", 32, "split_kv", 5),         # 8 blocks per SM: 5 x 256
+    ("float16", 32, "split_kv_mma", 1),     # one wave of 2 per SM: 256 blocks already
+    ("float16", 8, "split_kv_mma", 4),      # GQA: 4 x 64
+])
+def test_explain_gpu_decode_splits_and_says_why(dtype, Hk, kernel, splits, no_kvcache_launch):
+    """The decode plans on a GPU (132 SMs assumed without one): the kernel, the splits
+    by its rule (policy.default_num_splits), the combine after more than one."""
+    kv = shaped((8, Hk, 32768, 128), dtype)
+    plans = numbaflash.explain_kvcache(shaped((8, 32, 1, 128), dtype), kv, kv,
+                                       cache_seqlens=32000, backend="gpu")
+    split = plans[0]
+    assert split.kernel == kernel and split.grid == (splits, 1, 8 * Hk)
+    assert split.block == (split_kv.THREADS,)
+    assert [plan.kernel for plan in plans[1:]] == (["combine"] if splits > 1 else [])
+    count = "one split" if splits == 1 else f"{splits} split(s)"
+    assert count in split.reason and "SM" in split.reason
     assert split.backend == "gpu" and "Why:" in str(plans)
 
 

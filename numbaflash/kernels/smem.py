@@ -48,8 +48,12 @@ def allow_dynamic_shared_memory(kernel, args, nbytes):
             compiles now if it has not been compiled yet).
         nbytes: the dynamic shared memory the launch will ask for, in bytes.
 
-    Returns None. Nothing to do on the simulator or for nbytes <= 48 KB. Cheap enough to
-    call before every launch: a type lookup per argument (as the launch itself does), a
+    Returns None. Nothing to do on the simulator, without dynamic shared memory, or when
+    nbytes plus the kernel's static shared memory stay within 48 KB (the attribute is
+    needed as soon as the two together pass it: the tensor-core decode kernel at d = 72
+    asks for 45 KB dynamic beside 5.5 KB static, and its launch failed with
+    CUDA_ERROR_INVALID_VALUE before this counted the static part). Cheap enough to call
+    before every launch: a type lookup per argument (as the launch itself does), a
     dictionary lookup for the compiled kernel and one driver call.
 
     Raises:
@@ -57,12 +61,14 @@ def allow_dynamic_shared_memory(kernel, args, nbytes):
             MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, less the kernel's static shared memory),
             before anything is launched.
     """
-    if simulating() or nbytes <= STATIC_SHARED_LIMIT:
+    if simulating() or nbytes <= 0:
         return
     # The compiled kernel for these argument types: the same lookup a launch does
     # (numba-cuda's dispatcher types each argument with typeof_pyval, then compile()).
     compiled = kernel.compile(tuple(kernel.typeof_pyval(a) for a in args))
     function = compiled.library.get_cufunc()    # loaded on the current device
+    if nbytes + function.attrs.shared <= STATIC_SHARED_LIMIT:
+        return
     device = function.device
     most = device.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN - function.attrs.shared
     if nbytes > most:

@@ -24,12 +24,18 @@ it and the launch arguments. What changes is the work per key:
   16 w + 15 of each tile, its B fragments from ``ldmatrix`` (K) and ``ldmatrix.trans``
   (V, stored as the cache stores it). A whole tile (32 KB at d = 128) is in flight per
   block, where split_kv's loads had 8 keys per warp in registers.
-* Non-finite values as forward v10 treats them: each thread tests the pieces it copied
-  (in shared memory), zeroes a NaN or inf there and flags the tile; the products then
-  miss those terms, and the flagged tile's fix-ups add them back from the caches
-  (``add_nonfinite_scores``, ``add_nonfinite_values``), so that a NaN or inf reaches
-  exactly the rows that see it and a key a row does not see has no effect (0 x NaN in a
-  product would otherwise spread it).
+* Non-finite values. Where every real row sees every key of a tile (all of them at
+  Sq = 1 without a window), the products carry NaN and inf as the reference's do (q . k
+  and P V in IEEE arithmetic; a padded row's NaN is never written). Where some row does
+  not see some key (``FINITE_TESTS = "edges"``: the tiles at the end of a causal band or
+  the edge of a window, and every tile once q holds a NaN or inf) a product with P~ = 0
+  would turn a NaN or inf of that key into a NaN in that row, so those tiles are treated
+  as forward v10 treats every tile: each thread tests the pieces it copied (in shared
+  memory), zeroes a NaN or inf there and flags the tile; the products then miss those
+  terms, and the flagged tile's fix-ups add them back from the caches
+  (``add_nonfinite_scores``, ``add_nonfinite_values``) for the rows that see them.
+  ``FINITE_TESTS = "every"`` tests every tile (the test reads each piece back from
+  shared memory: 16 32-bit loads a thread per tile at d = 128).
 * P~ is rounded to the cache's type for P~ V (as forward v7 and v10 round it) and the
   exponentials are ``ptx.exp2_approx`` (as mma_rows' softmax step): split_kv multiplies
   in float32 throughout, so the two agree within rounding, not bit for bit.
@@ -71,6 +77,12 @@ TILE_KEYS = WARPS * CHUNK       # keys per tile (per stage of shared memory)
 MAX_HEAD_DIM = 128              # O's fragments in registers: 64 floats a lane at d = 128
 ALIGN = 8                       # 16-byte copies: rows start at multiples of 8 elements
 MAX_REGISTERS = None            # no cap (ptxas's choice)
+# Which tiles test their copies for NaN and inf (module docstring): "edges", only the tiles
+# where some real row does not see some key of the tile (the ends of a causal band or a
+# window) or when q holds one; "every" tile, as forward v10 does. scripts/decode_gpu.py
+# sets it to time the two.
+FINITE_TESTS = "edges"
+FINITE_CHOICES = ("edges", "every")
 
 # What split_kv_mma_shared returns, by name: the dynamic array (two stages of K and V
 # tiles, v10_shared_layout) and the static arrays of the warps' merge.
@@ -94,11 +106,12 @@ def rows_per_block(rows_needed, d):
 
 
 @functools.lru_cache(maxsize=None)
-def make_split_kv_mma(d, causal, variant=PLAIN, half="float16"):
+def make_split_kv_mma(d, causal, variant=PLAIN, half="float16", finite_tests="edges"):
     """The tensor-core split-KV kernel for head dim ``d`` (a multiple of 8, at most
     MAX_HEAD_DIM), ``causal`` (the band's upper bound, as split_kv's) and ``variant``
     (window, softcap, ALiBi), reading ``half`` caches ("float16" or "bfloat16": uint16
-    bits, kernels/halves.py), accumulating in float32.
+    bits, kernels/halves.py), accumulating in float32; ``finite_tests``: which tiles are
+    tested for NaN and inf (FINITE_TESTS).
 
     Launch and arguments: split_kv's (make_split_kv), with block (THREADS,) and
     ``split_kv_mma_shared(d).dynamic`` bytes of dynamic shared memory; the caches' rows
@@ -110,7 +123,8 @@ def make_split_kv_mma(d, causal, variant=PLAIN, half="float16"):
         barrier                      every warp has read stage 1 - st (tile j - 1)
         start copies of tile j + 1 into stage 1 - st; commit
         wait_group 1                 this thread's copies of tile j have landed
-        test them for NaN and inf    zero those in place, flag the tile (bad[1], bad[2])
+        test them for NaN and inf    (edge tiles, or every tile: finite_tests) zero those
+                                     in place, flag the tile (bad[1], bad[2])
         barrier                      tile j complete and tested
         warp w, keys 16 w ... 16 w + 15 of the tile:
             S = Q K^T                KS ldmatrix.x4, 2 KS mma
@@ -120,6 +134,8 @@ def make_split_kv_mma(d, causal, variant=PLAIN, half="float16"):
     """
     if half not in NAMES:
         raise ValueError(f"half must be one of {NAMES}; got {half!r}")
+    if finite_tests not in FINITE_CHOICES:
+        raise ValueError(f"finite_tests must be one of {FINITE_CHOICES}; got {finite_tests!r}")
     if d % ALIGN or not 0 < d <= MAX_HEAD_DIM:
         raise ValueError(f"the tensor-core decode kernel takes head dims that are multiples "
                          f"of {ALIGN} up to {MAX_HEAD_DIM}; got {d}")
@@ -146,6 +162,7 @@ def make_split_kv_mma(d, causal, variant=PLAIN, half="float16"):
     ROW, TILE, K_AT, V_AT, END = v10_shared_layout(TILE_KEYS, d)
     WINDOW = variant.window
     SCORES = variant.softcap or variant.alibi
+    EVERY_TILE = finite_tests == "every"
     visible, score = make_variant_functions(variant, causal, "float32")
 
     @cuda.jit(device=True, inline=True)
@@ -407,7 +424,16 @@ def make_split_kv_mma(d, causal, variant=PLAIN, half="float16"):
                              last, 1 - st, tid, HZERO)
             cp_async_commit()               # (empty at the last tile: the count stays)
             cp_async_wait_group(1)          # this thread's copies of tile j have landed
-            test_copies(smem, bad, mark, key_first, last, st, tid, HZERO)
+            # Does some real row not see some key of the tile (the band's ends: row 0's
+            # causal bound, row Sq - 1's window bound), or does q hold a NaN or inf? Then
+            # its NaN and inf are staged as 0 and added back (module docstring). The same
+            # in every thread (bad[0] was set before the barrier that ended tile j - 1, or
+            # before the first tile's barrier below: tested again at every tile).
+            edge = (EVERY_TILE or bad[0] != 0
+                    or (causal and key_first + TILE_KEYS - 1 > causal_offset)
+                    or (WINDOW and key_first < Sq - 1 + window_lo))
+            if edge:
+                test_copies(smem, bad, mark, key_first, last, st, tid, HZERO)
             # Wait until the tile is complete and tested (and, at j = 0, bad[0] set).
             cuda.syncthreads()
             fix_scores = bad[0] != 0 or bad[1] == mark      # the same in every thread
@@ -597,4 +623,5 @@ def plan(p, where, n_splits, reason):
 
 def kernel(plan, p):
     """The compiled kernel of ``plan`` (cached per compile-time parameters)."""
-    return make_split_kv_mma(p.d, p.upper, p.variant, half_of(p.dtype) or "float16")
+    return make_split_kv_mma(p.d, p.upper, p.variant, half_of(p.dtype) or "float16",
+                             FINITE_TESTS)
