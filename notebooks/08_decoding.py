@@ -56,7 +56,7 @@ rng = np.random.default_rng(0)
 
 ROOT = Path(numbaflash.__file__).resolve().parent.parent
 # The H200 measurements of the decode kernels (scripts/decode_gpu.py); sections 2 and 5.
-LAB_RECORD = ROOT / "lab" / "runs" / "2026-12-04" / "102_decode_strided_gpu.txt"
+LAB_RECORD = ROOT / "lab" / "runs" / "2026-12-06" / "120_decode_bandwidth.txt"
 
 
 def spec(shape, dtype):
@@ -427,16 +427,20 @@ check(f"GQA, group of 2, {num_splits or 'default'} split(s)", out_g, lse_g, qg, 
 # each score is a sum over 32 lanes (shuffles), and each (query row, key) pair takes its
 # own online-softmax step on the CUDA cores. With a group of four query heads that is
 # four times the work per key for the same bytes, and it is what kept the float16 GQA
-# shapes far below SDPA in section 5's older record.
+# shapes far below SDPA (lab/runs/2026-12-05/104_decode_gpu.txt).
 #
-# For float16 and bfloat16 caches the plan picks `split_kv_mma.py` instead. It sees the
+# For float16 and bfloat16 caches with several query rows per K/V head (GQA, or more
+# than one new token), the plan picks `split_kv_mma.py` instead. It sees the
 # group's query rows of one K/V head as a small matrix Q (group x $S_q$ rows, zero-padded
 # to 16) and each tile of 64 keys as $K_j$, so a tile's scores are one matrix product
 # $Q K_j^T$: a job for the tensor cores' 16 x 8 x 16 products, exactly as in forward v10
 # (notebook 10), with each of the block's four warps taking 16 of the tile's keys. The
 # tiles are copied into shared memory asynchronously, two stages deep, the next one on its
 # way while the warps use this one. The softmax, the split and the merge are the same as
-# above. `policy.decode_kernel` says which kernel a call gets:
+# above. With a single row per K/V head (multi-head attention, one new token) the
+# tensor cores have nothing to share and `split_kv` stays: on the H200 it was the faster
+# of the two there (the measurement is cited in `split_kv_mma.refusal`).
+# `policy.decode_kernel` says which kernel a call gets:
 
 # %%
 print(inspect.getdoc(policy.decode_kernel))
@@ -473,17 +477,25 @@ check("one empty sequence", out_0, lse_0, qg, k_cache, v_cache, [0, lengths[1]])
 #
 # `scripts/decode_gpu.py` checks the decode kernels against the float64 reference on a GPU
 # and times them at four decode shapes (batch 8 with a 32768-key cache and batch 1 with
-# 131072 keys, each with 32 query heads and 32 or 8 K/V heads, d = 128), in float16 and
-# float32, next to PyTorch's SDPA. Its record on the H200 is the lab file named in the
-# first cell. The `HBM copy` line is the ceiling: the bandwidth of a plain device-to-device
-# copy. Each `bandwidth` line gives, for one shape and dtype, the bytes of K and V read per
-# call divided by the time, for numbaflash (with its number of splits) and for the faster
-# of SDPA's default and its fused backend, and the two ratios: of SDPA, and of the HBM copy.
+# 131072 keys, each with 32 query heads and 32 or 8 K/V heads, d = 128), next to
+# PyTorch's SDPA. Its latest record on the H200 (float16 and bfloat16) is the lab file
+# named in the first cell. The `HBM copy` line is the ceiling: the bandwidth of a plain
+# device-to-device copy. Each `bandwidth` line gives, for one shape and dtype, the bytes of
+# K and V read per call divided by the time, for numbaflash (with the kernel that ran and
+# its number of splits) and for the faster of SDPA's default and its fused backend, and the
+# two ratios: of SDPA, and of the HBM copy. That record was made while `split_kv_mma` took
+# every 16-bit call, the multi-head ones too; the `decoders` lines of the file beside it
+# time both kernels at each shape, which is why the multi-head calls now run `split_kv`.
 
 # %%
 print(f"{LAB_RECORD.relative_to(ROOT)}:")
 for line in lab_lines("HBM copy") + lab_lines("bandwidth"):
     print(line)
+DECODERS = LAB_RECORD.with_name("120_decode_decoders.txt")
+print(f"\n{DECODERS.relative_to(ROOT)}:")
+for line in DECODERS.read_text().splitlines():
+    if line.startswith("decoders"):
+        print(line)
 
 # %% [markdown]
 # What to look for:
@@ -493,12 +505,12 @@ for line in lab_lines("HBM copy") + lab_lines("bandwidth"):
 #   kernel that only reads can go a little faster, so a ratio can pass 1.)
 # * **GQA against multi-head.** With 8 K/V heads for 32 query heads the cache holds four
 #   times fewer bytes for the same query rows: four times the arithmetic per byte read,
-#   and (with `MAX_ROWS` rows per block, section 4) each key read by two blocks of its
-#   group. Compare each GQA line's fraction of the HBM copy with its multi-head twin's.
+#   which `split_kv_mma` does on the tensor cores with each key read once for the group.
+#   Compare each GQA line's fraction of the HBM copy with its multi-head twin's.
 # * **Against SDPA.** In float16, SDPA runs FlashAttention's own CUDA kernels, and the
-#   ratio says how far numbaflash's Numba kernels are from them. In float32, SDPA has no
-#   flash kernel and the ratio goes the other way: the lines say whether numbaflash is
-#   then ahead, and by how much.
+#   ratio says how far numbaflash's Numba kernels are from them. In float32 (its lines are
+#   in lab/runs/2026-12-05/104_decode_gpu.txt, an H100) SDPA has no flash kernel and the
+#   ratio goes the other way.
 #
 # The numbers live in the lab record only; `docs/kvcache.md` cites it, and
 # `explain_kvcache` says how many splits a call gets and why.

@@ -325,8 +325,10 @@ def decode_kernel(p):
     The first of DECODE_KERNELS that takes the call, in order:
 
     1. split_kv_mma: the query rows of a K/V head on the 16-bit tensor cores, K and V
-       tiles through shared memory; float16 and bfloat16 caches, d a multiple of 8 up
-       to 128, rows 16-byte aligned (its ``refusal`` names what is missing).
+       tiles through shared memory; float16 and bfloat16 caches with more than one query
+       row per K/V head (GQA, or Sq > 1), d a multiple of 8 up to 128, rows 16-byte
+       aligned (its ``refusal`` names what is missing, and cites the measurement behind
+       the rows).
     2. split_kv: every cache, each row's scores reduced over a warp on the CUDA cores.
     """
     refused = []
@@ -344,7 +346,8 @@ def decode_kernel(p):
 
 
 DECODE_REASONS = {
-    "split_kv_mma": "the tensor-core decode kernel (16-bit caches with aligned rows)",
+    "split_kv_mma": ("the tensor-core decode kernel (16-bit caches with aligned rows, "
+                     "several query rows per K/V head)"),
     "split_kv": "the CUDA-core decode kernel",
 }
 

@@ -156,6 +156,18 @@ def test_the_policy_says_which_kernel_and_why(dtype, d, k_strides, k_address, wh
         assert plan.kernel == "split_kv" and f"not split_kv_mma: {why}" in plan.reason
 
 
+def test_one_row_per_kv_head_stays_on_split_kv(no_kvcache_launch):
+    """Multi-head attention with one new token (Sq = 1, as many query as K/V heads): the
+    measured case where split_kv is faster (split_kv_mma.refusal cites it); with Sq = 2
+    the rows share each key and split_kv_mma takes the call."""
+    q, kv = device_like((2, 4, 1, 64), "float16"), device_like((2, 4, 100, 64), "float16")
+    plan = numbaflash.explain_kvcache(q, kv, kv, cache_seqlens=100, backend="gpu")[0]
+    assert plan.kernel == "split_kv" and "one query row per K/V head" in plan.reason
+    q2 = device_like((2, 4, 2, 64), "float16")
+    assert numbaflash.explain_kvcache(q2, kv, kv, cache_seqlens=100,
+                                      backend="gpu")[0].kernel == "split_kv_mma"
+
+
 def test_factory_refuses_what_it_cannot_compile():
     with pytest.raises(ValueError, match="multiples of 8 up to 128"):
         split_kv_mma.make_split_kv_mma(36, False)

@@ -554,14 +554,19 @@ DECODE = dict(q=shaped((8, 32, 1, 128)), k_cache=shaped((8, 32, 32768, 128)),
 
 @pytest.mark.parametrize("dtype,Hk,kernel,splits", [
     ("float32", 32, "split_kv", 5),         # 8 blocks per SM: 5 x 256
-    ("float16", 32, "split_kv_mma", 1),     # one wave of 2 per SM: 256 blocks already
-    ("float16", 8, "split_kv_mma", 4),      # GQA: 4 x 64
+    ("float16", 32, "split_kv", 5),         # one row per K/V head: split_kv's
+    ("float16", 8, "split_kv_mma", 4),      # GQA: one wave of 2 per SM, 4 x 64 blocks
+    ("bfloat16", 4, "split_kv_mma", 8),     # groups of 8: 8 x 32 blocks
 ])
 def test_explain_gpu_decode_splits_and_says_why(dtype, Hk, kernel, splits, no_kvcache_launch):
     """The decode plans on a GPU (132 SMs assumed without one): the kernel, the splits
     by its rule (policy.default_num_splits), the combine after more than one."""
+    if dtype == "bfloat16":
+        import ml_dtypes
+        dtype = ml_dtypes.bfloat16
     kv = shaped((8, Hk, 32768, 128), dtype)
-    plans = numbaflash.explain_kvcache(shaped((8, 32, 1, 128), dtype), kv, kv,
+    q = shaped((8, 32, 1, 128), dtype)
+    plans = numbaflash.explain_kvcache(q, kv, kv,
                                        cache_seqlens=32000, backend="gpu")
     split = plans[0]
     assert split.kernel == kernel and split.grid == (splits, 1, 8 * Hk)

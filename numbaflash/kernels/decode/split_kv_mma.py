@@ -584,13 +584,22 @@ def make_split_kv_mma(d, causal, variant=PLAIN, half="float16", finite_tests="ed
 
 
 def refusal(p):
-    """Why the tensor-core decode kernel cannot run CacheProblem ``p``, or None if it can:
-    16-bit caches, d a multiple of 8 up to MAX_HEAD_DIM, rows that start 16-byte aligned
-    (host caches travel as fresh, aligned arrays; device caches are read in place, so
-    their first elements and strides are checked)."""
+    """Why the tensor-core decode kernel does not take CacheProblem ``p``, or None if it
+    does: 16-bit caches, more than one query row per K/V head (GQA or Sq > 1), d a
+    multiple of 8 up to MAX_HEAD_DIM, rows that start 16-byte aligned (host caches travel
+    as fresh, aligned arrays; device caches are read in place, so their first elements
+    and strides are checked).
+
+    One row per K/V head (multi-head attention, one new token) is left to split_kv:
+    measured on the H200 (lab/runs/2026-12-06/120_decode_decoders.txt, float16, d = 128)
+    this kernel took 0.91x split_kv's speed at batch 8 and 0.69x at batch 1 there, against
+    1.74x and 1.06x with GQA (groups of 4), where a block's rows share each key it reads."""
     name = str(p.dtype)
     if name not in NAMES:
         return f"{name} caches (the tensor-core decode kernel reads float16 and bfloat16)"
+    if p.group * p.Sq < 2:
+        return ("one query row per K/V head (the tensor-core decode kernel pays off when "
+                "several rows share each key: GQA or Sq > 1)")
     if p.d % ALIGN or p.d > MAX_HEAD_DIM:
         return (f"head dim {p.d} (the tensor-core decode kernel takes multiples of {ALIGN} "
                 f"up to {MAX_HEAD_DIM})")
