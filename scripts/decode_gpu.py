@@ -38,6 +38,12 @@ changes, kernels/decode/split_kv.py's docstring).
    process: the default call's time with split_kv.LOADS x REDUCTION in (scalar, wide) x
    (allreduce, transposed), scalar + allreduce being the kernel before both; each
    build's out against that one's (max |difference|) and the loads its plan chose.
+5b. overhead: where a call's time goes, each decode kernel alone at each shape and dtype:
+   the call as the other parts time it (CUDA events around each call), the host's time
+   per call (``time.perf_counter`` over ``--repeats`` calls issued back to back, no sync
+   between them), and the GPU's time per call for those calls queued back to back (events
+   around all of them: the kernels' time when the host keeps ahead of the GPU). Under
+   ``ncu --metrics gpu__time_duration.sum`` the kernels' own durations come with it.
 6. layout: numbaflash.torch.flash_attn_with_kvcache on caches in flash-attn's (batch,
    S_max, heads, d) order (read in place through strides) against attention_with_kvcache
    on the same values in (batch, heads, S_max, d) order: bitwise the same out, and the
@@ -264,6 +270,48 @@ def decoders(shapes, dtypes, repeats):
             torch.cuda.empty_cache()
 
 
+def overhead(shapes, dtypes, repeats):
+    """Where a call's time goes (module docstring, part 5b)."""
+    import time
+    import torch
+    from numba import cuda
+    from numbaflash import policy
+    keep = policy.DECODE_KERNELS
+    for name in shapes:
+        shape = SHAPES[name]
+        S_max = shape[4]
+        for dtype in dtypes:
+            q, kc, vc = (_numba(x) for x in _inputs(shape, dtype))
+            row = []
+            for kernel in ("split_kv_mma", "split_kv"):
+                policy.DECODE_KERNELS = (kernel,)
+                try:
+                    plan = numbaflash.explain_kvcache(q, kc, vc, cache_seqlens=S_max)[0]
+                except ValueError:
+                    continue
+                call = lambda: numbaflash.attention_with_kvcache(q, kc, vc, cache_seqlens=S_max)
+                each = _ms(call, repeats)
+                cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(repeats):
+                    call()
+                host = (time.perf_counter() - t0) / repeats * 1e3
+                cuda.synchronize()
+                start, end = cuda.event(), cuda.event()
+                start.record()
+                for _ in range(repeats):
+                    call()
+                end.record()
+                end.synchronize()
+                queued = cuda.event_elapsed_time(start, end) / repeats
+                row.append(f"{kernel} ({plan.grid[0]} splits): {each:.3f} ms a call timed "
+                           f"alone, host {host:.3f} ms a call, {queued:.3f} ms a call queued")
+            policy.DECODE_KERNELS = keep
+            print(f"overhead {name} {shape} {dtype}: " + "; ".join(row), flush=True)
+            del q, kc, vc
+            torch.cuda.empty_cache()
+
+
 def splits(shapes, dtypes, repeats):
     for name in shapes:
         shape = SHAPES[name]
@@ -476,6 +524,8 @@ def main():
         bad += agreement()
     if "decoders" in parts:
         decoders(shapes, dtypes, args.repeats)
+    if "overhead" in parts:
+        overhead(shapes, dtypes, args.repeats)
     if "splits" in parts:
         splits(shapes, dtypes, args.repeats)
     if "rows" in parts:
