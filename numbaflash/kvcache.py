@@ -287,8 +287,9 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens, k=None, v=None
         wait_for(p.seqlens, s)
         seqlens = (p.seqlens if hasattr(p.seqlens, "copy_to_host")
                    else arrays.cuda.as_cuda_array(p.seqlens, sync=False))
-    else:
-        seqlens = arrays.cuda.to_device(p.seqlens, stream=s.numba)
+    else:       # into a buffer of the stream's pool (no allocation per call)
+        seqlens = arrays.device_empty((p.B,), np.int32, s)
+        seqlens.copy_to_device(p.seqlens, stream=s.numba)
     if not host and k is not None and p.S_new:  # the new rows, into the device caches
         K_new = as_bits(arrays.strided_view(k, "k", s))
         V_new = as_bits(arrays.strided_view(v, "v", s))
@@ -330,13 +331,18 @@ def launch_kvcache(plans, p, Q, K, V, S, seqlens, stream):
             np.int64(S), *(np.int64(x) for x in k_strides[:3]),
             *(np.int64(x) for x in v_strides[:3]))
     module = DECODE_MODULES[split_plan.version]
-    launch(module.kernel(split_plan, p), split_plan.grid, split_plan.block, args,
-           dynamic_shared_bytes=split_plan.shared_bytes if split_plan.dynamic_shared else 0,
-           stream=stream)
+    # Repeated calls with the same argument types launch directly (launcher.launch): Q and
+    # the lengths C-contiguous and no slopes of the caller's, the rest are arrays made here.
+    types_key = None
+    if (p.alibi_slopes is None and Q.is_c_contiguous()
+            and getattr(seqlens, "is_c_contiguous", lambda: False)()):
+        types_key = ("kvcache", str(p.dtype), p.acc_dtype)
+    launch(module.kernel(split_plan, p), split_plan.grid, split_plan.block, args, types_key,
+           split_plan.shared_bytes if split_plan.dynamic_shared else 0, stream)
     if n > 1:
         merge = plans[1]
         launch(combine_kernels.kernel(merge, p), merge.grid, merge.block,
-               (O_parts, L_parts, O, L), stream=stream)
+               (O_parts, L_parts, O, L), types_key, 0, stream)
     return O, L
 
 

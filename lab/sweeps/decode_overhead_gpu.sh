@@ -1,16 +1,36 @@
 #!/usr/bin/env bash
 # Where a decode call's time goes, on one GPU, in one call inside 600 s (records to $OUT
-# through lab/sweeps/logged.sh; TREE names the tree): scripts/decode_gpu.py's overhead part
-# (each kernel's call timed alone, the host's time per call, the calls queued back to
-# back) at the four decode shapes in float16, alone; the same under Nsight Compute with
-# the kernels' durations; cProfile of the host's side of 50 calls.
+# through lab/sweeps/logged.sh; TREE names the tree).
 #
-#   bash lab/sweeps/decode_overhead_gpu.sh
+#   bash lab/sweeps/decode_overhead_gpu.sh profile   # scripts/decode_gpu.py's overhead part
+#       (each kernel's call timed alone, the host's time per call, the calls queued back
+#       to back) at the four decode shapes in float16, alone; cProfile of the host's side
+#       of 50 calls; the overhead part under Nsight Compute (the kernels' durations)
+#   bash lab/sweeps/decode_overhead_gpu.sh check     # after a change to the call: the
+#       decode tests on the GPU and the agreement part in parallel, then the overhead part
+#       and cProfile alone
 set -u
 cd "$(dirname "$0")/../.."
 L="bash lab/sweeps/logged.sh"
-$L decode_overhead 120 python3 scripts/decode_gpu.py --parts overhead --dtypes float16
-$L decode_call_profile 60 python3 lab/sweeps/decode_call_profile.py
-$L ncu_decode_durations 200 ncu --metrics gpu__time_duration.sum \
-    --kernel-name regex:"split_kv|combine" python3 scripts/decode_gpu.py --parts overhead \
-    --dtypes float16 --repeats 2
+case "${1:-}" in
+profile)
+    $L decode_overhead 120 python3 scripts/decode_gpu.py --parts overhead --dtypes float16
+    $L decode_call_profile 60 python3 lab/sweeps/decode_call_profile.py
+    $L ncu_decode_durations 200 ncu --metrics gpu__time_duration.sum \
+        --kernel-name regex:"split_kv|combine" python3 scripts/decode_gpu.py --parts overhead \
+        --dtypes float16 --repeats 2
+    ;;
+check)
+    $L decode_agreement 150 python3 scripts/decode_gpu.py --parts agreement &
+    NUMBAFLASH_PROFILE=gpu-quick $L tests_decode 150 python3 -m pytest -q -n 0 \
+        -p no:cacheprovider tests/test_decode_mma.py tests/test_kvcache.py tests/test_torch.py \
+        -k "mma or nan or explain or device or bfloat16 or errors or empty or append or kvcache" &
+    wait
+    $L decode_overhead 100 python3 scripts/decode_gpu.py --parts overhead --dtypes float16,bfloat16
+    $L decode_call_profile 40 python3 lab/sweeps/decode_call_profile.py
+    ;;
+*)
+    echo "usage: bash lab/sweeps/decode_overhead_gpu.sh profile|check" >&2
+    exit 2
+    ;;
+esac
