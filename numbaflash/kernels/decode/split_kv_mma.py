@@ -40,9 +40,13 @@ it and the launch arguments. What changes is the work per key:
   exponentials are ``ptx.exp2_approx`` (as mma_rows' softmax step): split_kv multiplies
   in float32 throughout, so the two agree within rounding, not bit for bit.
 
-What it buys: the per-(row, key) work leaves the CUDA cores, and more bytes are in
-flight per SM. lab/runs/ holds its timings against split_kv and SDPA
-(scripts/decode_gpu.py; docs/performance.md, "Decoding", cites them).
+What it buys: the per-(row, key) work leaves the CUDA cores, and each key is read once
+for a whole GQA group. Under Nsight Compute on an H100, float16, d = 128
+(lab/runs/2026-12-06/121_ncu_decode_durations.txt): 0.388 ms against split_kv's 0.682 at
+(8, 32/8, 1, 32768) and 0.207 against 0.335 at (1, 32/8, 1, 131072), 0.86-0.92 of that
+GPU's copy bandwidth. With one query row per K/V head it was the slower of the two
+(``refusal`` cites it), and split_kv runs those calls. docs/performance.md, "Decoding",
+has the rest, and why a whole call is still far slower than its kernel.
 
 Needs: float16 or bfloat16 caches, d <= MAX_HEAD_DIM a multiple of 8, and caches whose
 rows start 16-byte aligned (first elements aligned, strides multiples of 8 elements):
