@@ -203,7 +203,10 @@ def _inside_wider(x, offset):
 
 
 def _loads(plan):
-    """The loads the split-KV plan chose, as its reason says (split_kv.load_width)."""
+    """The loads the split-KV plan chose, as its reason says (split_kv.load_width);
+    split_kv_mma copies 16 bytes at a time, always."""
+    if plan.kernel == "split_kv_mma":
+        return "16-byte cp.async copies"
     reason = plan.reason
     at = reason.find("with loads of ")
     return reason[at + len("with "):reason.find(";", at)] if at >= 0 else "loads: ?"
