@@ -315,7 +315,7 @@ def sm_count(where):
 
 
 # The decode kernels, in the order decode_kernel tries them (kernels/decode/). A script
-# that times one against the other sets this (scripts/decode_gpu.py --kernels).
+# that times one against the other sets this (scripts/decode_gpu.py --decode-kernels).
 DECODE_KERNELS = ("split_kv_mma", "split_kv")
 DECODE_MODULES = {"split_kv_mma": split_kv_mma, "split_kv": split_kv}
 
