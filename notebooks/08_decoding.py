@@ -512,5 +512,10 @@ for line in DECODERS.read_text().splitlines():
 #   in lab/runs/2026-12-05/104_decode_gpu.txt, an H100) SDPA has no flash kernel and the
 #   ratio goes the other way.
 #
+# * **A call is more than its kernel.** These lines time whole calls from Python. Timed
+#   alone under Nsight Compute the kernels read the cache far faster than the calls
+#   suggest (`docs/performance.md`, "Decoding", has both): at these sizes most of a
+#   16-bit decode call is the Python around its one or two launches.
+#
 # The numbers live in the lab record only; `docs/kvcache.md` cites it, and
 # `explain_kvcache` says how many splits a call gets and why.
