@@ -6,7 +6,7 @@ Parent: split_kv.py, with forward v10's staging (forward/v10_ldmatrix.py). What 
 split_kv's: the split of a batch's keys over blocks (reference.split_ranges' rule), the
 band and the variants per (query row, key) (kernels/variants.py's ``visible`` and
 ``score``, with each row's own query head and position), the warps' logsumexp merge at
-the end (the same order, so the same bits as ``merge_warps``), the combine kernel after
+the end (its sums in ``merge_warps``' order), the combine kernel after
 it and the launch arguments. What changes is the work per key:
 
 * Rows on the tensor cores. split_kv gives a warp's 32 lanes the head-dim columns of one
@@ -35,7 +35,7 @@ it and the launch arguments. What changes is the work per key:
   terms, and the flagged tile's fix-ups add them back from the caches
   (``add_nonfinite_scores``, ``add_nonfinite_values``) for the rows that see them.
   ``FINITE_TESTS = "every"`` tests every tile (the test reads each piece back from
-  shared memory: 16 32-bit loads a thread per tile at d = 128).
+  shared memory: 64 32-bit loads a thread per tile at d = 128).
 * P~ is rounded to the cache's type for P~ V (as forward v7 and v10 round it) and the
   exponentials are ``ptx.exp2_approx`` (as mma_rows' softmax step): split_kv multiplies
   in float32 throughout, so the two agree within rounding, not bit for bit.
@@ -48,8 +48,9 @@ GPU's copy bandwidth. With one query row per K/V head it was the slower of the t
 (``refusal`` cites it), and split_kv runs those calls. docs/performance.md, "Decoding",
 has the rest, and why a whole call is still far slower than its kernel.
 
-Needs: float16 or bfloat16 caches, d <= MAX_HEAD_DIM a multiple of 8, and caches whose
-rows start 16-byte aligned (first elements aligned, strides multiples of 8 elements):
+Needs: float16 or bfloat16 caches, more than one query row per K/V head, d <=
+MAX_HEAD_DIM a multiple of 8, and caches whose rows start 16-byte aligned (first elements
+aligned, strides multiples of 8 elements):
 ``refusal`` says which is missing, and numbaflash/policy.py's ``decode_kernel`` then runs
 split_kv. Runs on the GPU (sm_80 and later) and on the simulator (kernels/simulated.py's
 stand-ins for ldmatrix, cp.async, mma and the shuffles).
