@@ -4,7 +4,8 @@ against the float64 reference, beside the CUDA-core kernel it replaces for 16-bi
 (numbaflash/policy.py's ``decode_kernel``).
 
 The cases and the check are tests/test_kvcache.py's (TESTING.md's rule per batch, caches
-bitwise). The drawn cases there reach split_kv_mma too (float16 at d = 8 and 40); here
+bitwise). The drawn cases there reach split_kv_mma too (float16 at d = 8 and 40, with a
+GQA group or Sq > 1); here
 the fixed cases go where its own structure has edges:
 
 * more query rows than the 16 of a block (a GQA group of 8 x Sq = 3: two row tiles), and
