@@ -334,8 +334,7 @@ def launch_kvcache(plans, p, Q, K, V, S, seqlens, stream):
     # Repeated calls with the same argument types launch directly (launcher.launch): Q and
     # the lengths C-contiguous and no slopes of the caller's, the rest are arrays made here.
     types_key = None
-    if (p.alibi_slopes is None and Q.is_c_contiguous()
-            and getattr(seqlens, "is_c_contiguous", lambda: False)()):
+    if p.alibi_slopes is None and Q.is_c_contiguous() and seqlens.is_c_contiguous():
         types_key = ("kvcache", str(p.dtype), p.acc_dtype)
     launch(module.kernel(split_plan, p), split_plan.grid, split_plan.block, args, types_key,
            split_plan.shared_bytes if split_plan.dynamic_shared else 0, stream)
