@@ -11,10 +11,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from numba.cuda.cudadrv import driver
+
 from . import arrays
 from .kernels.decode import append as append_kernels
 from .kernels.decode import combine as combine_kernels
 from .kernels.decode import split_kv as split_kv_kernels
+from .kernels import simulating
 from .kernels.plan import Plans
 from .kernels.variants import Variant
 from .launcher import _context_key, _placeholders, launch
@@ -287,9 +290,8 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens, k=None, v=None
         wait_for(p.seqlens, s)
         seqlens = (p.seqlens if hasattr(p.seqlens, "copy_to_host")
                    else arrays.cuda.as_cuda_array(p.seqlens, sync=False))
-    else:       # into a buffer of the stream's pool (no allocation per call)
-        seqlens = arrays.device_empty((p.B,), np.int32, s)
-        seqlens.copy_to_device(p.seqlens, stream=s.numba)
+    else:
+        seqlens = _device_lengths(p.seqlens, s)
     if not host and k is not None and p.S_new:  # the new rows, into the device caches
         K_new = as_bits(arrays.strided_view(k, "k", s))
         V_new = as_bits(arrays.strided_view(v, "v", s))
@@ -302,6 +304,25 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens, k=None, v=None
     if not return_lse:
         return out
     return out, arrays.finish(L, lse_shape, host, s)
+
+
+def _device_lengths(values, stream):
+    """Host lengths ((B,) int32) in a buffer of the stream's pool (no allocation per
+    call), written on ``stream`` without waiting for it: a memset when every batch has
+    the same length (an int ``cache_seqlens``), else an asynchronous copy. A plain copy
+    from host memory would first wait for the work queued on the stream, so each decoding
+    step would wait for the previous one's kernels and the host could never run ahead."""
+    seqlens = arrays.device_empty(values.shape, np.int32, stream)
+    if simulating() or not values.size:
+        seqlens.copy_to_device(values)
+        return seqlens
+    address = seqlens.device_ctypes_pointer.value
+    if (values == values[0]).all():
+        driver.driver.cuMemsetD32Async(address, int(values[0]), values.size, stream.handle)
+    else:       # pageable memory: staged by the driver before the call returns
+        driver.driver.cuMemcpyHtoDAsync(address, values.ctypes.data, values.nbytes,
+                                        stream.handle)
+    return seqlens
 
 
 def launch_kvcache(plans, p, Q, K, V, S, seqlens, stream):

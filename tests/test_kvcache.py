@@ -352,6 +352,25 @@ def test_device_lengths_past_the_cache_are_clamped():
     check_against_reference(case, out, lse, want_k, want_v, lengths=(8,))   # n_b = 10
 
 
+def test_decoding_steps_queued_without_waiting():
+    """Host lengths go to the GPU on the call's stream without waiting for it (a memset
+    for an int, an asynchronous copy for an array, into one reused buffer), so steps are
+    queued back to back and only read at the end: each step's result must still be its
+    own lengths' (a step reading a later step's lengths would be off)."""
+    case = make_cache_case(B=2, Hk=1, group=2, Sq=1, S_max=40, d=8, dtype="float32",
+                           seed=23)
+    q, k_cache, v_cache = (cuda.to_device(a) for a in (case.q, case.k_cache, case.v_cache))
+    steps = [5, (3, 30), 17, (40, 1), 33, (0, 9), 40]
+    results = [numbaflash.attention_with_kvcache(
+                   q, k_cache, v_cache, return_lse=True,
+                   cache_seqlens=n if isinstance(n, int) else np.array(n, np.int32))
+               for n in steps]
+    for n, (out, lse) in zip(steps, results):
+        lengths = (n, n) if isinstance(n, int) else n
+        check_against_reference(case, to_host(out), to_host(lse), case.k_cache,
+                                case.v_cache, lengths=lengths)
+
+
 # --- 5. rows that see no key --------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
