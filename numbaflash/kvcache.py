@@ -7,6 +7,8 @@ and values into the caches in place, then runs the split-KV kernels
 (numbaflash/kernels/decode/) over each batch's first cache_seqlens[b] + S_new keys.
 """
 
+import contextlib
+import contextvars
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -296,8 +298,10 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens, k=None, v=None
         K_new = as_bits(arrays.strided_view(k, "k", s))
         V_new = as_bits(arrays.strided_view(v, "v", s))
         update = append_kernels.plan(p, plans[0].backend)
-        launch(append_kernels.kernel(update, p), update.grid, update.block,
-               (K, V, K_new, V_new, seqlens), stream=s)
+        args = (K, V, K_new, V_new, seqlens)
+        direct = launch(append_kernels.kernel(update, p), update.grid, update.block, args,
+                        _types_key("append", p, args), stream=s)
+        _record(direct, args, ("k_cache", "v_cache", "k", "v", "seqlens"))
     O, L = launch_kvcache(plans, p, Q, (K_flat, k_strides), (V_flat, v_strides),
                           K.shape[2], seqlens, s)
     out = arrays.finish(O, out_shape, host, s, p.dtype)
@@ -352,18 +356,69 @@ def launch_kvcache(plans, p, Q, K, V, S, seqlens, stream):
             np.int64(S), *(np.int64(x) for x in k_strides[:3]),
             *(np.int64(x) for x in v_strides[:3]))
     module = DECODE_MODULES[split_plan.version]
-    # Repeated calls with the same argument types launch directly (launcher.launch): Q and
-    # the lengths C-contiguous and no slopes of the caller's, the rest are arrays made here.
-    types_key = None
-    if p.alibi_slopes is None and Q.is_c_contiguous() and seqlens.is_c_contiguous():
-        types_key = ("kvcache", str(p.dtype), p.acc_dtype)
-    launch(module.kernel(split_plan, p), split_plan.grid, split_plan.block, args, types_key,
-           split_plan.shared_bytes if split_plan.dynamic_shared else 0, stream)
+    # Repeated calls with the same argument types launch directly (launcher.launch)
+    direct = launch(module.kernel(split_plan, p), split_plan.grid, split_plan.block, args,
+                    _types_key("split", p, args),
+                    split_plan.shared_bytes if split_plan.dynamic_shared else 0, stream)
+    _record(direct, args, ("q", "k_cache", "v_cache", "seqlens", None, "out", "lse",
+                           "o_parts", "l_parts"))
     if n > 1:
         merge = plans[1]
-        launch(combine_kernels.kernel(merge, p), merge.grid, merge.block,
-               (O_parts, L_parts, O, L), types_key, 0, stream)
+        args = (O_parts, L_parts, O, L)
+        direct = launch(combine_kernels.kernel(merge, p), merge.grid, merge.block, args,
+                        _types_key("combine", p, args), 0, stream)
+        _record(direct, args, ("o_parts", "l_parts", "out", "lse"))
     return O, L
+
+
+def _types_key(kernel, p, args):
+    """launcher.launch's types_key for one decode kernel's arguments: its name, the dtypes,
+    and each array argument's layout as Numba types it (the caches' flat views and the
+    buffers made here are always C-contiguous; q, the caches' 4-D views and the caller's
+    lengths may not be). None with the caller's ALiBi slopes (any dtype and layout) or on
+    the simulator (every launch goes through Numba's dispatcher there)."""
+    if p.alibi_slopes is not None or simulating():
+        return None
+    return (kernel, str(p.dtype), p.acc_dtype,
+            tuple(a._numba_type_.layout for a in args if hasattr(a, "_numba_type_")
+                  and getattr(a, "ndim", 0)))
+
+
+# --- what a call launched, for numbaflash.torch's repeated calls ------------------------------
+
+@dataclass(frozen=True)
+class Launched:
+    """One kernel a call launched directly: the launcher._DirectLaunch, the arguments it
+    was given, and for each argument the name of the call's array it is a view of ("q",
+    "k_cache", "v_cache", "k", "v", "seqlens", "out", "lse", "o_parts", "l_parts"), or
+    None for a value that depends only on the call's shapes and options."""
+    direct: object
+    args: tuple
+    roles: tuple
+
+
+_RECORDING = contextvars.ContextVar("numbaflash_kvcache_recording", default=None)
+
+
+@contextlib.contextmanager
+def recording():
+    """Inside ``with recording() as launched:``, the list ``launched`` gets a ``Launched``
+    for each kernel an ``attention_with_kvcache`` call launches directly, in order, and
+    None for one it launches through Numba's dispatcher (numbaflash.torch then does not
+    repeat the call directly)."""
+    launched = []
+    token = _RECORDING.set(launched)
+    try:
+        yield launched
+    finally:
+        _RECORDING.reset(token)
+
+
+def _record(direct, args, roles):
+    launched = _RECORDING.get()
+    if launched is not None:
+        launched.append(None if direct is None else
+                        Launched(direct, args, roles + (None,) * (len(args) - len(roles))))
 
 
 def explain_kvcache(q, k_cache, v_cache, *, cache_seqlens, k=None, v=None, causal=False,

@@ -24,7 +24,7 @@ raw launch. Per call, Numba's launch:
 ``launch`` below does step 2 once per (kernel, argument types) and steps 1 and 3 once per
 launch configuration and device; per call it does steps 4 and 5 only, in
 ``_DirectLaunch.__call__``. The words are exactly those of
-numba-cuda 0.30's ``_Kernel._prepare_args`` for C-contiguous device arrays and
+numba-cuda 0.30's ``_Kernel._prepare_args`` for device arrays (of any layout) and
 float32/float64/int32/int64 scalars. A kernel with other argument types (there is none in
 numbaflash today) is launched by Numba's compiled kernel instead. Every launch without a
 ``types_key``, and every launch on the simulator, goes through Numba's dispatcher.
@@ -60,15 +60,20 @@ def launch(kernel, grid, block, args, types_key=None, dynamic_shared_bytes=0,
     around it on the GPU; ``stream`` is the call's streams.CallStream.
 
     ``types_key``, when given, stands for the argument types: the caller promises that
-    equal keys mean equal types (the same dtypes and numbers of dimensions, every array a
-    C-contiguous device array). The first launch with a key goes through Numba's
-    dispatcher, which compiles the kernel and checks the types; later ones launch the
-    compiled kernel directly (module docstring). Without a key, on the simulator, or with
+    equal keys mean equal types (the same dtypes, numbers of dimensions and layouts as
+    Numba types them, "C" for a C-contiguous device array). The first launch with a key
+    goes through Numba's dispatcher, which compiles the kernel and checks the types;
+    later ones launch the compiled kernel directly (module docstring). Without a key, on the simulator, or with
     ``DIRECT_LAUNCH = False``, every launch goes through Numba's dispatcher.
 
     More than 48 KB of dynamic shared memory must first be allowed to the compiled kernel
     (kernels/smem.py): before every launch through Numba's dispatcher, once per key
     otherwise.
+
+    Returns the ``_DirectLaunch`` that launches this kernel with these argument types and
+    this configuration from now on (None without a key, on the simulator, or with
+    ``DIRECT_LAUNCH = False``): numbaflash.torch keeps it to repeat a call with new
+    pointers (``_DirectLaunch.launch_words``).
     """
     direct_ok = types_key is not None and DIRECT_LAUNCH and not simulating()
     if direct_ok:
@@ -76,7 +81,7 @@ def launch(kernel, grid, block, args, types_key=None, dynamic_shared_bytes=0,
         direct = _DIRECT.get(key)
         if direct is not None:
             direct(args, stream)
-            return
+            return direct
     smem.allow_dynamic_shared_memory(kernel, args, dynamic_shared_bytes)
     try:
         kernel[grid, block, stream.numba, dynamic_shared_bytes](*args)
@@ -84,10 +89,12 @@ def launch(kernel, grid, block, args, types_key=None, dynamic_shared_bytes=0,
         if not _out_of_resources(error):
             raise
         raise ValueError(_too_many_registers(kernel, args, block)) from error
-    if direct_ok:
-        if len(_DIRECT) >= _DIRECT_MAX:
-            _DIRECT.clear()
-        _DIRECT[key] = _DirectLaunch(kernel, args, grid, block, dynamic_shared_bytes)
+    if not direct_ok:
+        return None
+    if len(_DIRECT) >= _DIRECT_MAX:
+        _DIRECT.clear()
+    direct = _DIRECT[key] = _DirectLaunch(kernel, args, grid, block, dynamic_shared_bytes)
+    return direct
 
 
 def _out_of_resources(error):
@@ -110,13 +117,14 @@ def _too_many_registers(kernel, args, block):
 
 
 def _array_words(a):
-    """The parameter words of a C-contiguous device array (module docstring, step 4)."""
+    """The parameter words of a device array (module docstring, step 4): the same for any
+    layout; only the kernel's code differs, which the argument types chose."""
     return array_words(a.size, a.dtype.itemsize, int(a.gpu_data.device_pointer), a.shape,
                        a.strides)
 
 
 def array_words(size, itemsize, pointer, shape, byte_strides):
-    """The parameter words of a C-contiguous array given by its numbers: two null words
+    """The parameter words of an array given by its numbers: two null words
     (Numba's meminfo and parent), size, itemsize, the pointer, the shape, the strides in
     bytes. numbaflash.torch builds a tensor's from its own numbers."""
     return (0, 0, size, itemsize, pointer, *shape, *byte_strides)
@@ -129,8 +137,8 @@ _SCALARS = {"float32": ctypes.c_float, "float64": ctypes.c_double,
 def _word_maker(numba_type):
     """How one argument of this Numba type becomes its parameter words; None if this
     module does not know (then Numba's own launch is used)."""
-    if getattr(numba_type, "ndim", None) is not None:          # an array type
-        return _array_words if numba_type.layout == "C" else None
+    if getattr(numba_type, "ndim", None) is not None:          # an array type, any layout
+        return _array_words
     scalar = _SCALARS.get(str(numba_type))
     return None if scalar is None else (lambda x: (scalar(x),))
 
@@ -175,6 +183,11 @@ class _DirectLaunch:
         for make, a in zip(self.makers, args):
             words.extend(make(a))
         self.launch_words(words, stream, device)
+
+    def ready(self, device):
+        """Whether ``launch_words`` can launch on this device (the kernel has run there,
+        and it is launched directly, not through Numba's dispatcher)."""
+        return self.makers is not None and device in self.functions
 
     def launch_words(self, words, stream, device):
         """Launch with parameter words built by the caller (``array_words`` for each

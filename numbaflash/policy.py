@@ -352,6 +352,12 @@ DECODE_REASONS = {
 }
 
 
+def split_limit(n_max):
+    """The most splits ``default_num_splits`` gives when the longest sequence has n_max
+    keys: at least SPLIT_MIN_KEYS keys a split, at most SPLIT_MAX splits, at least one."""
+    return min(max(1, n_max // SPLIT_MIN_KEYS), SPLIT_MAX)
+
+
 def default_num_splits(p, where, module=split_kv):
     """How many ranges the split-KV kernel ``module`` cuts each batch's keys into, and
     why (kernels/decode/). In order:
@@ -373,7 +379,7 @@ def default_num_splits(p, where, module=split_kv):
         return 1, ("one split on the simulator: there is no GPU to fill (num_splits= "
                    "forces more)")
     sms = sm_count(where)
-    most = min(max(1, p.n_max // SPLIT_MIN_KEYS), SPLIT_MAX)
+    most = split_limit(p.n_max)
     if module is split_kv_mma:
         target = MMA_BLOCKS_PER_SM * sms
         n = min(max(1, round(target / blocks)), most)

@@ -72,6 +72,7 @@ except ImportError as e:            # pragma: no cover - only without PyTorch
 
 from . import api, arrays, dtypes, launcher, streams
 from . import kvcache as api_kvcache
+from . import torch_decode
 from . import varlen as api_varlen
 from .dropout import check_dropout_p, seed_words
 from .kernels import forward as forward_kernels
@@ -977,20 +978,37 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         if cache_seqlens.device != q.device:
             raise ValueError(f"cache_seqlens is on {cache_seqlens.device} but q is on "
                              f"{q.device}")
-        cache_seqlens = _array(cache_seqlens)
-    if q.is_cuda:
-        _refuse_capture(q.device)
-    T = lambda x: None if x is None else _array(x.transpose(1, 2))   # (batch, heads, s, d)
-    with _outputs_from(q.device):
-        result = api_kvcache.attention_with_kvcache(
-            T(q), T(k_cache), T(v_cache), cache_seqlens=cache_seqlens, k=T(k), v=T(v),
-            causal=bool(causal), scale=softmax_scale,
-            window_size=None if window == (-1, -1) else window,
-            softcap=None if softcap == 0.0 else softcap,
-            alibi_slopes=_array(_compact(alibi_slopes)),
-            num_splits=None if num_splits == 0 else num_splits,
-            return_lse=return_softmax_lse)
+    # (batch, heads, seqlen, d) views, as numbaflash.attention_with_kvcache takes them
+    views = [None if x is None else x.transpose(1, 2) for x in (q, k_cache, v_cache, k, v)]
+    options = dict(causal=bool(causal), scale=softmax_scale,
+                   window_size=None if window == (-1, -1) else window,
+                   softcap=None if softcap == 0.0 else softcap,
+                   alibi_slopes=_compact(alibi_slopes),
+                   num_splits=None if num_splits == 0 else num_splits)
+    key = torch_decode.decode_key(*views, cache_seqlens, options)
+    fast = torch_decode.lookup(key)
+    got = None if fast is None else fast(*views, cache_seqlens, _torch_stream(q.device))
+    if got is None:
+        if q.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                "flash_attn_with_kvcache: inside CUDA graph capture numbaflash can only "
+                "repeat a decoding call it has already run outside the capture (a "
+                "warm-up call with the same shapes, strides, dtype, options and kind of "
+                "cache_seqlens, int or tensor; calls with alibi_slopes are never "
+                "captured): this one is new, and its first run compiles, checks and "
+                "allocates in ways a capture forbids")
+        if isinstance(cache_seqlens, torch.Tensor):
+            cache_seqlens = _array(cache_seqlens)
+        options["alibi_slopes"] = _array(options["alibi_slopes"])
+        with _outputs_from(q.device), api_kvcache.recording() as launched:
+            out, lse = api_kvcache.attention_with_kvcache(
+                *(_array(x) for x in views[:3]), cache_seqlens=cache_seqlens,
+                k=_array(views[3]), v=_array(views[4]), return_lse=True, **options)
+        out, lse = _tensor(out, q.device), _tensor(lse, q.device)
+        if key is not None:
+            torch_decode.remember(key, launched, q.device.index)
+    else:
+        out, lse = got
     if not return_softmax_lse:
-        return _tensor(result, q.device).transpose(1, 2)
-    out, lse = result
-    return _tensor(out, q.device).transpose(1, 2), _tensor(lse, q.device)
+        return out.transpose(1, 2)
+    return out.transpose(1, 2), lse

@@ -2,7 +2,7 @@
 SDPA and the HBM copy limit.
 
     python scripts/decode_gpu.py [--parts agreement,decoders,splits,rows,registers,kernels,
-                                          layout,bandwidth]
+                                          layout,bandwidth,overhead,serving]
                                  [--repeats 20] [--dtypes float16,float32] [--shapes NAME,...]
                                  [--decode-kernels split_kv_mma,split_kv]
                                  [--loads wide|scalar] [--reduction transposed|allreduce]
@@ -51,6 +51,14 @@ changes, kernels/decode/split_kv.py's docstring).
 7. bandwidth: numbaflash's default against SDPA (FLASH for float16, EFFICIENT for
    float32; ``enable_gqa`` for GQA) and the HBM copy bandwidth (a device-to-device copy
    of 4 GiB, bytes read + written / time). Bandwidth = K and V bytes read / time.
+8. serving (asked for by name): a decoding step as a PyTorch user runs it,
+   numbaflash.torch.flash_attn_with_kvcache (the caches' (batch, S_max, heads, d) views
+   of the same memory SDPA reads, cache_seqlens a tensor) against SDPA as a user calls it
+   (its own backend choice), three ways each: a call timed alone (as the other parts
+   time), calls queued back to back (events around ``--repeats`` calls: the GPU's time
+   when the host keeps ahead), and one call captured in a CUDA graph and replayed
+   ``--repeats`` times (events around the replays: the kernels with no host between
+   them). The ratios are SDPA's time over numbaflash's, each way.
 
 Shapes (batch, Hq, Hk, Sq, S_max, d): the decode shapes of the targets in docs/kvcache.md
 (and two at d = 64, by name).
@@ -493,6 +501,70 @@ def bandwidth(shapes, dtypes, repeats):
             torch.cuda.empty_cache()
 
 
+def _three_ways(fn, repeats):
+    """(alone, queued, graph) ms per call of ``fn`` on PyTorch's current stream (part 8)."""
+    import torch
+    alone = _ms(fn, repeats)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(repeats):
+        fn()
+    end.record()
+    end.synchronize()
+    queued = start.elapsed_time(end) / repeats
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):                   # the warm-up PyTorch asks for
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(repeats):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return alone, queued, start.elapsed_time(end) / repeats
+
+
+def serving(shapes, dtypes, repeats):
+    """A decoding step as a PyTorch user runs it (module docstring, part 8)."""
+    import torch
+    import torch.nn.functional as F
+    import numbaflash.torch as nft
+    for name in shapes:
+        shape = SHAPES[name]
+        B, Hq, Hk, Sq, S_max, d = shape
+        for dtype in dtypes:
+            q, kc, vc = _inputs(shape, dtype)
+            n_bytes = _kv_bytes(shape, dtype)
+            lengths = torch.full((B,), S_max, dtype=torch.int32, device="cuda")
+            flash = [x.transpose(1, 2) for x in (q, kc, vc)]    # (batch, seqlen, heads, d)
+            ours = lambda: nft.flash_attn_with_kvcache(*flash, cache_seqlens=lengths)
+            theirs = lambda: F.scaled_dot_product_attention(q, kc, vc, enable_gqa=Hk != Hq)
+            plan = numbaflash.explain_kvcache(*(_numba(x) for x in (q, kc, vc)),
+                                              cache_seqlens=S_max)[0]
+            diff = (ours().transpose(1, 2).float() - theirs().float()).abs().max().item()
+            row = []
+            for who, fn in (("numbaflash.torch", ours), ("SDPA", theirs)):
+                times = _three_ways(fn, repeats)
+                row.append((who, times))
+            (_, a), (_, b) = row
+            print(f"serving {name} {shape} {dtype} ({plan.kernel}, {plan.grid[0]} splits): "
+                  + "; ".join(f"{who} alone {t[0]:.3f}, queued {t[1]:.3f}, graph {t[2]:.3f} "
+                              f"ms a call" for who, t in row)
+                  + "; of SDPA's bandwidth: alone {:.3f}, queued {:.3f}, graph {:.3f}".format(
+                      *(y / x for x, y in zip(a, b)))
+                  + f"; graph {n_bytes / a[2] / 1e6:.0f} GB/s; max |ours - SDPA| {diff:.2e}",
+                  flush=True)
+            del q, kc, vc, flash
+            torch.cuda.empty_cache()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parts",
@@ -541,6 +613,8 @@ def main():
         layout(shapes, dtypes, args.repeats)
     if "bandwidth" in parts:
         bandwidth(shapes, dtypes, args.repeats)
+    if "serving" in parts:
+        serving(shapes, dtypes, args.repeats)
     print(f"decode_gpu: {bad} agreement failure(s)", flush=True)
     return 1 if bad else 0
 

@@ -850,6 +850,138 @@ def test_flash_attn_with_kvcache_bfloat16_in_place():
     assert_bitwise_equal("lse", lse.numpy(), want_lse)
 
 
+# --- flash_attn_with_kvcache's repeated calls (numbaflash/torch_decode.py) --------------------
+
+def test_decode_words_are_spliced_back_in_order():
+    """FastDecode keeps each recorded launch's parameter words with the pointers of the
+    call's arrays cut out; given the first call's pointers back it rebuilds exactly the
+    words the launcher made (launcher.array_words for arrays, the makers' words for the
+    rest), and the outputs' shapes are the recorded ones."""
+    from numbaflash import kvcache, launcher, torch_decode
+
+    def make(a):
+        if isinstance(a, np.ndarray):
+            return launcher.array_words(a.size, a.itemsize, a.ctypes.data, a.shape, a.strides)
+        return (a,)
+
+    class Direct:
+        makers = [make] * 6
+
+    q, k_cache, out, lse = (np.zeros(shape, np.float32) for shape in
+                            ((2, 4, 1, 8), (2, 2, 16, 8), (8, 1, 8), (8, 1)))
+    args = (q, k_cache, 7, out, lse, 0.5)
+    roles = ("q", "k_cache", None, "out", "lse", None)
+    fast = torch_decode.FastDecode([kvcache.Launched(Direct(), args, roles)], 0)
+    (direct, chunks, names), = fast.launches
+    assert names == ("q", "k_cache", "out", "lse")
+    pointers = {name: a.ctypes.data for name, a in zip(roles, args) if name}
+    words = list(chunks[0])
+    for name, chunk in zip(names, chunks[1:]):
+        words += [pointers[name], *chunk]
+    assert words == [w for a in args for w in make(a)]
+    assert fast.shapes == {"out": (8, 1, 8), "lse": (8, 1)}
+
+
+def test_cpu_decoding_calls_are_never_launched_directly():
+    """Only CUDA tensors have a decoding kind; calls with ALiBi slopes have none either."""
+    from numbaflash import torch_decode
+    q = torch.zeros(1, 2, 1, 8)
+    caches = torch.zeros(1, 1, 16, 8)
+    options = dict(causal=False, scale=None, window_size=None, softcap=None,
+                   alibi_slopes=None, num_splits=None)
+    assert torch_decode.decode_key(q, caches, caches, None, None, 5, options) is None
+
+
+def _decode_inputs(dtype, seed, B=2, Hq=8, Hk=2, S_max=300, d=64):
+    """q, k_cache, v_cache, k, v in flash-attn's (batch, seqlen, heads, d) layout, CUDA."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    make = lambda *shape: torch.randn(*shape, generator=g, device="cuda", dtype=dtype)
+    return (make(B, 1, Hq, d), make(B, S_max, Hk, d), make(B, S_max, Hk, d),
+            make(B, 1, Hk, d), make(B, 1, Hk, d))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("lengths", ["int", "tensor"])
+@pytest.mark.parametrize("new_rows", [False, True], ids=["no_new", "new_rows"])
+def test_repeated_decoding_calls_launch_directly_with_the_same_bits(monkeypatch, dtype,
+                                                                     lengths, new_rows):
+    """The second decoding call of a kind (torch_decode.py) does not call
+    numbaflash.attention_with_kvcache, and gives the whole path's bits for other tensors
+    of that kind, on a side stream: out, lse and the caches with the new rows written."""
+    from numbaflash import torch_decode
+    seqlens = (120 if lengths == "int" else
+               torch.tensor([37, 250], dtype=torch.int32, device="cuda"))
+
+    def call(q, k_cache, v_cache, k, v):
+        new = dict(k=k, v=v) if new_rows else {}
+        return nft.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens,
+                                           causal=True, return_softmax_lse=True, **new)
+
+    second = _decode_inputs(dtype, 1)
+    copies = [x.clone() for x in second]
+    torch_decode._FAST.clear()
+    want_out, want_lse = call(*copies)                  # the whole path on a copy
+    torch_decode._FAST.clear()
+    call(*_decode_inputs(dtype, 0))                     # the whole path, remembered
+    assert len(torch_decode._FAST) == 1
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the repeated call took the whole path")
+
+    monkeypatch.setattr(nft.api_kvcache, "attention_with_kvcache", refuse)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        out, lse = call(*second)
+    torch.cuda.synchronize()
+    bits = lambda x: x.view(torch.int16) if x.dtype == torch.bfloat16 else x
+    assert out.shape == second[0].shape and lse.shape == (2, 8, 1)
+    assert torch.equal(bits(out), bits(want_out)) and torch.equal(lse, want_lse)
+    for name, got, want in zip(("k_cache", "v_cache"), second[1:3], copies[1:3]):
+        assert torch.equal(bits(got), bits(want)), name
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_a_decoding_step_captured_in_a_cuda_graph(dtype):
+    """A decoding step (new rows written, then attention) captured after a warm-up call
+    and replayed with new q, k, v and advanced lengths copied into its static tensors
+    gives the bits of the same step called eagerly; a kind never run before is refused
+    inside the capture with a clear error, before anything is launched."""
+    from numbaflash import torch_decode
+    torch_decode._FAST.clear()
+    q, k_cache, v_cache, k, v = _decode_inputs(dtype, 2)
+    seqlens = torch.tensor([10, 200], dtype=torch.int32, device="cuda")
+    eager_caches = [k_cache.clone(), v_cache.clone()]
+
+    def step(q, k_cache, v_cache, k, v, seqlens):
+        return nft.flash_attn_with_kvcache(q, k_cache, v_cache, k=k, v=v,
+                                           cache_seqlens=seqlens, return_softmax_lse=True)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):                       # the warm-up, as PyTorch asks
+        step(q, k_cache.clone(), v_cache.clone(), k, v, seqlens)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured_out, captured_lse = step(q, k_cache, v_cache, k, v, seqlens)
+    for lengths, seed in (((11, 150), 3), ((201, 40), 4)):     # two replays, new inputs
+        new = _decode_inputs(dtype, seed)
+        for static, x in zip((q, k, v), (new[0], new[3], new[4])):
+            static.copy_(x)
+        seqlens.copy_(torch.tensor(lengths, dtype=torch.int32))
+        graph.replay()
+        want_out, want_lse = step(q, *eager_caches, k, v, seqlens)
+        torch.cuda.synchronize()
+        assert torch.equal(captured_out, want_out) and torch.equal(captured_lse, want_lse)
+        assert torch.equal(k_cache, eager_caches[0]) and torch.equal(v_cache, eager_caches[1])
+    with pytest.raises(RuntimeError, match="already run outside the capture"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            step(q, k_cache, v_cache, k, v, 5)          # an int: a new kind
+
+
 def test_flash_attn_varlen_func_is_attention_varlen_with_autograd():
     """flash-attn's packed-batch call on CPU tensors: out is bitwise
     numbaflash.attention_varlen's on the same arrays, and the gradients autograd returns

@@ -9,6 +9,9 @@
 #   bash lab/sweeps/decode_overhead_gpu.sh check     # after a change to the call: the
 #       decode tests on the GPU and the agreement part in parallel, then the overhead part
 #       and cProfile alone
+#   bash lab/sweeps/decode_overhead_gpu.sh serving   # numbaflash.torch's decoding calls
+#       repeated directly and captured in a CUDA graph: their GPU tests, the decode tests,
+#       then scripts/decode_gpu.py's serving part against SDPA
 set -u
 cd "$(dirname "$0")/../.."
 L="bash lab/sweeps/logged.sh"
@@ -29,8 +32,16 @@ check)
     $L decode_overhead 100 python3 scripts/decode_gpu.py --parts overhead --dtypes float16,bfloat16
     $L decode_call_profile 40 python3 lab/sweeps/decode_call_profile.py
     ;;
+serving)
+    NUMBAFLASH_PROFILE=gpu-quick $L tests_torch_decode 150 python3 -m pytest -q -n 0 \
+        -p no:cacheprovider tests/test_torch.py -k "decod or kvcache or capture or repeated"
+    NUMBAFLASH_PROFILE=gpu-quick $L tests_kvcache 150 python3 -m pytest -q -n 0 \
+        -p no:cacheprovider tests/test_kvcache.py tests/test_decode_mma.py -k "not matches_reference"
+    $L decode_serving 240 python3 scripts/decode_gpu.py --parts serving \
+        --dtypes float16,bfloat16,float32
+    ;;
 *)
-    echo "usage: bash lab/sweeps/decode_overhead_gpu.sh profile|check" >&2
+    echo "usage: bash lab/sweeps/decode_overhead_gpu.sh profile|check|serving" >&2
     exit 2
     ;;
 esac
