@@ -138,7 +138,8 @@ def _bfloat16_device_array(bits, device):
 
 
 _TORCH_DTYPES = {np.dtype(np.float16): torch.float16, np.dtype(np.float32): torch.float32,
-                 np.dtype(np.float64): torch.float64}
+                 np.dtype(np.float64): torch.float64,
+                 np.dtype(np.int32): torch.int32}        # a decoding call's int lengths
 
 
 class _Uint16:

@@ -10,8 +10,8 @@
 #       decode tests on the GPU and the agreement part in parallel, then the overhead part
 #       and cProfile alone
 #   bash lab/sweeps/decode_overhead_gpu.sh serving   # numbaflash.torch's decoding calls
-#       repeated directly and captured in a CUDA graph: their GPU tests, the decode tests,
-#       then scripts/decode_gpu.py's serving part against SDPA
+#       repeated directly and captured in a CUDA graph: their GPU tests and the agreement
+#       part in parallel, then scripts/decode_gpu.py's serving part against SDPA alone
 set -u
 cd "$(dirname "$0")/../.."
 L="bash lab/sweeps/logged.sh"
@@ -34,9 +34,9 @@ check)
     ;;
 serving)
     NUMBAFLASH_PROFILE=gpu-quick $L tests_torch_decode 150 python3 -m pytest -q -n 0 \
-        -p no:cacheprovider tests/test_torch.py -k "decod or kvcache or capture or repeated"
-    NUMBAFLASH_PROFILE=gpu-quick $L tests_kvcache 150 python3 -m pytest -q -n 0 \
-        -p no:cacheprovider tests/test_kvcache.py tests/test_decode_mma.py -k "not matches_reference"
+        -p no:cacheprovider tests/test_torch.py -k "decod or kvcache or capture or repeated" &
+    $L decode_agreement 150 python3 scripts/decode_gpu.py --parts agreement &
+    wait
     $L decode_serving 240 python3 scripts/decode_gpu.py --parts serving \
         --dtypes float16,bfloat16,float32
     ;;
