@@ -53,8 +53,11 @@ functions, which an op's schema cannot carry) runs eagerly: one graph break ther
 Outside compilation the same kernels run through a ``torch.autograd.Function`` (less
 Python per call), or without one when no input needs a gradient; a forward call on CUDA
 tensors that repeats an earlier one in shapes, dtype, device and options launches that
-call's kernel directly (``_FastForward``, below). CUDA graph capture is refused with a RuntimeError: a call allocates
-its outputs and the backward reads a flag back to the host, which a capture forbids.
+call's kernel directly (``_FastForward``, below). CUDA graph capture is refused with a
+RuntimeError: a call allocates its outputs and the backward reads a flag back to the host,
+which a capture forbids. The exception is decoding: a ``flash_attn_with_kvcache`` call
+that repeats an earlier one launches its kernels directly, allocating through PyTorch
+(numbaflash/torch_decode.py), and that can be captured.
 """
 
 import contextlib
@@ -939,6 +942,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     - ``num_splits``: 0 lets numbaflash choose the split-KV count (explain_kvcache says
       why), 1 turns splitting off, n > 1 forces n.
     - No autograd: this is the inference path, as in flash-attn.
+    - A call on CUDA tensors that repeats an earlier one (the same shapes, strides, dtype
+      and options, cache_seqlens of the same kind) launches the kernels that call
+      compiled directly, and can be captured in a CUDA graph
+      (numbaflash/torch_decode.py; docs/pytorch.md, "CUDA graphs").
 
     Args:
         q: (batch, Sq, Hq, d); k_cache, v_cache: (batch, S_max, Hk, d), Hk dividing Hq.
@@ -958,6 +965,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             cache (block_table).
         ValueError, TypeError: as numbaflash.attention_with_kvcache; before anything is
             written or launched.
+        RuntimeError: inside CUDA graph capture, a call that does not repeat one made
+            outside it.
     """
     for name, x in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
                     ("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad),
