@@ -497,6 +497,12 @@ for line in DECODERS.read_text().splitlines():
     if line.startswith("decoders"):
         print(line)
 
+SERVING = LAB_RECORD.with_name("125_decode_serving.txt")     # an H100
+print(f"\n{SERVING.relative_to(ROOT)}:")
+for line in SERVING.read_text().splitlines():
+    if line.startswith("serving"):
+        print(line)
+
 # %% [markdown]
 # What to look for:
 #
@@ -512,10 +518,14 @@ for line in DECODERS.read_text().splitlines():
 #   in lab/runs/2026-12-05/104_decode_gpu.txt, an H100) SDPA has no flash kernel and the
 #   ratio goes the other way.
 #
-# * **A call is more than its kernel.** These lines time whole calls from Python. Timed
-#   alone under Nsight Compute the kernels read the cache far faster than the calls
-#   suggest (`docs/performance.md`, "Decoding", has both): at these sizes most of a
-#   16-bit decode call is the Python around its one or two launches.
+# * **A call is more than its kernel.** The `bandwidth` and `decoders` lines time each
+#   call alone from Python, on the day the host still copied the lengths and checked,
+#   planned and wrapped every call; at these sizes most of a 16-bit call was that Python.
+#   The `serving` lines (an H100) time the same steps as a PyTorch user runs them through
+#   `numbaflash.torch.flash_attn_with_kvcache`, three ways: a call alone, calls queued back
+#   to back, and a step replayed from a CUDA graph. The last two leave the host out, and
+#   compare the kernels with SDPA's (`docs/performance.md`, "Decoding", says what each
+#   way shows).
 #
 # The numbers live in the lab record only; `docs/kvcache.md` cites it, and
 # `explain_kvcache` says how many splits a call gets and why.
