@@ -15,7 +15,7 @@ import numpy as np
 
 from numba.cuda.cudadrv import driver
 
-from . import arrays
+from . import arrays, decode_direct, launcher
 from .kernels.decode import append as append_kernels
 from .kernels.decode import combine as combine_kernels
 from .kernels.decode import split_kv as split_kv_kernels
@@ -246,6 +246,11 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens, k=None, v=None
             float64 inputs).
         stream: as for ``numbaflash.attention``.
 
+    A call on device arrays that repeats an earlier one (the same shapes, strides, dtype
+    and options, cache_seqlens an int or a device array as before) launches the kernels
+    that call compiled directly, without checking and planning again
+    (numbaflash/decode_direct.py).
+
     Returns:
         out (batch, Hq, Sq, d) in q's dtype, or ``(out, lse)``. Rows that see no key
         (n_b = 0, or a window that hides them all) give out = 0 and lse = -inf.
@@ -254,6 +259,107 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens, k=None, v=None
         ValueError, TypeError: bad shapes, dtypes, lengths or options, before anything is
             written or launched.
     """
+    options = dict(causal=causal, scale=scale, window_size=window_size, softcap=softcap,
+                   alibi_slopes=alibi_slopes, num_splits=num_splits)
+    memory = _device_memory((q, k_cache, v_cache, k, v))
+    key = direct_key(memory, cache_seqlens, options)
+    fast = decode_direct.lookup(key)
+    got = None if fast is None else _repeat(fast, q, k_cache, v_cache, k, v, memory,
+                                            cache_seqlens, stream)
+    if got is None:
+        with recording() as launched:
+            got = _whole_call(q, k_cache, v_cache, cache_seqlens, k, v, stream, **options)
+        if key is not None:
+            decode_direct.remember(key, launched, launcher.device_id())
+    return got if return_lse else got[0]
+
+
+def _device_memory(xs):
+    """For each of q, k_cache, v_cache, k, v (None stays None): (shape, byte strides,
+    dtype, pointer) of a device array (a Numba one, or anything with the CUDA Array
+    Interface); None for all if any given one is not on the device (a call that is never
+    repeated directly), or on the simulator."""
+    if simulating():
+        return None
+    out = []
+    for x in xs:
+        if x is None:
+            out.append(None)
+        elif hasattr(x, "gpu_data"):                # a Numba device array
+            out.append((x.shape, x.strides, x.dtype, x.device_ctypes_pointer.value or 0))
+        elif hasattr(x, "__cuda_array_interface__"):
+            cai = x.__cuda_array_interface__
+            out.append((tuple(cai["shape"]), cai.get("strides"), cai["typestr"],
+                        cai["data"][0] or 0))
+        else:
+            return None
+    return out
+
+
+def direct_key(memory, cache_seqlens, options):
+    """The kind of an ``attention_with_kvcache`` call on device arrays
+    (numbaflash/decode_direct.py) from ``_device_memory``; None for a call that is never
+    repeated directly (host arrays, the simulator, ALiBi slopes, lengths other than an int
+    or an int32 device array)."""
+    if memory is None or options["alibi_slopes"] is not None:
+        return None
+    k = memory[3]
+    if arrays.is_device_array(cache_seqlens):
+        lengths = _device_memory((cache_seqlens,))
+        if lengths is None:
+            return None
+        lengths = lengths[0][:3]
+    else:
+        lengths = decode_direct.int_lengths_key(cache_seqlens, 0 if k is None else k[0][2])
+        if lengths is None:
+            return None
+    try:
+        key = ("arrays", launcher.device_id(),
+               tuple(None if m is None else (*m[:3], m[3] % 16) for m in memory),
+               lengths, tuple(sorted(options.items())))
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _repeat(fast, q, k_cache, v_cache, k, v, memory, cache_seqlens, stream):
+    """(out, lse) of a call of a kind ``fast`` (decode_direct.FastDecode) launched
+    directly, on the call's stream (numbaflash/streams.py), inputs from other streams
+    waited for as the whole call waits for them; None (nothing launched) if it must take
+    the whole call: another device, or an int length out of range."""
+    inputs = [x for x in (q, k_cache, v_cache, k, v) if x is not None]
+    s = call_stream(inputs, stream)
+    if not fast.ready(launcher.device_id()):
+        return None
+    B, Hq, Sq, d = memory[0][0]
+    S_max = memory[1][0][2]
+    if arrays.is_device_array(cache_seqlens):
+        wait_for(cache_seqlens, s)
+        seqlens_pointer = _device_memory((cache_seqlens,))[0][3]
+    else:
+        if not 0 <= cache_seqlens <= S_max - (0 if k is None else memory[3][0][2]):
+            return None
+        seqlens = _device_lengths(np.full(B, cache_seqlens, np.int32), s)
+        seqlens_pointer = seqlens.device_ctypes_pointer.value
+    for x in inputs:
+        wait_for(x, s)
+    pointers = {"q": memory[0][3], "k_cache": memory[1][3], "v_cache": memory[2][3],
+                "seqlens": seqlens_pointer}
+    if k is not None:
+        pointers["k"], pointers["v"] = memory[3][3], memory[4][3]
+
+    def allocate(role, shape, dtype):
+        a = arrays.device_empty(shape, dtype, s)
+        return a, a.device_ctypes_pointer.value
+    made = fast.launch(pointers, allocate, s)
+    return (arrays.finish(made["out"], (B, Hq, Sq, d), False, s, _shape_dtype(q, "q")[1]),
+            arrays.finish(made["lse"], (B, Hq, Sq), False, s))
+
+
+def _whole_call(q, k_cache, v_cache, cache_seqlens, k, v, stream, causal, scale,
+                window_size, softcap, alibi_slopes, num_splits):
+    """``attention_with_kvcache``'s checks, plan and launches: (out, lse)."""
     p = check_kvcache_inputs(q, k_cache, v_cache, cache_seqlens, k, v, causal, scale,
                              window_size, softcap, alibi_slopes, num_splits)
     plans = plan_kvcache(p, num_splits)
@@ -271,9 +377,8 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens, k=None, v=None
             v_cache[b, :, at:at + p.S_new] = v[b]
     n_keys = p.n_max if host else p.S_max       # cache rows the kernels may read
     if BH == 0 or p.Sq == 0 or n_keys == 0:
-        out = arrays.filled(out_shape, 0, p.dtype, host, s)
-        lse = arrays.filled(lse_shape, -np.inf, acc, host, s)
-        return (out, lse) if return_lse else out
+        return (arrays.filled(out_shape, 0, p.dtype, host, s),
+                arrays.filled(lse_shape, -np.inf, acc, host, s))
 
     # bfloat16 travels as its bits (uint16 views, numbaflash/dtypes.py): the kernels
     # widen what they read and round what they write.
@@ -304,10 +409,7 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens, k=None, v=None
         _record(direct, args, ("k_cache", "v_cache", "k", "v", "seqlens"))
     O, L = launch_kvcache(plans, p, Q, (K_flat, k_strides), (V_flat, v_strides),
                           K.shape[2], seqlens, s)
-    out = arrays.finish(O, out_shape, host, s, p.dtype)
-    if not return_lse:
-        return out
-    return out, arrays.finish(L, lse_shape, host, s)
+    return arrays.finish(O, out_shape, host, s, p.dtype), arrays.finish(L, lse_shape, host, s)
 
 
 def _device_lengths(values, stream):
@@ -397,17 +499,18 @@ class Launched:
     roles: tuple
 
 
-_RECORDING = contextvars.ContextVar("numbaflash_kvcache_recording", default=None)
+_RECORDING = contextvars.ContextVar("numbaflash_kvcache_recording", default=())
 
 
 @contextlib.contextmanager
 def recording():
     """Inside ``with recording() as launched:``, the list ``launched`` gets a ``Launched``
     for each kernel an ``attention_with_kvcache`` call launches directly, in order, and
-    None for one it launches through Numba's dispatcher (numbaflash.torch then does not
-    repeat the call directly)."""
+    None for one it launches through Numba's dispatcher (then the call is not repeated
+    directly: numbaflash/decode_direct.py). Recordings nest: each open one gets every
+    launch."""
     launched = []
-    token = _RECORDING.set(launched)
+    token = _RECORDING.set(_RECORDING.get() + (launched,))
     try:
         yield launched
     finally:
@@ -415,8 +518,7 @@ def recording():
 
 
 def _record(direct, args, roles):
-    launched = _RECORDING.get()
-    if launched is not None:
+    for launched in _RECORDING.get():
         launched.append(None if direct is None else
                         Launched(direct, args, roles + (None,) * (len(args) - len(roles))))
 

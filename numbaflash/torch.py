@@ -57,7 +57,7 @@ call's kernel directly (``_FastForward``, below). CUDA graph capture is refused 
 RuntimeError: a call allocates its outputs and the backward reads a flag back to the host,
 which a capture forbids. The exception is decoding: a ``flash_attn_with_kvcache`` call
 that repeats an earlier one launches its kernels directly, allocating through PyTorch
-(numbaflash/torch_decode.py), and that can be captured.
+(numbaflash/decode_direct.py), and that can be captured.
 """
 
 import contextlib
@@ -75,7 +75,7 @@ except ImportError as e:            # pragma: no cover - only without PyTorch
 
 from . import api, arrays, dtypes, launcher, streams
 from . import kvcache as api_kvcache
-from . import torch_decode
+from . import decode_direct
 from . import varlen as api_varlen
 from .dropout import check_dropout_p, seed_words
 from .kernels import forward as forward_kernels
@@ -922,6 +922,59 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     return out
 
 
+def _decode_key(views, cache_seqlens, options):
+    """The kind of a ``flash_attn_with_kvcache`` call on CUDA tensors (numbaflash/
+    decode_direct.py), from its (batch, heads, seqlen, d) views; None for a call that is
+    never repeated directly."""
+    q, k = views[0], views[3]
+    if options["alibi_slopes"] is not None or not q.is_cuda:
+        return None
+    if isinstance(cache_seqlens, torch.Tensor):
+        lengths = (cache_seqlens.shape, cache_seqlens.stride(), cache_seqlens.dtype)
+    else:
+        lengths = decode_direct.int_lengths_key(cache_seqlens, 0 if k is None else k.shape[2])
+        if lengths is None:
+            return None
+    try:
+        key = ("torch", q.device, q.dtype,
+               tuple(None if x is None else (x.shape, x.stride(), x.data_ptr() % 16)
+                     for x in views),
+               lengths, tuple(sorted(options.items())))
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _repeat_decode(fast, views, cache_seqlens):
+    """(out, lse) tensors, (batch, Hq, Sq, d) and (batch, Hq, Sq), of a call of a kind
+    ``fast`` (a decode_direct.FastDecode) launched directly; None (nothing launched) if
+    it must take the whole path: another device, or an int length out of range."""
+    q, k_cache, v_cache, k, v = views
+    device = q.device
+    if torch.cuda.current_device() != device.index or not fast.ready(device.index):
+        return None
+    if isinstance(cache_seqlens, torch.Tensor):
+        seqlens = cache_seqlens
+    else:
+        B, S_max = k_cache.shape[0], k_cache.shape[2]
+        if not 0 <= cache_seqlens <= S_max - (0 if k is None else k.shape[2]):
+            return None
+        seqlens = torch.full((B,), cache_seqlens, dtype=torch.int32, device=device)
+    pointers = {"q": q.data_ptr(), "k_cache": k_cache.data_ptr(),
+                "v_cache": v_cache.data_ptr(), "seqlens": seqlens.data_ptr()}
+    if k is not None:
+        pointers["k"], pointers["v"] = k.data_ptr(), v.data_ptr()
+
+    def allocate(role, shape, dtype):
+        dtype = q.dtype if role == "out" else _TORCH_DTYPES[np.dtype(dtype)]
+        t = torch.empty(shape, dtype=dtype, device=device)
+        return t, t.data_ptr()
+    made = fast.launch(pointers, allocate, _torch_stream(device))
+    B, Hq, Sq, d = q.shape
+    return made["out"].view(B, Hq, Sq, d), made["lse"].view(B, Hq, Sq)
+
+
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
                             rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
                             cache_leftpad=None, block_table=None, softmax_scale=None,
@@ -945,7 +998,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     - A call on CUDA tensors that repeats an earlier one (the same shapes, strides, dtype
       and options, cache_seqlens of the same kind) launches the kernels that call
       compiled directly, and can be captured in a CUDA graph
-      (numbaflash/torch_decode.py; docs/pytorch.md, "CUDA graphs").
+      (numbaflash/decode_direct.py; docs/pytorch.md, "CUDA graphs").
 
     Args:
         q: (batch, Sq, Hq, d); k_cache, v_cache: (batch, S_max, Hk, d), Hk dividing Hq.
@@ -995,9 +1048,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                    softcap=None if softcap == 0.0 else softcap,
                    alibi_slopes=_compact(alibi_slopes),
                    num_splits=None if num_splits == 0 else num_splits)
-    key = torch_decode.decode_key(*views, cache_seqlens, options)
-    fast = torch_decode.lookup(key)
-    got = None if fast is None else fast(*views, cache_seqlens, _torch_stream(q.device))
+    key = _decode_key(views, cache_seqlens, options)
+    fast = decode_direct.lookup(key)
+    got = None if fast is None else _repeat_decode(fast, views, cache_seqlens)
     if got is None:
         if q.is_cuda and torch.cuda.is_current_stream_capturing():
             raise RuntimeError(
@@ -1016,7 +1069,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                 k=_array(views[3]), v=_array(views[4]), return_lse=True, **options)
         out, lse = _tensor(out, q.device), _tensor(lse, q.device)
         if key is not None:
-            torch_decode.remember(key, launched, q.device.index)
+            decode_direct.remember(key, launched, q.device.index)
     else:
         out, lse = got
     if not return_softmax_lse:

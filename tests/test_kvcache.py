@@ -371,6 +371,57 @@ def test_decoding_steps_queued_without_waiting():
                                 case.v_cache, lengths=lengths)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("lengths_on", ["int", "device"])
+@pytest.mark.parametrize("S_new", [0, 1], ids=["no_new", "new_rows"])
+def test_repeated_calls_launch_directly_with_the_same_bits(monkeypatch, dtype, lengths_on,
+                                                           S_new):
+    """On a GPU the second call of a kind (numbaflash/decode_direct.py) skips the checks,
+    the plan and the views, and gives the whole call's bits for other arrays of that kind:
+    out, lse and the caches with the new rows. On the simulator nothing is remembered."""
+    from numbaflash import decode_direct
+    if not on_gpu() and (dtype, lengths_on, S_new) != ("float32", "int", 0):
+        pytest.skip("on the simulator every call takes the whole path: one case shows it")
+
+    def arrays_of(seed):
+        case = make_cache_case(B=2, Hk=2, group=4, Sq=1, S_max=48, d=16, dtype=dtype,
+                               lengths=(5, 40), S_new=S_new, seed=seed)
+        xs = [case.q, case.k_cache, case.v_cache, case.k, case.v]
+        return [None if x is None else cuda.to_device(x) for x in xs]
+
+    def call(q, k_cache, v_cache, k, v):
+        lengths = (20 if lengths_on == "int" else
+                   cuda.to_device(np.array([5, 40], np.int32)))
+        return numbaflash.attention_with_kvcache(q, k_cache, v_cache, k=k, v=v,
+                                                 cache_seqlens=lengths, causal=True,
+                                                 return_lse=True)
+
+    decode_direct.forget()
+    want = call(*arrays_of(1))                          # the whole call
+    decode_direct.forget()
+    call(*arrays_of(0))                                 # the whole call, remembered
+    if not on_gpu():
+        assert decode_direct._REMEMBERED == {}
+        return
+    assert len(decode_direct._REMEMBERED) == 1
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the repeated call took the whole path")
+
+    monkeypatch.setattr(numbaflash.kvcache, "_whole_call", refuse)
+    second = arrays_of(1)
+    got = call(*second)
+    for name, a, b in (("out", got[0], want[0]), ("lse", got[1], want[1])):
+        assert_bitwise_equal(name, to_host(a), to_host(b))
+    if S_new:
+        want_k, want_v = (to_host(x) for x in arrays_of(1)[1:3])
+        for b, n in enumerate((20, 20) if lengths_on == "int" else (5, 40)):
+            want_k[b, :, n], want_v[b, :, n] = to_host(second[3])[b, :, 0], \
+                to_host(second[4])[b, :, 0]
+        assert_bitwise_equal("k_cache", to_host(second[1]), want_k)
+        assert_bitwise_equal("v_cache", to_host(second[2]), want_v)
+
+
 # --- 5. rows that see no key --------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])

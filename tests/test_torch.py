@@ -850,14 +850,14 @@ def test_flash_attn_with_kvcache_bfloat16_in_place():
     assert_bitwise_equal("lse", lse.numpy(), want_lse)
 
 
-# --- flash_attn_with_kvcache's repeated calls (numbaflash/torch_decode.py) --------------------
+# --- flash_attn_with_kvcache's repeated calls (numbaflash/decode_direct.py) -------------------
 
 def test_decode_words_are_spliced_back_in_order():
     """FastDecode keeps each recorded launch's parameter words with the pointers of the
     call's arrays cut out; given the first call's pointers back it rebuilds exactly the
     words the launcher made (launcher.array_words for arrays, the makers' words for the
     rest), and the outputs' shapes are the recorded ones."""
-    from numbaflash import kvcache, launcher, torch_decode
+    from numbaflash import decode_direct, kvcache, launcher
 
     def make(a):
         if isinstance(a, np.ndarray):
@@ -871,7 +871,7 @@ def test_decode_words_are_spliced_back_in_order():
                             ((2, 4, 1, 8), (2, 2, 16, 8), (8, 1, 8), (8, 1)))
     args = (q, k_cache, 7, out, lse, 0.5)
     roles = ("q", "k_cache", None, "out", "lse", None)
-    fast = torch_decode.FastDecode([kvcache.Launched(Direct(), args, roles)], 0)
+    fast = decode_direct.FastDecode([kvcache.Launched(Direct(), args, roles)], 0)
     (direct, chunks, names), = fast.launches
     assert names == ("q", "k_cache", "out", "lse")
     pointers = {name: a.ctypes.data for name, a in zip(roles, args) if name}
@@ -879,17 +879,16 @@ def test_decode_words_are_spliced_back_in_order():
     for name, chunk in zip(names, chunks[1:]):
         words += [pointers[name], *chunk]
     assert words == [w for a in args for w in make(a)]
-    assert fast.shapes == {"out": (8, 1, 8), "lse": (8, 1)}
+    assert fast.made == {"out": ((8, 1, 8), np.float32), "lse": ((8, 1), np.float32)}
 
 
 def test_cpu_decoding_calls_are_never_launched_directly():
     """Only CUDA tensors have a decoding kind; calls with ALiBi slopes have none either."""
-    from numbaflash import torch_decode
     q = torch.zeros(1, 2, 1, 8)
     caches = torch.zeros(1, 1, 16, 8)
     options = dict(causal=False, scale=None, window_size=None, softcap=None,
                    alibi_slopes=None, num_splits=None)
-    assert torch_decode.decode_key(q, caches, caches, None, None, 5, options) is None
+    assert nft._decode_key([q, caches, caches, None, None], 5, options) is None
 
 
 def _decode_inputs(dtype, seed, B=2, Hq=8, Hk=2, S_max=300, d=64):
@@ -906,10 +905,10 @@ def _decode_inputs(dtype, seed, B=2, Hq=8, Hk=2, S_max=300, d=64):
 @pytest.mark.parametrize("new_rows", [False, True], ids=["no_new", "new_rows"])
 def test_repeated_decoding_calls_launch_directly_with_the_same_bits(monkeypatch, dtype,
                                                                      lengths, new_rows):
-    """The second decoding call of a kind (torch_decode.py) does not call
+    """The second decoding call of a kind (decode_direct.py) does not call
     numbaflash.attention_with_kvcache, and gives the whole path's bits for other tensors
     of that kind, on a side stream: out, lse and the caches with the new rows written."""
-    from numbaflash import torch_decode
+    from numbaflash import decode_direct
     seqlens = (120 if lengths == "int" else
                torch.tensor([37, 250], dtype=torch.int32, device="cuda"))
 
@@ -920,11 +919,11 @@ def test_repeated_decoding_calls_launch_directly_with_the_same_bits(monkeypatch,
 
     second = _decode_inputs(dtype, 1)
     copies = [x.clone() for x in second]
-    torch_decode._FAST.clear()
+    decode_direct.forget()
     want_out, want_lse = call(*copies)                  # the whole path on a copy
-    torch_decode._FAST.clear()
+    decode_direct.forget()
     call(*_decode_inputs(dtype, 0))                     # the whole path, remembered
-    assert len(torch_decode._FAST) == 1
+    assert any(key[0] == "torch" for key in decode_direct._REMEMBERED)
 
     def refuse(*args, **kwargs):
         raise AssertionError("the repeated call took the whole path")
@@ -949,8 +948,8 @@ def test_a_decoding_step_captured_in_a_cuda_graph(dtype):
     and replayed with new q, k, v and advanced lengths copied into its static tensors
     gives the bits of the same step called eagerly; a kind never run before is refused
     inside the capture with a clear error, before anything is launched."""
-    from numbaflash import torch_decode
-    torch_decode._FAST.clear()
+    from numbaflash import decode_direct
+    decode_direct.forget()
     q, k_cache, v_cache, k, v = _decode_inputs(dtype, 2)
     seqlens = torch.tensor([10, 200], dtype=torch.int32, device="cuda")
     eager_caches = [k_cache.clone(), v_cache.clone()]

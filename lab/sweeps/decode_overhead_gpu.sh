@@ -12,6 +12,9 @@
 #   bash lab/sweeps/decode_overhead_gpu.sh serving   # numbaflash.torch's decoding calls
 #       repeated directly and captured in a CUDA graph: their GPU tests and the agreement
 #       part in parallel, then scripts/decode_gpu.py's serving part against SDPA alone
+#   bash lab/sweeps/decode_overhead_gpu.sh direct    # repeated attention_with_kvcache
+#       calls launched directly: the tests of the direct paths, the overhead part and
+#       cProfile, then bench --inference in float16
 set -u
 cd "$(dirname "$0")/../.."
 L="bash lab/sweeps/logged.sh"
@@ -40,8 +43,17 @@ serving)
     $L decode_serving 240 python3 scripts/decode_gpu.py --parts serving \
         --dtypes float16,bfloat16,float32
     ;;
+direct)
+    NUMBAFLASH_PROFILE=gpu-quick $L tests_decode_direct 200 python3 -m pytest -q -n 0 \
+        -p no:cacheprovider tests/test_kvcache.py tests/test_torch.py \
+        -k "repeated or queued or append or captured or capture or kvcache or decod"
+    $L decode_overhead 100 python3 scripts/decode_gpu.py --parts overhead \
+        --dtypes float16,bfloat16
+    $L decode_call_profile 40 python3 lab/sweeps/decode_call_profile.py
+    $L bench_inference_float16 240 python3 -m numbaflash bench --inference --dtype float16
+    ;;
 *)
-    echo "usage: bash lab/sweeps/decode_overhead_gpu.sh profile|check|serving" >&2
+    echo "usage: bash lab/sweeps/decode_overhead_gpu.sh profile|check|serving|direct" >&2
     exit 2
     ;;
 esac

@@ -1,0 +1,114 @@
+"""Repeated decoding calls on device arrays, launched directly.
+
+A decoding loop calls ``attention_with_kvcache`` (or numbaflash.torch's
+``flash_attn_with_kvcache``) once per generated token with the same shapes and options;
+only the pointers (q, the new k and v, the outputs) and the lengths change. The whole
+call (the checks, the plan, a Numba view of every input, the buffers, up to three
+launches) costs the host more than the kernels take at the shapes decoding runs
+(docs/performance.md, "Decoding"). So the first call of each kind records the kernels it
+launched (``kvcache.recording``), and later calls of that kind launch the same compiled
+kernels again (launcher._DirectLaunch.launch_words) with their own pointers, on the
+call's stream, into outputs from the caller's allocator.
+
+A kind is everything the checks and the plan depend on; each caller builds its key
+(``kvcache.direct_key`` for device arrays, ``numbaflash.torch`` for tensors): the
+shapes, strides and dtype of q, the caches and the new k and v; where each starts modulo
+16 bytes (which loads the kernels may use); the device; the options; and whether the
+lengths are a device array (its shape, strides and dtype) or an int (then also how many
+splits the planner may choose for it: ``policy.split_limit``). An int length is still
+checked on every call (0 <= n and n + S_new <= S_max); one out of range takes the whole
+path, which raises. Calls with ``alibi_slopes`` (an array of the caller's) take the
+whole path every time.
+
+The direct path is also what lets a decoding step be captured in a CUDA graph through
+PyTorch: it allocates through PyTorch (inside ``torch.cuda.graph`` that is the graph's
+memory pool) and launches on PyTorch's current stream, the capturing one.
+"""
+
+from . import policy
+
+_REMEMBERED = {}            # key -> FastDecode
+_REMEMBERED_MAX = 256
+
+# The arrays a decoding call makes for its kernels (kvcache.Launched.roles)
+MADE = ("out", "lse", "o_parts", "l_parts")
+
+
+class FastDecode:
+    """One kind of decoding call, ready to launch again: for each kernel its first call
+    launched, the launcher._DirectLaunch and its parameter words, those that depend on the
+    call's arrays left as the names of the arrays whose pointers go there
+    (``kvcache.Launched.roles``); the shapes and dtypes of the arrays it makes."""
+
+    def __init__(self, launched, device_index):
+        self.device_index = device_index
+        self.launches = []          # (direct, words between the pointers, their names)
+        self.made = {}              # "out", "lse", "o_parts", "l_parts" -> (shape, dtype)
+        for one in launched:
+            chunks, names, words = [], [], []
+            for make, arg, role in zip(one.direct.makers, one.args, one.roles):
+                words_of_arg = make(arg)
+                if role is None:
+                    words.extend(words_of_arg)
+                    continue
+                words.extend(words_of_arg[:4])      # launcher.array_words: the pointer is 5th
+                chunks.append(tuple(words))
+                names.append(role)
+                words = list(words_of_arg[5:])
+                if role in MADE:
+                    self.made[role] = (tuple(arg.shape), arg.dtype)
+            chunks.append(tuple(words))
+            self.launches.append((one.direct, tuple(chunks), tuple(names)))
+
+    def ready(self, device_index):
+        """Whether every kernel can be launched directly on this device."""
+        return device_index == self.device_index and all(
+            direct.ready(device_index) for direct, _, _ in self.launches)
+
+    def launch(self, pointers, allocate, stream):
+        """Launch the kernels for a call of this kind: ``pointers`` maps "q", "k_cache",
+        "v_cache", "seqlens" (and "k", "v" with new rows) to the call's device pointers;
+        ``allocate(role, shape, dtype)`` returns ``(array, pointer)`` for each array the
+        call makes (MADE). Returns {role: array}. The caller has checked ``ready``."""
+        made = {}
+        for role, (shape, dtype) in self.made.items():
+            made[role], pointers[role] = allocate(role, shape, dtype)
+        for direct, chunks, names in self.launches:
+            words = list(chunks[0])
+            for name, chunk in zip(names, chunks[1:]):
+                words.append(pointers[name])
+                words.extend(chunk)
+            direct.launch_words(words, stream, self.device_index)
+        return made
+
+
+def remember(key, launched, device_index):
+    """After a whole call of kind ``key`` that recorded ``launched`` (kvcache.recording):
+    keep what repeating it directly needs, if every kernel it launched was launched
+    directly (one through Numba's dispatcher leaves None in ``launched``)."""
+    if key is None or not launched or any(one is None for one in launched):
+        return
+    fast = FastDecode(launched, device_index)
+    if "out" not in fast.made or "lse" not in fast.made:
+        return
+    if len(_REMEMBERED) >= _REMEMBERED_MAX:
+        _REMEMBERED.clear()
+    _REMEMBERED[key] = fast
+
+
+def lookup(key):
+    """The FastDecode of a kind, or None."""
+    return None if key is None else _REMEMBERED.get(key)
+
+
+def forget():
+    """Forget every kind (the next call of each takes the whole path)."""
+    _REMEMBERED.clear()
+
+
+def int_lengths_key(cache_seqlens, S_new):
+    """The part of a key for lengths given as an int: the planner's split limit for it
+    (``policy.split_limit``); None if cache_seqlens is not a Python int."""
+    if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
+        return ("int", policy.split_limit(cache_seqlens + S_new))
+    return None
