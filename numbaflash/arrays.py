@@ -249,6 +249,23 @@ def device_empty(shape, dtype, stream=DEFAULT):
                          gpu_data=_pool(context).take(context, nbytes, stream.handle))
 
 
+def scratch(nbytes, stream=DEFAULT):
+    """``(owner, pointer)``: ``nbytes`` of device memory for work on ``stream`` that only
+    kernels read and write (no array around it: cheaper than ``device_empty``), from the
+    caller's allocator inside ``allocator(fn)``, else the stream's cache as for outputs.
+    The memory stays the caller's while ``owner`` lives. Not for the simulator."""
+    allocate = _ALLOCATE.get()
+    if allocate is not None:
+        owner = allocate((nbytes,), np.uint8)
+        return owner, owner.__cuda_array_interface__["data"][0]
+    context = cuda.current_context()
+    if nbytes > POOL_MAX_BUFFER:
+        owner = context.memalloc(nbytes)
+    else:
+        owner = _pool(context).take(context, nbytes, stream.handle)
+    return owner, int(owner.device_pointer)
+
+
 def finish(x, shape, host, stream=DEFAULT, dtype=None):
     """Give an output back in the caller's world: reshaped, on the host if inputs were
     (copied on ``stream``, which is then waited for). With ``dtype`` bfloat16, x (its bits,

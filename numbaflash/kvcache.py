@@ -25,7 +25,7 @@ from .kernels.variants import Variant
 from .launcher import _context_key, _placeholders, launch
 from .masks import band, parse_causal, parse_window
 from .policy import DECODE_MODULES, decode_kernel, default_num_splits, where_to_plan
-from .streams import call_stream, wait_for
+from .streams import call_stream, ready_stream, wait_for
 from .dtypes import as_bits, kernel_dtype
 from .validate import (DTYPES_TEXT, GRID_Y_MAX, HEAD_DIM_MAX, SUPPORTED_DTYPES, _check_alibi,
                        _check_softcap, _shape_dtype, check_scale)
@@ -328,30 +328,31 @@ def _repeat(fast, q, k_cache, v_cache, k, v, memory, cache_seqlens, stream):
     directly, on the call's stream (numbaflash/streams.py), inputs from other streams
     waited for as the whole call waits for them; None (nothing launched) if it must take
     the whole call: another device, or an int length out of range."""
-    inputs = [x for x in (q, k_cache, v_cache, k, v) if x is not None]
-    s = call_stream(inputs, stream)
-    if not fast.ready(launcher.device_id()):
-        return None
     B, Hq, Sq, d = memory[0][0]
     S_max = memory[1][0][2]
-    if arrays.is_device_array(cache_seqlens):
-        wait_for(cache_seqlens, s)
+    lengths_on_device = arrays.is_device_array(cache_seqlens)
+    if not (lengths_on_device or
+            0 <= cache_seqlens <= S_max - (0 if k is None else memory[3][0][2])):
+        return None
+    if not fast.ready(launcher.device_id()):
+        return None
+    inputs = [x for x in (q, k_cache, v_cache, k, v) if x is not None]
+    s = ready_stream(inputs, stream, also=[cache_seqlens] if lengths_on_device else [])
+    if lengths_on_device:
         seqlens_pointer = _device_memory((cache_seqlens,))[0][3]
-    else:
-        if not 0 <= cache_seqlens <= S_max - (0 if k is None else memory[3][0][2]):
-            return None
-        seqlens = _device_lengths(np.full(B, cache_seqlens, np.int32), s)
-        seqlens_pointer = seqlens.device_ctypes_pointer.value
-    for x in inputs:
-        wait_for(x, s)
+    else:       # as _device_lengths does for one value, without an array around it
+        seqlens, seqlens_pointer = arrays.scratch(4 * B, s)
+        driver.driver.cuMemsetD32Async(seqlens_pointer, cache_seqlens, B, s.handle)
     pointers = {"q": memory[0][3], "k_cache": memory[1][3], "v_cache": memory[2][3],
                 "seqlens": seqlens_pointer}
     if k is not None:
         pointers["k"], pointers["v"] = memory[3][3], memory[4][3]
 
     def allocate(role, shape, dtype):
-        a = arrays.device_empty(shape, dtype, s)
-        return a, a.device_ctypes_pointer.value
+        if role in ("out", "lse"):          # returned: arrays
+            a = arrays.device_empty(shape, dtype, s)
+            return a, a.device_ctypes_pointer.value
+        return arrays.scratch(int(np.prod(shape)) * np.dtype(dtype).itemsize, s)
     made = fast.launch(pointers, allocate, s)
     return (arrays.finish(made["out"], (B, Hq, Sq, d), False, s, _shape_dtype(q, "q")[1]),
             arrays.finish(made["lse"], (B, Hq, Sq), False, s))

@@ -153,3 +153,38 @@ def _call_stream(numba_stream, handle):
     if numba_stream == 0:
         return DEFAULT
     return CallStream(numba_stream, _to_core_stream(numba_stream), handle)
+
+
+_KNOWN = {}             # (device, CUstream handle) -> CallStream, for ready_stream
+_KNOWN_MAX = 256
+
+
+def ready_stream(inputs, stream=None, also=()):
+    """``call_stream(inputs, stream)``, after waiting for each of ``inputs`` and ``also``
+    (device arrays that do not choose the stream) produced on another stream
+    (``wait_for``), in one pass over their streams; the CallStream of a handle is made
+    once per device (it wraps the handle, it does not own the stream), for calls repeated
+    many times (numbaflash/decode_direct.py). Not for the simulator."""
+    handles = [producer_stream(x) for x in inputs]
+    if stream is not None:
+        handle = handle_of(stream)
+    else:
+        handle = next((h for h in handles if h is not None), None)
+    handles += [producer_stream(x) for x in also]
+    if handle is None or handle == 0:
+        call = DEFAULT
+    else:
+        key = (cuda.current_context().device.id, handle)
+        call = _KNOWN.get(key)
+        if call is None:
+            if len(_KNOWN) >= _KNOWN_MAX:
+                _KNOWN.clear()
+            call = _KNOWN[key] = _call_stream(_from_handle(handle), handle)
+    for h in set(handles):
+        if h is None or h == call.handle:
+            continue
+        if h == 0:
+            cuda.synchronize()
+        else:
+            cuda.external_stream(h).synchronize()
+    return call

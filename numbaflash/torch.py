@@ -142,7 +142,8 @@ def _bfloat16_device_array(bits, device):
 
 _TORCH_DTYPES = {np.dtype(np.float16): torch.float16, np.dtype(np.float32): torch.float32,
                  np.dtype(np.float64): torch.float64,
-                 np.dtype(np.int32): torch.int32}        # a decoding call's int lengths
+                 np.dtype(np.int32): torch.int32,        # a decoding call's int lengths
+                 np.dtype(np.uint8): torch.uint8}        # scratch bytes (arrays.scratch)
 
 
 class _Uint16:

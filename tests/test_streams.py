@@ -139,3 +139,19 @@ def test_pytorch_side_stream_gives_the_right_result_every_time():
     stream_race = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(stream_race)
     assert stream_race.main(["--trials", "10", "--shape", "2", "8", "1024", "64"]) == 0
+
+
+@gpu_only
+def test_ready_stream_chooses_as_call_stream_does_and_caches_the_wrapper():
+    """ready_stream (the repeated decoding calls' way) picks call_stream's stream for the
+    same inputs and argument: a stream argument first, then the first input that names
+    one, then the default; arrays in ``also`` are waited for but never choose; the
+    CallStream of a handle is made once."""
+    s = cuda.stream()
+    on_s = _Named(__cuda_array_interface__={"stream": int(s)})
+    plain = _Named(__cuda_array_interface__={"stream": None})
+    for inputs, stream in (([plain, on_s], None), ([plain], None), ([on_s], 0), ([plain], s)):
+        assert (streams.ready_stream(inputs, stream).handle
+                == streams.call_stream(inputs, stream).handle)
+    assert streams.ready_stream([plain], also=[on_s]) is streams.DEFAULT
+    assert streams.ready_stream([on_s]) is streams.ready_stream([on_s])

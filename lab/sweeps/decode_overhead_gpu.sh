@@ -15,6 +15,8 @@
 #   bash lab/sweeps/decode_overhead_gpu.sh direct    # repeated attention_with_kvcache
 #       calls launched directly: the tests of the direct paths, the overhead part and
 #       cProfile, then bench --inference in float16
+#   bash lab/sweeps/decode_overhead_gpu.sh direct-quick  # the same, fewer tests, float16
+#       only, and bench --inference's decode part alone (lab/sweeps/bench_decode_part.py)
 set -u
 cd "$(dirname "$0")/../.."
 L="bash lab/sweeps/logged.sh"
@@ -52,8 +54,15 @@ direct)
     $L decode_call_profile 40 python3 lab/sweeps/decode_call_profile.py
     $L bench_inference_float16 240 python3 -m numbaflash bench --inference --dtype float16
     ;;
+direct-quick)
+    NUMBAFLASH_PROFILE=gpu-quick $L tests_decode_direct 120 python3 -m pytest -q -n 0 \
+        -p no:cacheprovider tests/test_kvcache.py tests/test_streams.py tests/test_torch.py \
+        -k "repeated or queued or ready_stream or captured"
+    $L decode_overhead 60 python3 scripts/decode_gpu.py --parts overhead --dtypes float16
+    $L bench_decode 60 python3 lab/sweeps/bench_decode_part.py float16
+    ;;
 *)
-    echo "usage: bash lab/sweeps/decode_overhead_gpu.sh profile|check|serving|direct" >&2
+    echo "usage: bash lab/sweeps/decode_overhead_gpu.sh profile|check|serving|direct|direct-quick" >&2
     exit 2
     ;;
 esac
