@@ -287,12 +287,13 @@ def _device_memory(xs):
             out.append(None)
         elif hasattr(x, "gpu_data"):                # a Numba device array
             out.append((x.shape, x.strides, x.dtype, x.device_ctypes_pointer.value or 0))
-        elif hasattr(x, "__cuda_array_interface__"):
-            cai = x.__cuda_array_interface__
-            out.append((tuple(cai["shape"]), cai.get("strides"), cai["typestr"],
-                        cai["data"][0] or 0))
         else:
-            return None
+            try:        # a PyTorch bfloat16 tensor raises here: the whole call refuses it
+                cai = x.__cuda_array_interface__
+                out.append((tuple(cai["shape"]), cai.get("strides"), cai["typestr"],
+                            cai["data"][0] or 0))
+            except (AttributeError, TypeError, KeyError):
+                return None
     return out
 
 
