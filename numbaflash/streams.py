@@ -115,8 +115,12 @@ def wait_for(x, call):
     if simulating():
         return
     handle = producer_stream(x)
-    if handle is None or handle == call.handle:
-        return
+    if handle is not None and handle != call.handle:
+        _synchronize(handle)
+
+
+def _synchronize(handle):
+    """Wait on the host until the stream with this handle (0: the default) has run."""
     if handle == 0:
         cuda.synchronize()
     else:
@@ -181,10 +185,6 @@ def ready_stream(inputs, stream=None, also=()):
                 _KNOWN.clear()
             call = _KNOWN[key] = _call_stream(_from_handle(handle), handle)
     for h in set(handles):
-        if h is None or h == call.handle:
-            continue
-        if h == 0:
-            cuda.synchronize()
-        else:
-            cuda.external_stream(h).synchronize()
+        if h is not None and h != call.handle:
+            _synchronize(h)
     return call
