@@ -210,8 +210,10 @@ def launch_forward(plan, p, Q, K, V, O, L, slopes=None, attn_mask=None, stream=D
     """Launch the planned forward kernel on device arrays: Q, O (B*Hq, Sq, d), K, V
     (B*Hkv, Sk, d), L (B*Hq, Sq); ``slopes`` and ``attn_mask`` as the Problem's, on the
     device (or None); on ``stream`` (a streams.CallStream). A packed batch
-    (``p.variant.varlen``): Q, O (Hq, total_q, d), K, V (Hkv, total_k, d), L (Hq, total_q)
-    views and ``seqs`` (2, B + 1) int32 on the device (kernels/sequences.py)."""
+    (``p.variant.varlen``): Q, O (Hq, total_q, d), K, V (Hkv, total_k, d) views, or for a
+    version whose module sets PACKED_ROWS the packed (total, heads, d) arrays as they are;
+    L (Hq, total_q) and ``seqs`` (2, B + 1) int32 on the device (kernels/sequences.py).
+    Returns ``launch``'s _DirectLaunch (or None)."""
     log.info("%s", plan)
     version = forward_kernels.module(plan.version)
     scale = np.dtype(p.acc_dtype).type(p.softmax_scale)   # keep the kernel's arithmetic in acc dtype
@@ -220,17 +222,20 @@ def launch_forward(plan, p, Q, K, V, O, L, slopes=None, attn_mask=None, stream=D
         tiles = (tile_table(p, plan.Br, plan.Bc, attn_mask, stream) if version.TILE_TABLE
                  else None)
         args += variant_arguments(p, slopes, attn_mask, tiles, seqs)
-    launch(version.kernel(plan, p), plan.grid, plan.block, args,
-           _types_key(p, slopes, attn_mask, seqs),
-           plan.shared_bytes if plan.dynamic_shared else 0, stream)
+    rows = getattr(version, "PACKED_ROWS", False)
+    return launch(version.kernel(plan, p), plan.grid, plan.block, args,
+                  _types_key(p, slopes, attn_mask, seqs, rows),
+                  plan.shared_bytes if plan.dynamic_shared else 0, stream)
 
 
-def _types_key(p, slopes, attn_mask, seqs):
+def _types_key(p, slopes, attn_mask, seqs, rows=False):
     """``launch``'s types_key: the argument types follow from the input dtype, unless the
     caller passed arrays of their own (slopes, attn_mask: any dtype and layout) or the
-    arrays are a packed batch's strided views; then Numba's dispatcher types them."""
-    if slopes is None and attn_mask is None and seqs is None:
-        return (p.dtype, p.acc_dtype)
+    arrays are a packed batch's strided views; then Numba's dispatcher types them. A
+    packed batch read as it is (``rows``: C-contiguous arrays, seqs (2, B + 1) int32)
+    has its types from the dtype too."""
+    if slopes is None and attn_mask is None and (seqs is None or rows):
+        return (p.dtype, p.acc_dtype) + (("packed rows",) if seqs is not None else ())
     return None
 
 

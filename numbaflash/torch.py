@@ -253,12 +253,20 @@ class _FastForward:
     plan of its first call, the kernel that call launched (a launcher._DirectLaunch), and
     every parameter word that does not change between calls."""
 
-    def __init__(self, p, plan, direct, device_index):
+    def __init__(self, p, plan, direct, device_index, packed=None):
         self.plan, self.direct, self.device_index = plan, direct, device_index
-        self.out_shape = p.lead + (p.Sq, p.d)
-        self.lse_shape = p.lead + (p.Sq,)
         self.lse_dtype = _TORCH_DTYPES[np.dtype(p.acc_dtype)]
-        self.q3, self.k3, self.l2 = (p.BH, p.Sq, p.d), (p.BHkv, p.Sk, p.d), (p.BH, p.Sq)
+        seqs = None
+        if packed is None:
+            self.out_shape = p.lead + (p.Sq, p.d)
+            self.lse_shape = p.lead + (p.Sq,)
+            self.q3, self.k3, self.l2 = (p.BH, p.Sq, p.d), (p.BHkv, p.Sk, p.d), (p.BH, p.Sq)
+        else:
+            # a packed batch read as it is (flash_attn_func in place): the arrays'
+            # (total, heads, d) shapes, out in flash-attn's (batch, seqlen, heads, d)
+            total_q, total_k, seqs, self.out_shape = packed
+            self.lse_shape = self.l2 = (p.Hq, total_q)
+            self.q3, self.k3 = (total_q, p.Hq, p.d), (total_k, p.Hq // p.group, p.d)
         # each array's words around its pointer (_tensor_words), the same on every call
         item = np.dtype(p.dtype).itemsize
         self.q_words = _words_around_pointer(self.q3, item)
@@ -268,7 +276,7 @@ class _FastForward:
         # the arguments after the five arrays, as launch_forward passes them
         acc = np.dtype(p.acc_dtype)
         rest = (acc.type(p.softmax_scale), np.int64(p.causal_offset),
-                *launcher.variant_arguments(p, None, None, None))
+                *launcher.variant_arguments(p, None, None, None, seqs))
         words = []
         for make, a in zip(direct.makers[5:], rest):
             words.append(tuple(make(a)))
@@ -743,6 +751,86 @@ def _flash_window(window_size):
                          f"{window_size!r}") from None
 
 
+_FLASH = {}                 # _flash_key -> _FlashLayout
+_FLASH_MAX = 256
+
+
+class _FlashLayout:
+    """How flash_attn_func runs one kind of call (shapes, dtype, device, options): in
+    place, or through (batch, heads, seqlen, d) copies.
+
+    In place, q, k and v are seen as a packed batch of equal lengths, (batch * seqlen,
+    heads, d) views of the same memory (numbaflash.attention_varlen with cu_seqlens 0, S,
+    2S, ...), and out is written in flash-attn's layout directly. That is taken where
+    the packed forward's kernel reads the packed arrays as they are (its module's
+    ``PACKED_ROWS``: forward v10, plain 16-bit attention, with or without the causal
+    mask) and the tensors are C-contiguous; a kernel that reads them through strided
+    views is slower than the copies (lab/runs/2026-12-06/118_torch_layout.txt), so every
+    other kind of call takes the copies. The cu_seqlens stay on the host (CPU tensors:
+    checking them costs no wait for the GPU), and the kernels' copy of them is made once
+    (varlen.device_seqs)."""
+
+    def __init__(self, q, k, v, variants):
+        check_attention_inputs(*(x.transpose(1, 2) for x in (q, k, v)), **variants)
+        B, Sq, Sk = q.shape[0], q.shape[1], k.shape[1]
+        self.cu_q = torch.arange(0, (B + 1) * Sq, Sq, dtype=torch.int32)[:B + 1]
+        self.cu_k = torch.arange(0, (B + 1) * Sk, Sk, dtype=torch.int32)[:B + 1]
+        self.options = dict(max_seqlen_q=Sq, max_seqlen_k=Sk, causal=variants["causal"],
+                            scale=variants["scale"], window_size=variants["window_size"],
+                            softcap=variants["softcap"])
+        self.in_place = False
+        if q.is_cuda and B > 0 and all(x.is_contiguous() for x in (q, k, v)):
+            packed = [_array(x.view(x.shape[0] * x.shape[1], x.shape[2], x.shape[3]))
+                      for x in (q, k, v)]
+            p, _ = api_varlen.check_varlen_inputs(*packed, self.cu_q.numpy(),
+                                                  self.cu_k.numpy(), **self.options)
+            plan = api.plan_forward(p)
+            self.in_place = getattr(forward_kernels.module(plan.version), "PACKED_ROWS",
+                                    False)
+        self.fast_key = None
+
+
+def _flash_key(q, k, v, alibi_slopes, dropout_p, variants):
+    """The kind of a flash_attn_func call (``_FlashLayout``); None for calls that always
+    take the copies (ALiBi slopes and dropout run on kernels without PACKED_ROWS)."""
+    if not q.is_cuda or alibi_slopes is not None or dropout_p != 0.0:
+        return None
+    key = (q.shape, k.shape, v.shape, q.dtype, q.device,
+           tuple(x.is_contiguous() for x in (q, k, v)), variants["causal"], variants["scale"],
+           variants["window_size"], variants["softcap"])
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _flash_layout(q, k, v, alibi_slopes, dropout_p, variants):
+    """The _FlashLayout of this call's kind, or None (the copies)."""
+    key = _flash_key(q, k, v, alibi_slopes, dropout_p, variants)
+    if key is None:
+        return None
+    found = _FLASH.get(key)
+    if found is None:
+        if len(_FLASH) >= _FLASH_MAX:
+            _FLASH.clear()
+        found = _FLASH[key] = _FlashLayout(q, k, v, variants)
+        found.fast_key = ("flash",) + key
+    return found if found.in_place else None
+
+
+def _flash_in_place(q, k, v, layout):
+    """flash_attn_func read in place (``_FlashLayout``): out (batch, Sq, heads, d)."""
+    packed = [x.view(x.shape[0] * x.shape[1], x.shape[2], x.shape[3]) for x in (q, k, v)]
+    options = dict(layout.options, dropout_p=0.0, dropout_seed=None)
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+        out, _ = _VarlenAttention.apply(*packed, layout.cu_q, layout.cu_k, None, options)
+    else:
+        out, _ = _varlen_forward(*packed, layout.cu_q, layout.cu_k, None, options,
+                                 layout.fast_key)
+    return out.view(q.shape[0], q.shape[1], q.shape[2], v.shape[3])
+
+
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                     deterministic=False, return_attn_probs=False):
@@ -764,14 +852,17 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
       pick backward v8, whose atomic dQ is opt-in; it is reached through
       ``numbaflash.attention_backward(..., deterministic=False)``.
 
-    **Layout**: q, k and v are copied to (batch, heads, seqlen, d) (``transpose(1, 2)
-    .contiguous()``), ``attention`` runs on the copies, and out comes back transposed the
-    same way; autograd carries the gradients through the transposes. The copies read and
-    write each tensor once, against attention's quadratic work. The kernels can read the
-    flash-attn layout in place (``flash_attn_varlen_func`` does), but their packed builds
-    need more registers: on the H200 a call at (2, 4096, 16, 64) read in place took 1.43x
-    (float32) and 2.44x (float16) the time of the same call on (batch, heads, seqlen, d)
-    tensors, where the copies cost 1.04x and 1.15x (lab/runs/2026-12-06/118_torch_layout.txt).
+    **Layout**: plain float16 and bfloat16 attention (with or without ``causal``, no
+    window, softcap, ALiBi or dropout) on CUDA tensors is read in place: C-contiguous
+    q, k, v are seen as a packed batch of equal lengths, (batch * seqlen, heads, d) views
+    of the same memory, on the packed build of forward v10, which reads them as they are,
+    and out is written in this layout (the gradients likewise, by
+    ``attention_varlen_backward``). Everything else is copied to (batch, heads, seqlen,
+    d) (``transpose(1, 2).contiguous()``), ``attention`` runs on the copies, and out comes
+    back transposed the same way; autograd carries the gradients through the transposes.
+    The copies read and write each tensor once, against attention's quadratic work; the
+    other kernels' packed builds read strided views, which cost more than the copies.
+    docs/pytorch.md has the measured cost of each way.
 
     Args:
         q: (batch, Sq, Hq, d); k, v: (batch, Sk, Hkv, d). float16, bfloat16, float32 or
@@ -804,10 +895,15 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     check_dropout_p(dropout_p)                  # a bad p fails here, before any copy
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))        # (batch, heads, seqlen, d) views
     if not _compiling():
-        # Validate before anything is copied or launched (under torch.compile the custom
-        # op validates when it runs).
-        check_attention_inputs(qt, kt, vt, **variants)
+        layout = _flash_layout(q, k, v, alibi_slopes, dropout_p, variants)
+        if layout is None:
+            # Validate before anything is copied or launched (under torch.compile the
+            # custom op validates when it runs; a kind read in place was validated when
+            # it was first seen).
+            check_attention_inputs(qt, kt, vt, **variants)
         _refuse_capture(q.device)
+        if layout is not None:
+            return _flash_in_place(q, k, v, layout)
     # Transposed copies (the docstring's Layout says why not the strided kernels).
     out = attention(qt.contiguous(), kt.contiguous(), vt.contiguous(),
                     dropout_p=dropout_p, **variants)
@@ -841,13 +937,50 @@ class _VarlenAttention(torch.autograd.Function):
                 None, None, None, None)
 
 
-def _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, options):
-    """numbaflash.attention_varlen(..., return_lse=True) on tensors: (out, lse) tensors."""
+def _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, options,
+                    fast_key=None):
+    """numbaflash.attention_varlen(..., return_lse=True) on tensors: (out, lse) tensors.
+    With ``fast_key`` (flash_attn_func in place), a repeated call launches directly
+    (``_FastForward``)."""
+    fast = _FAST.get(fast_key) if fast_key is not None else None
+    if fast is not None:
+        got = fast(q, k, v, None)
+        if got is not None:
+            return got
     with _outputs_from(q.device):
         out, lse = api_varlen.attention_varlen(
             _array(q), _array(k), _array(v), _array(cu_seqlens_q), _array(cu_seqlens_k),
             return_lse=True, alibi_slopes=_array(alibi_slopes), **options)
+    if fast_key is not None and fast is None:
+        _remember_packed(fast_key, q, k, v, cu_seqlens_q, cu_seqlens_k, options)
     return _tensor(out, q.device), _tensor(lse, q.device)
+
+
+def _remember_packed(key, q, k, v, cu_seqlens_q, cu_seqlens_k, options):
+    """After a whole-path packed call of equal lengths on CUDA tensors (flash_attn_func in
+    place): keep what repeating it directly needs, if its kernel was launched directly."""
+    p, seqs = api_varlen.check_varlen_inputs(_array(q), _array(k), _array(v),
+                                             _array(cu_seqlens_q), _array(cu_seqlens_k),
+                                             **{n: options[n] for n in (
+                                                 "max_seqlen_q", "max_seqlen_k", "causal",
+                                                 "scale", "window_size", "softcap")})
+    plan = api.plan_forward(p)
+    module = forward_kernels.module(plan.version)
+    if not getattr(module, "PACKED_ROWS", False):
+        return
+    nbytes = plan.shared_bytes if plan.dynamic_shared else 0
+    direct = launcher._DIRECT.get((module.kernel(plan, p),
+                                   (p.dtype, p.acc_dtype, "packed rows"),
+                                   plan.grid, plan.block, nbytes))
+    if direct is None or direct.makers is None or q.device.index not in direct.functions:
+        return
+    device_seqs = api_varlen.device_seqs(seqs, None)    # equal lengths: the call's own
+    B = seqs.shape[1] - 1
+    out_shape = (B, q.shape[0] // B, p.Hq, p.d)
+    if len(_FAST) >= _FAST_MAX:
+        _FAST.clear()
+    _FAST[key] = _FastForward(p, plan, direct, q.device.index,
+                              packed=(q.shape[0], k.shape[0], device_seqs, out_shape))
 
 
 @torch.compiler.disable

@@ -22,10 +22,10 @@ from numba import cuda
 
 from . import arrays, dtypes
 from .api import _variant_arrays
-from .kernels import backward, forward
+from .kernels import backward, forward, simulating
 from .kernels.backward import preprocess
 from .kernels.plan import Plans
-from .launcher import launch_backward, launch_forward
+from .launcher import device_id, launch_backward, launch_forward
 from .masks import parse_causal
 from .policy import finite_inputs_plans, plan_backward, plan_forward
 from .streams import call_stream
@@ -130,6 +130,33 @@ def check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
                                _Shape((B, vs[1], 1, vs[2]), vt), causal, scale, **variants)
     p = replace(p, Sq=Sq, Sk=Sk, variant=replace(p.variant, varlen=True))
     return p, np.stack([cu_q, cu_k]).astype(np.int32)
+
+
+_SAME_SEQS = {}          # (cu_seqlens' bytes, device) -> seqs on the device
+_SAME_SEQS_MAX = 64
+
+
+def device_seqs(seqs, stream):
+    """The (2, B + 1) int32 host array ``seqs`` on the device, for the kernels. A batch of
+    equal lengths gets one copy kept per batch shape and device, made once (a copy from
+    host memory waits for the work queued before it): numbaflash.torch's flash_attn_func
+    reads its (batch, seqlen, heads, d) tensors as such a batch on every call. Other
+    batches are copied on the call's stream."""
+    lengths = np.diff(seqs, axis=1)
+    same = lengths.size and (lengths == lengths[:, :1]).all()
+    if not same or simulating():
+        return cuda.to_device(seqs, stream=stream.numba)
+    key = (seqs.tobytes(), seqs.shape, device_id())
+    found = _SAME_SEQS.get(key)
+    if found is None:
+        if len(_SAME_SEQS) >= _SAME_SEQS_MAX:
+            _SAME_SEQS.clear()
+        found = _SAME_SEQS[key] = cuda.to_device(seqs)      # complete before it returns
+    return found
+
+
+def _as_they_are(x):
+    return x
 
 
 def _packed_problem(p, total_q, total_k):
@@ -238,10 +265,13 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None,
     V = arrays.as_kernel_array(v, v.shape, "v", s, widen)
     O = arrays.device_empty(out_shape, dtypes.kernel_dtype(p.dtype, widen), s)
     L = arrays.device_empty(lse_shape, lse_dtype, s)
-    first = arrays.heads_first
+    # The kernel's view of the packed arrays: (heads, total, d) views, or the arrays as
+    # they are for a kernel that adds each sequence's first row itself (PACKED_ROWS)
+    rows = getattr(forward.module(plan.version), "PACKED_ROWS", False)
+    first = _as_they_are if rows else arrays.heads_first
     launch_forward(plan, dtypes.kernel_problem(p, widen), first(Q), first(K), first(V),
                    first(O), L, *_variant_arrays(p, s), stream=s,
-                   seqs=cuda.to_device(seqs, stream=s.numba))
+                   seqs=device_seqs(seqs, s))
     out = arrays.finish(O, out_shape, host, s, p.dtype)
     return (out, arrays.finish(L, lse_shape, host, s)) if return_lse else out
 
@@ -315,7 +345,7 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
     first = arrays.heads_first
     launch_backward(plans, kp, first(Q), first(K), first(V), first(O), first(dO), L, D,
                     first(dQ), first(dK), first(dV), *_variant_arrays(p, s), stream=s,
-                    seqs=cuda.to_device(seqs, stream=s.numba))
+                    seqs=device_seqs(seqs, s))
     return (arrays.finish(dQ, q_shape, host, s, p.dtype),
             arrays.finish(dK, k_shape, host, s, p.dtype),
             arrays.finish(dV, k_shape, host, s, p.dtype))

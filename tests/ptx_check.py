@@ -516,7 +516,8 @@ def decode_entries():
 def varlen_entries():
     """The kernels a packed batch runs by default (numbaflash/varlen.py), built with
     ``Variant(varlen=True)``: the packed arrays are (heads, total, d) strided views (layout
-    "A"), lse, D and seqs C-contiguous. Forward v7 and v10 (float16), v8 (float32, d = 64),
+    "A"), or for forward v10 (PACKED_ROWS) the (total, heads, d) arrays as they are; lse, D
+    and seqs C-contiguous. Forward v7 and v10 (float16), v8 (float32, d = 64),
     v9 (float32, d = 128), v2 (float64) and v5 (the simulator's); backward v6 (float16 and
     float32, GQA), v10 (float32, GQA), v9 (float16), v4 and v1 (float64), and the D kernel on views; causal."""
     import numpy as np
@@ -567,10 +568,13 @@ def varlen_entries():
             # attention), their GPU tiles, without GQA (neither takes it); unheld (their
             # register caps are link options)
             Br, Bc = F["v10"].tiles_within(64, DYNAMIC_SHARED_MEM_LIMIT)
+            # v10 takes the packed arrays as they are (PACKED_ROWS): C-contiguous
+            c3 = array(dt, 3)
+            rows = (c3, c3, c3, c3, a2, scale, offset) + extra
             out.append(Entry(f"forward_v10-{tag}-d64-tiles{Br}x{Bc}", "varlen",
                              lambda t=(Br, Bc): F["v10"].make_forward_v10(
                                  *t, 64, True, F["v10"].v7_chunk(64, t[1]), varlen=True),
-                             fsig, no_f64))
+                             rows, no_f64))
             bwd_v9 = bwd.module("v9")
             tiles9 = bwd_v9.default_backward_v9_tiles(64, "gpu")
             for kind, sig in (("dkdv", dkdv), ("dq", dq)):

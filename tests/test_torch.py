@@ -679,6 +679,45 @@ def test_cuda_graph_capture_is_refused_with_a_clear_error(monkeypatch, no_launch
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attn_func_reads_16_bit_cuda_tensors_in_place(monkeypatch, dtype, causal):
+    """Plain float16 and bfloat16 flash_attn_func on CUDA tensors reads them in place
+    (torch.py's _FlashLayout: numbaflash.attention, the copies' path, is never called),
+    a repeated call launches directly, and out and the gradients are the bits of
+    numbaflash.torch.attention on (batch, heads, seqlen, d) copies: the same kernels'
+    arithmetic, on a packed batch of equal lengths (Sq != Sk, rows past a tile)."""
+    B, Sq, Sk, H, d = 2, 77, 130, 4, 64
+    q, k, v = (randn(B, S, H, d, dtype=dtype, seed=40 + n).detach().cuda()
+               for n, S in enumerate((Sq, Sk, Sk)))
+    dout = randn(B, Sq, H, d, dtype=dtype, seed=43, grad=False).cuda()
+    copies = [x.transpose(1, 2).contiguous() for x in (q, k, v)]
+    with torch.no_grad():
+        want = nft.attention(*copies, causal=causal).transpose(1, 2)
+    want_out, want_grads = grads_of(lambda a, b, c: nft.attention(a, b, c, causal=causal),
+                                    copies, dout.transpose(1, 2).contiguous())
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("flash_attn_func took the copies' path")
+
+    monkeypatch.setattr(nft.api, "attention", refuse)
+    nft._FAST.clear()
+    with torch.no_grad():
+        first = nft.flash_attn_func(q, k, v, causal=causal)
+        assert any(key[0] == "flash" for key in nft._FAST), "not remembered"
+        again = nft.flash_attn_func(q, k, v, causal=causal)       # launched directly
+    out, grads = grads_of(lambda a, b, c: nft.flash_attn_func(a, b, c, causal=causal),
+                          (q, k, v), dout)
+    torch.cuda.synchronize()
+    assert first.shape == (B, Sq, H, d) and first.is_contiguous()
+    for name, got in (("first", first), ("again", again), ("with autograd", out)):
+        assert torch.equal(got.view(torch.int16), want.contiguous().view(torch.int16)), name
+    for name, got, w in zip(("dq", "dk", "dv"), grads, want_grads):
+        assert torch.equal(got.view(torch.int16),
+                           w.transpose(1, 2).contiguous().view(torch.int16)), name
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_graph_capture_raises_on_the_gpu():
     q, k, v = (x.detach().cuda() for x in qkv(dtype=torch.float32))
     nft.attention(q, k, v)                              # compile outside the capture

@@ -30,6 +30,19 @@ known to be the same in every lane (kernels/backward/v9_ldmatrix.py has its regi
 The tensor-core kernels stage tiles by flat positions (ptx.flat_load, ptx.cp_async: the
 element n places after the array's first), computed as (bh * S + row) * d for a
 C-contiguous array; ``position`` and ``row_step`` compute them from the strides for a view.
+
+Packed rows (``make_packed_rows``, forward v10's packed build): no views at all. The
+kernel takes the packed arrays as they are, C-contiguous (total, heads, d), and reads
+element (head, row, k) at A[row, head, k], the row counted from the packed array's first
+(the sequence's first row added by the caller); L stays (heads, total). Every index is
+then a multiply-add on the arrays' shapes, where a strided view multiplies by a run-time
+stride in every dimension. Its grid is (tiles, heads, batch), so that the block's head
+and sequence are block indices rather than b = bh // Hq and h = bh % Hq: with those two
+divisions forward v10's packed build at d = 64 took 163 registers, without them the
+plain build's 128 (ptxas for sm_90, lab/runs/2026-12-06/packed_rows_registers*.txt).
+The likely reason: an integer division is a sequence of instructions that Hopper's
+uniform datapath does not run, so ptxas keeps its result, and every address made from
+it, in per-lane registers.
 """
 
 import functools
@@ -39,6 +52,8 @@ from numba import cuda, int64
 
 # What make_sequences returns: inlined device functions, by name.
 SequenceSteps = namedtuple("SequenceSteps", "locate cut position row_step uniform_range")
+# What make_packed_rows returns: inlined device functions, by name.
+PackedRows = namedtuple("PackedRows", "element put position")
 
 
 @cuda.jit(device=True, inline=True)
@@ -104,3 +119,40 @@ def make_sequences(varlen):
 
     return SequenceSteps(locate, _rows if varlen else _all_rows, position, row_step,
                          uniform_range)
+
+
+@functools.lru_cache(maxsize=None)
+def make_packed_rows(rows):
+    """``PackedRows(element, put, position)``: how a kernel addresses its Q, K, V and O by
+    (head, row, k), for plain (head, rows, d) arrays, or with ``rows`` for the packed
+    (total, heads, d) arrays as they are (module docstring):
+
+    element(A, head, row, k) -> A[head, row, k], with rows A[row, head, k]
+    put(A, head, row, k, x)     stores x there
+    position(A, head, row, S, d) -> that element's flat position at k = 0 (ptx.flat_load):
+        (head * S + row) * d, with rows (row * heads + head) * d
+    """
+    from .smem import U
+
+    ROWS = rows
+
+    @cuda.jit(device=True, inline=True)
+    def element(A, head, row, k):
+        if ROWS:
+            return A[U(row), U(head), U(k)]
+        return A[U(head), U(row), U(k)]
+
+    @cuda.jit(device=True, inline=True)
+    def put(A, head, row, k, x):
+        if ROWS:
+            A[U(row), U(head), U(k)] = x
+        else:
+            A[head, row, k] = x
+
+    @cuda.jit(device=True, inline=True)
+    def position(A, head, row, S, d):
+        if ROWS:
+            return (row * A.shape[1] + head) * d
+        return (head * S + row) * d
+
+    return PackedRows(element, put, position)

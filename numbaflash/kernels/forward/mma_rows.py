@@ -22,6 +22,7 @@ from numba import cuda
 from .. import acc_type
 from ..halves import make_halves
 from ..ptx import exp2_approx, fmax
+from ..sequences import make_packed_rows
 from ..smem import U
 from ..variants import PLAIN, make_dropout, make_variant_functions
 from ..warp import FULL_WARP, quad_max, quad_sum
@@ -38,7 +39,7 @@ def _as_it_is(x):
 
 
 @functools.lru_cache(maxsize=None)
-def make_mma_row_steps(d, causal, chunk, o_tiles, variant=PLAIN, half=None):
+def make_mma_row_steps(d, causal, chunk, o_tiles, variant=PLAIN, half=None, rows=False):
     """The steps forward v6 to v9 share, as inlined device functions: everything in their
     chunk loop and after it except the two matrix products and the staging (v3 takes
     write_rows only). Both keep a
@@ -67,6 +68,12 @@ def make_mma_row_steps(d, causal, chunk, o_tiles, variant=PLAIN, half=None):
     kernels/halves.py), whose widen reads Q, K, V here and whose narrow rounds O; None
     for float32 inputs (and float16 read as Numba's float16, the same code as "float16").
 
+    ``rows``: Q, K, V and O are a packed batch's (total, heads, d) arrays as they are
+    (kernels/sequences.py, make_packed_rows); the row and key indices the steps take are
+    then counted from the packed arrays' first row (Sq and Sk of the checks shifted the
+    same way), except add_nonfinite_values' keys, counted within the sequence, whose
+    first key row is its ``k_first``.
+
     Returns a MmaRowSteps (finite, whole_tile, add_nonfinite_scores, softmax_step, drop,
     add_nonfinite_values, write_rows); each says what it does. The non-finite fix-ups are
     described in make_forward_v6."""
@@ -92,6 +99,8 @@ def make_mma_row_steps(d, causal, chunk, o_tiles, variant=PLAIN, half=None):
     MASKS = variant.tile_table
     PER_ENTRY = SCORES or MASKS
     WINDOW = variant.window
+    ROWS = rows
+    element, put = make_packed_rows(rows).element, make_packed_rows(rows).put
 
     @cuda.jit(device=True, inline=True)
     def finite(x):
@@ -118,8 +127,8 @@ def make_mma_row_steps(d, causal, chunk, o_tiles, variant=PLAIN, half=None):
         if row < Sq and col < Sk:
             k = 0
             while k < d:
-                q = widen(Q[U(bh), U(row), U(k)])
-                kk = widen(K[U(bh_kv), U(col), U(k)])
+                q = widen(element(Q, bh, row, k))
+                kk = widen(element(K, bh_kv, col, k))
                 if not (finite(q) and finite(kk)):
                     x += q * kk
                 k += 1
@@ -234,10 +243,11 @@ def make_mma_row_steps(d, causal, chunk, o_tiles, variant=PLAIN, half=None):
 
     @cuda.jit(device=True, inline=True)
     def add_nonfinite_values(o, s, V, bh_kv, col0, row0, row1, g, t, b, h, Sq, Sk,
-                             causal_offset, window_lo, attn_mask):
+                             causal_offset, window_lo, attn_mask, k_first=0):
         """Rare: a non-finite v of the chunk (keys from col0, K/V head bh_kv) was staged
         as 0; add p * v for those values to the O fragments o of the rows that see the
-        key (the variant's visible(), as softmax_step masks)."""
+        key (the variant's visible(), as softmax_step masks). With ``rows`` V's key col
+        is row k_first + col of the packed array."""
         kk = 0
         while kk < chunk:        # the chunk's keys, in step in every lane
             # P~ of this key for row0 and row1 is in lane (g, kk % 8 // 2) of the
@@ -261,7 +271,10 @@ def make_mma_row_steps(d, causal, chunk, o_tiles, variant=PLAIN, half=None):
                     for h in range(2):
                         k = nd * 8 + 2 * t + h
                         if k < d:
-                            v = widen(V[U(bh_kv), U(col), U(k)])
+                            if ROWS:
+                                v = widen(element(V, bh_kv, k_first + col, k))
+                            else:
+                                v = widen(V[U(bh_kv), U(col), U(k)])
                             if not finite(v):
                                 if sees0:
                                     o[nd * 4 + h] += p0 * v
@@ -282,18 +295,19 @@ def make_mma_row_steps(d, causal, chunk, o_tiles, variant=PLAIN, half=None):
                 if col < d:
                     if DROPOUT:
                         if row0 < Sq:
-                            O[bh, row0, col] = narrow(ZERO if l0 == ZERO
-                                                      else o[nd * 4 + h] / l0 * keep_scale)
+                            put(O, bh, row0, col, narrow(ZERO if l0 == ZERO
+                                                         else o[nd * 4 + h] / l0 * keep_scale))
                         if row1 < Sq:
-                            O[bh, row1, col] = narrow(ZERO if l1 == ZERO
-                                                      else o[nd * 4 + 2 + h] / l1 * keep_scale)
+                            put(O, bh, row1, col, narrow(ZERO if l1 == ZERO
+                                                         else o[nd * 4 + 2 + h] / l1
+                                                         * keep_scale))
                     else:
                         if row0 < Sq:
-                            O[bh, row0, col] = narrow(ZERO if l0 == ZERO
-                                                      else o[nd * 4 + h] / l0)
+                            put(O, bh, row0, col, narrow(ZERO if l0 == ZERO
+                                                         else o[nd * 4 + h] / l0))
                         if row1 < Sq:
-                            O[bh, row1, col] = narrow(ZERO if l1 == ZERO
-                                                      else o[nd * 4 + 2 + h] / l1)
+                            put(O, bh, row1, col, narrow(ZERO if l1 == ZERO
+                                                         else o[nd * 4 + 2 + h] / l1))
         if t == 0:
             if row0 < Sq:
                 L[bh, row0] = NEG_INF if l0 == ZERO else m0 + math.log(l0)

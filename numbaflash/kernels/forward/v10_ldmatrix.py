@@ -54,11 +54,16 @@ refused by name in the plan (v7 takes them).
 
 Packed batches (``varlen``, numbaflash/varlen.py) of plain attention: a block finds its
 sequence from cu_seqlens (kernels/sequences.py's ``locate``) and returns at once if its
-tile lies past the sequence's end; its K/V copies add the sequence's first key row to the
-key (the packed (heads, total, d) views' own base address, no per-sequence view in the
-loop), its tile loop's bounds are made known-uniform (``uniform_range``), and Q, O, L and
-the rare non-finite fix-ups go through views cut to the sequence
-(lab/runs/2026-12-05/packed_half_registers.txt has the registers).
+tile lies past the sequence's end. It takes the packed arrays as they are, C-contiguous
+(total, heads, d) (``PACKED_ROWS``; kernels/sequences.py's make_packed_rows), adds the
+sequence's first query or key row to every row index (no view, no strided index), runs
+on a (tiles, heads, batch) grid (no division for the block's head and sequence), and
+makes its tile loop's bounds known-uniform (``uniform_range``). The build before, with
+views cut to the sequence, took 172 registers at d = 64 against the plain build's 128,
+and ran at 0.41x its speed on flash-attn's layout
+(lab/runs/2026-12-06/118_torch_layout.txt); this one takes the plain build's registers,
+128 at d = 64 and 166-170 at d = 128, unheld (ptxas for sm_90,
+lab/runs/2026-12-06/packed_rows_registers.txt).
 """
 
 import functools
@@ -74,7 +79,7 @@ from ..plan import (
     DYNAMIC_SHARED_MEM_LIMIT, Plan, device_dynamic_shared_limit, parse_tiles, refuse_variants,
     variant_description
 )
-from ..sequences import make_sequences
+from ..sequences import make_packed_rows, make_sequences
 from ..smem import U
 from ..variants import PLAIN
 from .mma_rows import make_mma_row_steps
@@ -124,8 +129,9 @@ def make_forward_v10(Br, Bc, d, causal, chunk, half="float16", max_registers=Non
     Launch: grid (ceil(Sq / Br), BH), block (2 * Br,): Br / 16 warps of 16 query rows, and
     ``v10_shared_layout(Bc, d).END * 2`` bytes of dynamic shared memory. Arguments: Q, K, V,
     O, L, softmax_scale, causal_offset (kernels/forward/__init__.py). ``varlen``: a packed
-    batch (module docstring), and the variant arguments after causal_offset, as the
-    kernels that take variants have them.
+    batch (module docstring): Q, O (total_q, Hq, d), K, V (total_k, Hq, d) C-contiguous,
+    L (Hq, total_q), and the variant arguments after causal_offset, as the kernels that
+    take variants have them (their seqs last).
     """
     from numba.types import uint32
 
@@ -160,20 +166,20 @@ def make_forward_v10(Br, Bc, d, causal, chunk, half="float16", max_registers=Non
     WIDE = d % 8 == 0                       # rows of K and V are whole 16-byte pieces
     ROW, TILE, K_AT, V_AT, END = v10_shared_layout(Bc, d)
     kv_tile_range = make_kv_tile_range(Br, Bc, causal, False)
-    rows = make_mma_row_steps(d, causal, CHUNK, ND, PLAIN, half)
+    rows = make_mma_row_steps(d, causal, CHUNK, ND, PLAIN, half, rows=varlen)
     finite, add_nonfinite_scores = rows.finite, rows.add_nonfinite_scores
     softmax_step, add_nonfinite_values = rows.softmax_step, rows.add_nonfinite_values
     write_rows, whole_tile_seen = rows.write_rows, rows.whole_tile
     VARLEN = varlen
     sequences = make_sequences(VARLEN)
-    locate, cut, position = sequences.locate, sequences.cut, sequences.position
-    uniform_range = sequences.uniform_range
+    locate, uniform_range = sequences.locate, sequences.uniform_range
+    element, position = make_packed_rows(VARLEN).element, make_packed_rows(VARLEN).position
 
     @cuda.jit(device=True, inline=True)
     def q_value(Q, bh, r, k, Sq, bad):
         """Q[bh, r, k] as float32, 0 past the rows or the head dim, and 0 if not finite
         (then bad[0] is set); v7's."""
-        x = widen(Q[U(bh), U(r), U(k)]) if r < Sq and k < d else ZERO
+        x = widen(element(Q, bh, r, k)) if r < Sq and k < d else ZERO
         if not finite(x):
             bad[0] = 1
             x = ZERO
@@ -250,25 +256,28 @@ def make_forward_v10(Br, Bc, d, causal, chunk, half="float16", max_registers=Non
     @cuda.jit(device=True, inline=True)
     def copyable(A):
         """Whether A's rows can be copied 16 bytes at a time: A's first element 16-byte
-        aligned (d a multiple of 8 is WIDE's part), and a packed batch's view's strides
-        whole pieces (d and H d elements, as numbaflash/varlen.py makes them)."""
-        if VARLEN:
-            return (is_aligned16(A) and (A.strides[0] // A.itemsize) % 8 == 0
-                    and (A.strides[1] // A.itemsize) % 8 == 0)
+        aligned (d a multiple of 8 is WIDE's part: a packed batch's rows are then H d
+        elements apart, whole pieces too)."""
         return is_aligned16(A)
 
     @cuda.jit(device=True, inline=True)
     def work(Q, K, V, O, L, softmax_scale, causal_offset, Hq, seqs):
-        bh = cuda.blockIdx.y                    # b * H + h (query and K/V head alike)
         i = cuda.blockIdx.x
-        # A packed batch: this block's sequence (kernels/sequences.py). K and V are read
-        # at the sequence's first key row plus the key (no view in the loop); Q, O, L and
-        # the rare fix-ups take views cut to the sequence.
-        q_first, k_first, Sq, Sk, shift = locate(seqs, bh // Hq, Q.shape[1], K.shape[1])
+        # A packed batch: this block's sequence (kernels/sequences.py). Every row index
+        # below adds the sequence's first query row (q_first) or key row (k_first) of the
+        # packed arrays; 0 in one batch.
+        if VARLEN:
+            bh = cuda.blockIdx.y                # the head (query and K/V head alike)
+            b = cuda.blockIdx.z                 # the sequence: no division (module doc.)
+            Sq, Sk = Q.shape[0], K.shape[0]     # (locate: the sequence's own)
+        else:
+            bh = cuda.blockIdx.y                # b * H + h (query and K/V head alike)
+            b = 0
+            Sq, Sk = Q.shape[1], K.shape[1]
+        q_first, k_first, Sq, Sk, shift = locate(seqs, b, Sq, Sk)
         if VARLEN:
             if i * Br >= Sq:
                 return                  # past this sequence: the whole block, no barrier yet
-            bh = bh % Hq
         causal_offset += shift
         tid = cuda.threadIdx.x
         lane = tid % 32
@@ -312,13 +321,12 @@ def make_forward_v10(Br, Bc, d, causal, chunk, half="float16", max_registers=Non
         cp_async_commit()
         # Alg.1 l.4: Qi's A fragments (zero past Sq and d), as v7: word ks * 4 + w holds
         # row row0 (w even) or row1 (w odd), columns 16 ks + 2t (+ 8 for w >= 2) and the next.
-        Qs = cut(Q, q_first, Sq)
         for ks in range(KS):
             for w in range(4):
-                row = row0 + 8 * (w % 2)
+                row = q_first + row0 + 8 * (w % 2)
                 col = ks * 16 + 2 * t + 8 * (w // 2)
-                q[ks * 4 + w] = pack2(q_value(Qs, bh, row, col, Sq, bad),
-                                      q_value(Qs, bh, row, col + 1, Sq, bad))
+                q[ks * 4 + w] = pack2(q_value(Q, bh, row, col, q_first + Sq, bad),
+                                      q_value(Q, bh, row, col + 1, q_first + Sq, bad))
         for x in range(O_FRAGS):
             o[x] = ZERO
         m0 = NEG_INF            # running max of row0 and row1 (the same in all 4 lanes)
@@ -364,8 +372,8 @@ def make_forward_v10(Br, Bc, d, causal, chunk, half="float16", max_registers=Non
                         s[nt * 4 + x] = acc_a[x]
                         s[nt * 4 + 4 + x] = acc_b[x]
                 if fix_scores:          # rare: a non-finite q or k was staged as 0
-                    add_nonfinite_scores(s, cut(Q, q_first, Sq), cut(K, k_first, Sk), bh,
-                                         bh, j * Bc + key0, row0, t, Sq, Sk)
+                    add_nonfinite_scores(s, Q, K, bh, bh, k_first + j * Bc + key0,
+                                         q_first + row0, t, q_first + Sq, k_first + Sk)
                 # Alg.1 l.9 (as v7): scale, mask, new running max, P~ in s, alpha.
                 alpha0, alpha1, m0, m1, l0, l1 = softmax_step(
                     s, softmax_scale, whole_tile, j * Bc + key0, row0, t, 0, 0, Sq, Sk,
@@ -398,12 +406,12 @@ def make_forward_v10(Br, Bc, d, causal, chunk, half="float16", max_registers=Non
                     o[nd * 4 + 6] = o[nd * 4 + 6] * alpha1 + acc_b[2]
                     o[nd * 4 + 7] = o[nd * 4 + 7] * alpha1 + acc_b[3]
                 if fix_values:          # rare: a non-finite v was staged as 0 (as v7)
-                    add_nonfinite_values(o, s, cut(V, k_first, Sk), bh, j * Bc + key0, row0,
-                                         row1, g, t, 0, 0, Sq, Sk, causal_offset, 0, 0)
+                    add_nonfinite_values(o, s, V, bh, j * Bc + key0, row0, row1, g, t, 0, 0,
+                                         Sq, Sk, causal_offset, 0, 0, k_first)
 
         # Alg.1 l.12-16: the quad's row sums, normalise once, write O and L (as v7).
-        write_rows(cut(O, q_first, Sq), cut(L, q_first, Sq), o, bh, row0, row1, t, m0, m1, l0,
-                   l1, Sq)
+        write_rows(O, L, o, bh, q_first + row0, q_first + row1, t, m0, m1, l0, l1,
+                   q_first + Sq)
 
     if VARLEN:
         @cuda.jit(**jit_options(max_registers))
@@ -441,7 +449,8 @@ V10_MAX_REGISTERS = 128
 V10_CAP_MAX_HEAD_DIM = 64
 V10_MAX_HEAD_DIM = V7_MAX_HEAD_DIM
 VARIANTS = False              # plain attention only (refuse_variants names the variant) ...
-PACKED = True                 # ... in one batch or packed (kernels/plan.py: packed_only)
+PACKED = True                 # ... in one batch or packed (kernels/plan.py: packed_only),
+PACKED_ROWS = True            # the packed arrays as they are (kernels/sequences.py)
 BFLOAT16 = True               # reads bfloat16 inputs itself (numbaflash/dtypes.py)
 TILE_TABLE = False
 
@@ -507,16 +516,20 @@ def plan(p, where, tiles, reason):
     else:
         Br, Bc = check_v10_tiles(tiles, p.d)
         reason += "; tiles given by the caller"
-    return Plan("forward", "v10", "forward_v10", where, Br, Bc, (math.ceil(p.Sq / Br), p.BH),
-                (2 * Br,), v10_shared_bytes(Br, Bc, p.d), p.acc_dtype, p.causal, reason,
+    # A packed batch's grid names the head and the sequence apart (no division in the
+    # kernel: module docstring)
+    grid = ((math.ceil(p.Sq / Br), p.Hq, p.B) if p.variant.varlen
+            else (math.ceil(p.Sq / Br), p.BH))
+    return Plan("forward", "v10", "forward_v10", where, Br, Bc, grid, (2 * Br,),
+                v10_shared_bytes(Br, Bc, p.d), p.acc_dtype, p.causal, reason,
                 variant_description(p), dynamic_shared=True)
 
 
 def v10_max_registers(d, packed=False):
     """ptxas's register limit for forward v10 at head dim d: V10_MAX_REGISTERS up to
     V10_CAP_MAX_HEAD_DIM, else None (ptxas's choice). A packed batch's build is not held:
-    it takes about 200 registers unheld, as forward v7's packed build does, and held to
-    128 it spills 260-330 bytes (lab/runs/2026-12-05/packed_half_registers.txt)."""
+    unheld it takes 128 at d = 64 with no spill, and held to 128 ptxas spills 24 bytes
+    without a causal mask (lab/runs/2026-12-06/packed_rows_registers.txt)."""
     return V10_MAX_REGISTERS if d <= V10_CAP_MAX_HEAD_DIM and not packed else None
 
 
