@@ -679,8 +679,7 @@ def test_cuda_graph_capture_is_refused_with_a_clear_error(monkeypatch, no_launch
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype, causal", [(torch.float16, True), (torch.bfloat16, False)])
 def test_flash_attn_func_reads_16_bit_cuda_tensors_in_place(monkeypatch, dtype, causal):
     """Plain float16 and bfloat16 flash_attn_func on CUDA tensors reads them in place
     (torch.py's _FlashLayout: numbaflash.attention, the copies' path, is never called),
