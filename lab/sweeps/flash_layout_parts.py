@@ -4,7 +4,7 @@ scripts/torch_gpu.py --parts layout times it, so the host's time before the laun
 counts), calls queued back to back (the host's time hidden behind the previous kernel:
 about the kernel's time), and the host's time per call.
 
-    python3 lab/sweeps/flash_layout_parts.py [--causal]
+    python3 lab/sweeps/flash_layout_parts.py [--causal] [--hold-packed]
 
 flash_attn_func reads its (batch, seqlen, heads, d) tensors in place (forward v10's
 packed build); attention gets (batch, heads, seqlen, d) tensors (v10's plain build).
@@ -66,7 +66,14 @@ def host_us(fn, calls=200):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--hold-packed", action="store_true",
+                    help="hold v10's packed build to the plain build's register cap")
     args = ap.parse_args()
+    if args.hold_packed:
+        from numbaflash.kernels import forward
+        v10 = forward.module("v10")
+        plain_cap = v10.v10_max_registers
+        v10.v10_max_registers = lambda d, packed=False: plain_cap(d)
     B, S, H, d = 2, 4096, 16, 64
     q, k, v = (torch.randn(B, S, H, d, device=DEV, dtype=torch.float16) for _ in range(3))
     qh, kh, vh = (x.transpose(1, 2).contiguous() for x in (q, k, v))
@@ -82,6 +89,11 @@ def main():
     for name, f, p in rows:
         print(f"{name:7s} flash_attn_func {f:.4f}  attention {p:.4f}  ratio {f / p:.3f}")
     print(f"host us per call (GPU busy): flash_attn_func {hf:.1f}  attention {hp:.1f}")
+    from numbaflash import launcher
+    for key, direct in launcher._DIRECT.items():
+        c = direct.compiled
+        print(f"{direct.kernel.py_func.__name__} grid {key[2]}: {c.regs_per_thread} registers, "
+              f"{c.local_mem_per_thread} bytes local a thread")
 
 
 if __name__ == "__main__":
