@@ -79,6 +79,7 @@ from . import decode_direct
 from . import varlen as api_varlen
 from .dropout import check_dropout_p, seed_words
 from .kernels import forward as forward_kernels
+from .kernels.plan import needs_variants
 from .validate import check_attention_inputs
 
 __all__ = ["attention", "scaled_dot_product_attention", "flash_attn_func",
@@ -273,13 +274,19 @@ class _FastForward:
         self.k_words = _words_around_pointer(self.k3, item)
         self.l_words = _words_around_pointer(self.l2, np.dtype(p.acc_dtype).itemsize)
         self.dropout = p.variant.dropout
-        # the arguments after the five arrays, as launch_forward passes them
+        # the arguments after the five arrays, as launch_forward passes them: a kernel
+        # built without variants (forward v10's plain build) takes scale and offset only
         acc = np.dtype(p.acc_dtype)
-        rest = (acc.type(p.softmax_scale), np.int64(p.causal_offset),
-                *launcher.variant_arguments(p, None, None, None, seqs))
+        rest = (acc.type(p.softmax_scale), np.int64(p.causal_offset))
+        self.variant_arguments = len(direct.makers) > 7
+        if self.variant_arguments:
+            rest += launcher.variant_arguments(p, None, None, None, seqs)
         words = []
         for make, a in zip(direct.makers[5:], rest):
             words.append(tuple(make(a)))
+        if not self.variant_arguments:
+            self.before_seed, self.after_seed = sum(words, ()), ()
+            return
         # (scale, offset, window_lo, Hq, group, softcap, slopes, attn_mask, tiles) | seed
         # words | (keep_threshold, keep_scale, seqs): launcher.variant_arguments' order
         assert len(words) == 14, "launcher.variant_arguments changed: update the splice"
@@ -295,8 +302,10 @@ class _FastForward:
         if self.dropout:
             lo, hi = seed_words(seed)           # ValueError for a bad seed, before anything
             seed_part = (ctypes.c_uint32(lo), ctypes.c_uint32(hi))
-        else:
+        elif self.variant_arguments:
             seed_part = _NO_SEED
+        else:
+            seed_part = ()
         stream = _torch_stream(q.device)
         out = torch.empty(self.out_shape, dtype=q.dtype, device=q.device)
         lse = torch.empty(self.lse_shape, dtype=self.lse_dtype, device=q.device)
@@ -358,8 +367,10 @@ def _remember(key, q, k, v, options):
     p, plan = api._forward_problem_and_plan(_array(q), _array(k), _array(v), o["causal"],
                                             o["scale"], variants, o["version"], o["tiles"])
     module = forward_kernels.module(plan.version)
-    if p.BH == 0 or p.Sq == 0 or p.Sk == 0 or not module.VARIANTS or p.variant.tile_table:
+    if p.BH == 0 or p.Sq == 0 or p.Sk == 0 or p.variant.tile_table:
         return
+    if not module.VARIANTS and needs_variants(p) is not None:
+        return              # (a plan never gives a variant to such a kernel)
     if dtypes.widens(p, module):        # bfloat16 through float32 copies: the whole path
         return
     nbytes = plan.shared_bytes if plan.dynamic_shared else 0

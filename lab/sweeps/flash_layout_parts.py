@@ -4,7 +4,10 @@ scripts/torch_gpu.py --parts layout times it, so the host's time before the laun
 counts), calls queued back to back (the host's time hidden behind the previous kernel:
 about the kernel's time), and the host's time per call.
 
-    python3 lab/sweeps/flash_layout_parts.py [--causal] [--hold-packed]
+    python3 lab/sweeps/flash_layout_parts.py [--causal]
+
+(Its --hold-packed, at 741eb06, held the packed build to the plain build's register cap
+before the launch contract did.)
 
 flash_attn_func reads its (batch, seqlen, heads, d) tensors in place (forward v10's
 packed build); attention gets (batch, heads, seqlen, d) tensors (v10's plain build).
@@ -66,14 +69,7 @@ def host_us(fn, calls=200):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--causal", action="store_true")
-    ap.add_argument("--hold-packed", action="store_true",
-                    help="hold v10's packed build to the plain build's register cap")
     args = ap.parse_args()
-    if args.hold_packed:
-        from numbaflash.kernels import forward
-        v10 = forward.module("v10")
-        plain_cap = v10.v10_max_registers
-        v10.v10_max_registers = lambda d, packed=False: plain_cap(d)
     B, S, H, d = 2, 4096, 16, 64
     q, k, v = (torch.randn(B, S, H, d, device=DEV, dtype=torch.float16) for _ in range(3))
     qh, kh, vh = (x.transpose(1, 2).contiguous() for x in (q, k, v))

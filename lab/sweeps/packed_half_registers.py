@@ -72,7 +72,7 @@ def forward_v10(d, causal, half, packed):
     name = f"forward_v10 {half} d={d} {'causal' if causal else 'full'} ({Br}, {Bc})"
     # The launch contract's cap (v10_max_registers), and for a packed build also the
     # plain build's cap, which the contract does not give it
-    caps = [v10.v10_max_registers(d, packed)]
+    caps = [None if packed else v10.v10_max_registers(d)]   # the contract of its day
     if packed and v10.v10_max_registers(d):
         caps.append(v10.v10_max_registers(d))
     for cap in caps:

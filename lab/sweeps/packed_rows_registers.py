@@ -39,9 +39,7 @@ def forward_v10(d, causal, half, packed):
     k = v10.make_forward_v10(Br, Bc, d, causal, v10.v7_chunk(d, Bc), half, varlen=packed)
     ptx, _ = cuda.compile_ptx(k.py_func, sig, cc=(9, 0))
     name = f"forward_v10 {half} d={d} {'causal' if causal else 'full'} ({Br}, {Bc})"
-    caps = [v10.v10_max_registers(d, packed)]
-    if v10.v10_max_registers(d) not in caps:
-        caps.append(v10.v10_max_registers(d))
+    caps = [None] + ([v10.v10_max_registers(d)] if v10.v10_max_registers(d) else [])
     for cap in caps:
         yield name + (f", held to {cap}" if cap else ", unheld"), link(ptx, cap)
 

@@ -525,17 +525,20 @@ def plan(p, where, tiles, reason):
                 variant_description(p), dynamic_shared=True)
 
 
-def v10_max_registers(d, packed=False):
-    """ptxas's register limit for forward v10 at head dim d: V10_MAX_REGISTERS up to
-    V10_CAP_MAX_HEAD_DIM, else None (ptxas's choice). A packed batch's build is not held:
-    unheld it takes 128 at d = 64 with no spill, and held to 128 ptxas spills 24 bytes
-    without a causal mask (lab/runs/2026-12-06/packed_rows_registers.txt)."""
-    return V10_MAX_REGISTERS if d <= V10_CAP_MAX_HEAD_DIM and not packed else None
+def v10_max_registers(d):
+    """ptxas's register limit for forward v10 at head dim d, packed or not:
+    V10_MAX_REGISTERS up to V10_CAP_MAX_HEAD_DIM, else None (ptxas's choice). The packed
+    build unheld took 128 registers with CUDA 13.5's ptxas
+    (lab/runs/2026-12-06/packed_rows_registers.txt) but 129 with the H100's toolchain,
+    one block an SM, and ran at 1.41x the plain build's time at (2, 4096, 16, 64) in
+    float16; held to 128 (24 bytes of spill) at 1.025x
+    (lab/runs/2026-12-06/129_flash_layout_parts*.txt)."""
+    return V10_MAX_REGISTERS if d <= V10_CAP_MAX_HEAD_DIM else None
 
 
 def kernel(plan, p):
     """The compiled kernel of ``plan`` (cached per compile-time parameters)."""
     return make_forward_v10(plan.Br, plan.Bc, p.d, p.upper, v7_chunk(p.d, plan.Bc),
                             half=p.dtype.name,
-                            max_registers=v10_max_registers(p.d, p.variant.varlen),
+                            max_registers=v10_max_registers(p.d),
                             varlen=p.variant.varlen)
