@@ -532,7 +532,7 @@ def v10_max_registers(d):
     (lab/runs/2026-12-06/packed_rows_registers.txt) but 129 with the H100's toolchain,
     one block an SM, and ran at 1.41x the plain build's time at (2, 4096, 16, 64) in
     float16; held to 128 (24 bytes of spill) at 1.025x
-    (lab/runs/2026-12-06/129_flash_layout_parts*.txt)."""
+    (lab/runs/2026-12-06/132_flash_layout_parts*.txt)."""
     return V10_MAX_REGISTERS if d <= V10_CAP_MAX_HEAD_DIM else None
 
 
