@@ -282,6 +282,14 @@ print(source[start:])
 print(inspect.getsource(sequences._rows))
 
 # %% [markdown]
+# A view is the clear way to say "this sequence's rows", and every rung reads packed
+# batches that way, but one: forward v10, the GPU's float16 and bfloat16 default, which
+# is fast enough for the view's cost to show. It takes the packed arrays as they are,
+# (total, heads, d), and adds the sequence's first row to each row index
+# (`sequences.make_packed_rows`); its grid is (tiles, heads, batch), so a block reads its
+# head and its sequence from its indices instead of dividing bh. The
+# `kernels/sequences.py` docstring says what each step cost in registers.
+#
 # The same steps in NumPy, for the five sequences of sections 1 and 2 (self-attention,
 # 2 heads) with the simulator's tile for this head dim. Each block either finds rows of
 # its sequence to compute or returns at once:
