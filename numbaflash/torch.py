@@ -784,8 +784,8 @@ class _FlashLayout:
     def __init__(self, q, k, v, variants):
         check_attention_inputs(*(x.transpose(1, 2) for x in (q, k, v)), **variants)
         B, Sq, Sk = q.shape[0], q.shape[1], k.shape[1]
-        self.cu_q = torch.arange(0, (B + 1) * Sq, Sq, dtype=torch.int32)[:B + 1]
-        self.cu_k = torch.arange(0, (B + 1) * Sk, Sk, dtype=torch.int32)[:B + 1]
+        self.cu_q = torch.arange(B + 1, dtype=torch.int32) * Sq      # 0, Sq, 2 Sq, ...
+        self.cu_k = torch.arange(B + 1, dtype=torch.int32) * Sk
         self.options = dict(max_seqlen_q=Sq, max_seqlen_k=Sk, causal=variants["causal"],
                             scale=variants["scale"], window_size=variants["window_size"],
                             softcap=variants["softcap"])

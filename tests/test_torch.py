@@ -678,6 +678,20 @@ def test_cuda_graph_capture_is_refused_with_a_clear_error(monkeypatch, no_launch
     nft._refuse_capture(torch.device("cpu"))
 
 
+def test_flash_layout_cu_seqlens_of_empty_sequences():
+    """flash_attn_func's packed view of (batch, seqlen, heads, d) tensors: cu_seqlens 0, S,
+    2 S, ..., with S = 0 too (no query rows, or no keys); CPU tensors take the copies."""
+    options = dict(causal=False, scale=None, window_size=None, softcap=None,
+                   alibi_slopes=None)
+    q = torch.zeros(2, 0, 4, 8, dtype=torch.float16)
+    k = v = torch.zeros(2, 3, 4, 8, dtype=torch.float16)
+    layout = nft._FlashLayout(q, k, v, options)
+    assert layout.cu_q.tolist() == [0, 0, 0] and layout.cu_k.tolist() == [0, 3, 6]
+    assert layout.cu_q.dtype == torch.int32 and not layout.in_place
+    layout = nft._FlashLayout(k, q, q, options)
+    assert layout.cu_q.tolist() == [0, 3, 6] and layout.cu_k.tolist() == [0, 0, 0]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype, causal", [(torch.float16, True), (torch.bfloat16, False)])
 def test_flash_attn_func_reads_16_bit_cuda_tensors_in_place(monkeypatch, dtype, causal):

@@ -126,7 +126,8 @@ def make_forward_v10(Br, Bc, d, causal, chunk, half="float16", max_registers=Non
     Sk and columns past d are written as 0 (a stale NaN there would reach O through the
     0 it is multiplied by).
 
-    Launch: grid (ceil(Sq / Br), BH), block (2 * Br,): Br / 16 warps of 16 query rows, and
+    Launch: grid (ceil(Sq / Br), BH) (a packed batch: (ceil(longest Sq / Br), Hq, B)),
+    block (2 * Br,): Br / 16 warps of 16 query rows, and
     ``v10_shared_layout(Bc, d).END * 2`` bytes of dynamic shared memory. Arguments: Q, K, V,
     O, L, softmax_scale, causal_offset (kernels/forward/__init__.py). ``varlen``: a packed
     batch (module docstring): Q, O (total_q, Hq, d), K, V (total_k, Hq, d) C-contiguous,
