@@ -264,8 +264,9 @@ class _FastForward:
             self.q3, self.k3, self.l2 = (p.BH, p.Sq, p.d), (p.BHkv, p.Sk, p.d), (p.BH, p.Sq)
         else:
             # a packed batch read as it is (flash_attn_func in place): the arrays'
-            # (total, heads, d) shapes, out in flash-attn's (batch, seqlen, heads, d)
-            total_q, total_k, seqs, self.out_shape = packed
+            # (total, heads, d) shapes
+            total_q, total_k, seqs = packed
+            self.out_shape = (total_q, p.Hq, p.d)
             self.lse_shape = self.l2 = (p.Hq, total_q)
             self.q3, self.k3 = (total_q, p.Hq, p.d), (total_k, p.Hq // p.group, p.d)
         # each array's words around its pointer (_tensor_words), the same on every call
@@ -837,11 +838,12 @@ def _flash_in_place(q, k, v, layout):
     if fast is not None:            # a repeated call: the tensors' pointers are all it needs
         got = fast(q, k, v, None)
         if got is not None:
-            return got[0]                                   # made (batch, Sq, heads, d)
+            return got[0].view(q.shape[0], q.shape[1], q.shape[2], v.shape[3])
     packed = [x.view(x.shape[0] * x.shape[1], x.shape[2], x.shape[3]) for x in (q, k, v)]
     options = dict(layout.options, dropout_p=0.0, dropout_seed=None)
-    if grad:
-        out, _ = _VarlenAttention.apply(*packed, layout.cu_q, layout.cu_k, None, options)
+    if grad:        # (a repeated forward launches directly inside the autograd node too)
+        out, _ = _VarlenAttention.apply(*packed, layout.cu_q, layout.cu_k, None, options,
+                                        layout.fast_key)
     else:
         out, _ = _varlen_forward(*packed, layout.cu_q, layout.cu_k, None, options,
                                  layout.fast_key)
@@ -930,13 +932,16 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
 class _VarlenAttention(torch.autograd.Function):
     """out = attention_varlen(q, k, v, ...); forward and backward by numbaflash's kernels.
 
-    ``forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, options)`` takes
-    C-contiguous packed q, k, v and returns (out, lse), lse not differentiable; ``options``
-    are the keyword arguments attention_varlen and its backward share."""
+    ``forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, options, fast_key)``
+    takes C-contiguous packed q, k, v and returns (out, lse), lse not differentiable;
+    ``options`` are the keyword arguments attention_varlen and its backward share;
+    ``fast_key`` as _varlen_forward's (flash_attn_func in place; None otherwise)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, options):
-        out, lse = _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, options)
+    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, options,
+                fast_key=None):
+        out, lse = _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, options,
+                                   fast_key)
         ctx.mark_non_differentiable(lse)
         ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
         ctx.options = options
@@ -951,7 +956,7 @@ class _VarlenAttention(torch.autograd.Function):
                 _array(lse), _array(cu_q), _array(cu_k), alibi_slopes=_array(alibi_slopes),
                 **ctx.options)
         return (_tensor(dq, q.device), _tensor(dk, q.device), _tensor(dv, q.device),
-                None, None, None, None)
+                None, None, None, None, None)
 
 
 def _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, options,
@@ -992,12 +997,10 @@ def _remember_packed(key, q, k, v, cu_seqlens_q, cu_seqlens_k, options):
     if direct is None or direct.makers is None or q.device.index not in direct.functions:
         return
     device_seqs = api_varlen.device_seqs(seqs, None)    # equal lengths: the call's own
-    B = seqs.shape[1] - 1
-    out_shape = (B, q.shape[0] // B, p.Hq, p.d)
     if len(_FAST) >= _FAST_MAX:
         _FAST.clear()
     _FAST[key] = _FastForward(p, plan, direct, q.device.index,
-                              packed=(q.shape[0], k.shape[0], device_seqs, out_shape))
+                              packed=(q.shape[0], k.shape[0], device_seqs))
 
 
 @torch.compiler.disable
