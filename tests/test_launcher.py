@@ -20,6 +20,7 @@ from numba import cuda
 import numbaflash
 from numbaflash import arrays, launcher, policy
 from numbaflash.kernels import forward
+from numbaflash.validate import check_attention_inputs
 from strategies import make_case, on_gpu
 from tolerance import to_host
 
@@ -35,6 +36,22 @@ def test_the_simulator_never_launches_directly(monkeypatch):
         numbaflash.attention(cuda.to_device(case.q), cuda.to_device(case.k),
                              cuda.to_device(case.v))
     assert launcher._DIRECT == {}
+
+
+def test_types_keys_say_when_the_dtype_gives_every_argument_type():
+    """A types key (launch: equal keys, equal argument types) for plain arrays, and for a
+    packed batch whose kernel reads the packed arrays as they are (C-contiguous, its own
+    key); None where the types depend on the caller's arrays (slopes, masks) or on a
+    packed batch's strided views."""
+    q = np.zeros((1, 2, 3, 8), np.float16)
+    p = check_attention_inputs(q, q, q)
+    seqs, slopes = object(), object()
+    plain = launcher._types_key(p, None, None, None)
+    rows = launcher._types_key(p, None, None, seqs, rows=True)
+    assert plain == (p.dtype, p.acc_dtype) and rows == plain + ("packed rows",)
+    assert launcher._types_key(p, None, None, seqs) is None
+    assert launcher._types_key(p, slopes, None, seqs, rows=True) is None
+    assert launcher._types_key(p, slopes, None, None) is None
 
 
 def _value(word):
