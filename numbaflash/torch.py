@@ -790,7 +790,7 @@ class _FlashLayout:
         self.options = dict(max_seqlen_q=Sq, max_seqlen_k=Sk, causal=variants["causal"],
                             scale=variants["scale"], window_size=variants["window_size"],
                             softcap=variants["softcap"])
-        self.in_place = False
+        self.in_place = self.in_place_grad = False
         if q.is_cuda and B > 0 and all(x.is_contiguous() for x in (q, k, v)):
             packed = [_array(x.view(x.shape[0] * x.shape[1], x.shape[2], x.shape[3]))
                       for x in (q, k, v)]
@@ -799,6 +799,9 @@ class _FlashLayout:
             plan = api.plan_forward(p)
             self.in_place = getattr(forward_kernels.module(plan.version), "PACKED_ROWS",
                                     False)
+            # With gradients, the packed backward too: its kernels read (heads, total,
+            # d) views (lab/sweeps/flash_layout_ways.py times both ways)
+            self.in_place_grad = self.in_place and q.dtype != torch.float32
         self.fast_key = None
 
 
@@ -831,9 +834,9 @@ def _flash_layout(q, k, v, alibi_slopes, dropout_p, variants):
     return found if found.in_place else None
 
 
-def _flash_in_place(q, k, v, layout):
-    """flash_attn_func read in place (``_FlashLayout``): out (batch, Sq, heads, d)."""
-    grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+def _flash_in_place(q, k, v, layout, grad):
+    """flash_attn_func read in place (``_FlashLayout``): out (batch, Sq, heads, d);
+    ``grad``: through the autograd node."""
     fast = None if grad else _FAST.get(layout.fast_key)
     if fast is not None:            # a repeated call: the tensors' pointers are all it needs
         got = fast(q, k, v, None)
@@ -916,8 +919,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     if not compiling:
         layout = _flash_layout(q, k, v, alibi_slopes, dropout_p, variants)
         _refuse_capture(q.device)
-        if layout is not None:      # validated when its kind was first seen
-            return _flash_in_place(q, k, v, layout)
+        grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+        if layout is not None and (layout.in_place_grad or not grad):
+            return _flash_in_place(q, k, v, layout, grad)   # validated when first seen
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))        # (batch, heads, seqlen, d) views
     if not compiling:
         # Validate before anything is copied or launched (under torch.compile the custom

@@ -142,24 +142,31 @@ def wall_ms(fn, calls):
     return statistics.median(times)
 
 
+def raw_launch(q, k, v, **options):
+    """The raw launch of the kernel numbaflash.torch.attention(q, k, v, **options) runs
+    (no autograd): on preallocated tensors, with the parameter words built once (what any
+    caller pays at least); a function of no arguments."""
+    nft._FAST.clear()
+    with torch.no_grad():
+        nft.attention(q, k, v, **options)
+    (fast,) = nft._FAST.values()
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[:-1], device=q.device)
+    words = (*nft._tensor_words(q, fast.q3), *nft._tensor_words(k, fast.k3),
+             *nft._tensor_words(v, fast.k3), *nft._tensor_words(out, fast.q3),
+             *nft._tensor_words(lse, fast.l2), *fast.before_seed, *nft._NO_SEED,
+             *fast.after_seed)
+    stream = nft._torch_stream(q.device)
+    return lambda: fast.direct.launch_words(words, stream, q.device.index)
+
+
 def overhead(calls):
     q, k, v = (torch.randn(1, 1, 128, 64, device=DEV) for _ in range(3))
     api = wall_ms(lambda: numbaflash.attention(q, k, v), calls)
     with torch.no_grad():
         layer = wall_ms(lambda: nft.attention(q, k, v), calls)
         sdpa = wall_ms(lambda: F.scaled_dot_product_attention(q, k, v), calls)
-        # the raw launch: the kernel the layer runs, launched on preallocated tensors with
-        # the parameter words built once (what any caller pays at least)
-        nft._FAST.clear()
-        nft.attention(q, k, v)
-        (fast,) = nft._FAST.values()
-        out, lse = torch.empty_like(q), torch.empty(1, 1, 128, device=DEV)
-        words = (*nft._tensor_words(q, fast.q3), *nft._tensor_words(k, fast.k3),
-                 *nft._tensor_words(v, fast.k3), *nft._tensor_words(out, fast.q3),
-                 *nft._tensor_words(lse, fast.l2), *fast.before_seed, *nft._NO_SEED,
-                 *fast.after_seed)
-        stream = nft._torch_stream(q.device)
-        raw = wall_ms(lambda: fast.direct.launch_words(words, stream, q.device.index), calls)
+        raw = wall_ms(raw_launch(q, k, v), calls)
     graded = [x.clone().requires_grad_() for x in (q, k, v)]
     layer_grad = wall_ms(lambda: nft.attention(*graded), calls)
     return [("overhead (1,1,128,64): raw kernel launch, ms", f"{raw:.4f}"),

@@ -468,16 +468,28 @@ def test_packed_only_forward_bitwise_equals_attention(version, dtype, d, causal)
                              to_host(want_lse))
 
 
-@pytest.mark.parametrize("version", FORWARD_PACKED_ONLY)
-def test_packed_only_forward_nonfinite_inputs_bitwise_equal_attention(version):
+# Forward versions that read a packed batch as it is (their module's PACKED_ROWS), each
+# with a dtype it takes
+FORWARD_PACKED_ROWS = tuple((v, "float32" if v in ("v8", "v9") else "float16")
+                            for v in fwd.VERSIONS
+                            if getattr(fwd.module(v), "PACKED_ROWS", False))
+
+
+def test_packed_rows_versions():
+    assert [v for v, _ in FORWARD_PACKED_ROWS] == ["v8", "v9", "v10"]
+
+
+@pytest.mark.parametrize("version,dtype", FORWARD_PACKED_ROWS)
+def test_packed_rows_forward_nonfinite_inputs_bitwise_equal_attention(version, dtype):
     """A NaN in one sequence's q and an inf in another's k and v take the forward's rare
-    fix-up paths, which read the packed arrays through views cut to the sequence: each
-    sequence is still attention() of its own rows, bit for bit."""
-    case = fixed_case("float16", "plain", Hkv=4)
+    fix-up paths, which read the packed arrays at the sequence's first row plus the row
+    (kernels/sequences.py, packed rows): each sequence is still attention() of its own
+    rows, bit for bit."""
+    case = fixed_case(dtype, "plain", Hkv=4)
     case.q[case.cu_q[2] + 3, 1, 2] = np.nan
     case.k[case.cu_k[0] + 5, 2, 0] = np.inf
     case.v[case.cu_k[0] + 7, 3, 4] = -np.inf
-    tiles = None if GPU else (16, 32)
+    tiles = None if GPU else (16, 32) if version == "v10" else forward_tiles(version)
     out, lse = forward(case, version=version, tiles=tiles)
     for b in range(case.B):
         q, k, v, _ = case.sequence(b)
@@ -920,7 +932,8 @@ def test_empty_without_a_launch(name, dtype, device, no_launch):
 
 def test_explain_varlen_plan(no_launch):
     """The plan of the padded grid: (ceil(max_q / Br), B * Hq), the variant named, for the
-    default version here, a forced version and tiles, a larger max_seqlen_q and a GPU."""
+    default version here, a forced version and tiles, a larger max_seqlen_q; on a GPU
+    (ceil(max_q / Br), Hq, B)."""
     case = fixed_case("float32", "variants")
     args = (case.q, case.k, case.v, case.cu_q, case.cu_k)
     B, Hq, max_q = case.B, case.Hq, max(case.lens_q)
@@ -937,8 +950,11 @@ def test_explain_varlen_plan(no_launch):
     # past the packed rows' total, the grid is the total's (no sequence is longer)
     plan = numbaflash.explain_varlen(*args, version="v2", tiles=(8, 8), max_seqlen_q=2**40)
     assert plan.grid == (math.ceil(sum(case.lens_q) / 8), B * Hq)
+    # the GPU's default here, forward v8, reads the packed rows as they are, on a
+    # (tiles, heads, batch) grid (kernels/sequences.py)
     plan = numbaflash.explain_varlen(*args, backend="gpu")
-    assert plan.backend == "gpu" and plan.grid == (math.ceil(max_q / plan.Br), B * Hq)
+    assert plan.backend == "gpu" and plan.version == "v8", str(plan)
+    assert plan.grid == (math.ceil(max_q / plan.Br), Hq, B)
     assert "packed sequences (varlen)" in str(plan)
 
 

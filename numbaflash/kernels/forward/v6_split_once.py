@@ -303,7 +303,8 @@ def check_v6_tiles(tiles, d, version="v6", shared_bytes=v6_shared_bytes):
                             f". (version='v5' takes other tiles)")
 
 
-def plan_warps(p, where, tiles, reason, version, why_not, shared_bytes, chunk=None):
+def plan_warps(p, where, tiles, reason, version, why_not, shared_bytes, chunk=None,
+               packed_rows=False):
     """The Plan of forward v6, v8 or v9 (``version``; ``why_not``: its refusal, or None;
     ``shared_bytes``: its shared memory; ``chunk(d, Bc)``: its keys per softmax step, for
     v8 and v9): grid (Tr, B * Hq), 2 Br threads (Br / 16 warps) a block. All three take
@@ -320,8 +321,10 @@ def plan_warps(p, where, tiles, reason, version, why_not, shared_bytes, chunk=No
         reason += f"; {chunk(p.d, Bc)}-key softmax steps (v8_chunk)"
     if p.variant.tile_table:
         reason += TILE_TABLE_REASON
+    grid = ((math.ceil(p.Sq / Br), p.Hq, p.B) if packed_rows and p.variant.varlen
+            else (math.ceil(p.Sq / Br), p.BH))
     return Plan("forward", version, f"forward_{version}", where, Br, Bc,
-                (math.ceil(p.Sq / Br), p.BH), (2 * Br,), shared_bytes(Br, Bc, p.d),
+                grid, (2 * Br,), shared_bytes(Br, Bc, p.d),
                 p.acc_dtype, p.causal, reason, variant_description(p), dynamic_shared=True)
 
 

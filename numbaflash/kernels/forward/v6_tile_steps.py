@@ -12,7 +12,7 @@ from collections import namedtuple
 from numba import cuda, int32
 
 from .. import acc_type
-from ..sequences import make_sequences
+from ..sequences import make_packed_rows, make_sequences
 from ..smem import U
 from .mma_rows import make_mma_row_steps
 
@@ -62,7 +62,7 @@ V6TileSteps = namedtuple("V6TileSteps", "load_q stage_kv scores scores_q_once va
 
 
 @functools.lru_cache(maxsize=None)
-def make_v6_tile_steps(Br, Bc, d, chunk, varlen=False):
+def make_v6_tile_steps(Br, Bc, d, chunk, varlen=False, rows=False):
     """The steps of forward v6 that v8 and v9 reuse, as inlined device functions: Qi into
     registers (or QP), a K/V tile staged as split pairs, and the two products of one
     chunk. Float32 accumulation; the arguments are make_forward_v6's.
@@ -94,6 +94,10 @@ def make_v6_tile_steps(Br, Bc, d, chunk, varlen=False):
     finite = make_mma_row_steps(d, False, CHUNK, KS).finite
     sequences = make_sequences(varlen)
     position, row_step = sequences.position, sequences.row_step
+    ROWS = rows
+    element = make_packed_rows(rows).element
+    if rows:
+        position = make_packed_rows(rows).position
 
     @cuda.jit(device=True, inline=True)
     def mma3(a0b, a1b, a2b, a3b, a0s, a1s, a2s, a3s, b0b, b1b, b0s, b1s, c, e, f):
@@ -128,11 +132,14 @@ def make_v6_tile_steps(Br, Bc, d, chunk, varlen=False):
     def load_finite(A, bh, r, k, nrows, bad, slot, mark):
         """A[bh, r, k] as float32, 0 past the rows (r >= nrows) or the head dim, through
         finite_or_zero."""
-        x = acc(A[U(bh), U(r), U(k)]) if r < nrows and k < d else ZERO
+        if ROWS:
+            x = acc(element(A, bh, r, k)) if r < nrows and k < d else ZERO
+        else:
+            x = acc(A[U(bh), U(r), U(k)]) if r < nrows and k < d else ZERO
         return finite_or_zero(x, bad, slot, mark)
 
     @cuda.jit(device=True, inline=True)
-    def load_q(Q, QP, qb, qs, bad, bh, i, row0, row1, t, tid, Sq):
+    def load_q(Q, QP, qb, qs, bad, bh, i, row0, row1, t, tid, Sq, q_first=0):
         """Alg.1 l.4: Qi, split (zero past Sq and d): this lane's A fragments in
         registers (qb, qs), or the whole tile in QP (read after the first tile's
         barriers)."""
@@ -141,20 +148,23 @@ def make_v6_tile_steps(Br, Bc, d, chunk, varlen=False):
                 for h in range(2):
                     col = ks * 8 + t + 4 * h
                     qb[ks * 4 + 2 * h], qs[ks * 4 + 2 * h] = split(
-                        load_finite(Q, bh, row0, col, Sq, bad, 0, int32(1)))
+                        load_finite(Q, bh, q_first + row0, col, q_first + Sq, bad, 0,
+                                    int32(1)))
                     qb[ks * 4 + 2 * h + 1], qs[ks * 4 + 2 * h + 1] = split(
-                        load_finite(Q, bh, row1, col, Sq, bad, 0, int32(1)))
+                        load_finite(Q, bh, q_first + row1, col, q_first + Sq, bad, 0,
+                                    int32(1)))
         else:
             idx = tid
             while idx < Br * DP:
                 r = idx // DP
                 k = idx % DP
-                big, small = split(load_finite(Q, bh, i * Br + r, k, Sq, bad, 0, int32(1)))
+                big, small = split(load_finite(Q, bh, q_first + i * Br + r, k, q_first + Sq,
+                                               bad, 0, int32(1)))
                 store_pair(QP, U(r * K_ROW + 2 * k), big, small)
                 idx += THREADS
 
     @cuda.jit(device=True, inline=True)
-    def stage_kv(K, V, KP, VP, kx, vx, bad, bh_kv, j, tid, Sk):
+    def stage_kv(K, V, KP, VP, kx, vx, bad, bh_kv, j, tid, Sk, k_first=0):
         """Alg.1 l.7: load Kj and Vj of K/V head bh_kv, split once (rows past Sk and
         columns past d: 0), into KP and VP. A non-finite element is staged as 0 and raises bad[1] (K) or
         bad[2] (V) to j + 1.
@@ -171,11 +181,11 @@ def make_v6_tile_steps(Br, Bc, d, chunk, varlen=False):
         c_own = tid // W                        # stages of each K/V tile
         k_in = k_own < d
         k_load = min(k_own, d - 1)              # a column inside the arrays
-        last_row = position(K, bh_kv, Sk - 1, Sk, d) + k_load     # a position inside K, V
-        step = row_step(K, d)
+        last_row = position(K, bh_kv, k_first + Sk - 1, Sk, d) + k_load   # inside K, V
+        step = K.shape[1] * d if ROWS else row_step(K, d)
         c = c_own
         while c < Bc:
-            at = position(K, bh_kv, j * Bc + c, Sk, d) + k_load  # row j * Bc + c, col k_load
+            at = position(K, bh_kv, k_first + j * Bc + c, Sk, d) + k_load  # row, col k_load
             for u in range(V6_LOAD_BATCH):
                 col = j * Bc + c + u * RSTEP
                 inside = k_in and c + u * RSTEP < Bc and col < Sk

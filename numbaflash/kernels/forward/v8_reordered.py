@@ -93,12 +93,12 @@ def make_forward_v8(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None, varia
     TILE_TABLE = variant.tile_table
     GQA = gqa
     kv_tile_range = make_kv_tile_range(Br, Bc, causal, variant.window)
-    rows = make_mma_row_steps(d, causal, CHUNK, KS, variant)
+    rows = make_mma_row_steps(d, causal, CHUNK, KS, variant, rows=variant.varlen)
     add_nonfinite_scores, softmax_step = rows.add_nonfinite_scores, rows.softmax_step
     add_nonfinite_values, write_rows = rows.add_nonfinite_values, rows.write_rows
     drop = rows.drop
     whole_tile_seen = rows.whole_tile
-    steps = make_v6_tile_steps(Br, Bc, d, CHUNK, variant.varlen)
+    steps = make_v6_tile_steps(Br, Bc, d, CHUNK, variant.varlen, rows=variant.varlen)
     load_q, stage_kv, scores, values = steps.load_q, steps.stage_kv, steps.scores, steps.values
     scores_q_once = steps.scores_q_once
     Q_REGS = DP <= V6_Q_REGISTERS_MAX_DP
@@ -118,26 +118,32 @@ def make_forward_v8(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None, varia
 
     VARLEN = variant.varlen
     sequences = make_sequences(VARLEN)
-    locate, cut = sequences.locate, sequences.cut
+    locate, uniform_range = sequences.locate, sequences.uniform_range
 
     @cuda.jit(**options)
     def forward_v8(Q, K, V, O, L, softmax_scale, causal_offset, window_lo, Hq, group, softcap,
                    slopes, attn_mask, tiles, seed_lo, seed_hi, keep_threshold, keep_scale, seqs):
-        bh = cuda.blockIdx.y                    # b * Hq + h: the query head
-        b = bh // Hq
-        h = bh % Hq
-        bh_kv = bh                              # the K/V head this query head reads
-        if GQA:
-            bh_kv = b * (Hq // group) + h // group
         i = cuda.blockIdx.x
-        # A packed batch: this block's sequence, as a batch of one (kernels/sequences.py)
-        q0, k0, Sq, Sk, shift = locate(seqs, b, Q.shape[1], K.shape[1])
         if VARLEN:
+            # A packed batch read as it is (kernels/sequences.py): head and sequence
+            # from the (tiles, heads, batch) grid, each row index plus the sequence's
+            # first row
+            h = cuda.blockIdx.y
+            b = cuda.blockIdx.z
+            bh, bh_kv = h, h
+            if GQA:
+                bh_kv = h // group
+            q0, k0, Sq, Sk, shift = locate(seqs, b, Q.shape[0], K.shape[0])
             if i * Br >= Sq:
                 return                  # past this sequence: the whole block, no barrier yet
-            bh, bh_kv = h, h // group
-        Q, O, L = cut(Q, q0, Sq), cut(O, q0, Sq), cut(L, q0, Sq)
-        K, V = cut(K, k0, Sk), cut(V, k0, Sk)
+        else:
+            bh = cuda.blockIdx.y                # b * Hq + h: the query head
+            b = bh // Hq
+            h = bh % Hq
+            bh_kv = bh                          # the K/V head this query head reads
+            if GQA:
+                bh_kv = b * (Hq // group) + h // group
+            q0, k0, Sq, Sk, shift = locate(seqs, b, Q.shape[1], K.shape[1])
         causal_offset += shift
         window_lo += shift
         tid = cuda.threadIdx.x
@@ -170,7 +176,7 @@ def make_forward_v8(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None, varia
             bad[1] = 0
             bad[2] = 0
         cuda.syncthreads()
-        load_q(Q, QP, qb, qs, bad, bh, i, row0, row1, t, tid, Sq)          # Alg.1 l.4
+        load_q(Q, QP, qb, qs, bad, bh, i, row0, row1, t, tid, Sq, q0)      # Alg.1 l.4
         for x in range(QO_FRAGS):
             o[x] = ZERO
         m0 = NEG_INF
@@ -179,6 +185,8 @@ def make_forward_v8(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None, varia
         l1 = ZERO
 
         j_start, j_end = kv_tile_range(i, Sk, causal_offset, window_lo)     # as v6
+        if VARLEN:
+            j_start, j_end = uniform_range(j_start, j_end)  # packed: known uniform
         for j in range(j_start, j_end):
             if TILE_TABLE and not tiles[bh, i, j]:
                 continue                # the mask leaves this tile empty (the whole block)
@@ -186,7 +194,7 @@ def make_forward_v8(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None, varia
             # The barriers, flags and masks of v6. No S of the next tile is computed
             # early: its Kj is staged only after the first barrier below.
             cuda.syncthreads()
-            stage_kv(K, V, KP, VP, kx, vx, bad, bh_kv, j, tid, Sk)           # Alg.1 l.7
+            stage_kv(K, V, KP, VP, kx, vx, bad, bh_kv, j, tid, Sk, k0)       # Alg.1 l.7
             cuda.syncthreads()
             fix_scores = bad[0] != 0 or bad[1] == mark
             fix_values = bad[2] == mark
@@ -199,7 +207,8 @@ def make_forward_v8(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None, varia
                 for x in range(S_FRAGS):
                     s[x] = sn[x]
                 if fix_scores:
-                    add_nonfinite_scores(s, Q, K, bh, bh_kv, j * Bc + key0, row0, t, Sq, Sk)
+                    add_nonfinite_scores(s, Q, K, bh, bh_kv, k0 + j * Bc + key0, q0 + row0,
+                                         t, q0 + Sq, k0 + Sk)
                 # Alg.1 l.8 for the next chunk, before this chunk's softmax (v8's change).
                 if ch + 1 < NCH:
                     next_scores(sn, se, sf, qb, qs, QP, KP, key0 + CHUNK, r0, g, t)
@@ -211,9 +220,9 @@ def make_forward_v8(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None, varia
                 values(o, s, pb, ps, VP, key0, g, t, alpha0, alpha1)         # Alg.1 l.10
                 if fix_values:
                     add_nonfinite_values(o, s, V, bh_kv, j * Bc + key0, row0, row1, g, t, b, h,
-                                         Sq, Sk, causal_offset, window_lo, attn_mask)
+                                         Sq, Sk, causal_offset, window_lo, attn_mask, k0)
 
-        write_rows(O, L, o, bh, row0, row1, t, m0, m1, l0, l1, Sq, keep_scale)
+        write_rows(O, L, o, bh, q0 + row0, q0 + row1, t, m0, m1, l0, l1, q0 + Sq, keep_scale)
 
     return forward_v8
 
@@ -222,6 +231,7 @@ def make_forward_v8(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None, varia
 
 VARIANTS = True                # as v6
 TILE_TABLE = True
+PACKED_ROWS = True             # a packed batch read as it is (kernels/sequences.py)
 
 
 def v8_chunk(d, Bc):
@@ -244,7 +254,7 @@ def refusal(p, where):
 def plan(p, where, tiles, reason):
     """The Plan of forward v8 for Problem ``p``: v6's tiles, launch and shared memory."""
     return plan_warps(p, where, tiles, reason, "v8", refusal(p, where), v6_shared_bytes,
-                      v8_chunk)
+                      v8_chunk, packed_rows=True)
 
 
 def kernel(plan, p):

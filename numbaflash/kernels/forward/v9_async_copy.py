@@ -29,7 +29,7 @@ from numba import cuda, int32
 
 from .. import acc_type, jit_options
 from ..bands import make_kv_tile_range
-from ..sequences import make_sequences
+from ..sequences import make_packed_rows, make_sequences
 from ..smem import U
 from ..variants import PLAIN
 from .mma_rows import make_mma_row_steps
@@ -128,15 +128,16 @@ def make_forward_v9(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None, varia
     TILE_TABLE = variant.tile_table
     GQA = gqa
     kv_tile_range = make_kv_tile_range(Br, Bc, causal, variant.window)
-    rows = make_mma_row_steps(d, causal, CHUNK, KS, variant)
+    VARLEN = variant.varlen
+    rows = make_mma_row_steps(d, causal, CHUNK, KS, variant, rows=VARLEN)
     add_nonfinite_scores, softmax_step = rows.add_nonfinite_scores, rows.softmax_step
     add_nonfinite_values, write_rows = rows.add_nonfinite_values, rows.write_rows
     drop = rows.drop
     whole_tile_seen = rows.whole_tile
-    VARLEN = variant.varlen
     sequences = make_sequences(VARLEN)
-    locate, cut, position = sequences.locate, sequences.cut, sequences.position
-    steps = make_v6_tile_steps(Br, Bc, d, CHUNK, VARLEN)
+    locate, uniform_range = sequences.locate, sequences.uniform_range
+    position = make_packed_rows(VARLEN).position     # packed: (total, heads, d) as it is
+    steps = make_v6_tile_steps(Br, Bc, d, CHUNK, VARLEN, rows=VARLEN)
     load_q, scores, values = steps.load_q, steps.scores, steps.values
     finite_or_zero, load_finite = steps.finite_or_zero, steps.load_finite
     scores_head_dim_outside = steps.scores_head_dim_outside
@@ -151,15 +152,15 @@ def make_forward_v9(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None, varia
         return j
 
     @cuda.jit(device=True, inline=True)
-    def copy_kv(K, V, RK, RV, bh_kv, j, tid, Sk):
+    def copy_kv(K, V, RK, RV, bh_kv, j, tid, Sk, k_first):
         """Start the copies of this thread's elements of Kj and Vj (K/V head bh_kv;
         column tid % W, rows tid // W + RSTEP n, as v6's staging) into RK and RV; none
-        past Sk or d."""
+        past Sk or d. ``k_first``: the sequence's first row in a packed K, V (else 0)."""
         k_own = tid % W
         c = tid // W
         if k_own < d:
             while c < Bc and j * Bc + c < Sk:
-                at = position(K, bh_kv, j * Bc + c, Sk, d) + k_own
+                at = position(K, bh_kv, k_first + j * Bc + c, Sk, d) + k_own
                 cp_async(RK, U(c * d + k_own), K, U(at))
                 cp_async(RV, U(c * d + k_own), V, U(at))
                 c += RSTEP
@@ -184,14 +185,16 @@ def make_forward_v9(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None, varia
                 c += RSTEP
 
     @cuda.jit(device=True, inline=True)
-    def load_q_plain(Q, QT, bad, bh, i, tid, Sq):
+    def load_q_plain(Q, QT, bad, bh, i, tid, Sq, q_first):
         """Alg.1 l.4 at d > 64: Qi into QT as float32 values (0 past Sq and d, a
-        non-finite one as 0 raising bad[0], as v6's load_q)."""
+        non-finite one as 0 raising bad[0], as v6's load_q). ``q_first``: the sequence's
+        first row in a packed Q (else 0)."""
         idx = tid
         while idx < Br * DP:
             r = idx // DP
             k = idx % DP
-            QT[U(r * Q_ROW + k)] = load_finite(Q, bh, i * Br + r, k, Sq, bad, 0, int32(1))
+            QT[U(r * Q_ROW + k)] = load_finite(Q, bh, q_first + i * Br + r, k, q_first + Sq,
+                                               bad, 0, int32(1))
             idx += THREADS
 
     @cuda.jit(device=True, inline=True)
@@ -223,21 +226,27 @@ def make_forward_v9(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None, varia
     @cuda.jit(**options)
     def forward_v9(Q, K, V, O, L, softmax_scale, causal_offset, window_lo, Hq, group, softcap,
                    slopes, attn_mask, tiles, seed_lo, seed_hi, keep_threshold, keep_scale, seqs):
-        bh = cuda.blockIdx.y                    # b * Hq + h: the query head
-        b = bh // Hq
-        h = bh % Hq
-        bh_kv = bh                              # the K/V head this query head reads
-        if GQA:
-            bh_kv = b * (Hq // group) + h // group
         i = cuda.blockIdx.x
-        # A packed batch: this block's sequence, as a batch of one (kernels/sequences.py)
-        q0, k0, Sq, Sk, shift = locate(seqs, b, Q.shape[1], K.shape[1])
         if VARLEN:
+            # A packed batch read as it is (kernels/sequences.py): head and sequence
+            # from the (tiles, heads, batch) grid, each row index plus the sequence's
+            # first row
+            h = cuda.blockIdx.y
+            b = cuda.blockIdx.z
+            bh, bh_kv = h, h
+            if GQA:
+                bh_kv = h // group
+            q0, k0, Sq, Sk, shift = locate(seqs, b, Q.shape[0], K.shape[0])
             if i * Br >= Sq:
                 return                  # past this sequence: the whole block, no barrier yet
-            bh, bh_kv = h, h // group
-        Q, O, L = cut(Q, q0, Sq), cut(O, q0, Sq), cut(L, q0, Sq)
-        K, V = cut(K, k0, Sk), cut(V, k0, Sk)
+        else:
+            bh = cuda.blockIdx.y                # b * Hq + h: the query head
+            b = bh // Hq
+            h = bh % Hq
+            bh_kv = bh                          # the K/V head this query head reads
+            if GQA:
+                bh_kv = b * (Hq // group) + h // group
+            q0, k0, Sq, Sk, shift = locate(seqs, b, Q.shape[1], K.shape[1])
         causal_offset += shift
         window_lo += shift
         tid = cuda.threadIdx.x
@@ -266,18 +275,20 @@ def make_forward_v9(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None, varia
         ps = cuda.local.array(S_FRAGS, acc)
 
         j_start, j_end = kv_tile_range(i, Sk, causal_offset, window_lo)     # as v6
+        if VARLEN:
+            j_start, j_end = uniform_range(j_start, j_end)  # packed: known uniform
         j_first = next_tile(tiles, bh, i, j_start, j_end)
         if j_first < j_end:
-            copy_kv(K, V, RK, RV, bh_kv, j_first, tid, Sk)  # the first tile's copies start
+            copy_kv(K, V, RK, RV, bh_kv, j_first, tid, Sk, k0)  # the first tile's copies start
         if tid == 0:
             bad[0] = 0
             bad[1] = 0
             bad[2] = 0
         cuda.syncthreads()
         if Q_REGS:
-            load_q(Q, QT, qb, qs, bad, bh, i, row0, row1, t, tid, Sq)      # Alg.1 l.4
+            load_q(Q, QT, qb, qs, bad, bh, i, row0, row1, t, tid, Sq, q0)  # Alg.1 l.4
         else:
-            load_q_plain(Q, QT, bad, bh, i, tid, Sq)
+            load_q_plain(Q, QT, bad, bh, i, tid, Sq, q0)
         for x in range(QO_FRAGS):
             o[x] = ZERO
         m0 = NEG_INF
@@ -295,7 +306,7 @@ def make_forward_v9(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None, varia
             split_kv(RK, RV, KP, VP, bad, j, tid, Sk)                       # Alg.1 l.7
             j_next = next_tile(tiles, bh, i, j + 1, j_end)
             if j_next < j_end:                  # v9's change: the next tile's copies start
-                copy_kv(K, V, RK, RV, bh_kv, j_next, tid, Sk)
+                copy_kv(K, V, RK, RV, bh_kv, j_next, tid, Sk, k0)
             # Wait until Kj, Vj (and, for j = 0, Qi and bad[0]) are complete.
             cuda.syncthreads()
             fix_scores = bad[0] != 0 or bad[1] == mark
@@ -310,7 +321,8 @@ def make_forward_v9(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None, varia
                 for x in range(S_FRAGS):
                     s[x] = sn[x]
                 if fix_scores:
-                    add_nonfinite_scores(s, Q, K, bh, bh_kv, j * Bc + key0, row0, t, Sq, Sk)
+                    add_nonfinite_scores(s, Q, K, bh, bh_kv, k0 + j * Bc + key0, q0 + row0,
+                                         t, q0 + Sq, k0 + Sk)
                 if ch + 1 < NCH:
                     next_scores(sn, se, sf, qb, qs, QT, KP, key0 + CHUNK, r0, g, t)
                 alpha0, alpha1, m0, m1, l0, l1 = softmax_step(              # Alg.1 l.9
@@ -321,9 +333,9 @@ def make_forward_v9(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None, varia
                 values(o, s, pb, ps, VP, key0, g, t, alpha0, alpha1)         # Alg.1 l.10
                 if fix_values:
                     add_nonfinite_values(o, s, V, bh_kv, j * Bc + key0, row0, row1, g, t, b, h,
-                                         Sq, Sk, causal_offset, window_lo, attn_mask)
+                                         Sq, Sk, causal_offset, window_lo, attn_mask, k0)
 
-        write_rows(O, L, o, bh, row0, row1, t, m0, m1, l0, l1, Sq, keep_scale)
+        write_rows(O, L, o, bh, q0 + row0, q0 + row1, t, m0, m1, l0, l1, q0 + Sq, keep_scale)
 
     return forward_v9
 
@@ -332,6 +344,7 @@ def make_forward_v9(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None, varia
 
 VARIANTS = True                # as v6
 TILE_TABLE = True
+PACKED_ROWS = True             # a packed batch read as it is (kernels/sequences.py)
 
 
 def v9_shared_bytes(Br, Bc, d):
@@ -354,7 +367,7 @@ def refusal(p, where):
 def plan(p, where, tiles, reason):
     """The Plan of forward v9 for Problem ``p``."""
     return plan_warps(p, where, tiles, reason, "v9", refusal(p, where), v9_shared_bytes,
-                      v8_chunk)
+                      v8_chunk, packed_rows=True)
 
 
 def kernel(plan, p):

@@ -1,0 +1,120 @@
+"""flash_attn_func's two ways against numbaflash.torch.attention on (b, h, s, d) tensors,
+on a GPU, at (2, 4096, 16, d): read in place (a packed batch of equal lengths, on the
+forward's packed build, and with gradients the packed backward) and through (b, h, s, d)
+copies, each forced on the call's kind whatever the default picks. One configuration a
+process; several processes may run at once: each compiles on its own and times while
+it holds a lock (``--lock``), so their timings do not overlap.
+
+    python3 lab/sweeps/flash_layout_ways.py --dtype float32 --dim 64 [--causal] [--grad]
+
+Prints, in ms, the median of 20 calls each timed alone with CUDA events (as
+scripts/torch_gpu.py --parts layout times them) and of 5 x 20 calls queued back to back
+(about the kernels' time), and each way's ratio to attention on (b, h, s, d). With
+``--grad`` a call is the forward and the backward of a sum of out * dout.
+"""
+import argparse
+import fcntl
+import statistics
+import time
+
+import torch
+
+import numbaflash.torch as nft
+
+DEV = "cuda"
+
+
+def alone(fn, repeats=20):
+    times = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def queued(fn, calls=20, repeats=5):
+    times = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        a.record()
+        for _ in range(calls):
+            fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / calls)
+    return statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
+    ap.add_argument("--dim", type=int, default=64)
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--grad", action="store_true")
+    ap.add_argument("--lock", default="/tmp/flash_layout_ways.lock")
+    args = ap.parse_args()
+    B, S, H, d, c = 2, 4096, 16, args.dim, args.causal
+    dtype = getattr(torch, args.dtype)
+    torch.manual_seed(0)
+    q, k, v, dout = (torch.randn(B, S, H, d, device=DEV, dtype=dtype) for _ in range(4))
+    qh, kh, vh = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+    douth = dout.transpose(1, 2).contiguous()
+    if args.grad:
+        for x in (q, k, v, qh, kh, vh):
+            x.requires_grad_()
+
+    def run(fn, a, b, c_, g):
+        if not args.grad:
+            with torch.no_grad():
+                return fn(a, b, c_)
+        out = fn(a, b, c_)
+        out.backward(g)
+        return out
+
+    flash = lambda: run(lambda a, b, c_: nft.flash_attn_func(a, b, c_, causal=c),   # noqa
+                        q, k, v, dout)
+    plain = lambda: run(lambda a, b, c_: nft.attention(a, b, c_, causal=c),         # noqa
+                        qh, kh, vh, douth)
+    flash()
+    (layout,) = nft._FLASH.values()         # this process's one kind of call
+    default = (layout.in_place, layout.in_place_grad)
+    results = {}
+    for way, in_place in (("in place", True), ("copies", False)):
+        layout.in_place = layout.in_place_grad = in_place
+        t0 = time.perf_counter()
+        results[way] = flash()              # compiles this way's kernels
+        print(f"# {way}: first call {time.perf_counter() - t0:.1f} s", flush=True)
+    plain()
+    torch.cuda.synchronize()
+    # the same values both ways (each way's own kernels: compared within a float32 bound)
+    diff = (results["in place"].float() - results["copies"].float()).abs().max().item()
+    with open(args.lock, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        rows = []
+        for way, in_place in (("in place", True), ("copies", False)):
+            layout.in_place = layout.in_place_grad = in_place
+            for _ in range(3):
+                flash()
+            rows.append((f"flash_attn_func {way}", alone(flash), queued(flash)))
+        for _ in range(3):
+            plain()
+        rows.append(("attention (b,h,s,d)", alone(plain), queued(plain)))
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    layout.in_place, layout.in_place_grad = default
+    what = "forward + backward" if args.grad else "forward"
+    print(f"({B}, {S}, {H}, {d}) {args.dtype} causal={c} {what}; default way: in place "
+          f"{default[1] if args.grad else default[0]}; out in place vs copies max |diff| "
+          f"{diff:.3g}")
+    base_alone, base_queued = rows[-1][1], rows[-1][2]
+    for name, a, qd in rows:
+        print(f"{name:26s} alone {a:8.3f} ms ({a / base_alone:.3f}x)   queued {qd:8.3f} ms "
+              f"({qd / base_queued:.3f}x)")
+
+
+if __name__ == "__main__":
+    main()

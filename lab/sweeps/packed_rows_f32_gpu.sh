@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Forward v8 and v9 reading packed batches as they are (kernels/sequences.py's packed rows,
+# as forward v10 does), and numbaflash.torch.flash_attn_func reading float32 tensors in
+# place through them; the small call's parts. One GPU, each call inside 600 s; records go
+# to $OUT through lab/sweeps/logged.sh (TREE names the tree).
+#
+#   bash lab/sweeps/packed_rows_f32_gpu.sh time   # the layout's ways (in parallel, each
+#                                                 # process compiling on its own and
+#                                                 # timing under a lock), then alone the
+#                                                 # small call's parts
+#   bash lab/sweeps/packed_rows_f32_gpu.sh check  # in parallel: the packed tests of v8 and
+#                                                 # v9 (bitwise against attention() per
+#                                                 # sequence, NaN and inf inputs, dropout)
+#                                                 # and memcheck on packed v8 / v9
+set -u
+cd "$(dirname "$0")/../.."
+L="bash lab/sweeps/logged.sh"
+SAN="compute-sanitizer --error-exitcode 1 --tool"
+W="python3 lab/sweeps/flash_layout_ways.py"
+case "${1:-time}" in
+time)
+    $L layout_f32_d64 300 $W --dtype float32 --dim 64 &
+    $L layout_f32_d64_causal 300 $W --dtype float32 --dim 64 --causal &
+    $L layout_f32_d128 300 $W --dtype float32 --dim 128 &
+    $L layout_f32_d64_grad 300 $W --dtype float32 --dim 64 --grad &
+    $L layout_f32_d64_causal_grad 300 $W --dtype float32 --dim 64 --causal --grad &
+    $L layout_f32_d128_grad 300 $W --dtype float32 --dim 128 --grad &
+    $L layout_f16_d64_grad 300 $W --dtype float16 --dim 64 --grad &
+    wait
+    $L small_call_parts 200 python3 lab/sweeps/small_call_parts.py --calls 1000
+    ;;
+check)
+    $L tests_varlen_packed_rows 540 python3 -m pytest -q -n 6 -p no:cacheprovider \
+        tests/test_varlen.py -k "v8 or v9 or packed_rows or explain" &
+    $L memcheck_varlen_v8_float32 400 $SAN memcheck python3 scripts/sanitize_target.py \
+        --varlen --forward v8 --dtype float32 &
+    $L memcheck_varlen_v9_float32 400 $SAN memcheck python3 scripts/sanitize_target.py \
+        --varlen --forward v9 --dtype float32 &
+    wait
+    ;;
+*)
+    echo "usage: $0 [time|check]" >&2
+    exit 2
+    ;;
+esac
