@@ -799,9 +799,10 @@ class _FlashLayout:
             plan = api.plan_forward(p)
             self.in_place = getattr(forward_kernels.module(plan.version), "PACKED_ROWS",
                                     False)
-            # With gradients, the packed backward too: its kernels read (heads, total,
-            # d) views (lab/sweeps/flash_layout_ways.py times both ways)
-            self.in_place_grad = self.in_place and q.dtype != torch.float32
+            # With gradients the copies: the packed backward's kernels read (heads,
+            # total, d) views, which cost more than the copies and the plain backward
+            # (lab/runs/2026-12-06/135_layout_*_grad.txt)
+            self.in_place_grad = False
         self.fast_key = None
 
 

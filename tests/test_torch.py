@@ -693,44 +693,53 @@ def test_flash_layout_cu_seqlens_of_empty_sequences():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("dtype, causal", [(torch.float16, True), (torch.bfloat16, False)])
-def test_flash_attn_func_reads_16_bit_cuda_tensors_in_place(monkeypatch, dtype, causal):
-    """Plain float16 and bfloat16 flash_attn_func on CUDA tensors reads them in place
-    (torch.py's _FlashLayout: numbaflash.attention, the copies' path, is never called),
-    a repeated call launches directly, and out and the gradients are the bits of
-    numbaflash.torch.attention on (batch, heads, seqlen, d) copies: the same kernels'
-    arithmetic, on a packed batch of equal lengths (Sq != Sk, rows past a tile)."""
-    B, Sq, Sk, H, d = 2, 77, 130, 4, 64
+@pytest.mark.parametrize("dtype, causal, d", [(torch.float16, True, 64),
+                                              (torch.bfloat16, False, 64),
+                                              (torch.float32, False, 64),
+                                              (torch.float32, True, 128)])
+def test_flash_attn_func_reads_cuda_tensors_in_place(monkeypatch, dtype, causal, d):
+    """Plain flash_attn_func on CUDA tensors without gradients reads them in place
+    (torch.py's _FlashLayout: numbaflash.attention, the copies' path, is never called;
+    float16 and bfloat16 on forward v10, float32 on v8 and v9), a repeated call launches
+    directly, and out is the bits of numbaflash.torch.attention on (batch, heads,
+    seqlen, d) copies: the same kernels' arithmetic, on a packed batch of equal lengths
+    (Sq != Sk, rows past a tile). With gradients it takes the copies, and gives
+    attention's gradients."""
+    B, Sq, Sk, H = 2, 77, 130, 4
     q, k, v = (randn(B, S, H, d, dtype=dtype, seed=40 + n).detach().cuda()
                for n, S in enumerate((Sq, Sk, Sk)))
     dout = randn(B, Sq, H, d, dtype=dtype, seed=43, grad=False).cuda()
     copies = [x.transpose(1, 2).contiguous() for x in (q, k, v)]
+    bits = {torch.float32: torch.int32}.get(dtype, torch.int16)
     with torch.no_grad():
         want = nft.attention(*copies, causal=causal).transpose(1, 2)
-    # a repeated call of attention's kind: its direct launch (v10's plain build)
+    # a repeated call of attention's kind: its direct launch
     want_out, want_grads = grads_of(lambda a, b, c: nft.attention(a, b, c, causal=causal),
                                     copies, dout.transpose(1, 2).contiguous())
-    assert torch.equal(want_out.transpose(1, 2).view(torch.int16),
-                       want.view(torch.int16)), "attention's direct launch"
+    assert torch.equal(want_out.transpose(1, 2).view(bits), want.view(bits)), \
+        "attention's direct launch"
 
     def refuse(*args, **kwargs):
         raise AssertionError("flash_attn_func took the copies' path")
 
-    monkeypatch.setattr(nft.api, "attention", refuse)
-    nft._FAST.clear()
-    with torch.no_grad():
-        first = nft.flash_attn_func(q, k, v, causal=causal)
-        assert any(key[0] == "flash" for key in nft._FAST), "not remembered"
-        again = nft.flash_attn_func(q, k, v, causal=causal)       # launched directly
+    with monkeypatch.context() as patch:
+        patch.setattr(nft.api, "attention", refuse)
+        nft._FAST.clear()
+        nft._FLASH.clear()
+        with torch.no_grad():
+            first = nft.flash_attn_func(q, k, v, causal=causal)
+            assert any(key[0] == "flash" for key in nft._FAST), "not remembered"
+            again = nft.flash_attn_func(q, k, v, causal=causal)       # launched directly
     out, grads = grads_of(lambda a, b, c: nft.flash_attn_func(a, b, c, causal=causal),
                           (q, k, v), dout)
     torch.cuda.synchronize()
+    (layout,) = nft._FLASH.values()
+    assert layout.in_place and not layout.in_place_grad
     assert first.shape == (B, Sq, H, d) and first.is_contiguous()
     for name, got in (("first", first), ("again", again), ("with autograd", out)):
-        assert torch.equal(got.view(torch.int16), want.contiguous().view(torch.int16)), name
+        assert torch.equal(got.view(bits), want.contiguous().view(bits)), name
     for name, got, w in zip(("dq", "dk", "dv"), grads, want_grads):
-        assert torch.equal(got.view(torch.int16),
-                           w.transpose(1, 2).contiguous().view(torch.int16)), name
+        assert torch.equal(got.view(bits), w.transpose(1, 2).contiguous().view(bits)), name
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -5,7 +5,10 @@ call (calls queued, no wait), beside the wall time of one call with a synchroniz
 it (scripts/torch_gpu.py --parts overhead). Then the same for other query tiles of the
 default forward, which the kernel's time may favour at a one-block grid.
 
-    python3 lab/sweeps/small_call_parts.py [--dtype float32] [--calls 1000]
+    python3 lab/sweeps/small_call_parts.py [--dtype float32] [--calls 1000] [--breakdown]
+
+``--breakdown`` instead times, on the host alone, each step numbaflash.torch.attention
+takes before and around the launch on a repeated call (each step in a loop of its own).
 """
 import argparse
 import os
@@ -53,14 +56,57 @@ def kernel_us(fn, calls=100):
     return total / calls, sorted(names)
 
 
+def breakdown(q, k, v, calls):
+    """The host's time of each step of a repeated numbaflash.torch.attention call."""
+    with torch.no_grad():
+        nft._FAST.clear()
+        nft.attention(q, k, v)
+        (key, fast), = nft._FAST.items()
+        options = dict(causal=False, scale=None, version=None, tiles=None, window_size=None,
+                       softcap=None, score_mod=None, score_mod_grad=None, mask_mod=None,
+                       dropout_p=0.0, dropout_seed=None)
+        raw = raw_launch(q, k, v)
+        steps = [
+            ("numbaflash.torch.attention (the whole call)", lambda: nft.attention(q, k, v)),
+            ("_FastForward call (empty x2, words, launch)", lambda: fast(q, k, v, None)),
+            ("raw launch (launch_words)", raw),
+            ("_check_tensors", lambda: nft._check_tensors(q=q, k=k, v=v, alibi_slopes=None,
+                                                          attn_mask=None)),
+            ("_compiling", nft._compiling),
+            ("_refuse_capture", lambda: nft._refuse_capture(q.device)),
+            ("grad enabled, requires_grad x3",
+             lambda: torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))),
+            ("is_contiguous x5 (all)", lambda: all(x is None or x.is_contiguous()
+                                                   for x in (q, k, v, None, None))),
+            ("contiguous x3", lambda: (q.contiguous(), k.contiguous(), v.contiguous())),
+            ("_fast_key", lambda: nft._fast_key(q, k, v, None, None, options)),
+            ("torch.empty out", lambda: torch.empty(fast.out_shape, dtype=q.dtype,
+                                                   device=q.device)),
+            ("torch.empty lse", lambda: torch.empty(fast.lse_shape, dtype=fast.lse_dtype,
+                                                   device=q.device)),
+            ("torch.cuda.current_device", torch.cuda.current_device),
+            ("_torch_stream", lambda: nft._torch_stream(q.device)),
+            ("data_ptr x5", lambda: (q.data_ptr(), k.data_ptr(), v.data_ptr(), q.data_ptr(),
+                                     q.data_ptr())),
+            ("q.device", lambda: q.device),
+        ]
+        print(f"(1, 1, 128, 64) {q.dtype}: host us per step, {calls} calls each "
+              f"(the GPU kept busy where a step launches)")
+        for name, fn in steps:
+            print(f"{name:48s} {host_us(fn, calls):8.2f}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--calls", type=int, default=1000)
+    ap.add_argument("--breakdown", action="store_true")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, 1, 128, 64, device=DEV, dtype=dtype) for _ in range(3))
+    if args.breakdown:
+        return breakdown(q, k, v, args.calls)
     with torch.no_grad():
         ways = [("SDPA", lambda: F.scaled_dot_product_attention(q, k, v)),
                 ("numbaflash.torch.attention", lambda: nft.attention(q, k, v)),

@@ -123,7 +123,6 @@ def make_forward_v8(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None, varia
     @cuda.jit(**options)
     def forward_v8(Q, K, V, O, L, softmax_scale, causal_offset, window_lo, Hq, group, softcap,
                    slopes, attn_mask, tiles, seed_lo, seed_hi, keep_threshold, keep_scale, seqs):
-        i = cuda.blockIdx.x
         if VARLEN:
             # A packed batch read as it is (kernels/sequences.py): head and sequence
             # from the (tiles, heads, batch) grid, each row index plus the sequence's
@@ -133,6 +132,7 @@ def make_forward_v8(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None, varia
             bh, bh_kv = h, h
             if GQA:
                 bh_kv = h // group
+            i = cuda.blockIdx.x
             q0, k0, Sq, Sk, shift = locate(seqs, b, Q.shape[0], K.shape[0])
             if i * Br >= Sq:
                 return                  # past this sequence: the whole block, no barrier yet
@@ -143,6 +143,7 @@ def make_forward_v8(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None, varia
             bh_kv = bh                          # the K/V head this query head reads
             if GQA:
                 bh_kv = b * (Hq // group) + h // group
+            i = cuda.blockIdx.x
             q0, k0, Sq, Sk, shift = locate(seqs, b, Q.shape[1], K.shape[1])
         causal_offset += shift
         window_lo += shift
