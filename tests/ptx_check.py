@@ -516,8 +516,8 @@ def decode_entries():
 def varlen_entries():
     """The kernels a packed batch runs by default (numbaflash/varlen.py), built with
     ``Variant(varlen=True)``: the packed arrays are (heads, total, d) strided views (layout
-    "A"), or for forward v10 (PACKED_ROWS) the (total, heads, d) arrays as they are; lse, D
-    and seqs C-contiguous. Forward v7 and v10 (float16), v8 (float32, d = 64),
+    "A"), or for forward v8, v9 and v10 (PACKED_ROWS) the (total, heads, d) arrays as they
+    are; lse, D and seqs C-contiguous. Forward v7 and v10 (float16), v8 (float32, d = 64),
     v9 (float32, d = 128), v2 (float64) and v5 (the simulator's); backward v6 (float16 and
     float32, GQA), v10 (float32, GQA), v9 (float16), v4 and v1 (float64), and the D kernel on views; causal."""
     import numpy as np
@@ -539,6 +539,9 @@ def varlen_entries():
         scale, offset = numba.from_dtype(at), numba.int64
         extra = variant_signature(at)
         fsig = (t3, t3, t3, t3, a2, scale, offset) + extra
+        # a forward that takes the packed arrays as they are (PACKED_ROWS): C-contiguous
+        c3 = array(dt, 3)
+        rows = (c3, c3, c3, c3, a2, scale, offset) + extra
         dkdv = (t3, t3, t3, t3, a2, a2, t3, t3, scale, offset) + extra
         dq = (t3, t3, t3, t3, a2, a2, t3, scale, offset) + extra
         no_f64 = dtype != "float64"
@@ -568,9 +571,6 @@ def varlen_entries():
             # attention), their GPU tiles, without GQA (neither takes it); unheld (their
             # register caps are link options)
             Br, Bc = F["v10"].tiles_within(64, DYNAMIC_SHARED_MEM_LIMIT)
-            # v10 takes the packed arrays as they are (PACKED_ROWS): C-contiguous
-            c3 = array(dt, 3)
-            rows = (c3, c3, c3, c3, a2, scale, offset) + extra
             out.append(Entry(f"forward_v10-{tag}-d64-tiles{Br}x{Bc}", "varlen",
                              lambda t=(Br, Bc): F["v10"].make_forward_v10(
                                  *t, 64, True, F["v10"].v7_chunk(64, t[1]), varlen=True),
@@ -591,7 +591,7 @@ def varlen_entries():
                 out.append(Entry(f"forward_{ver}-{tag}-d{d}-gqa-tiles{Br}x{Bc}", "varlen",
                                  lambda t=(Br, Bc), m=make, d=d: m(
                                      *t, d, True, F["v8"].v8_chunk(d, t[1]), gqa=True,
-                                     variant=variant), fsig, no_f64))
+                                     variant=variant), rows, no_f64))
             t = F["v5"].default_v5_tiles(64, acc)
             out.append(Entry(f"forward_v5-{tag}-d64-tiles{t[0]}x{t[1]}", "varlen",
                              lambda t=t, a=acc: F["v5"].make_forward_v5(*t, 64, True, a,

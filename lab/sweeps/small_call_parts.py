@@ -68,6 +68,8 @@ def breakdown(q, k, v, calls):
         raw = raw_launch(q, k, v)
         steps = [
             ("numbaflash.torch.attention (the whole call)", lambda: nft.attention(q, k, v)),
+            ("_repeated (checks, key, then the _FastForward call)",
+             lambda: nft._repeated(q, k, v, False, None, None, None, None, None)),
             ("_FastForward call (empty x2, words, launch)", lambda: fast(q, k, v, None)),
             ("raw launch (launch_words)", raw),
             ("_check_tensors", lambda: nft._check_tensors(q=q, k=k, v=v, alibi_slopes=None,
@@ -84,7 +86,9 @@ def breakdown(q, k, v, calls):
                                                    device=q.device)),
             ("torch.empty lse", lambda: torch.empty(fast.lse_shape, dtype=fast.lse_dtype,
                                                    device=q.device)),
+            ("q.new_empty out", lambda: q.new_empty(fast.out_shape)),
             ("torch.cuda.current_device", torch.cuda.current_device),
+            ("torch._C._cuda_getDevice", torch._C._cuda_getDevice),
             ("_torch_stream", lambda: nft._torch_stream(q.device)),
             ("data_ptr x5", lambda: (q.data_ptr(), k.data_ptr(), v.data_ptr(), q.data_ptr(),
                                      q.data_ptr())),
