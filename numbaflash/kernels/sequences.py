@@ -31,7 +31,8 @@ The tensor-core kernels stage tiles by flat positions (ptx.flat_load, ptx.cp_asy
 element n places after the array's first), computed as (bh * S + row) * d for a
 C-contiguous array; ``position`` and ``row_step`` compute them from the strides for a view.
 
-Packed rows (``make_packed_rows``, forward v10's packed build): no views at all. The
+Packed rows (``make_packed_rows``, the packed builds of forward v8, v9 and v10): no
+views at all. The
 kernel takes the packed arrays as they are, C-contiguous (total, heads, d), and reads
 element (head, row, k) at A[row, head, k], the row counted from the packed array's first
 (the sequence's first row added by the caller); L stays (heads, total). Every index is
@@ -42,7 +43,10 @@ divisions forward v10's packed build at d = 64 took 163 registers, without them 
 plain build's 128 (ptxas for sm_90, lab/runs/2026-12-06/packed_rows_registers*.txt).
 The likely reason: an integer division is a sequence of instructions that Hopper's
 uniform datapath does not run, so ptxas keeps its result, and every address made from
-it, in per-lane registers.
+it, in per-lane registers. Forward v8 and v9 read packed rows the same way: v8's packed
+build at d = 64 takes the plain build's 183 registers, 244 with the causal mask
+(lab/runs/2026-12-06/packed_rows_v8_registers.txt); both run one block of eight warps
+per SM either way.
 """
 
 import functools

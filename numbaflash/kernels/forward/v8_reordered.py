@@ -17,6 +17,11 @@ Inline PTX and warp shuffles on a GPU; on the simulator kernels/simulated.py's s
 (the default there stays v5). d <= 128; takes every variant, as v6 does (kernels/variants.py;
 make_forward_v6 says how): the default for plain float32 attention with d <= 64 on a GPU
 (v9 above).
+
+Packed batches: the packed arrays as they are (kernels/sequences.py's packed rows, as
+forward v10), on a (tiles, heads, batch) grid. flash-attn's (b, s, h, d) layout is such a
+batch of equal lengths (numbaflash.torch.flash_attn_func; its cost against (b, h, s, d):
+docs/pytorch.md).
 """
 
 import functools

@@ -17,7 +17,8 @@ Inline PTX, warp shuffles and cp.async on a GPU (sm_80 and later); on the simula
 kernels/simulated.py's stand-ins (the default there stays v5). Float32 inputs, d <= 128;
 takes every variant, as v6 does (kernels/variants.py; make_forward_v6 says how), the copies
 going to the next tile the block visits: the default for plain float32 attention with
-64 < d <= 128 on a GPU (numbaflash/policy.py, V9_MIN_HEAD_DIM).
+64 < d <= 128 on a GPU (numbaflash/policy.py, V9_MIN_HEAD_DIM). Packed batches as v8
+reads them (packed rows, (tiles, heads, batch) grid).
 """
 
 import functools
