@@ -8,7 +8,8 @@
 #                                                 # process compiling on its own and
 #                                                 # timing under a lock), then alone the
 #                                                 # small call's parts
-#   bash lab/sweeps/packed_rows_f32_gpu.sh check  # the small call's host steps and parts
+#   bash lab/sweeps/packed_rows_f32_gpu.sh check  # the small call's host steps and parts,
+#                                                 # the layout's ways at d = 128 causal,
 #                                                 # alone; then
 #                                                 # in parallel: the packed tests of v8 and
 #                                                 # v9 (bitwise against attention() per
@@ -35,13 +36,14 @@ time)
 check)
     $L small_call_breakdown 60 python3 lab/sweeps/small_call_parts.py --breakdown
     $L small_call_parts 100 python3 lab/sweeps/small_call_parts.py --calls 1000
-    $L tests_torch_in_place 380 python3 -m pytest -q -n 4 -p no:cacheprovider \
+    $L layout_f32_d128_causal 80 $W --dtype float32 --dim 128 --causal
+    $L tests_torch_in_place 330 python3 -m pytest -q -n 4 -p no:cacheprovider \
         tests/test_torch.py -k "in_place or repeated_cuda_calls or flash_attn" &
-    $L tests_varlen_packed_rows 380 python3 -m pytest -q -n 5 -p no:cacheprovider \
+    $L tests_varlen_packed_rows 330 python3 -m pytest -q -n 5 -p no:cacheprovider \
         tests/test_varlen.py -k "v8 or v9 or packed_rows or explain" &
-    $L memcheck_varlen_v8_float32 380 $SAN memcheck python3 scripts/sanitize_target.py \
+    $L memcheck_varlen_v8_float32 330 $SAN memcheck python3 scripts/sanitize_target.py \
         --varlen --forward v8 --dtype float32 &
-    $L memcheck_varlen_v9_float32 380 $SAN memcheck python3 scripts/sanitize_target.py \
+    $L memcheck_varlen_v9_float32 330 $SAN memcheck python3 scripts/sanitize_target.py \
         --varlen --forward v9 --dtype float32 &
     wait
     ;;
