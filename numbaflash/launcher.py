@@ -249,7 +249,8 @@ def launch_backward(plans, p, Q, K, V, O, dO, L, D, dQ, dK, dV, slopes=None, att
     kernel of its plans): dQ for float32 inputs, for float16 a float32 scratch array
     allocated here, which its last kernel rounds into dQ. ``slopes``, ``attn_mask``,
     ``stream``, ``seqs``: as for the forward (a packed batch: Q, O, dO, dQ (Hq, total_q,
-    d), K, V, dK, dV (Hkv, total_k, d), L and D (Hq, total_q)).
+    d), K, V, dK, dV (Hkv, total_k, d) views, or for a version whose module sets
+    PACKED_ROWS the packed (total, heads, d) arrays as they are; L and D (Hq, total_q)).
     """
     scale = np.dtype(p.acc_dtype).type(p.softmax_scale)   # keep the kernel's arithmetic in acc dtype
     offset = np.int64(p.causal_offset)
@@ -260,15 +261,23 @@ def launch_backward(plans, p, Q, K, V, O, dO, L, D, dQ, dK, dV, slopes=None, att
         tiles = (tile_table(p, tiled.Br, tiled.Bc, attn_mask, stream) if version.TILE_TABLE
                  else None)
         extra = variant_arguments(p, slopes, attn_mask, tiles, seqs)
-    types_key = _types_key(p, slopes, attn_mask, seqs)
+    # a packed batch: the arrays as they are for a version whose module sets PACKED_ROWS
+    # (the D kernel still reads (heads, total, d) views of them), else views
+    rows = seqs is not None and getattr(version, "PACKED_ROWS", False)
+    types_key = _types_key(p, slopes, attn_mask, seqs, rows)
     dQ_sums = dQ                # where v2's and v8's kernels add dQ up
     if any(plan.pass_name == "backward dQ narrow" for plan in plans):
         dQ_sums = arrays.device_empty(dQ.shape, np.float32, stream)   # v8, float16 inputs
     for plan in plans:
         log.info("%s", plan)
+        key = types_key
         if plan.kernel == "backward_preprocess":
             kernel = backward_kernels.module("preprocess").kernel(plan, p)
             args = (dO, O, D)
+            if rows:
+                args = (arrays.heads_first(dO), arrays.heads_first(O), D)
+            if seqs is not None:
+                key = None                  # views: typed by Numba's dispatcher
         else:
             kernel = version.kernel(plan, p)
             if plan.pass_name == "backward dQ zero":        # v8: dQ's sums start from 0
@@ -283,7 +292,7 @@ def launch_backward(plans, p, Q, K, V, O, dO, L, D, dQ, dK, dV, slopes=None, att
                 args = (Q, K, V, dO, L, D, dQ, scale, offset)
             if plan.pass_name not in ("backward dQ zero", "backward dQ narrow"):
                 args += extra                               # the kernels that take variants
-        launch(kernel, plan.grid, plan.block, args, types_key,
+        launch(kernel, plan.grid, plan.block, args, key,
                plan.shared_bytes if plan.dynamic_shared else 0, stream)
 
 

@@ -342,7 +342,10 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
     checked = finite_inputs_plans(plans, kp, version is not None, Q, K, V, O, dO, L, s)
     if checked is not plans:
         plans = _packed_plans(checked, p, total_q)
-    first = arrays.heads_first
+    # the arrays as they are for kernels that add each sequence's first row themselves
+    # (PACKED_ROWS; the launcher gives the D kernel its views), else (heads, total, d) views
+    rows = getattr(backward.module(plans[-1].version), "PACKED_ROWS", False)
+    first = _as_they_are if rows else arrays.heads_first
     launch_backward(plans, kp, first(Q), first(K), first(V), first(O), first(dO), L, D,
                     first(dQ), first(dK), first(dV), *_variant_arrays(p, s), stream=s,
                     seqs=device_seqs(seqs, s))

@@ -961,8 +961,9 @@ def test_explain_varlen_plan(no_launch):
 def test_explain_varlen_backward_plans(no_launch):
     """The backward's plans: the D kernel over every packed row of each head, then the
     dK/dV kernel on the padded grid of K/V tiles (ceil(max_k / Bc), B * Hkv) and the dQ
-    kernel on that of Q tiles (ceil(max_q / Br), B * Hq), the variant named; a forced
-    version and tiles are taken."""
+    kernel on that of Q tiles (ceil(max_q / Br), B * Hq), or for versions that read the
+    packed arrays as they are (v6, v10) (ceil(max_k / Bc), Hkv, B) and (ceil(max_q / Br),
+    Hq, B); the variant named; a forced version and tiles are taken."""
     case = fixed_case("float32", "variants")
     args = (case.q, case.k, case.v, case.cu_q, case.cu_k)
     Hkv = case.k.shape[1]
@@ -973,10 +974,19 @@ def test_explain_varlen_backward_plans(no_launch):
         d_plan, dkdv, dq = plans
         assert d_plan.kernel == "backward_preprocess"
         assert d_plan.grid == (math.ceil(total_q / d_plan.block[0]), case.Hq)
-        assert dkdv.grid == (math.ceil(max(case.lens_k) / dkdv.Bc), case.B * Hkv)
-        assert dq.grid == (math.ceil(max(case.lens_q) / dq.Br), case.B * case.Hq)
+        tiles_k = math.ceil(max(case.lens_k) / dkdv.Bc)
+        tiles_q = math.ceil(max(case.lens_q) / dq.Br)
+        if getattr(bwd.module(dq.version), "PACKED_ROWS", False):
+            # the packed arrays as they are: (tiles, heads, batch) (kernels/sequences.py)
+            assert dkdv.grid == (tiles_k, Hkv, case.B)
+            assert dq.grid == (tiles_q, case.Hq, case.B)
+        else:
+            assert dkdv.grid == (tiles_k, case.B * Hkv)
+            assert dq.grid == (tiles_q, case.B * case.Hq)
         assert all("packed sequences (varlen)" in plan.variant for plan in (dkdv, dq))
     assert plans[-1].version == "v1" and (plans[-1].Br, plans[-1].Bc) == (8, 8)
+    assert [p.version for p in numbaflash.explain_varlen_backward(
+        *args, **case.options(), backend="gpu")[1:]] == ["v6", "v6"]
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

@@ -54,7 +54,7 @@ def make_backward_dkdv_v10(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False
     """v10's dK/dV kernel: make_backward_dkdv_v6's (the same arguments, launch and register
     cap), with dVj and dKj accumulated in the mma (module docstring)."""
     work = v6.make_dkdv_v6_work(Br, Bc, d, causal, chunk, pairs, gqa, variant,
-                                accumulate=True)
+                                accumulate=True, packed_rows=variant.varlen)
 
     @cuda.jit(**jit_options(v6.dkdv_register_cap(variant, d)))
     def backward_dkdv_v10(Q, K, V, dO, L, D, dK, dV, softmax_scale, causal_offset, window_lo,
@@ -73,7 +73,8 @@ def make_backward_dq_v10(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False,
                          variant=PLAIN):
     """v10's dQ kernel: make_backward_dq_v6's (the same arguments and launch), with dQi
     accumulated in the mma (module docstring)."""
-    work = v6.make_dq_v6_work(Br, Bc, d, causal, chunk, pairs, gqa, variant, accumulate=True)
+    work = v6.make_dq_v6_work(Br, Bc, d, causal, chunk, pairs, gqa, variant, accumulate=True,
+                              packed_rows=variant.varlen)
 
     @cuda.jit(**jit_options())
     def backward_dq_v10(Q, K, V, dO, L, D, dQ, softmax_scale, causal_offset, window_lo, Hq,
@@ -90,6 +91,7 @@ def make_backward_dq_v10(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False,
 
 VARIANTS = True                # takes the variant arguments (kernels/variants.py)
 TILE_TABLE = True              # skips the tiles a mask leaves empty (variants.make_tile_table)
+PACKED_ROWS = True             # a packed batch read as it is, as v6 (kernels/sequences.py)
 
 
 def refusal(p, where):

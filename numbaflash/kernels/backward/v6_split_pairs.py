@@ -45,12 +45,12 @@ from collections import namedtuple
 from dataclasses import replace
 
 import numpy as np
-from numba import cuda
+from numba import cuda, int64
 
 from .. import LOG2E, acc_type, jit_options
 from ..bands import make_kv_tile_range, make_q_tile_range
 from ..plan import TILE_TABLE_REASON, Plans, device_dynamic_shared_limit, variant_description
-from ..sequences import make_sequences
+from ..sequences import make_packed_rows, make_sequences
 from ..smem import U
 from ..variants import PLAIN, make_dropout, make_variant_functions
 from .v5_tensor_cores import (backward_tensor_core_refusal, bwd_v5_target, bwd_v5_tiles_within,
@@ -99,11 +99,12 @@ V6Helpers = namedtuple("V6Helpers", "split_finite stage a_fragment mma3 load_spl
 StreamedTileSteps = namedtuple("StreamedTileSteps", "stage load")
 
 
-def _make_v6_helpers(d, varlen=False):
+def _make_v6_helpers(d, varlen=False, packed_rows=False):
     """Device functions shared by backward v6's two kernels: staging a tile, loading a
     split A fragment or B element, and the 3xTF32 product of split operands. ``varlen``:
     the arrays are a packed batch's views (kernels/sequences.py), whose flat positions
-    come from their strides."""
+    come from their strides; with ``packed_rows`` the packed (total, heads, d) arrays as
+    they are (kernels/sequences.py's packed rows)."""
     from ..ptx import flat_load, mma_tf32, split_tf32_finite as split_finite   # inline PTX
 
     acc = acc_type("float32")
@@ -111,13 +112,17 @@ def _make_v6_helpers(d, varlen=False):
     DP, STRIDE = v5_head_dim(d)
     sequences = make_sequences(varlen)
     position, row_step = sequences.position, sequences.row_step
+    ROWS = packed_rows
+    if packed_rows:
+        position = make_packed_rows(True).position
 
     @cuda.jit(device=True, inline=True)
-    def stage(T, A, bh, first, nrows, rows, tid, threads):
+    def stage(T, A, bh, first, nrows, rows, tid, threads, a_first=0):
         """T[r] = A[bh, first + r] as float32 rows of STRIDE, for r < rows; zeros past
-        nrows (the sequence) and past d. One flat address per element (ptx.flat_load)."""
-        base = position(A, bh, first, nrows, d)
-        step = row_step(A, d)
+        nrows (the sequence) and past d. One flat address per element (ptx.flat_load).
+        ``a_first``: the sequence's first row in a packed array read as it is (else 0)."""
+        base = position(A, bh, a_first + first, nrows, d)
+        step = A.shape[1] * d if ROWS else row_step(A, d)
         for idx in range(tid, rows * DP, threads):
             r = idx // DP
             k = idx % DP
@@ -125,11 +130,11 @@ def _make_v6_helpers(d, varlen=False):
             T[U(r * STRIDE + k)] = acc(flat_load(A, U(base + r * step + k))) if inside else ZERO
 
     @cuda.jit(device=True, inline=True)
-    def stage_pairs(T, A, bh, first, nrows, rows, tid, threads):
+    def stage_pairs(T, A, bh, first, nrows, rows, tid, threads, a_first=0):
         """As stage, but split once here: T[r] holds the big parts, T[rows + r] the small
         ones (load_pair reads them)."""
-        base = position(A, bh, first, nrows, d)
-        step = row_step(A, d)
+        base = position(A, bh, a_first + first, nrows, d)
+        step = A.shape[1] * d if ROWS else row_step(A, d)
         for idx in range(tid, rows * DP, threads):
             r = idx // DP
             k = idx % DP
@@ -167,11 +172,12 @@ def _make_v6_helpers(d, varlen=False):
     return V6Helpers(split_finite, stage, a_fragment, mma3, load_split, stage_pairs)
 
 
-def _streamed_tile_steps(d, pairs, rows, varlen=False):
+def _streamed_tile_steps(d, pairs, rows, varlen=False, packed_rows=False):
     """(stage, load) for the tiles a backward v6 kernel streams (``rows`` rows each):
     staged plain and split where read (load_split), or, with ``pairs``, split once as
-    staged (stage_pairs) and read as (big, small); ``varlen`` as _make_v6_helpers'."""
-    helpers = _make_v6_helpers(d, varlen)
+    staged (stage_pairs) and read as (big, small); ``varlen``, ``packed_rows`` as
+    _make_v6_helpers'."""
+    helpers = _make_v6_helpers(d, varlen, packed_rows)
     split_finite, stage = helpers.split_finite, helpers.stage
     load_split, stage_pairs = helpers.load_split, helpers.stage_pairs
     if not pairs:
@@ -316,7 +322,8 @@ def make_backward_dkdv_v6(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False,
     The work is ``make_dkdv_v6_work``'s (an inline device function); this kernel runs it
     without a dQ step, which backward v8 (v8_atomic_dq.py) adds.
     """
-    work = make_dkdv_v6_work(Br, Bc, d, causal, chunk, pairs, gqa, variant)
+    work = make_dkdv_v6_work(Br, Bc, d, causal, chunk, pairs, gqa, variant,
+                             packed_rows=variant.varlen)
 
     @cuda.jit(**jit_options(dkdv_register_cap(variant, d)))
     def backward_dkdv_v6(Q, K, V, dO, L, D, dK, dV, softmax_scale, causal_offset, window_lo,
@@ -337,7 +344,7 @@ DqStep = namedtuple("DqStep", "wait keep add")
 
 @functools.lru_cache(maxsize=None)
 def make_dkdv_v6_work(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False, variant=PLAIN,
-                      dq_step=None, accumulate=False):
+                      dq_step=None, accumulate=False, packed_rows=False):
     """The work of backward v6's dK/dV kernel (make_backward_dkdv_v6 says what it does), as
     an inline device function of the kernel's arguments with dQ added before dK:
 
@@ -367,12 +374,20 @@ def make_dkdv_v6_work(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False, var
     big*big products, and the small ones, still summed from zero per chunk, are added
     after them (dv = c + e): one FADD per element and chunk instead of two. Not compiled
     when False: v6's PTX is what it was before the switch existed.
+
+    ``packed_rows`` (a packed batch, ``variant.varlen``): the packed (total, heads, d)
+    arrays as they are, each row index plus the sequence's first row, on a (tiles,
+    heads, batch) grid (kernels/sequences.py's packed rows: v6's and v10's packed
+    builds); else the packed arrays' per-sequence views (backward v8's packed build,
+    whose dQ step adds into a view).
     """
     from ..ptx import exp2_approx      # inline PTX (simulator: simulated.py)
-    helpers = _make_v6_helpers(d, variant.varlen)
+    ROWS = packed_rows and variant.varlen
+    assert not (ROWS and dq_step is not None), "backward v8 reads packed batches by views"
+    helpers = _make_v6_helpers(d, variant.varlen, ROWS)
     split_finite, stage, a_fragment = helpers.split_finite, helpers.stage, helpers.a_fragment
     mma3, load_split = helpers.mma3, helpers.load_split
-    streamed = _streamed_tile_steps(d, pairs, Br, variant.varlen)
+    streamed = _streamed_tile_steps(d, pairs, Br, variant.varlen, ROWS)
     stage_q, load_q = streamed.stage, streamed.load
     acc = acc_type("float32")
     ZERO = acc(0)
@@ -398,7 +413,7 @@ def make_dkdv_v6_work(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False, var
 
     VARLEN = variant.varlen
     sequences = make_sequences(VARLEN)
-    locate, cut = sequences.locate, sequences.cut
+    locate, cut, uniform_range = sequences.locate, sequences.cut, sequences.uniform_range
 
     DQ = dq_step is not None
     dq_wait, dq_keep, dq_add = dq_step if DQ else (None, None, None)
@@ -408,21 +423,35 @@ def make_dkdv_v6_work(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False, var
     def work(Q, K, V, dO, L, D, dQ, dK, dV, softmax_scale, causal_offset, window_lo, Hq, group,
              softcap, slopes, attn_mask, tiles, seed_lo, seed_hi, keep_threshold, keep_scale,
              seqs):
-        bh_kv = cuda.blockIdx.y         # b * Hkv + h_kv: the K/V head
-        b = bh_kv // (Hq // group)
-        h_kv = bh_kv % (Hq // group)
-        j = cuda.blockIdx.x
-        # A packed batch: this block's sequence, as a batch of one (kernels/sequences.py)
-        q0, k0, Sq, Sk, shift = locate(seqs, b, Q.shape[1], K.shape[1])
-        b_mem = b                       # the batch index of the arrays' memory
-        if VARLEN:
+        if ROWS:
+            # A packed batch read as it is (kernels/sequences.py): K/V head and sequence
+            # from the (tiles, heads, batch) grid, each row index plus the sequence's
+            # first row (q0, k0)
+            h_kv = cuda.blockIdx.y
+            b = cuda.blockIdx.z
+            bh_kv, b_mem = h_kv, 0
+            j = cuda.blockIdx.x
+            q0, k0, Sq, Sk, shift = locate(seqs, b, Q.shape[0], K.shape[0])
             if j * Bc >= Sk:
                 return                  # past this sequence: the whole block, no barrier yet
-            bh_kv, b_mem = h_kv, 0
-        Q, dO, L, D = cut(Q, q0, Sq), cut(dO, q0, Sq), cut(L, q0, Sq), cut(D, q0, Sq)
-        K, V, dK, dV = cut(K, k0, Sk), cut(V, k0, Sk), cut(dK, k0, Sk), cut(dV, k0, Sk)
-        if DQ:
-            dQ = cut(dQ, q0, Sq)
+        else:
+            bh_kv = cuda.blockIdx.y     # b * Hkv + h_kv: the K/V head
+            b = bh_kv // (Hq // group)
+            h_kv = bh_kv % (Hq // group)
+            j = cuda.blockIdx.x
+            # A packed batch by views: this block's sequence, as a batch of one
+            q0, k0, Sq, Sk, shift = locate(seqs, b, Q.shape[1], K.shape[1])
+            b_mem = b                   # the batch index of the arrays' memory
+            if VARLEN:
+                if j * Bc >= Sk:
+                    return              # past this sequence: the whole block, no barrier yet
+                bh_kv, b_mem = h_kv, 0
+            Q, dO, L, D = cut(Q, q0, Sq), cut(dO, q0, Sq), cut(L, q0, Sq), cut(D, q0, Sq)
+            K, V, dK, dV = cut(K, k0, Sk), cut(V, k0, Sk), cut(dK, k0, Sk), cut(dV, k0, Sk)
+            if DQ:
+                dQ = cut(dQ, q0, Sq)
+            q0 = int64(0)               # the rows of the (cut) arrays from here on
+            k0 = int64(0)
         causal_offset += shift
         window_lo += shift
         tid = cuda.threadIdx.x
@@ -452,8 +481,8 @@ def make_dkdv_v6_work(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False, var
         gs = cuda.local.array(S_FRAGS, acc)
         zs = cuda.local.array(4, acc)           # dropout: keep_scale or 0 per entry
 
-        stage(Kj, K, bh_kv, j * Bc, Sk, Bc, tid, THREADS)
-        stage(Vj, V, bh_kv, j * Bc, Sk, Bc, tid, THREADS)
+        stage(Kj, K, bh_kv, j * Bc, Sk, Bc, tid, THREADS, k0)
+        stage(Vj, V, bh_kv, j * Bc, Sk, Bc, tid, THREADS, k0)
         for x in range(ACC):
             dk[x] = ZERO
             dv[x] = ZERO
@@ -462,6 +491,8 @@ def make_dkdv_v6_work(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False, var
         # each query head of this K/V head's group in turn, a fixed order, so the sums are
         # bitwise reproducible.
         i_start, i_end = q_tile_range(j, Sq, causal_offset, window_lo)
+        if ROWS:
+            i_start, i_end = uniform_range(i_start, i_end)  # packed: known uniform
         n_i = i_end - i_start
         for n in range(0 if GQA else i_start, group * n_i if GQA else i_end):
             if GQA:
@@ -477,12 +508,12 @@ def make_dkdv_v6_work(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False, var
             # Wait until every warp has finished reading the previous Qi, dOi, L_i, D_i
             # (on the first pass: until Kj and Vj are complete).
             cuda.syncthreads()
-            stage_q(Qi, Q, bh, i * Br, Sq, Br, tid, THREADS)
-            stage_q(dOi, dO, bh, i * Br, Sq, Br, tid, THREADS)
+            stage_q(Qi, Q, bh, i * Br, Sq, Br, tid, THREADS, q0)
+            stage_q(dOi, dO, bh, i * Br, Sq, Br, tid, THREADS, q0)
             for r in range(tid, Br, THREADS):
                 row = i * Br + r
-                L_i[r] = L[U(bh), U(row)] * LOG2E_ACC if row < Sq else ZERO
-                D_i[r] = D[U(bh), U(row)] if row < Sq else ZERO
+                L_i[r] = L[U(bh), U(q0 + row)] * LOG2E_ACC if row < Sq else ZERO
+                D_i[r] = D[U(bh), U(q0 + row)] if row < Sq else ZERO
             cuda.syncthreads()
 
             for ch in range(Br // CHUNK):
@@ -519,12 +550,13 @@ def make_dkdv_v6_work(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False, var
                     if DROPOUT:
                         # the forward's keep mask for the lane's four entries, one Philox
                         # call per lane (kept_keys, a warp collective: see the docstring)
-                        k0, k1, k2, k3 = kept_keys(seed_lo, seed_hi, keep_threshold, b, h,
-                                                   i * Br + r0 + nt * 8 + 2 * t, key0, g)
-                        zs[0] = keep_scale if k0 else ZERO
-                        zs[1] = keep_scale if k1 else ZERO
-                        zs[2] = keep_scale if k2 else ZERO
-                        zs[3] = keep_scale if k3 else ZERO
+                        kept0, kept1, kept2, kept3 = kept_keys(
+                            seed_lo, seed_hi, keep_threshold, b, h,
+                            i * Br + r0 + nt * 8 + 2 * t, key0, g)
+                        zs[0] = keep_scale if kept0 else ZERO
+                        zs[1] = keep_scale if kept1 else ZERO
+                        zs[2] = keep_scale if kept2 else ZERO
+                        zs[3] = keep_scale if kept3 else ZERO
                     for x in range(4):
                         r = r0 + nt * 8 + 2 * t + x % 2
                         row = i * Br + r
@@ -631,8 +663,12 @@ def make_dkdv_v6_work(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False, var
                 col = key0 + 8 * (x // 2)
                 k = nd * 8 + 2 * t + x % 2
                 if col < Sk and k < d:
-                    dK[U(bh_kv), U(col), U(k)] = dk[nd * 4 + x] * softmax_scale
-                    dV[U(bh_kv), U(col), U(k)] = dv[nd * 4 + x]
+                    if ROWS:
+                        dK[U(k0 + col), U(bh_kv), U(k)] = dk[nd * 4 + x] * softmax_scale
+                        dV[U(k0 + col), U(bh_kv), U(k)] = dv[nd * 4 + x]
+                    else:
+                        dK[U(bh_kv), U(col), U(k)] = dk[nd * 4 + x] * softmax_scale
+                        dV[U(bh_kv), U(col), U(k)] = dv[nd * 4 + x]
 
     return work
 
@@ -648,7 +684,8 @@ def make_backward_dq_v6(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False,
     Bc, d, pairs)``); with ``gqa`` query head h reads K/V head h // group of its batch.
     The work is ``make_dq_v6_work``'s (an inline device function), as the dK/dV
     kernel's."""
-    work = make_dq_v6_work(Br, Bc, d, causal, chunk, pairs, gqa, variant)
+    work = make_dq_v6_work(Br, Bc, d, causal, chunk, pairs, gqa, variant,
+                           packed_rows=variant.varlen)
 
     @cuda.jit(**jit_options())
     def backward_dq_v6(Q, K, V, dO, L, D, dQ, softmax_scale, causal_offset, window_lo, Hq,
@@ -663,7 +700,7 @@ def make_backward_dq_v6(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False,
 
 @functools.lru_cache(maxsize=None)
 def make_dq_v6_work(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False, variant=PLAIN,
-                    accumulate=False):
+                    accumulate=False, packed_rows=False):
     """The work of backward v6's dQ kernel (make_backward_dq_v6 says what it does), as an
     inline device function of the kernel's arguments:
 
@@ -672,12 +709,14 @@ def make_dq_v6_work(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False, varia
              keep_scale, seqs)
 
     ``accumulate``: as make_dkdv_v6_work's, for dq (backward v10: the running dq is the C
-    operand of the big*big products; False compiles v6's sums)."""
+    operand of the big*big products; False compiles v6's sums); ``packed_rows``: as
+    make_dkdv_v6_work's."""
     from ..ptx import exp2_approx      # inline PTX (simulator: simulated.py)
-    helpers = _make_v6_helpers(d, variant.varlen)
+    ROWS = packed_rows and variant.varlen
+    helpers = _make_v6_helpers(d, variant.varlen, ROWS)
     split_finite, stage, a_fragment = helpers.split_finite, helpers.stage, helpers.a_fragment
     mma3, load_split = helpers.mma3, helpers.load_split
-    streamed = _streamed_tile_steps(d, pairs, Bc, variant.varlen)
+    streamed = _streamed_tile_steps(d, pairs, Bc, variant.varlen, ROWS)
     stage_kv, load_kv = streamed.stage, streamed.load
     acc = acc_type("float32")
     ZERO = acc(0)
@@ -703,7 +742,7 @@ def make_dq_v6_work(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False, varia
 
     VARLEN = variant.varlen
     sequences = make_sequences(VARLEN)
-    locate, cut = sequences.locate, sequences.cut
+    locate, cut, uniform_range = sequences.locate, sequences.cut, sequences.uniform_range
 
     ACCUMULATE = accumulate
 
@@ -711,20 +750,34 @@ def make_dq_v6_work(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False, varia
     def work(Q, K, V, dO, L, D, dQ, softmax_scale, causal_offset, window_lo, Hq, group,
              softcap, slopes, attn_mask, tiles, seed_lo, seed_hi, keep_threshold, keep_scale,
              seqs):
-        bh = cuda.blockIdx.y            # b * Hq + h: the query head
-        b = bh // Hq
-        h = bh % Hq
-        bh_kv = b * (Hq // group) + h // group if GQA else bh   # the K/V head it reads
-        i = cuda.blockIdx.x
-        # A packed batch: this block's sequence, as a batch of one (kernels/sequences.py)
-        q0, k0, Sq, Sk, shift = locate(seqs, b, Q.shape[1], K.shape[1])
-        if VARLEN:
+        if ROWS:
+            # A packed batch read as it is (kernels/sequences.py): query head and
+            # sequence from the (tiles, heads, batch) grid, each row index plus the
+            # sequence's first row (q0, k0)
+            h = cuda.blockIdx.y
+            b = cuda.blockIdx.z
+            bh, bh_kv = h, h // group
+            i = cuda.blockIdx.x
+            q0, k0, Sq, Sk, shift = locate(seqs, b, Q.shape[0], K.shape[0])
             if i * Br >= Sq:
                 return                  # past this sequence: the whole block, no barrier yet
-            bh, bh_kv = h, h // group
-        Q, dO, L, D, dQ = (cut(Q, q0, Sq), cut(dO, q0, Sq), cut(L, q0, Sq), cut(D, q0, Sq),
-                           cut(dQ, q0, Sq))
-        K, V = cut(K, k0, Sk), cut(V, k0, Sk)
+        else:
+            bh = cuda.blockIdx.y        # b * Hq + h: the query head
+            b = bh // Hq
+            h = bh % Hq
+            bh_kv = b * (Hq // group) + h // group if GQA else bh   # the K/V head it reads
+            i = cuda.blockIdx.x
+            # A packed batch by views: this block's sequence, as a batch of one
+            q0, k0, Sq, Sk, shift = locate(seqs, b, Q.shape[1], K.shape[1])
+            if VARLEN:
+                if i * Br >= Sq:
+                    return              # past this sequence: the whole block, no barrier yet
+                bh, bh_kv = h, h // group
+            Q, dO, L, D, dQ = (cut(Q, q0, Sq), cut(dO, q0, Sq), cut(L, q0, Sq),
+                               cut(D, q0, Sq), cut(dQ, q0, Sq))
+            K, V = cut(K, k0, Sk), cut(V, k0, Sk)
+            q0 = int64(0)               # the rows of the (cut) arrays from here on
+            k0 = int64(0)
         causal_offset += shift
         window_lo += shift
         tid = cuda.threadIdx.x
@@ -752,25 +805,27 @@ def make_dq_v6_work(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False, varia
 
         # Rows past Sq are staged as zeros; rows that see no key have every P = 0 (the
         # inputs are finite, so their q and dO cannot reach other rows through 0 * NaN).
-        stage(Qi, Q, bh, i * Br, Sq, Br, tid, THREADS)
-        stage(dOi, dO, bh, i * Br, Sq, Br, tid, THREADS)
+        stage(Qi, Q, bh, i * Br, Sq, Br, tid, THREADS, q0)
+        stage(dOi, dO, bh, i * Br, Sq, Br, tid, THREADS, q0)
         for half in range(2):
             row = row0 + 8 * half
-            Lr[half] = L[U(bh), U(row)] * LOG2E_ACC if row < Sq else ZERO
-            Dr[half] = D[U(bh), U(row)] if row < Sq else ZERO
+            Lr[half] = L[U(bh), U(q0 + row)] * LOG2E_ACC if row < Sq else ZERO
+            Dr[half] = D[U(bh), U(q0 + row)] if row < Sq else ZERO
         for x in range(ACC):
             dq[x] = ZERO
 
         # The K/V tiles that some row of this tile sees (bands.py)
         j_start, j_end = kv_tile_range(i, Sk, causal_offset, window_lo)
+        if ROWS:
+            j_start, j_end = uniform_range(j_start, j_end)  # packed: known uniform
         for j in range(j_start, j_end):
             if TILE_TABLE and not tiles[bh, i, j]:
                 continue                # the mask leaves this tile empty (variants.py)
             # Wait until every warp has finished reading the previous Kj and Vj (on the
             # first pass: until Qi and dOi are complete).
             cuda.syncthreads()
-            stage_kv(Kj, K, bh_kv, j * Bc, Sk, Bc, tid, THREADS)
-            stage_kv(Vj, V, bh_kv, j * Bc, Sk, Bc, tid, THREADS)
+            stage_kv(Kj, K, bh_kv, j * Bc, Sk, Bc, tid, THREADS, k0)
+            stage_kv(Vj, V, bh_kv, j * Bc, Sk, Bc, tid, THREADS, k0)
             cuda.syncthreads()
 
             for ch in range(Bc // CHUNK):
@@ -870,7 +925,10 @@ def make_dq_v6_work(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False, varia
                 row = row0 + 8 * (x // 2)
                 k = nd * 8 + 2 * t + x % 2
                 if row < Sq and k < d:
-                    dQ[U(bh), U(row), U(k)] = dq[nd * 4 + x] * softmax_scale
+                    if ROWS:
+                        dQ[U(q0 + row), U(bh), U(k)] = dq[nd * 4 + x] * softmax_scale
+                    else:
+                        dQ[U(bh), U(row), U(k)] = dq[nd * 4 + x] * softmax_scale
 
     return work
 
@@ -969,12 +1027,14 @@ def backward_v6_chunk(kind, Br, Bc):
 
 VARIANTS = True                # takes the variant arguments (kernels/variants.py)
 TILE_TABLE = True              # skips the tiles a mask leaves empty (variants.make_tile_table)
+PACKED_ROWS = True             # a packed batch read as it is (kernels/sequences.py)
 
 
 def plan(p, where, tiles, reason, preprocess):
     """The Plans of backward v6 for Problem ``p`` (v5's ``tensor_core_plans``): one pair
     of tiles per kernel, and its streamed tiles as split pairs or not; the dK/dV kernel
-    on grid (Tc, B * Hkv), each block summing over its K/V head's group.
+    on grid (Tc, B * Hkv), each block summing over its K/V head's group (a packed batch:
+    (Tc, Hkv, B), and the dQ kernel's (Tr, Hq, B)).
 
     A variant with a table of visible tiles (a boolean attn_mask, mask_mod) gets one
     (Br, Bc) for both kernels, the table's (the launcher builds one table, for the last
@@ -1021,6 +1081,9 @@ def v6_family_plans(version, p, where, tiles, reason, preprocess):
     dkdv = replace(dkdv, grid=(dkdv.grid[0], p.BHkv), reason=dkdv.reason + gqa + table,
                    variant=variant)
     dq = replace(dq, reason=dq.reason + table, variant=variant)
+    if p.variant.varlen:    # packed rows: a (tiles, heads, batch) grid (kernels/sequences.py)
+        dkdv = replace(dkdv, grid=(dkdv.grid[0], p.Hq // p.group, p.B))
+        dq = replace(dq, grid=(dq.grid[0], p.Hq, p.B))
     return Plans((preprocess_plan, dkdv, dq))
 
 
