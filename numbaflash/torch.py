@@ -78,6 +78,7 @@ from . import kvcache as api_kvcache
 from . import decode_direct
 from . import varlen as api_varlen
 from .dropout import check_dropout_p, seed_words
+from .kernels import backward as backward_kernels
 from .kernels import forward as forward_kernels
 from .kernels.plan import needs_variants
 from .validate import check_attention_inputs
@@ -840,10 +841,13 @@ class _FlashLayout:
             plan = api.plan_forward(p)
             self.in_place = getattr(forward_kernels.module(plan.version), "PACKED_ROWS",
                                     False)
-            # With gradients the copies: the packed backward's kernels read (heads,
-            # total, d) views, which cost more than the copies and the plain backward
-            # (lab/runs/2026-12-06/135_layout_*_grad.txt)
-            self.in_place_grad = False
+            # With gradients, in place where the packed backward's kernels read the
+            # arrays as they are too (PACKED_ROWS: backward v6, float32); backward v9's
+            # (float16, bfloat16) read (heads, total, d) views, which cost more than the
+            # copies and the plain backward (lab/runs/2026-12-06/135_layout_f16_d64_grad.txt)
+            backward_plans = api.plan_backward(p)
+            self.in_place_grad = self.in_place and getattr(
+                backward_kernels.module(backward_plans[-1].version), "PACKED_ROWS", False)
         self.fast_key = None
 
 

@@ -1,21 +1,24 @@
 #!/usr/bin/env bash
-# Forward v8 and v9 reading packed batches as they are (kernels/sequences.py's packed rows,
-# as forward v10 does), and numbaflash.torch.flash_attn_func reading float32 tensors in
-# place through them; the small call's parts. One GPU, each call inside 600 s; records go
-# to $OUT through lab/sweeps/logged.sh (TREE names the tree).
+# Forward v8 and v9, backward v6 reading packed batches as they are (kernels/sequences.py's
+# packed rows, as forward v10 does), numbaflash.torch.flash_attn_func reading float32
+# tensors in place through them, and the small call's parts. One GPU, each call inside
+# 600 s; records go to $OUT through lab/sweeps/logged.sh (TREE names the tree).
 #
-#   bash lab/sweeps/packed_rows_f32_gpu.sh time   # the layout's ways (in parallel, each
-#                                                 # process compiling on its own and
-#                                                 # timing under a lock), then alone the
-#                                                 # small call's parts
-#   bash lab/sweeps/packed_rows_f32_gpu.sh check  # the small call's host steps and parts,
-#                                                 # the layout's ways at d = 128 causal,
-#                                                 # alone; then
-#                                                 # in parallel: the packed tests of v8 and
-#                                                 # v9 (bitwise against attention() per
-#                                                 # sequence, NaN and inf inputs, dropout),
-#                                                 # the torch layer's in-place and direct-
-#                                                 # launch tests, memcheck on packed v8 / v9
+#   bash lab/sweeps/packed_rows_f32_gpu.sh time    # the layout's ways, forward (in
+#                                                  # parallel, each process compiling on
+#                                                  # its own and timing under a lock), then
+#                                                  # alone the small call's parts
+#   bash lab/sweeps/packed_rows_f32_gpu.sh time2   # alone: the small call's host steps
+#                                                  # and parts; then the layout's ways with
+#                                                  # gradients and at d = 128 causal (under
+#                                                  # the lock); then the float32 packed
+#                                                  # batch against the padded one
+#   bash lab/sweeps/packed_rows_f32_gpu.sh check   # in parallel: the packed tests (bitwise
+#                                                  # against attention() per sequence, NaN
+#                                                  # and inf inputs, dropout), the torch
+#                                                  # layer's in-place and direct-launch
+#                                                  # tests, memcheck on the packed forward
+#                                                  # v8 / v9 and backward v6
 set -u
 cd "$(dirname "$0")/../.."
 L="bash lab/sweeps/logged.sh"
@@ -33,22 +36,33 @@ time)
     wait
     $L small_call_parts 200 python3 lab/sweeps/small_call_parts.py --calls 1000
     ;;
-check)
+time2)
     $L small_call_breakdown 60 python3 lab/sweeps/small_call_parts.py --breakdown
     $L small_call_parts 100 python3 lab/sweeps/small_call_parts.py --calls 1000
-    $L layout_f32_d128_causal 80 $W --dtype float32 --dim 128 --causal
-    $L tests_torch_in_place 330 python3 -m pytest -q -n 4 -p no:cacheprovider \
+    $L layout_f32_d128_causal 200 $W --dtype float32 --dim 128 --causal &
+    $L layout_f32_d64_grad 200 $W --dtype float32 --dim 64 --grad &
+    $L layout_f32_d64_causal_grad 200 $W --dtype float32 --dim 64 --causal --grad &
+    $L layout_f32_d128_grad 200 $W --dtype float32 --dim 128 --grad &
+    $L layout_f32_d128_causal_grad 200 $W --dtype float32 --dim 128 --causal --grad &
+    wait
+    $L varlen_speed_f32 200 python3 scripts/varlen_gpu.py --parts speed --dtypes float32 \
+        --dims 64
+    ;;
+check)
+    $L tests_torch_in_place 500 python3 -m pytest -q -n 4 -p no:cacheprovider \
         tests/test_torch.py -k "in_place or repeated_cuda_calls or flash_attn" &
-    $L tests_varlen_packed_rows 330 python3 -m pytest -q -n 5 -p no:cacheprovider \
-        tests/test_varlen.py -k "v8 or v9 or packed_rows or explain" &
-    $L memcheck_varlen_v8_float32 330 $SAN memcheck python3 scripts/sanitize_target.py \
+    $L tests_varlen_packed_rows 500 python3 -m pytest -q -n 6 -p no:cacheprovider \
+        tests/test_varlen.py -k "v6 or v8 or v9 or v10 or packed_rows or explain" &
+    $L memcheck_varlen_v8_float32 400 $SAN memcheck python3 scripts/sanitize_target.py \
         --varlen --forward v8 --dtype float32 &
-    $L memcheck_varlen_v9_float32 330 $SAN memcheck python3 scripts/sanitize_target.py \
+    $L memcheck_varlen_v9_float32 400 $SAN memcheck python3 scripts/sanitize_target.py \
         --varlen --forward v9 --dtype float32 &
+    $L memcheck_varlen_bwd_v6_float32 400 $SAN memcheck python3 scripts/sanitize_target.py \
+        --varlen --backward v6 --dtype float32 &
     wait
     ;;
 *)
-    echo "usage: $0 [time|check]" >&2
+    echo "usage: $0 [time|time2|check]" >&2
     exit 2
     ;;
 esac
