@@ -516,8 +516,8 @@ def decode_entries():
 def varlen_entries():
     """The kernels a packed batch runs by default (numbaflash/varlen.py), built with
     ``Variant(varlen=True)``: the packed arrays are (heads, total, d) strided views (layout
-    "A"), or for forward v8, v9 and v10 (PACKED_ROWS) the (total, heads, d) arrays as they
-    are; lse, D and seqs C-contiguous. Forward v7 and v10 (float16), v8 (float32, d = 64),
+    "A"), or for forward v8, v9 and v10 and backward v6, v9 and v10 (PACKED_ROWS) the
+    (total, heads, d) arrays as they are; lse, D and seqs C-contiguous. Forward v7 and v10 (float16), v8 (float32, d = 64),
     v9 (float32, d = 128), v2 (float64) and v5 (the simulator's); backward v6 (float16 and
     float32, GQA), v10 (float32, GQA), v9 (float16), v4 and v1 (float64), and the D kernel on views; causal."""
     import numpy as np
@@ -542,6 +542,8 @@ def varlen_entries():
         # a forward that takes the packed arrays as they are (PACKED_ROWS): C-contiguous
         c3 = array(dt, 3)
         rows = (c3, c3, c3, c3, a2, scale, offset) + extra
+        dkdv_rows = (c3, c3, c3, c3, a2, a2, c3, c3, scale, offset) + extra
+        dq_rows = (c3, c3, c3, c3, a2, a2, c3, scale, offset) + extra
         dkdv = (t3, t3, t3, t3, a2, a2, t3, t3, scale, offset) + extra
         dq = (t3, t3, t3, t3, a2, a2, t3, scale, offset) + extra
         no_f64 = dtype != "float64"
@@ -577,7 +579,7 @@ def varlen_entries():
                              rows, no_f64))
             bwd_v9 = bwd.module("v9")
             tiles9 = bwd_v9.default_backward_v9_tiles(64, "gpu")
-            for kind, sig in (("dkdv", dkdv), ("dq", dq)):
+            for kind, sig in (("dkdv", dkdv_rows), ("dq", dq_rows)):
                 Br, Bc = tiles9[kind]
                 make = getattr(bwd_v9, f"make_backward_{kind}_v9")
                 out.append(Entry(f"backward_{kind}_v9-{tag}-d64-tiles{Br}x{Bc}", "varlen",
@@ -608,7 +610,7 @@ def varlen_entries():
         for ver in ("v6", "v10"):
             if ver not in bwd.VERSIONS or (ver == "v10" and dtype != "float32"):
                 continue
-            for kind, sig in (("dkdv", dkdv), ("dq", dq)):
+            for kind, sig in (("dkdv", dkdv_rows), ("dq", dq_rows)):
                 Br, Bc, pairs = bwd_v6.default_backward_v6_plan(64, True, dtype, "gpu")[kind]
                 make = getattr(bwd.module(ver), f"make_backward_{kind}_{ver}")
                 chunk = bwd_v6.backward_v6_chunk(kind, Br, Bc)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Forward v8 and v9, backward v6 reading packed batches as they are (kernels/sequences.py's
+# Forward v8 and v9, backward v6 and v9 reading packed batches as they are (kernels/sequences.py's
 # packed rows, as forward v10 does), numbaflash.torch.flash_attn_func reading float32
 # tensors in place through them, and the small call's parts. One GPU, each call inside
 # 600 s; records go to $OUT through lab/sweeps/logged.sh (TREE names the tree).
@@ -44,6 +44,8 @@ time2)
     $L layout_f32_d64_causal_grad 200 $W --dtype float32 --dim 64 --causal --grad &
     $L layout_f32_d128_grad 200 $W --dtype float32 --dim 128 --grad &
     $L layout_f32_d128_causal_grad 200 $W --dtype float32 --dim 128 --causal --grad &
+    $L layout_f16_d64_grad 200 $W --dtype float16 --dim 64 --grad &
+    $L layout_f16_d64_causal_grad 200 $W --dtype float16 --dim 64 --causal --grad &
     wait
     $L varlen_speed_f32 200 python3 scripts/varlen_gpu.py --parts speed --dtypes float32 \
         --dims 64
@@ -59,6 +61,8 @@ check)
         --varlen --forward v9 --dtype float32 &
     $L memcheck_varlen_bwd_v6_float32 400 $SAN memcheck python3 scripts/sanitize_target.py \
         --varlen --backward v6 --dtype float32 &
+    $L memcheck_varlen_bwd_v9_float16 400 $SAN memcheck python3 scripts/sanitize_target.py \
+        --varlen --forward v10 --backward v9 --dtype float16 &
     wait
     ;;
 *)

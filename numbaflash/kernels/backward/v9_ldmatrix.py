@@ -42,14 +42,17 @@ ldmatrix's 8 rows start in 8 different groups of 4 banks, so no bank conflicts.
 Packed batches (``varlen``, numbaflash/varlen.py) of plain attention: a block finds its
 sequence from cu_seqlens (kernels/sequences.py's ``locate``) and returns at once if its
 tile lies past the sequence's end; from then on it runs the plain kernel's steps with
-the sequence's first row added to every row index of the packed (heads, total, d) views
-(``copy_rows``' ``base``), where the kernels that take variants cut a view per sequence
-instead, and with its tile loop's bounds made known-uniform (``uniform_range``). Without
-the per-sequence views the dK/dV kernel at d = 64, held to 128 registers, spills 8 bytes
-(16 causal) where the views cost 64 (112); the dQ kernel needs about 150 registers
+the sequence's first row added to every row index of the packed (total, heads, d)
+arrays as they are (``copy_rows``' ``base``; kernels/sequences.py's packed rows, as
+forward v8-v10 and backward v6), on a (tiles, heads, batch) grid, and with its tile
+loop's bounds made known-uniform (``uniform_range``). The build before read (heads,
+total, d) views and took the sequence from bh // Hq: its dK/dV kernel at d = 64, held to
+128 registers, spilled 8 bytes (16 causal), its dQ kernel took about 150 registers
 where the plain one needs 95-108 (ptxas, lab/sweeps/packed_half_registers.py,
-lab/runs/2026-12-05/packed_half_registers.txt). GQA, windows and the other variants run
-on v6 (``PACKED``: the plan refuses them, naming the variant).
+lab/runs/2026-12-05/packed_half_registers.txt), and flash-attn's layout read through it
+took 1.6x the copies' time with gradients (lab/runs/2026-12-06/135_layout_f16_d64_grad.txt).
+GQA, windows and the other variants run on v6 (``PACKED``: the plan refuses them,
+naming the variant).
 
 Finite inputs only, as v7 (the call checks them first; version="v9" with a NaN or inf is
 a ValueError). Deterministic (no atomics).
@@ -70,7 +73,7 @@ from ..bands import make_kv_tile_range, make_q_tile_range
 from ..halves import NAMES, make_halves
 from ..plan import (Plan, Plans, check_per_kernel_tiles, refuse_backward_variants,
                     rule_per_kernel_tiles, variant_description)
-from ..sequences import make_sequences
+from ..sequences import make_packed_rows, make_sequences
 from ..smem import U
 from .v7_half import V7_CHUNK, _write_narrow, v7_head_dim, v7_rows
 
@@ -126,12 +129,12 @@ def _make_copies(d, THREADS, half, varlen=False):
     ``copy_rows(smem, at, A, bh, base, first, rows, n, wide, HZERO)`` starts this thread's
     pieces of rows first .. first + rows - 1 of a sequence of n rows that starts at row
     ``base`` of A[bh] into smem from ``at`` on, and ``wide`` says whether by cp.async
-    (16-byte pieces) or element by element. ``varlen``: A is a packed batch's strided
-    view (kernels/sequences.py), ``base`` the sequence's first row in it; else base is 0."""
+    (16-byte pieces) or element by element. ``varlen``: A is a packed batch's (total,
+    heads, d) array as it is (kernels/sequences.py's packed rows), ``base`` the sequence's
+    first row in it; else base is 0."""
     from ..ptx import cp_async16, flat_load, is_aligned16
 
-    VARLEN = varlen
-    position = make_sequences(varlen).position
+    position = make_packed_rows(varlen).position
     DP = v7_head_dim(d)
     ROW = v7_rows(DP)
     PIECES = DP // 8                    # 16-byte pieces of a row
@@ -164,11 +167,8 @@ def _make_copies(d, THREADS, half, varlen=False):
     @cuda.jit(device=True, inline=True)
     def copyable(A):
         """Whether A's rows can be copied 16 bytes at a time: A's first element 16-byte
-        aligned (d a multiple of 8 is the caller's part), and a packed batch's view's
-        strides whole pieces (d and H d elements, as numbaflash/varlen.py makes them)."""
-        if VARLEN:
-            return (is_aligned16(A) and (A.strides[0] // A.itemsize) % 8 == 0
-                    and (A.strides[1] // A.itemsize) % 8 == 0)
+        aligned (d a multiple of 8 is the caller's part; a packed batch's rows are then
+        H d elements apart, whole pieces too)."""
         return is_aligned16(A)
 
     return Copies(copy_rows, copyable)
@@ -250,12 +250,15 @@ def make_backward_dkdv_v9(Br, Bc, d, causal, half="float16", max_registers=None,
     def work(Q, K, V, dO, L, D, dK, dV, softmax_scale, causal_offset, Hq, seqs):
         bh = cuda.blockIdx.y
         j = cuda.blockIdx.x
-        # A packed batch: this block's sequence, as a batch of one (kernels/sequences.py)
-        q_first, k_first, Sq, Sk, shift = locate(seqs, bh // Hq, Q.shape[1], K.shape[1])
         if VARLEN:
+            # A packed batch read as it is (kernels/sequences.py): the head and the
+            # sequence from the (tiles, heads, batch) grid
+            q_first, k_first, Sq, Sk, shift = locate(seqs, cuda.blockIdx.z, Q.shape[0],
+                                                     K.shape[0])
             if j * Bc >= Sk:
                 return                  # past this sequence: the whole block, no barrier yet
-            bh = bh % Hq
+        else:
+            q_first, k_first, Sq, Sk, shift = locate(seqs, 0, Q.shape[1], K.shape[1])
         causal_offset += shift
         tid = cuda.threadIdx.x
         lane = tid % 32
@@ -380,8 +383,12 @@ def make_backward_dkdv_v9(Br, Bc, d, causal, half="float16", max_registers=None,
                 k = nd * 8 + 2 * t + x % 2
                 if col < Sk and k < d:
                     at = k_first + col
-                    dK[U(bh), U(at), U(k)] = write_narrow(dk[nd * 4 + x] * softmax_scale)
-                    dV[U(bh), U(at), U(k)] = write_narrow(dv[nd * 4 + x])
+                    if VARLEN:
+                        dK[U(at), U(bh), U(k)] = write_narrow(dk[nd * 4 + x] * softmax_scale)
+                        dV[U(at), U(bh), U(k)] = write_narrow(dv[nd * 4 + x])
+                    else:
+                        dK[U(bh), U(at), U(k)] = write_narrow(dk[nd * 4 + x] * softmax_scale)
+                        dV[U(bh), U(at), U(k)] = write_narrow(dv[nd * 4 + x])
 
     if VARLEN:
         @cuda.jit(**jit_options(max_registers))
@@ -444,12 +451,15 @@ def make_backward_dq_v9(Br, Bc, d, causal, half="float16", varlen=False):
     def work(Q, K, V, dO, L, D, dQ, softmax_scale, causal_offset, Hq, seqs):
         bh = cuda.blockIdx.y
         i = cuda.blockIdx.x
-        # A packed batch: this block's sequence, as a batch of one (kernels/sequences.py)
-        q_first, k_first, Sq, Sk, shift = locate(seqs, bh // Hq, Q.shape[1], K.shape[1])
         if VARLEN:
+            # A packed batch read as it is (kernels/sequences.py): the head and the
+            # sequence from the (tiles, heads, batch) grid
+            q_first, k_first, Sq, Sk, shift = locate(seqs, cuda.blockIdx.z, Q.shape[0],
+                                                     K.shape[0])
             if i * Br >= Sq:
                 return                  # past this sequence: the whole block, no barrier yet
-            bh = bh % Hq
+        else:
+            q_first, k_first, Sq, Sk, shift = locate(seqs, 0, Q.shape[1], K.shape[1])
         causal_offset += shift
         tid = cuda.threadIdx.x
         lane = tid % 32
@@ -559,8 +569,12 @@ def make_backward_dq_v9(Br, Bc, d, causal, half="float16", varlen=False):
                 row = row0 + 8 * (x // 2)
                 k = nd * 8 + 2 * t + x % 2
                 if row < Sq and k < d:
-                    dQ[U(bh), U(q_first + row), U(k)] = write_narrow(
-                        dq[nd * 4 + x] * softmax_scale)
+                    if VARLEN:
+                        dQ[U(q_first + row), U(bh), U(k)] = write_narrow(
+                            dq[nd * 4 + x] * softmax_scale)
+                    else:
+                        dQ[U(bh), U(q_first + row), U(k)] = write_narrow(
+                            dq[nd * 4 + x] * softmax_scale)
 
     if VARLEN:
         @cuda.jit(**jit_options())
@@ -613,7 +627,8 @@ BWD_V9_MAX_HEAD_DIM = 128     # dKj, dVj and dQi fragments (d / 2 each a lane) i
 SHARED_BYTES = {"dkdv": dkdv_v9_shared_bytes, "dq": dq_v9_shared_bytes}
 
 VARIANTS = False              # plain attention only (causal in both alignments) ...
-PACKED = True                 # ... in one batch or packed (kernels/plan.py: packed_only)
+PACKED = True                 # ... in one batch or packed (kernels/plan.py: packed_only),
+PACKED_ROWS = True            # the packed arrays as they are (kernels/sequences.py)
 TILE_TABLE = False
 BFLOAT16 = True               # reads bfloat16 inputs itself (numbaflash/dtypes.py)
 
@@ -665,14 +680,16 @@ def plan(p, where, tiles, reason, preprocess):
         reason += "; reads the bfloat16 inputs as their bits"
         preprocess = replace(preprocess,
                              reason=preprocess.reason + "; dO and O read as bfloat16 bits")
+    # a packed batch: a (tiles, heads, batch) grid (kernels/sequences.py's packed rows)
+    heads = (p.Hq, p.B) if p.variant.varlen else (p.BH,)
     Br, Bc = per_kernel["dkdv"]
     dkdv = Plan("backward dK dV", "v9", "backward_dkdv_v9", where, Br, Bc,
-                (math.ceil(p.Sk / Bc), p.BH), (2 * Bc,), dkdv_v9_shared_bytes(Br, Bc, p.d),
+                (math.ceil(p.Sk / Bc),) + heads, (2 * Bc,), dkdv_v9_shared_bytes(Br, Bc, p.d),
                 p.acc_dtype, p.causal, reason + "; one block per K/V tile, each warp 16 keys",
                 variant=variant_description(p), dynamic_shared=True)
     Br, Bc = per_kernel["dq"]
     dq = Plan("backward dQ", "v9", "backward_dq_v9", where, Br, Bc,
-              (math.ceil(p.Sq / Br), p.BH), (2 * Br,), dq_v9_shared_bytes(Br, Bc, p.d),
+              (math.ceil(p.Sq / Br),) + heads, (2 * Br,), dq_v9_shared_bytes(Br, Bc, p.d),
               p.acc_dtype, p.causal, reason + "; one block per Q tile, each warp 16 query rows",
               variant=variant_description(p), dynamic_shared=True)
     return Plans((preprocess, dkdv, dq))
