@@ -842,9 +842,8 @@ class _FlashLayout:
             self.in_place = getattr(forward_kernels.module(plan.version), "PACKED_ROWS",
                                     False)
             # With gradients, in place where the packed backward's kernels read the
-            # arrays as they are too (PACKED_ROWS: backward v6, float32); backward v9's
-            # (float16, bfloat16) read (heads, total, d) views, which cost more than the
-            # copies and the plain backward (lab/runs/2026-12-06/135_layout_f16_d64_grad.txt)
+            # arrays as they are too (PACKED_ROWS); views cost more than the copies and
+            # the plain backward (lab/runs/2026-12-06/135_layout_*_grad.txt)
             backward_plans = api.plan_backward(p)
             self.in_place_grad = self.in_place and getattr(
                 backward_kernels.module(backward_plans[-1].version), "PACKED_ROWS", False)

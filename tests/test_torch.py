@@ -703,9 +703,8 @@ def test_flash_attn_func_reads_cuda_tensors_in_place(monkeypatch, dtype, causal,
     float16 and bfloat16 on forward v10, float32 on v8 and v9), a repeated call launches
     directly, and out is the bits of numbaflash.torch.attention on (batch, heads,
     seqlen, d) copies: the same kernels' arithmetic, on a packed batch of equal lengths
-    (Sq != Sk, rows past a tile). With gradients (float32 in place, on backward v6's
-    packed build; the 16-bit calls through the copies) the gradients are attention's
-    bits."""
+    (Sq != Sk, rows past a tile). With gradients, in place on the packed backward
+    (float32 backward v6, 16-bit v9), the gradients are attention's bits."""
     B, Sq, Sk, H = 2, 77, 130, 4
     q, k, v = (randn(B, S, H, d, dtype=dtype, seed=40 + n).detach().cuda()
                for n, S in enumerate((Sq, Sk, Sk)))
@@ -735,8 +734,8 @@ def test_flash_attn_func_reads_cuda_tensors_in_place(monkeypatch, dtype, causal,
                           (q, k, v), dout)
     torch.cuda.synchronize()
     (layout,) = nft._FLASH.values()
-    # with gradients in place where the packed backward reads the arrays as they are too
-    assert layout.in_place and layout.in_place_grad == (dtype == torch.float32)
+    # with gradients in place too: the packed backward reads the arrays as they are
+    assert layout.in_place and layout.in_place_grad
     assert first.shape == (B, Sq, H, d) and first.is_contiguous()
     for name, got in (("first", first), ("again", again), ("with autograd", out)):
         assert torch.equal(got.view(bits), want.contiguous().view(bits)), name
