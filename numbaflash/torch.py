@@ -817,12 +817,12 @@ class _FlashLayout:
     heads, d) views of the same memory (numbaflash.attention_varlen with cu_seqlens 0, S,
     2S, ...), and out is written in flash-attn's layout directly. That is taken where
     the packed forward's kernel reads the packed arrays as they are (its module's
-    ``PACKED_ROWS``: forward v10, plain 16-bit attention, with or without the causal
-    mask) and the tensors are C-contiguous; a kernel that reads them through strided
-    views is slower than the copies (lab/runs/2026-12-06/118_torch_layout.txt), so every
-    other kind of call takes the copies. The cu_seqlens stay on the host (CPU tensors:
-    checking them costs no wait for the GPU), and the kernels' copy of them is made once
-    (varlen.device_seqs)."""
+    ``PACKED_ROWS``: forward v8, v9, v10) and the tensors are C-contiguous; with
+    gradients, where the packed backward's kernels do too (backward v6, v9). A kernel
+    that reads them through strided views is slower than the copies
+    (lab/runs/2026-12-06/135_layout_*_grad.txt), so every other kind of call takes the
+    copies. The cu_seqlens stay on the host (CPU tensors: checking them costs no wait
+    for the GPU), and the kernels' copy of them is made once (varlen.device_seqs)."""
 
     def __init__(self, q, k, v, variants):
         check_attention_inputs(*(x.transpose(1, 2) for x in (q, k, v)), **variants)
@@ -852,7 +852,8 @@ class _FlashLayout:
 
 def _flash_key(q, k, v, alibi_slopes, dropout_p, variants):
     """The kind of a flash_attn_func call (``_FlashLayout``); None for calls that always
-    take the copies (ALiBi slopes and dropout run on kernels without PACKED_ROWS)."""
+    take the copies: ALiBi slopes (an array argument) and dropout (a seed drawn per
+    call) are not carried into the packed call."""
     if not q.is_cuda or alibi_slopes is not None or dropout_p != 0.0:
         return None
     key = (q.shape, k.shape, v.shape, q.dtype, q.device,
@@ -919,17 +920,16 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
       pick backward v8, whose atomic dQ is opt-in; it is reached through
       ``numbaflash.attention_backward(..., deterministic=False)``.
 
-    **Layout**: plain float16 and bfloat16 attention (with or without ``causal``, no
-    window, softcap, ALiBi or dropout) on CUDA tensors is read in place: C-contiguous
-    q, k, v are seen as a packed batch of equal lengths, (batch * seqlen, heads, d) views
-    of the same memory, on the packed build of forward v10, which reads them as they are,
-    and out is written in this layout (the gradients likewise, by
-    ``attention_varlen_backward``). Everything else is copied to (batch, heads, seqlen,
-    d) (``transpose(1, 2).contiguous()``), ``attention`` runs on the copies, and out comes
-    back transposed the same way; autograd carries the gradients through the transposes.
-    The copies read and write each tensor once, against attention's quadratic work; the
-    other kernels' packed builds read strided views, which cost more than the copies.
-    docs/pytorch.md has the measured cost of each way.
+    **Layout**: on CUDA tensors, C-contiguous q, k, v are read in place where the GPU's
+    default kernels for the call read packed batches as they are (float32 on forward v8
+    / v9 and backward v6, float16 and bfloat16 plain attention on forward v10 and
+    backward v9; without ALiBi or dropout): they are seen as a packed batch of equal
+    lengths, (batch * seqlen, heads, d) views of the same memory, and out is written in
+    this layout (the gradients likewise, by ``attention_varlen_backward``). Everything
+    else is copied to (batch, heads, seqlen, d) (``transpose(1, 2).contiguous()``),
+    ``attention`` runs on the copies, and out comes back transposed the same way;
+    autograd carries the gradients through the transposes. docs/pytorch.md has the
+    measured cost of each way.
 
     Args:
         q: (batch, Sq, Hq, d); k, v: (batch, Sk, Hkv, d). float16, bfloat16, float32 or
