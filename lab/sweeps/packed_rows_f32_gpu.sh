@@ -13,6 +13,8 @@
 #                                                  # gradients and at d = 128 causal (under
 #                                                  # the lock); then the float32 packed
 #                                                  # batch against the padded one
+#   bash lab/sweeps/packed_rows_f32_gpu.sh one     # the checks and timings that matter most,
+#                                                  # in one call (the script says how)
 #   bash lab/sweeps/packed_rows_f32_gpu.sh check   # in parallel: the packed tests (bitwise
 #                                                  # against attention() per sequence, NaN
 #                                                  # and inf inputs, dropout), the torch
@@ -65,8 +67,40 @@ check)
         --varlen --forward v10 --backward v9 --dtype float16 &
     wait
     ;;
+one)
+    # everything in one call: the checks first, while the layout's processes compile and
+    # wait for the lock this shell holds; then their timings, one at a time; then alone
+    # the small call and the float32 packed batch
+    exec 9>/tmp/flash_layout_ways.lock
+    flock 9
+    for way in "f32_d64_grad --dtype float32 --dim 64 --grad" \
+               "f32_d64_causal_grad --dtype float32 --dim 64 --causal --grad" \
+               "f32_d128_grad --dtype float32 --dim 128 --grad" \
+               "f32_d128_causal --dtype float32 --dim 128 --causal" \
+               "f16_d64_grad --dtype float16 --dim 64 --grad"; do
+        set -- $way
+        name=$1; shift
+        $L layout_$name 430 $W "$@" 9>&- &
+    done
+    set --
+    ( $L tests_torch_in_place 280 python3 -m pytest -q -n 4 -p no:cacheprovider \
+          tests/test_torch.py -k "in_place or repeated_cuda_calls" 9>&- &
+      $L tests_varlen_packed_rows 280 python3 -m pytest -q -n 6 -p no:cacheprovider \
+          tests/test_varlen.py -k "packed_rows or explain or (bitwise and (v6 or v8 or v9 or v10))" 9>&- &
+      $L memcheck_varlen_bwd_v6_float32 280 $SAN memcheck python3 scripts/sanitize_target.py \
+          --varlen --backward v6 --dtype float32 9>&- &
+      $L memcheck_varlen_v10_v9_float16 280 $SAN memcheck python3 \
+          scripts/sanitize_target.py --varlen --forward v10 --backward v9 --dtype float16 9>&- &
+      wait ) 9>&-
+    flock -u 9
+    exec 9>&-
+    wait
+    $L small_call_parts 70 python3 lab/sweeps/small_call_parts.py --calls 1000
+    $L varlen_speed_f32 130 python3 scripts/varlen_gpu.py --parts speed --dtypes float32 \
+        --dims 64
+    ;;
 *)
-    echo "usage: $0 [time|time2|check]" >&2
+    echo "usage: $0 [time|time2|check|one]" >&2
     exit 2
     ;;
 esac
