@@ -807,6 +807,11 @@ def _flash_window(window_size):
 
 _FLASH = {}                 # _flash_key -> _FlashLayout
 _FLASH_MAX = 256
+# flash_attn_func with gradients through the packed backward (in place) or through the
+# copies. The packed backward builds that read views cost 1.5x-1.9x the copies' time
+# (lab/runs/2026-12-06/135_layout_*_grad.txt); the builds that read the arrays as they
+# are (backward v6, v9) have not been timed on this layout, so the copies stay.
+_FLASH_GRAD_IN_PLACE = False
 
 
 class _FlashLayout:
@@ -818,10 +823,8 @@ class _FlashLayout:
     2S, ...), and out is written in flash-attn's layout directly. That is taken where
     the packed forward's kernel reads the packed arrays as they are (its module's
     ``PACKED_ROWS``: forward v8, v9, v10) and the tensors are C-contiguous; with
-    gradients, where the packed backward's kernels do too (backward v6, v9). A kernel
-    that reads them through strided views is slower than the copies
-    (lab/runs/2026-12-06/135_layout_*_grad.txt), so every other kind of call takes the
-    copies. The cu_seqlens stay on the host (CPU tensors: checking them costs no wait
+    gradients, only where ``_FLASH_GRAD_IN_PLACE`` allows it. Every other kind of call
+    takes the copies. The cu_seqlens stay on the host (CPU tensors: checking them costs no wait
     for the GPU), and the kernels' copy of them is made once (varlen.device_seqs)."""
 
     def __init__(self, q, k, v, variants):
@@ -841,11 +844,11 @@ class _FlashLayout:
             plan = api.plan_forward(p)
             self.in_place = getattr(forward_kernels.module(plan.version), "PACKED_ROWS",
                                     False)
-            # With gradients, in place where the packed backward's kernels read the
-            # arrays as they are too (PACKED_ROWS); views cost more than the copies and
-            # the plain backward (lab/runs/2026-12-06/135_layout_*_grad.txt)
+            # With gradients, in place only where the packed backward's kernels read the
+            # arrays as they are too (PACKED_ROWS) and that is known to be faster than
+            # the copies (_FLASH_GRAD_IN_PLACE)
             backward_plans = api.plan_backward(p)
-            self.in_place_grad = self.in_place and getattr(
+            self.in_place_grad = _FLASH_GRAD_IN_PLACE and self.in_place and getattr(
                 backward_kernels.module(backward_plans[-1].version), "PACKED_ROWS", False)
         self.fast_key = None
 
@@ -920,13 +923,12 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
       pick backward v8, whose atomic dQ is opt-in; it is reached through
       ``numbaflash.attention_backward(..., deterministic=False)``.
 
-    **Layout**: on CUDA tensors, C-contiguous q, k, v are read in place where the GPU's
-    default kernels for the call read packed batches as they are (float32 on forward v8
-    / v9 and backward v6, float16 and bfloat16 plain attention on forward v10 and
-    backward v9; without ALiBi or dropout): they are seen as a packed batch of equal
-    lengths, (batch * seqlen, heads, d) views of the same memory, and out is written in
-    this layout (the gradients likewise, by ``attention_varlen_backward``). Everything
-    else is copied to (batch, heads, seqlen, d) (``transpose(1, 2).contiguous()``),
+    **Layout**: on CUDA tensors without gradients, C-contiguous q, k, v are read in
+    place where the GPU's default forward for the call reads packed batches as they are
+    (float32 on forward v8 / v9, float16 and bfloat16 plain attention on forward v10;
+    without ALiBi or dropout): they are seen as a packed batch of equal lengths, (batch
+    * seqlen, heads, d) views of the same memory, and out is written in this layout.
+    Calls with gradients, and everything else, are copied to (batch, heads, seqlen, d) (``transpose(1, 2).contiguous()``),
     ``attention`` runs on the copies, and out comes back transposed the same way;
     autograd carries the gradients through the transposes. docs/pytorch.md has the
     measured cost of each way.

@@ -703,8 +703,9 @@ def test_flash_attn_func_reads_cuda_tensors_in_place(monkeypatch, dtype, causal,
     float16 and bfloat16 on forward v10, float32 on v8 and v9), a repeated call launches
     directly, and out is the bits of numbaflash.torch.attention on (batch, heads,
     seqlen, d) copies: the same kernels' arithmetic, on a packed batch of equal lengths
-    (Sq != Sk, rows past a tile). With gradients, in place on the packed backward
-    (float32 backward v6, 16-bit v9), the gradients are attention's bits."""
+    (Sq != Sk, rows past a tile). With gradients, through the copies and in place on
+    the packed backward (float32 backward v6, 16-bit v9), the gradients are attention's
+    bits."""
     B, Sq, Sk, H = 2, 77, 130, 4
     q, k, v = (randn(B, S, H, d, dtype=dtype, seed=40 + n).detach().cuda()
                for n, S in enumerate((Sq, Sk, Sk)))
@@ -730,17 +731,22 @@ def test_flash_attn_func_reads_cuda_tensors_in_place(monkeypatch, dtype, causal,
             first = nft.flash_attn_func(q, k, v, causal=causal)
             assert any(key[0] == "flash" for key in nft._FAST), "not remembered"
             again = nft.flash_attn_func(q, k, v, causal=causal)       # launched directly
-    out, grads = grads_of(lambda a, b, c: nft.flash_attn_func(a, b, c, causal=causal),
-                          (q, k, v), dout)
-    torch.cuda.synchronize()
     (layout,) = nft._FLASH.values()
-    # with gradients in place too: the packed backward reads the arrays as they are
-    assert layout.in_place and layout.in_place_grad
+    assert layout.in_place and layout.in_place_grad == nft._FLASH_GRAD_IN_PLACE
+    ways = []
+    for in_place in (False, True):      # with gradients: the copies, and in place
+        layout.in_place_grad = in_place
+        ways.append(grads_of(lambda a, b, c: nft.flash_attn_func(a, b, c, causal=causal),
+                             (q, k, v), dout))
+    torch.cuda.synchronize()
     assert first.shape == (B, Sq, H, d) and first.is_contiguous()
-    for name, got in (("first", first), ("again", again), ("with autograd", out)):
+    for name, got in (("first", first), ("again", again), ("with autograd", ways[0][0]),
+                      ("with autograd in place", ways[1][0])):
         assert torch.equal(got.view(bits), want.contiguous().view(bits)), name
-    for name, got, w in zip(("dq", "dk", "dv"), grads, want_grads):
-        assert torch.equal(got.view(bits), w.transpose(1, 2).contiguous().view(bits)), name
+    for way, (_, grads) in zip(("copies", "in place"), ways):
+        for name, got, w in zip(("dq", "dk", "dv"), grads, want_grads):
+            assert torch.equal(got.view(bits),
+                               w.transpose(1, 2).contiguous().view(bits)), (way, name)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
