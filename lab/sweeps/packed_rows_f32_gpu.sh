@@ -15,6 +15,7 @@
 #                                                  # batch against the padded one
 #   bash lab/sweeps/packed_rows_f32_gpu.sh one     # the checks and timings that matter most,
 #                                                  # in one call (the script says how)
+#   bash lab/sweeps/packed_rows_f32_gpu.sh short   # fewer of them, in a shorter call
 #   bash lab/sweeps/packed_rows_f32_gpu.sh check   # in parallel: the packed tests (bitwise
 #                                                  # against attention() per sequence, NaN
 #                                                  # and inf inputs, dropout), the torch
@@ -36,7 +37,7 @@ time)
     $L layout_f32_d128_grad 300 $W --dtype float32 --dim 128 --grad &
     $L layout_f16_d64_grad 300 $W --dtype float16 --dim 64 --grad &
     wait
-    $L small_call_parts 200 python3 lab/sweeps/small_call_parts.py --calls 1000
+    $L small_call_parts 200 python3 lab/sweeps/small_call_parts.py --calls 1000 --tiles
     ;;
 time2)
     $L small_call_breakdown 60 python3 lab/sweeps/small_call_parts.py --breakdown
@@ -97,8 +98,31 @@ one)
     $L varlen_speed_f32 130 python3 scripts/varlen_gpu.py --parts speed --dtypes float32 \
         --dims 64
     ;;
+short)
+    # the least that decides the defaults, in a short call: the in-place torch tests
+    # while the layout's processes compile and wait for this shell's lock; their
+    # timings; the small call; the float32 packed batch
+    exec 9>/tmp/flash_layout_ways.lock
+    flock 9
+    for way in "f32_d64_grad --dtype float32 --dim 64 --grad" \
+               "f32_d64_causal_grad --dtype float32 --dim 64 --causal --grad" \
+               "f16_d64_grad --dtype float16 --dim 64 --grad"; do
+        set -- $way
+        name=$1; shift
+        $L layout_$name 250 $W "$@" 9>&- &
+    done
+    set --
+    $L tests_torch_in_place 150 python3 -m pytest -q -n 4 -p no:cacheprovider \
+        tests/test_torch.py -k "in_place" 9>&-
+    flock -u 9
+    exec 9>&-
+    wait
+    $L small_call_parts 40 python3 lab/sweeps/small_call_parts.py --calls 1000
+    $L varlen_speed_f32 130 python3 scripts/varlen_gpu.py --parts speed --dtypes float32 \
+        --dims 64
+    ;;
 *)
-    echo "usage: $0 [time|time2|check|one]" >&2
+    echo "usage: $0 [time|time2|check|one|short]" >&2
     exit 2
     ;;
 esac

@@ -2,10 +2,10 @@
 (no autograd) against the raw launch of its kernel and against SDPA, split into the
 kernel's time on the GPU (torch.profiler's CUDA kernel durations) and the host's time per
 call (calls queued, no wait), beside the wall time of one call with a synchronize after
-it (scripts/torch_gpu.py --parts overhead). Then the same for other query tiles of the
-default forward, which the kernel's time may favour at a one-block grid.
+it (scripts/torch_gpu.py --parts overhead). With ``--tiles`` the same for other query
+tiles of the default forward, which the kernel's time may favour at a one-block grid.
 
-    python3 lab/sweeps/small_call_parts.py [--dtype float32] [--calls 1000] [--breakdown]
+    python3 lab/sweeps/small_call_parts.py [--dtype float32] [--calls 1000] [--breakdown] [--tiles]
 
 ``--breakdown`` instead times, on the host alone, each step numbaflash.torch.attention
 takes before and around the launch on a repeated call (each step in a loop of its own).
@@ -105,6 +105,7 @@ def main():
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--calls", type=int, default=1000)
     ap.add_argument("--breakdown", action="store_true")
+    ap.add_argument("--tiles", action="store_true", help="also other query tiles")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     torch.manual_seed(0)
@@ -115,7 +116,7 @@ def main():
         ways = [("SDPA", lambda: F.scaled_dot_product_attention(q, k, v)),
                 ("numbaflash.torch.attention", lambda: nft.attention(q, k, v)),
                 ("raw launch", raw_launch(q, k, v))]
-        for tiles in ((64, 64), (32, 64), (16, 64)):
+        for tiles in ((64, 64), (32, 64), (16, 64)) if args.tiles else ():
             try:
                 nft.attention(q, k, v, tiles=tiles)
             except ValueError as e:
