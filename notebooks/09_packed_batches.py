@@ -282,12 +282,12 @@ print(source[start:])
 print(inspect.getsource(sequences._rows))
 
 # %% [markdown]
-# A view is the clear way to say "this sequence's rows", and every rung reads packed
-# batches that way, but one: forward v10, the GPU's float16 and bfloat16 default, which
-# is fast enough for the view's cost to show. It takes the packed arrays as they are,
-# (total, heads, d), and adds the sequence's first row to each row index
-# (`sequences.make_packed_rows`); its grid is (tiles, heads, batch), so a block reads its
-# head and its sequence from its indices instead of dividing bh. The
+# A view is the clear way to say "this sequence's rows", and the plain rungs read packed
+# batches that way. The GPU's defaults are fast enough for the view's cost to show:
+# forward v8, v9 and v10 and backward v6, v9 and v10 take the packed arrays as they are,
+# (total, heads, d), and add the sequence's first row to each row index
+# (`sequences.make_packed_rows`); their grids are (tiles, heads, batch), so a block reads
+# its head and its sequence from its indices instead of dividing bh. The
 # `kernels/sequences.py` docstring says what each step cost in registers.
 #
 # The same steps in NumPy, for the five sequences of sections 1 and 2 (self-attention,

@@ -808,9 +808,10 @@ def _flash_window(window_size):
 _FLASH = {}                 # _flash_key -> _FlashLayout
 _FLASH_MAX = 256
 # flash_attn_func with gradients through the packed backward (in place) or through the
-# copies. The packed backward builds that read views cost 1.5x-1.9x the copies' time
-# (lab/runs/2026-12-06/135_layout_*_grad.txt); the builds that read the arrays as they
-# are (backward v6, v9) have not been timed on this layout, so the copies stay.
+# copies. At (2, 4096, 16, 64) on an H100 the packed backward reading the arrays as they
+# are (backward v6, v9) took more time than the copies and the plain backward in
+# float32, causal or not, and the same in float16
+# (lab/runs/2026-12-06/136_layout_*_grad.txt), so the copies stay.
 _FLASH_GRAD_IN_PLACE = False
 
 
