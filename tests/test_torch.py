@@ -37,6 +37,7 @@ import numbaflash.api  # noqa: E402
 from numbaflash import reference  # noqa: E402
 from numbaflash.masks import visible  # noqa: E402
 import numbaflash.torch as nft  # noqa: E402
+from numbaflash import torch_dropins as dropins  # noqa: E402
 
 from backward_checks import check_backward  # noqa: E402
 from tolerance import (assert_bitwise_equal, assert_close_f64,  # noqa: E402
@@ -685,10 +686,10 @@ def test_flash_layout_cu_seqlens_of_empty_sequences():
                    alibi_slopes=None)
     q = torch.zeros(2, 0, 4, 8, dtype=torch.float16)
     k = v = torch.zeros(2, 3, 4, 8, dtype=torch.float16)
-    layout = nft._FlashLayout(q, k, v, options)
+    layout = dropins._FlashLayout(q, k, v, options)
     assert layout.cu_q.tolist() == [0, 0, 0] and layout.cu_k.tolist() == [0, 3, 6]
     assert layout.cu_q.dtype == torch.int32 and not layout.in_place
-    layout = nft._FlashLayout(k, q, q, options)
+    layout = dropins._FlashLayout(k, q, q, options)
     assert layout.cu_q.tolist() == [0, 3, 6] and layout.cu_k.tolist() == [0, 0, 0]
 
 
@@ -726,13 +727,13 @@ def test_flash_attn_func_reads_cuda_tensors_in_place(monkeypatch, dtype, causal,
     with monkeypatch.context() as patch:
         patch.setattr(nft.api, "attention", refuse)
         nft._FAST.clear()
-        nft._FLASH.clear()
+        dropins._FLASH.clear()
         with torch.no_grad():
             first = nft.flash_attn_func(q, k, v, causal=causal)
             assert any(key[0] == "flash" for key in nft._FAST), "not remembered"
             again = nft.flash_attn_func(q, k, v, causal=causal)       # launched directly
-    (layout,) = nft._FLASH.values()
-    assert layout.in_place and layout.in_place_grad == nft._FLASH_GRAD_IN_PLACE
+    (layout,) = dropins._FLASH.values()
+    assert layout.in_place and layout.in_place_grad == dropins._FLASH_GRAD_IN_PLACE
     ways = []
     for in_place in (False, True):      # with gradients: the copies, and in place
         layout.in_place_grad = in_place
@@ -963,7 +964,7 @@ def test_cpu_decoding_calls_are_never_launched_directly():
     caches = torch.zeros(1, 1, 16, 8)
     options = dict(causal=False, scale=None, window_size=None, softcap=None,
                    alibi_slopes=None, num_splits=None)
-    assert nft._decode_key([q, caches, caches, None, None], 5, options) is None
+    assert dropins._decode_key([q, caches, caches, None, None], 5, options) is None
 
 
 def _decode_inputs(dtype, seed, B=2, Hq=8, Hk=2, S_max=300, d=64):
@@ -1003,7 +1004,7 @@ def test_repeated_decoding_calls_launch_directly_with_the_same_bits(monkeypatch,
     def refuse(*args, **kwargs):
         raise AssertionError("the repeated call took the whole path")
 
-    monkeypatch.setattr(nft.api_kvcache, "attention_with_kvcache", refuse)
+    monkeypatch.setattr(dropins.api_kvcache, "attention_with_kvcache", refuse)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
