@@ -158,8 +158,9 @@ class _FlashLayout:
     the packed forward's kernel reads the packed arrays as they are (its module's
     ``PACKED_ROWS``: forward v8, v9, v10) and the tensors are C-contiguous; with
     gradients, only where ``_FLASH_GRAD_IN_PLACE`` allows it. Every other kind of call
-    takes the copies. The cu_seqlens stay on the host (CPU tensors: checking them costs no wait
-    for the GPU), and the kernels' copy of them is made once (varlen.device_seqs)."""
+    takes the copies. The cu_seqlens stay on the host (CPU tensors: checking them costs
+    no wait for the GPU), and the kernels' copy of them is made once
+    (varlen.device_seqs)."""
 
     def __init__(self, q, k, v, variants):
         check_attention_inputs(*(x.transpose(1, 2) for x in (q, k, v)), **variants)
