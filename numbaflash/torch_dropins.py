@@ -263,10 +263,10 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     (float32 on forward v8 / v9, float16 and bfloat16 plain attention on forward v10;
     without ALiBi or dropout): they are seen as a packed batch of equal lengths, (batch
     * seqlen, heads, d) views of the same memory, and out is written in this layout.
-    Calls with gradients, and everything else, are copied to (batch, heads, seqlen, d) (``transpose(1, 2).contiguous()``),
-    ``attention`` runs on the copies, and out comes back transposed the same way;
-    autograd carries the gradients through the transposes. docs/pytorch.md has the
-    measured cost of each way.
+    Calls with gradients, and everything else, are copied to (batch, heads, seqlen, d)
+    (``transpose(1, 2).contiguous()``), ``attention`` runs on the copies, and out comes
+    back transposed the same way; autograd carries the gradients through the transposes.
+    docs/pytorch.md has the measured cost of each way.
 
     Args:
         q: (batch, Sq, Hq, d); k, v: (batch, Sk, Hkv, d). float16, bfloat16, float32 or
