@@ -31,6 +31,14 @@ make_backward_dkdv_v6 says how). Each variant step is a compile-time switch
 (``_variant_flags``, ``variant.dropout``): plain attention compiles none of them and
 computes the same bits as before they existed.
 
+Packed batches (numbaflash/varlen.py): both kernels read the packed (total, heads, d)
+arrays as they are, each row index plus the sequence's first row, on (tiles, heads,
+batch) grids (kernels/sequences.py's packed rows; ``packed_rows`` of the work
+functions): at d = 64 168 and 169 registers, where the per-sequence views took up to 255
+with spills (lab/runs/2026-12-06/packed_rows_backward_registers.txt), and the float32
+packed batch's forward + backward went from 0.87x the padded batch's speed to 1.47x
+(lab/runs/2026-12-05/116_varlen_speed_f32.txt, lab/runs/2026-12-06/136_varlen_speed_f32.txt).
+
 The default on a GPU for plain float32 and float16 attention with d <= 128 and finite
 inputs. Deterministic: the gradients are the same bits with any of its tiles, with or
 without pairs. Inline PTX and warp shuffles on a GPU; on the simulator
