@@ -700,11 +700,11 @@ def test_flash_layout_cu_seqlens_of_empty_sequences():
                                               (torch.float32, True, 128)])
 def test_flash_attn_func_reads_cuda_tensors_in_place(monkeypatch, dtype, causal, d):
     """Plain flash_attn_func on CUDA tensors without gradients reads them in place
-    (torch.py's _FlashLayout: numbaflash.attention, the copies' path, is never called;
-    float16 and bfloat16 on forward v10, float32 on v8 and v9), a repeated call launches
-    directly, and out is the bits of numbaflash.torch.attention on (batch, heads,
-    seqlen, d) copies: the same kernels' arithmetic, on a packed batch of equal lengths
-    (Sq != Sk, rows past a tile). With gradients, through the copies and in place on
+    (torch_dropins.py's _FlashLayout: numbaflash.attention, the copies' path, is never
+    called; float16 and bfloat16 on forward v10, float32 on v8 and v9), a repeated call
+    launches directly, and out is the bits of numbaflash.torch.attention on (batch,
+    heads, seqlen, d) copies: the same kernels' arithmetic, on a packed batch of equal
+    lengths (Sq != Sk, rows past a tile). With gradients, through the copies and in place on
     the packed backward (float32 backward v6, 16-bit v9), the gradients are attention's
     bits."""
     B, Sq, Sk, H = 2, 77, 130, 4
@@ -739,6 +739,7 @@ def test_flash_attn_func_reads_cuda_tensors_in_place(monkeypatch, dtype, causal,
         layout.in_place_grad = in_place
         ways.append(grads_of(lambda a, b, c: nft.flash_attn_func(a, b, c, causal=causal),
                              (q, k, v), dout))
+    layout.in_place_grad = dropins._FLASH_GRAD_IN_PLACE     # as other calls find it
     torch.cuda.synchronize()
     assert first.shape == (B, Sq, H, d) and first.is_contiguous()
     for name, got in (("first", first), ("again", again), ("with autograd", ways[0][0]),
