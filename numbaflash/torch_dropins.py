@@ -182,9 +182,9 @@ class _FlashLayout:
             # With gradients, in place only where the packed backward's kernels read the
             # arrays as they are too (PACKED_ROWS) and that is known to be faster than
             # the copies (_FLASH_GRAD_IN_PLACE)
-            backward_plans = api.plan_backward(p)
-            self.in_place_grad = _FLASH_GRAD_IN_PLACE and self.in_place and getattr(
-                backward_kernels.module(backward_plans[-1].version), "PACKED_ROWS", False)
+            if _FLASH_GRAD_IN_PLACE and self.in_place:
+                backward = backward_kernels.module(api.plan_backward(p)[-1].version)
+                self.in_place_grad = getattr(backward, "PACKED_ROWS", False)
         self.fast_key = None
 
 

@@ -22,8 +22,8 @@ import numbaflash.torch as nft
 DEV = "cuda"
 
 
-def alone(fn, repeats=30):
-    for _ in range(3):
+def alone(fn, repeats=30, warmup=3):
+    for _ in range(warmup):
         fn()
     times = []
     for _ in range(repeats):
@@ -36,8 +36,8 @@ def alone(fn, repeats=30):
     return statistics.median(times)
 
 
-def queued(fn, calls=50, repeats=5):
-    for _ in range(3):
+def queued(fn, calls=50, repeats=5, warmup=3):
+    for _ in range(warmup):
         fn()
     times = []
     for _ in range(repeats):
@@ -52,10 +52,10 @@ def queued(fn, calls=50, repeats=5):
     return statistics.median(times)
 
 
-def host_us(fn, calls=200):
+def host_us(fn, calls=200, warmup=3):
     """The host's time per call, the GPU kept busy (no wait in the loop)."""
     import time
-    for _ in range(3):
+    for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     t0 = time.perf_counter()

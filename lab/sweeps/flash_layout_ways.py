@@ -14,7 +14,6 @@ scripts/torch_gpu.py --parts layout times them) and of 5 x 20 calls queued back 
 """
 import argparse
 import fcntl
-import statistics
 import time
 
 import torch
@@ -22,33 +21,17 @@ import torch
 import numbaflash.torch as nft
 from numbaflash import torch_dropins
 
+import flash_layout_parts  # noqa: E402  (this folder: its timers)
+
 DEV = "cuda"
 
 
-def alone(fn, repeats=20):
-    times = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+def alone(fn):
+    return flash_layout_parts.alone(fn, repeats=20, warmup=0)
 
 
-def queued(fn, calls=20, repeats=5):
-    times = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        a.record()
-        for _ in range(calls):
-            fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / calls)
-    return statistics.median(times)
+def queued(fn):
+    return flash_layout_parts.queued(fn, calls=20, repeats=5, warmup=0)
 
 
 def main():

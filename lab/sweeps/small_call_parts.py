@@ -13,7 +13,6 @@ takes before and around the launch on a repeated call (each step in a loop of it
 import argparse
 import os
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
@@ -24,19 +23,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import numbaflash.torch as nft  # noqa: E402
 from torch_gpu import raw_launch, wall_ms  # noqa: E402
 
+import flash_layout_parts  # noqa: E402  (this folder: its timers)
+
 DEV = "cuda"
 
 
 def host_us(fn, calls):
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / calls * 1e6
+    return flash_layout_parts.host_us(fn, calls, warmup=10)
 
 
 def kernel_us(fn, calls=100):
