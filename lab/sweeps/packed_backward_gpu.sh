@@ -10,16 +10,20 @@
 #   bash lab/sweeps/packed_backward_gpu.sh ncu       # Nsight Compute on the float32 d = 64
 #                                                    # kernels of both layouts
 #   bash lab/sweeps/packed_backward_gpu.sh both      # kernels, then ncu
+#   bash lab/sweeps/packed_backward_gpu.sh trees DIR # kernels for the tree whose numbaflash/
+#                                                    # is in DIR and for this one (names
+#                                                    # ending _before, _after), then ncu
+#                                                    # on this one
 set -u
 cd "$(dirname "$0")/../.."
 L="bash lab/sweeps/logged.sh"
 K="python3 lab/sweeps/packed_backward_kernels.py"
-kernels() {
-    $L packed_bwd_f32_d64 300 $K --dtype float32 --dim 64 &
-    $L packed_bwd_f32_d64_causal 300 $K --dtype float32 --dim 64 --causal &
-    $L packed_bwd_f32_d128 300 $K --dtype float32 --dim 128 &
-    $L packed_bwd_f16_d64 300 $K --dtype float16 --dim 64 &
-    wait
+kernels() {     # [suffix]: names end with it
+    local x=${1:-}
+    $L packed_bwd_f32_d64$x 300 $K --dtype float32 --dim 64 &
+    $L packed_bwd_f32_d64_causal$x 300 $K --dtype float32 --dim 64 --causal &
+    $L packed_bwd_f32_d128$x 300 $K --dtype float32 --dim 128 &
+    $L packed_bwd_f16_d64$x 300 $K --dtype float16 --dim 64 &
 }
 profile() {
     $L packed_bwd_ncu_f32_d64 400 ncu --section SpeedOfLight --section MemoryWorkloadAnalysis \
@@ -29,7 +33,14 @@ profile() {
         $K --once --dtype float32 --dim 64
 }
 case "${1:-both}" in
-kernels) kernels ;;
+kernels) kernels; wait ;;
 ncu) profile ;;
-both) kernels; profile ;;
+both) kernels; wait; profile ;;
+trees)
+    before=$(cd "$2" && pwd)
+    (PYTHONPATH="$before:${PYTHONPATH:-}"; export PYTHONPATH; kernels _before; wait) &
+    kernels _after
+    wait
+    profile
+    ;;
 esac

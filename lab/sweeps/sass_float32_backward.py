@@ -3,6 +3,7 @@ opcode: no GPU.
 
     NUMBA_ENABLE_CUDASIM=0 python lab/sweeps/sass_float32_backward.py [--nvdisasm PATH]
                                                                       [--versions v6,v10]
+                                                                      [--layouts plain,packed]
 
 Compiles backward v6's two kernels (and v10's, where the tree has it: v6's kernels with
 the running dK, dV, dQ given to the big*big mma as its C operand) for float32 inputs,
@@ -20,7 +21,9 @@ once).
 The backward kernels take finite inputs only, so there is no cold fix-up code to leave
 out. Run it in the tree to measure, with PYTHONPATH pointing at another tree's
 numbaflash/ to compare (lab/runs/2026-12-05/sass_float32_backward.txt holds a before and
-after).
+after). ``--layouts packed`` compiles the packed builds instead (``Variant(varlen=True)``,
+the (total, heads, d) arrays as they are: what a packed batch, and
+numbaflash.torch.flash_attn_func reading in place, run), without GQA.
 """
 
 import argparse
@@ -40,6 +43,7 @@ import sass_half  # noqa: E402  (its cubin, loop_bodies and opcodes; tests/ptx_c
 from sass_half import ptx_check  # noqa: E402
 from numba import cuda  # noqa: E402
 from numbaflash.kernels import backward as bwd  # noqa: E402
+from numbaflash.kernels.variants import PLAIN, Variant  # noqa: E402
 
 CASES = ((64, False), (128, False), (64, True))     # (d, causal)
 FLOAT_OPS = ("FADD", "FMUL", "FFMA", "FSETP", "FSEL", "MUFU")
@@ -68,6 +72,9 @@ def main():
     ap.add_argument("--nvdisasm", default=shutil.which("nvdisasm"))
     ap.add_argument("--versions", default="v6,v10",
                     help="backward versions to compile, those of them the tree has")
+    ap.add_argument("--layouts", default="plain",
+                    help="plain, packed or plain,packed: the (B*H, S, d) builds, the packed "
+                         "batch's (total, heads, d) builds")
     args = ap.parse_args()
     if not args.nvdisasm:
         sys.exit("nvdisasm not found: pip install nvidia-cuda-nvdisasm, or pass --nvdisasm")
@@ -82,14 +89,19 @@ def main():
             module = bwd.module(version)
             for d, causal in CASES:
                 plan = v6.default_backward_v6_plan(d, causal, f32, "gpu")
-                for kind, sig in (("dkdv", dkdv_sig), ("dq", dq_sig)):
-                    Br, Bc, pairs = plan[kind]
-                    chunk = v6.backward_v6_chunk(kind, Br, Bc)
-                    make = getattr(module, f"make_backward_{kind}_{version}")
-                    tag = (f"backward {version} {kind} d={d}{' causal' if causal else ''} "
-                           f"({Br}, {Bc}){' pairs' if pairs else ''} chunk {chunk}")
-                    report(tag, make(Br, Bc, d, causal, chunk, pairs), sig, args.nvdisasm,
-                           tmp)
+                for layout in args.layouts.split(","):
+                    # the packed builds take the same argument types (C-contiguous 3-d
+                    # arrays, (total, heads, d) instead of (B*H, S, d))
+                    variant = Variant(varlen=True) if layout == "packed" else PLAIN
+                    for kind, sig in (("dkdv", dkdv_sig), ("dq", dq_sig)):
+                        Br, Bc, pairs = plan[kind]
+                        chunk = v6.backward_v6_chunk(kind, Br, Bc)
+                        make = getattr(module, f"make_backward_{kind}_{version}")
+                        tag = (f"backward {version} {layout} {kind} d={d}"
+                               f"{' causal' if causal else ''} ({Br}, {Bc})"
+                               f"{' pairs' if pairs else ''} chunk {chunk}")
+                        report(tag, make(Br, Bc, d, causal, chunk, pairs, variant=variant),
+                               sig, args.nvdisasm, tmp)
 
 
 if __name__ == "__main__":
