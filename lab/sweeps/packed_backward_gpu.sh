@@ -14,6 +14,13 @@
 #                                                    # is in DIR and for this one (names
 #                                                    # ending _before, _after), then ncu
 #                                                    # on this one
+#   bash lab/sweeps/packed_backward_gpu.sh final DIR # one call: the packed and plain tests,
+#                                                    # memcheck, then (timed one at a time
+#                                                    # under one lock) the float32 kernels
+#                                                    # of DIR's tree and this one, and
+#                                                    # flash_attn_func's two ways with
+#                                                    # gradients; then the float32 packed
+#                                                    # batch against the padded one
 set -u
 cd "$(dirname "$0")/../.."
 L="bash lab/sweeps/logged.sh"
@@ -42,5 +49,37 @@ trees)
     kernels _after
     wait
     profile
+    ;;
+final)
+    before=$(cd "$2" && pwd)
+    LOCK=/tmp/packed_backward_kernels.lock
+    W="python3 lab/sweeps/flash_layout_ways.py --lock $LOCK"
+    SAN="compute-sanitizer --error-exitcode 1 --tool"
+    exec 9>$LOCK
+    flock 9
+    # the timing processes compile now and wait for the lock this shell holds
+    (PYTHONPATH="$before:${PYTHONPATH:-}"; export PYTHONPATH
+     $L packed_bwd_f32_d64_before 500 $K --dtype float32 --dim 64 &
+     $L packed_bwd_f32_d64_causal_before 500 $K --dtype float32 --dim 64 --causal &
+     wait) 9>&- &
+    $L packed_bwd_f32_d64_after 500 $K --dtype float32 --dim 64 9>&- &
+    $L packed_bwd_f32_d64_causal_after 500 $K --dtype float32 --dim 64 --causal 9>&- &
+    $L packed_bwd_f32_d128_after 500 $K --dtype float32 --dim 128 9>&- &
+    $L layout_f32_d64_grad 500 $W --dtype float32 --dim 64 --grad 9>&- &
+    $L layout_f32_d64_causal_grad 500 $W --dtype float32 --dim 64 --causal --grad 9>&- &
+    ( $L tests_varlen_v6 250 python3 -m pytest -q -n 4 -p no:cacheprovider \
+          tests/test_varlen.py -k "v6 or v10 or v8 or packed_rows" 9>&- &
+      $L tests_torch_in_place 250 python3 -m pytest -q -n 2 -p no:cacheprovider \
+          tests/test_torch.py -k "in_place" 9>&- &
+      $L memcheck_varlen_bwd_v6_float32 250 $SAN memcheck python3 scripts/sanitize_target.py \
+          --varlen --backward v6 --dtype float32 9>&- &
+      $L memcheck_bwd_v6 250 $SAN memcheck python3 scripts/sanitize_target.py \
+          --backward v6 9>&- &
+      wait ) 9>&-
+    flock -u 9
+    exec 9>&-
+    wait
+    $L varlen_speed_f32 130 python3 scripts/varlen_gpu.py --parts speed --dtypes float32 \
+        --dims 64
     ;;
 esac

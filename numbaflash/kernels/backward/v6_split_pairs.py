@@ -91,14 +91,41 @@ DKDV_DROPOUT_MAX_REGISTERS = 168
 DKDV_DROPOUT_CAP_MAX_HEAD_DIM = 64
 
 
+# A packed batch read as it is (packed rows) holds the sequence's first rows and lengths
+# in registers of its own: ptxas gave the causal packed dK/dV kernel at d = 64 170
+# registers (the plain one 167), which leaves two blocks on an SM instead of three; capped
+# at 168 it takes 167 without spills, and the dQ kernel 168 (4 bytes of spill stores
+# causal, none otherwise; lab/runs/2026-12-06/packed_v6_registers.txt). Both kernels'
+# packed builds are capped at d <= 64, unless a score modifier or mask needs registers
+# of its own (with dropout the dK/dV kernel has the cap above, the dQ kernel none).
+PACKED_MAX_REGISTERS = 168
+
+
+def _modifies(variant):
+    """Whether ``variant`` computes more than plain attention's P per entry (a score
+    modifier, a mask by element, a window or a table of visible tiles)."""
+    flags = _variant_flags(variant)
+    return flags.scores or flags.by_element or flags.window or flags.tile_table
+
+
 def dkdv_register_cap(variant, d):
     """The registers the dK/dV kernel for ``variant`` at head dim ``d`` may use (above),
     or None (no cap)."""
-    flags = _variant_flags(variant)
-    dropout_alone = variant.dropout and not (flags.scores or flags.by_element
-                                             or flags.window or flags.tile_table)
-    if dropout_alone and d <= DKDV_DROPOUT_CAP_MAX_HEAD_DIM:
+    if d > DKDV_DROPOUT_CAP_MAX_HEAD_DIM or _modifies(variant):
+        return None
+    if variant.dropout:
         return DKDV_DROPOUT_MAX_REGISTERS
+    if variant.varlen:
+        return PACKED_MAX_REGISTERS
+    return None
+
+
+def dq_register_cap(variant, d):
+    """The registers the dQ kernel for ``variant`` at head dim ``d`` may use: the packed
+    build's cap (above), or None (no cap)."""
+    if (variant.varlen and not variant.dropout and d <= DKDV_DROPOUT_CAP_MAX_HEAD_DIM
+            and not _modifies(variant)):
+        return PACKED_MAX_REGISTERS
     return None
 
 
@@ -131,6 +158,17 @@ def _make_v6_helpers(d, varlen=False, packed_rows=False):
         ``a_first``: the sequence's first row in a packed array read as it is (else 0)."""
         base = position(A, bh, a_first + first, nrows, d)
         step = A.shape[1] * d if ROWS else row_step(A, d)
+        if threads % DP == 0:
+            # each thread keeps one column k and steps down the rows: no division per
+            # element, and the address grows by a fixed amount (packed rows: step is known
+            # only at run time)
+            k = tid % DP
+            at = base + (tid // DP) * step + k
+            for r in range(tid // DP, rows, threads // DP):
+                inside = first + r < nrows and k < d
+                T[U(r * STRIDE + k)] = acc(flat_load(A, U(at))) if inside else ZERO
+                at += (threads // DP) * step
+            return
         for idx in range(tid, rows * DP, threads):
             r = idx // DP
             k = idx % DP
@@ -143,6 +181,16 @@ def _make_v6_helpers(d, varlen=False, packed_rows=False):
         ones (load_pair reads them)."""
         base = position(A, bh, a_first + first, nrows, d)
         step = A.shape[1] * d if ROWS else row_step(A, d)
+        if threads % DP == 0:
+            k = tid % DP            # one column per thread, as stage
+            at = base + (tid // DP) * step + k
+            for r in range(tid // DP, rows, threads // DP):
+                inside = first + r < nrows and k < d
+                big, small = split_finite(acc(flat_load(A, U(at))) if inside else ZERO)
+                at += (threads // DP) * step
+                T[U(r * STRIDE + k)] = big
+                T[U((rows + r) * STRIDE + k)] = small
+            return
         for idx in range(tid, rows * DP, threads):
             r = idx // DP
             k = idx % DP
@@ -695,7 +743,7 @@ def make_backward_dq_v6(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False,
     work = make_dq_v6_work(Br, Bc, d, causal, chunk, pairs, gqa, variant,
                            packed_rows=variant.varlen)
 
-    @cuda.jit(**jit_options())
+    @cuda.jit(**jit_options(dq_register_cap(variant, d)))
     def backward_dq_v6(Q, K, V, dO, L, D, dQ, softmax_scale, causal_offset, window_lo, Hq,
                        group, softcap, slopes, attn_mask, tiles, seed_lo, seed_hi,
                        keep_threshold, keep_scale, seqs):
