@@ -35,6 +35,7 @@ import functools
 import logging
 import math
 
+import numba
 import numpy as np
 from numba import cuda
 
@@ -276,7 +277,10 @@ def launch_backward(plans, p, Q, K, V, O, dO, L, D, dQ, dK, dV, slopes=None, att
             args = (dO, O, D)
             if rows:
                 args = (arrays.heads_first(dO), arrays.heads_first(O), D)
-            if seqs is not None:
+                # (heads, total, d) views of C-contiguous arrays: their Numba types stand
+                # for them in the key (typing two arrays costs less than the dispatcher)
+                key = (types_key, numba.typeof(args[0]), numba.typeof(args[1]))
+            elif seqs is not None:
                 key = None                  # views: typed by Numba's dispatcher
         else:
             kernel = version.kernel(plan, p)

@@ -479,25 +479,23 @@ def test_packed_rows_versions():
     assert [v for v, _ in FORWARD_PACKED_ROWS] == ["v8", "v9", "v10"]
 
 
-def test_packed_backward_v6_register_caps():
-    """Backward v6's packed builds (and v10's, which run v6's work) ask ptxas for at most
-    PACKED_MAX_REGISTERS at d <= 64, so that three blocks of 128 threads stay on an SM
-    (v6_split_pairs.py says why); the plain builds and the variants with a score modifier
-    or mask keep ptxas's choice, and with dropout the dK/dV kernel keeps dropout's cap."""
+def test_packed_backward_v6_register_cap():
+    """Backward v6's packed dK/dV builds (and v10's, which run v6's work) ask ptxas for at
+    most PACKED_MAX_REGISTERS at d <= 64, so that three blocks of 128 threads stay on an
+    SM (v6_split_pairs.py says why); the plain builds and the variants with a score
+    modifier or mask keep ptxas's choice, and with dropout the kernel keeps dropout's
+    cap."""
     from numbaflash.kernels.backward import v6_split_pairs as v6
     from numbaflash.kernels.variants import Variant
     cap = v6.PACKED_MAX_REGISTERS
-    packed = Variant(varlen=True)
-    for rule in (v6.dkdv_register_cap, v6.dq_register_cap):
-        assert rule(packed, 64) == cap
-        assert rule(packed, 1) == cap
-        assert rule(packed, 65) is None
-        assert rule(Variant(), 64) is None
-        assert rule(Variant(varlen=True, softcap=True), 64) is None
-        assert rule(Variant(varlen=True, window=True), 64) is None
-    assert v6.dkdv_register_cap(Variant(varlen=True, dropout=True), 64) == \
-        v6.DKDV_DROPOUT_MAX_REGISTERS
-    assert v6.dq_register_cap(Variant(varlen=True, dropout=True), 64) is None
+    rule = v6.dkdv_register_cap
+    assert rule(Variant(varlen=True), 64) == cap
+    assert rule(Variant(varlen=True), 1) == cap
+    assert rule(Variant(varlen=True), 65) is None
+    assert rule(Variant(), 64) is None
+    assert rule(Variant(varlen=True, softcap=True), 64) is None
+    assert rule(Variant(varlen=True, window=True), 64) is None
+    assert rule(Variant(varlen=True, dropout=True), 64) == v6.DKDV_DROPOUT_MAX_REGISTERS
 
 
 @pytest.mark.parametrize("version,dtype", FORWARD_PACKED_ROWS)

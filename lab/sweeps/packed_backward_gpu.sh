@@ -21,6 +21,11 @@
 #                                                    # flash_attn_func's two ways with
 #                                                    # gradients; then the float32 packed
 #                                                    # batch against the padded one
+#   bash lab/sweeps/packed_backward_gpu.sh layout    # flash_attn_func's two ways with
+#                                                    # gradients (float32 d = 64 causal and
+#                                                    # not, d = 128, float16 d = 64) and the
+#                                                    # float32 d = 64 kernels, timed one at a
+#                                                    # time under one lock
 set -u
 cd "$(dirname "$0")/../.."
 L="bash lab/sweeps/logged.sh"
@@ -49,6 +54,17 @@ trees)
     kernels _after
     wait
     profile
+    ;;
+layout)
+    LOCK=/tmp/packed_backward_kernels.lock
+    W="python3 lab/sweeps/flash_layout_ways.py --lock $LOCK"
+    $L packed_bwd_f32_d64 250 $K --dtype float32 --dim 64 &
+    $L packed_bwd_f32_d64_causal 250 $K --dtype float32 --dim 64 --causal &
+    $L layout_f32_d64_grad 250 $W --dtype float32 --dim 64 --grad &
+    $L layout_f32_d64_causal_grad 250 $W --dtype float32 --dim 64 --causal --grad &
+    $L layout_f32_d128_grad 250 $W --dtype float32 --dim 128 --grad &
+    $L layout_f16_d64_grad 250 $W --dtype float16 --dim 64 --grad &
+    wait
     ;;
 final)
     before=$(cd "$2" && pwd)

@@ -76,7 +76,7 @@ def make_backward_dq_v10(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False,
     work = v6.make_dq_v6_work(Br, Bc, d, causal, chunk, pairs, gqa, variant, accumulate=True,
                               packed_rows=variant.varlen)
 
-    @cuda.jit(**jit_options(v6.dq_register_cap(variant, d)))
+    @cuda.jit(**jit_options())
     def backward_dq_v10(Q, K, V, dO, L, D, dQ, softmax_scale, causal_offset, window_lo, Hq,
                         group, softcap, slopes, attn_mask, tiles, seed_lo, seed_hi,
                         keep_threshold, keep_scale, seqs):

@@ -94,10 +94,10 @@ DKDV_DROPOUT_CAP_MAX_HEAD_DIM = 64
 # A packed batch read as it is (packed rows) holds the sequence's first rows and lengths
 # in registers of its own: ptxas gave the causal packed dK/dV kernel at d = 64 170
 # registers (the plain one 167), which leaves two blocks on an SM instead of three; capped
-# at 168 it takes 167 without spills, and the dQ kernel 168 (4 bytes of spill stores
-# causal, none otherwise; lab/runs/2026-12-06/packed_v6_registers.txt). Both kernels'
-# packed builds are capped at d <= 64, unless a score modifier or mask needs registers
-# of its own (with dropout the dK/dV kernel has the cap above, the dQ kernel none).
+# at 168 it takes 167 without spills (lab/runs/2026-12-06/packed_v6_registers.txt). The
+# dQ kernel's packed builds take 166 and 168 uncapped (a cap only added spills there).
+# The dK/dV kernel's packed builds are capped at d <= 64, unless a score modifier or
+# mask needs registers of its own (with dropout, the cap above).
 PACKED_MAX_REGISTERS = 168
 
 
@@ -120,26 +120,33 @@ def dkdv_register_cap(variant, d):
     return None
 
 
-def dq_register_cap(variant, d):
-    """The registers the dQ kernel for ``variant`` at head dim ``d`` may use: the packed
-    build's cap (above), or None (no cap)."""
-    if (variant.varlen and not variant.dropout and d <= DKDV_DROPOUT_CAP_MAX_HEAD_DIM
-            and not _modifies(variant)):
-        return PACKED_MAX_REGISTERS
-    return None
-
-
 # What _make_v6_helpers and _streamed_tile_steps return: device functions, by name.
 V6Helpers = namedtuple("V6Helpers", "split_finite stage a_fragment mma3 load_split stage_pairs")
 StreamedTileSteps = namedtuple("StreamedTileSteps", "stage load")
 
 
-def _make_v6_helpers(d, varlen=False, packed_rows=False):
+def staging_by_columns(kind, d, pairs, packed_rows):
+    """Whether backward v6's ``kind`` kernel ("dkdv" or "dq") stages its tiles by
+    columns (_make_v6_helpers): each thread one column, down the rows with a running
+    index, instead of a flat index divided into row and column per element, which with
+    packed rows also multiplied each row by a stride known only at run time. It cuts the
+    instructions of the float32 kernels' tile loops (ptxas for sm_90,
+    lab/runs/2026-12-06/sass_packed_backward*.txt) and their times, each kernel timed
+    alone (lab/runs/2026-12-06/139_packed_bwd_*.txt, H100). Not for the plain dK/dV kernel
+    with split pairs at d <= 64: there ptxas took 174 registers instead of 167
+    (packed_v6_registers.txt), two blocks of 128 threads on an SM instead of three."""
+    return packed_rows or not (kind == "dkdv" and pairs and d <= 64)
+
+
+def _make_v6_helpers(d, varlen=False, packed_rows=False, columns=True):
     """Device functions shared by backward v6's two kernels: staging a tile, loading a
     split A fragment or B element, and the 3xTF32 product of split operands. ``varlen``:
     the arrays are a packed batch's views (kernels/sequences.py), whose flat positions
     come from their strides; with ``packed_rows`` the packed (total, heads, d) arrays as
-    they are (kernels/sequences.py's packed rows)."""
+    they are (kernels/sequences.py's packed rows). ``columns``: where the block's
+    threads are a multiple of the padded head dim, each thread stages one column down
+    the tile's rows with a running index (``staging_by_columns``); False keeps one flat
+    index per element, divided into row and column."""
     from ..ptx import flat_load, mma_tf32, split_tf32_finite as split_finite   # inline PTX
 
     acc = acc_type("float32")
@@ -150,6 +157,7 @@ def _make_v6_helpers(d, varlen=False, packed_rows=False):
     ROWS = packed_rows
     if packed_rows:
         position = make_packed_rows(True).position
+    COLUMNS = columns
 
     @cuda.jit(device=True, inline=True)
     def stage(T, A, bh, first, nrows, rows, tid, threads, a_first=0):
@@ -158,7 +166,7 @@ def _make_v6_helpers(d, varlen=False, packed_rows=False):
         ``a_first``: the sequence's first row in a packed array read as it is (else 0)."""
         base = position(A, bh, a_first + first, nrows, d)
         step = A.shape[1] * d if ROWS else row_step(A, d)
-        if threads % DP == 0:
+        if COLUMNS and threads % DP == 0:
             # each thread keeps one column k and steps down the rows: no division per
             # element, and the address grows by a fixed amount (packed rows: step is known
             # only at run time)
@@ -181,7 +189,7 @@ def _make_v6_helpers(d, varlen=False, packed_rows=False):
         ones (load_pair reads them)."""
         base = position(A, bh, a_first + first, nrows, d)
         step = A.shape[1] * d if ROWS else row_step(A, d)
-        if threads % DP == 0:
+        if COLUMNS and threads % DP == 0:
             k = tid % DP            # one column per thread, as stage
             at = base + (tid // DP) * step + k
             for r in range(tid // DP, rows, threads // DP):
@@ -228,12 +236,12 @@ def _make_v6_helpers(d, varlen=False, packed_rows=False):
     return V6Helpers(split_finite, stage, a_fragment, mma3, load_split, stage_pairs)
 
 
-def _streamed_tile_steps(d, pairs, rows, varlen=False, packed_rows=False):
+def _streamed_tile_steps(d, pairs, rows, varlen=False, packed_rows=False, columns=True):
     """(stage, load) for the tiles a backward v6 kernel streams (``rows`` rows each):
     staged plain and split where read (load_split), or, with ``pairs``, split once as
-    staged (stage_pairs) and read as (big, small); ``varlen``, ``packed_rows`` as
-    _make_v6_helpers'."""
-    helpers = _make_v6_helpers(d, varlen, packed_rows)
+    staged (stage_pairs) and read as (big, small); ``varlen``, ``packed_rows``,
+    ``columns`` as _make_v6_helpers'."""
+    helpers = _make_v6_helpers(d, varlen, packed_rows, columns)
     split_finite, stage = helpers.split_finite, helpers.stage
     load_split, stage_pairs = helpers.load_split, helpers.stage_pairs
     if not pairs:
@@ -440,10 +448,11 @@ def make_dkdv_v6_work(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False, var
     from ..ptx import exp2_approx      # inline PTX (simulator: simulated.py)
     ROWS = packed_rows and variant.varlen
     assert not (ROWS and dq_step is not None), "backward v8 reads packed batches by views"
-    helpers = _make_v6_helpers(d, variant.varlen, ROWS)
+    columns = staging_by_columns("dkdv", d, pairs, ROWS)
+    helpers = _make_v6_helpers(d, variant.varlen, ROWS, columns)
     split_finite, stage, a_fragment = helpers.split_finite, helpers.stage, helpers.a_fragment
     mma3, load_split = helpers.mma3, helpers.load_split
-    streamed = _streamed_tile_steps(d, pairs, Br, variant.varlen, ROWS)
+    streamed = _streamed_tile_steps(d, pairs, Br, variant.varlen, ROWS, columns)
     stage_q, load_q = streamed.stage, streamed.load
     acc = acc_type("float32")
     ZERO = acc(0)
@@ -743,7 +752,7 @@ def make_backward_dq_v6(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False,
     work = make_dq_v6_work(Br, Bc, d, causal, chunk, pairs, gqa, variant,
                            packed_rows=variant.varlen)
 
-    @cuda.jit(**jit_options(dq_register_cap(variant, d)))
+    @cuda.jit(**jit_options())
     def backward_dq_v6(Q, K, V, dO, L, D, dQ, softmax_scale, causal_offset, window_lo, Hq,
                        group, softcap, slopes, attn_mask, tiles, seed_lo, seed_hi,
                        keep_threshold, keep_scale, seqs):
@@ -769,10 +778,11 @@ def make_dq_v6_work(Br, Bc, d, causal, chunk=None, pairs=False, gqa=False, varia
     make_dkdv_v6_work's."""
     from ..ptx import exp2_approx      # inline PTX (simulator: simulated.py)
     ROWS = packed_rows and variant.varlen
-    helpers = _make_v6_helpers(d, variant.varlen, ROWS)
+    columns = staging_by_columns("dq", d, pairs, ROWS)
+    helpers = _make_v6_helpers(d, variant.varlen, ROWS, columns)
     split_finite, stage, a_fragment = helpers.split_finite, helpers.stage, helpers.a_fragment
     mma3, load_split = helpers.mma3, helpers.load_split
-    streamed = _streamed_tile_steps(d, pairs, Bc, variant.varlen, ROWS)
+    streamed = _streamed_tile_steps(d, pairs, Bc, variant.varlen, ROWS, columns)
     stage_kv, load_kv = streamed.stage, streamed.load
     acc = acc_type("float32")
     ZERO = acc(0)
