@@ -140,12 +140,19 @@ def _flash_window(window_size):
 
 _FLASH = {}                 # _flash_key -> _FlashLayout
 _FLASH_MAX = 256
-# flash_attn_func with gradients through the packed backward (in place) or through the
-# copies. At (2, 4096, 16, 64) on an H100 the packed backward reading the arrays as they
-# are (backward v6, v9) took more time than the copies and the plain backward in
-# float32, causal or not, and the same in float16
-# (lab/runs/2026-12-06/136_layout_*_grad.txt), so the copies stay.
-_FLASH_GRAD_IN_PLACE = False
+# flash_attn_func with gradients: in place (the packed backward reading the arrays as
+# they are) or through (batch, heads, seqlen, d) copies, by which was measured faster at
+# (2, 4096, 16, d) on an H100 (lab/runs/2026-12-06/140_layout_*_grad.txt): float32
+# without the causal mask in place (d = 64 and 128); float32 causal and float16 through
+# the copies. bfloat16 computes on float16's kernels and follows float16. The kinds that
+# run in place, as (dtype name, causal):
+_FLASH_GRAD_IN_PLACE = {("float32", False)}
+
+
+def _flash_grad_in_place(dtype, causal):
+    """Whether flash_attn_func with gradients runs in place for inputs of NumPy ``dtype``
+    (_FLASH_GRAD_IN_PLACE)."""
+    return (np.dtype(dtype).name, bool(causal)) in _FLASH_GRAD_IN_PLACE
 
 
 class _FlashLayout:
@@ -157,7 +164,7 @@ class _FlashLayout:
     2S, ...), and out is written in flash-attn's layout directly. That is taken where
     the packed forward's kernel reads the packed arrays as they are (its module's
     ``PACKED_ROWS``: forward v8, v9, v10) and the tensors are C-contiguous; with
-    gradients, only where ``_FLASH_GRAD_IN_PLACE`` allows it. Every other kind of call
+    gradients, only for the kinds ``_FLASH_GRAD_IN_PLACE`` names. Every other kind of call
     takes the copies. The cu_seqlens stay on the host (CPU tensors: checking them costs
     no wait for the GPU), and the kernels' copy of them is made once
     (varlen.device_seqs)."""
@@ -180,9 +187,9 @@ class _FlashLayout:
             self.in_place = getattr(forward_kernels.module(plan.version), "PACKED_ROWS",
                                     False)
             # With gradients, in place only where the packed backward's kernels read the
-            # arrays as they are too (PACKED_ROWS) and that is known to be faster than
+            # arrays as they are too (PACKED_ROWS) and that was measured faster than
             # the copies (_FLASH_GRAD_IN_PLACE)
-            if _FLASH_GRAD_IN_PLACE and self.in_place:
+            if self.in_place and _flash_grad_in_place(p.dtype, self.options["causal"]):
                 backward = backward_kernels.module(api.plan_backward(p)[-1].version)
                 self.in_place_grad = getattr(backward, "PACKED_ROWS", False)
         self.fast_key = None

@@ -693,6 +693,16 @@ def test_flash_layout_cu_seqlens_of_empty_sequences():
     assert layout.cu_q.tolist() == [0, 3, 6] and layout.cu_k.tolist() == [0, 0, 0]
 
 
+def test_flash_attn_func_with_gradients_in_place_where_measured_faster():
+    """With gradients, flash_attn_func runs in place for float32 without the causal mask
+    and through the copies otherwise (torch_dropins._FLASH_GRAD_IN_PLACE says why)."""
+    assert dropins._flash_grad_in_place(np.float32, False)
+    assert not dropins._flash_grad_in_place(np.float32, True)
+    for dtype in (np.float16, ml_dtypes.bfloat16):
+        for causal in (False, True):
+            assert not dropins._flash_grad_in_place(dtype, causal)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype, causal, d", [(torch.float16, True, 64),
                                               (torch.bfloat16, False, 64),
@@ -733,13 +743,16 @@ def test_flash_attn_func_reads_cuda_tensors_in_place(monkeypatch, dtype, causal,
             assert any(key[0] == "flash" for key in nft._FAST), "not remembered"
             again = nft.flash_attn_func(q, k, v, causal=causal)       # launched directly
     (layout,) = dropins._FLASH.values()
-    assert layout.in_place and layout.in_place_grad == dropins._FLASH_GRAD_IN_PLACE
+    numpy_dtype = {torch.float32: np.float32, torch.float16: np.float16,
+                   torch.bfloat16: ml_dtypes.bfloat16}[dtype]
+    default_grad = dropins._flash_grad_in_place(numpy_dtype, causal)
+    assert layout.in_place and layout.in_place_grad == default_grad
     ways = []
     for in_place in (False, True):      # with gradients: the copies, and in place
         layout.in_place_grad = in_place
         ways.append(grads_of(lambda a, b, c: nft.flash_attn_func(a, b, c, causal=causal),
                              (q, k, v), dout))
-    layout.in_place_grad = dropins._FLASH_GRAD_IN_PLACE     # as other calls find it
+    layout.in_place_grad = default_grad         # as other calls find it
     torch.cuda.synchronize()
     assert first.shape == (B, Sq, H, d) and first.is_contiguous()
     for name, got in (("first", first), ("again", again), ("with autograd", ways[0][0]),

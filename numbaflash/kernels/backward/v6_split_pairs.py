@@ -38,6 +38,10 @@ functions): at d = 64 168 and 169 registers, where the per-sequence views took u
 with spills (lab/runs/2026-12-06/packed_rows_backward_registers.txt), and the float32
 packed batch's forward + backward went from 0.87x the padded batch's speed to 1.47x
 (lab/runs/2026-12-05/116_varlen_speed_f32.txt, lab/runs/2026-12-06/136_varlen_speed_f32.txt).
+Then, staging by columns (``staging_by_columns``) and the packed dK/dV kernel's register
+cap (``PACKED_MAX_REGISTERS``) took it to 1.76x (139_varlen_speed_f32.txt, same folder),
+and the packed kernels to about the plain kernels' time on a batch of equal lengths
+(140_packed_bwd_f32_d64*.txt).
 
 The default on a GPU for plain float32 and float16 attention with d <= 128 and finite
 inputs. Deterministic: the gradients are the same bits with any of its tiles, with or
