@@ -136,10 +136,14 @@ def staging_by_columns(kind, d, pairs, packed_rows):
     packed rows also multiplied each row by a stride known only at run time. It cuts the
     instructions of the float32 kernels' tile loops (ptxas for sm_90,
     lab/runs/2026-12-06/sass_packed_backward*.txt) and their times, each kernel timed
-    alone (lab/runs/2026-12-06/139_packed_bwd_*.txt, H100). Not for the plain dK/dV kernel
-    with split pairs at d <= 64: there ptxas took 174 registers instead of 167
-    (packed_v6_registers.txt), two blocks of 128 threads on an SM instead of three."""
-    return packed_rows or not (kind == "dkdv" and pairs and d <= 64)
+    alone (lab/runs/2026-12-06/139_packed_bwd_*.txt, H100). The plain builds stage by
+    columns at d <= 64 only, and there not the dK/dV kernel with split pairs: ptxas took
+    174 registers for it instead of 167 (packed_v6_registers.txt), two blocks of 128
+    threads on an SM instead of three; at d = 128, where the kernels take 255, it spilled
+    (ptx_v6_columns_registers.txt)."""
+    if packed_rows:
+        return True
+    return d <= 64 and not (kind == "dkdv" and pairs)
 
 
 def _make_v6_helpers(d, varlen=False, packed_rows=False, columns=True):
