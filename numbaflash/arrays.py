@@ -233,10 +233,16 @@ def allocator(fn):
         _ALLOCATE.reset(token)
 
 
-def device_empty(shape, dtype, stream=DEFAULT):
+def caller_allocates():
+    """Whether the call runs inside ``allocator(fn)``."""
+    return _ALLOCATE.get() is not None
+
+
+def device_empty(shape, dtype, stream=DEFAULT, context=None):
     """An uninitialised device array for work on ``stream`` (a streams.CallStream): from
     the caller's allocator inside ``allocator(fn)``; else small ones reuse cached buffers
-    of that stream (above)."""
+    of that stream (above). ``context``: the current Numba CUDA context if the caller
+    has it (asking Numba for it costs microseconds a time)."""
     dtype = np.dtype(dtype)
     nbytes = dtype.itemsize * math.prod(shape)
     allocate = _ALLOCATE.get()
@@ -244,26 +250,67 @@ def device_empty(shape, dtype, stream=DEFAULT):
         return cuda.as_cuda_array(allocate(shape, dtype))
     if simulating() or nbytes == 0 or nbytes > POOL_MAX_BUFFER:
         return cuda.device_array(shape, dtype=dtype)
-    context = cuda.current_context()
+    if context is None:
+        context = cuda.current_context()
     return DeviceNDArray(shape, _c_strides(shape, dtype.itemsize), dtype,
                          gpu_data=_pool(context).take(context, nbytes, stream.handle))
 
 
-def scratch(nbytes, stream=DEFAULT):
+def scratch(nbytes, stream=DEFAULT, context=None):
     """``(owner, pointer)``: ``nbytes`` of device memory for work on ``stream`` that only
     kernels read and write (no array around it: cheaper than ``device_empty``), from the
     caller's allocator inside ``allocator(fn)``, else the stream's cache as for outputs.
-    The memory stays the caller's while ``owner`` lives. Not for the simulator."""
+    The memory stays the caller's while ``owner`` lives (outside ``allocator(fn)``, a
+    Numba MemoryPointer). ``context`` as for ``device_empty``. Not for the simulator."""
     allocate = _ALLOCATE.get()
     if allocate is not None:
         owner = allocate((nbytes,), np.uint8)
         return owner, owner.__cuda_array_interface__["data"][0]
-    context = cuda.current_context()
+    if context is None:
+        context = cuda.current_context()
     if nbytes > POOL_MAX_BUFFER:
         owner = context.memalloc(nbytes)
     else:
         owner = _pool(context).take(context, nbytes, stream.handle)
     return owner, int(owner.device_pointer)
+
+
+# --- scratch that stays with a stream -------------------------------------------------------
+#
+# A repeated decoding call (numbaflash/decode_direct.py) needs scratch memory that only its
+# own kernels read and write: the lengths and the splits' partial results. A stream runs
+# its kernels in order, so the scratch of one call on a stream can be the next call's on
+# that stream too: ``workspace`` keeps one buffer per (context, stream) and hands out the
+# same memory every time, grown (after waiting for the stream) when a call needs more.
+
+WORKSPACE_MAX = 64 << 20        # bytes: a call that needs more takes ``scratch`` instead
+_workspaces = {}                # (id(context), stream handle) -> (weakref(context), buffer)
+
+
+def workspace(nbytes, stream, context):
+    """The device address of at least ``nbytes`` of scratch for kernels on ``stream`` (a
+    streams.CallStream) and on no other stream, the same memory for every call on that
+    stream; None where ``scratch`` must be used instead: more than WORKSPACE_MAX, or
+    inside ``allocator(fn)`` (the caller's allocator then owns every buffer, as in a
+    CUDA graph's capture). Not for the simulator."""
+    if nbytes > WORKSPACE_MAX or _ALLOCATE.get() is not None:
+        return None
+    key = (id(context), stream.handle)
+    held = _workspaces.get(key)
+    if held is None or held[0]() is not context or held[1].size < nbytes:
+        if held is not None and held[0]() is context:
+            stream.synchronize()        # queued kernels may still use the old buffer
+        size = 1 << max(8, (nbytes - 1).bit_length())      # powers of two: few regrowths
+        held = _workspaces[key] = (weakref.ref(context), context.memalloc(size))
+    return int(held[1].device_pointer)
+
+
+def c_contiguous(shape, dtype, memory):
+    """A C-contiguous device array of ``shape`` and ``dtype`` on ``memory`` (a Numba
+    MemoryPointer, such as ``scratch``'s owner): for outputs whose buffers were taken
+    before their kernels were launched. Not for the simulator."""
+    dtype = np.dtype(dtype)
+    return DeviceNDArray(shape, _c_strides(shape, dtype.itemsize), dtype, gpu_data=memory)
 
 
 def finish(x, shape, host, stream=DEFAULT, dtype=None):

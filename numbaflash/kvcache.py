@@ -9,10 +9,12 @@ and values into the caches in place, then runs the split-KV kernels
 
 import contextlib
 import contextvars
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from numba import cuda
 from numba.cuda.cudadrv import driver
 
 from . import arrays, decode_direct, launcher
@@ -25,7 +27,8 @@ from .kernels.variants import Variant
 from .launcher import _context_key, _placeholders, launch
 from .masks import band, parse_causal, parse_window
 from .policy import DECODE_MODULES, decode_kernel, default_num_splits, where_to_plan
-from .streams import call_stream, ready_stream, wait_for
+from .streams import (call_stream, interface_stream, producer_stream, ready_handles,
+                      torch_stream, wait_for)
 from .dtypes import as_bits, kernel_dtype
 from .validate import (DTYPES_TEXT, GRID_Y_MAX, HEAD_DIM_MAX, SUPPORTED_DTYPES, _check_alibi,
                        _check_softcap, _shape_dtype, check_scale)
@@ -262,23 +265,25 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens, k=None, v=None
     options = dict(causal=causal, scale=scale, window_size=window_size, softcap=softcap,
                    alibi_slopes=alibi_slopes, num_splits=num_splits)
     memory = _device_memory((q, k_cache, v_cache, k, v))
-    key = direct_key(memory, cache_seqlens, options)
+    context = None if memory is None else cuda.current_context()
+    key = direct_key(memory, cache_seqlens, options, context)
     fast = decode_direct.lookup(key)
-    got = None if fast is None else _repeat(fast, q, k_cache, v_cache, k, v, memory,
-                                            cache_seqlens, stream)
+    got = None if fast is None else _repeat(fast, k, memory, cache_seqlens, stream, context)
     if got is None:
         with recording() as launched:
             got = _whole_call(q, k_cache, v_cache, cache_seqlens, k, v, stream, **options)
         if key is not None:
-            decode_direct.remember(key, launched, launcher.device_id())
+            decode_direct.remember(key, launched, context.device.id)
     return got if return_lse else got[0]
 
 
 def _device_memory(xs):
     """For each of q, k_cache, v_cache, k, v (None stays None): (shape, byte strides,
-    dtype, pointer) of a device array (a Numba one, or anything with the CUDA Array
-    Interface); None for all if any given one is not on the device (a call that is never
-    repeated directly), or on the simulator."""
+    dtype, pointer, producer) of a device array (a Numba one, or anything with the CUDA
+    Array Interface), producer being the handle of the stream it was made on
+    (``streams.producer_stream``); None for all if any given one is not on the device (a
+    call that is never repeated directly), or on the simulator. Each array's interface
+    is read once: this runs before every repeated decoding call."""
     if simulating():
         return None
     out = []
@@ -286,22 +291,26 @@ def _device_memory(xs):
         if x is None:
             out.append(None)
         elif hasattr(x, "gpu_data"):                # a Numba device array
-            out.append((x.shape, x.strides, x.dtype, x.device_ctypes_pointer.value or 0))
+            out.append((x.shape, x.strides, x.dtype, x.device_ctypes_pointer.value or 0,
+                        producer_stream(x)))
         else:
             try:        # a PyTorch bfloat16 tensor raises here: the whole call refuses it
                 cai = x.__cuda_array_interface__
+                named = cai.get("stream")
                 out.append((tuple(cai["shape"]), cai.get("strides"), cai["typestr"],
-                            cai["data"][0] or 0))
+                            cai["data"][0] or 0,
+                            torch_stream(x) if named is None else interface_stream(x)))
             except (AttributeError, TypeError, KeyError):
                 return None
     return out
 
 
-def direct_key(memory, cache_seqlens, options):
+def direct_key(memory, cache_seqlens, options, context=None):
     """The kind of an ``attention_with_kvcache`` call on device arrays
     (numbaflash/decode_direct.py) from ``_device_memory``; None for a call that is never
     repeated directly (host arrays, the simulator, ALiBi slopes, lengths other than an int
-    or an int32 device array)."""
+    or an int32 device array). ``context``: the current Numba CUDA context, if the
+    caller has it."""
     if memory is None or options["alibi_slopes"] is not None:
         return None
     k = memory[3]
@@ -314,8 +323,9 @@ def direct_key(memory, cache_seqlens, options):
         lengths = decode_direct.int_lengths_key(cache_seqlens, 0 if k is None else k[0][2])
         if lengths is None:
             return None
+    device = (launcher.device_id() if context is None else context.device.id)
     try:
-        key = ("arrays", launcher.device_id(),
+        key = ("arrays", device,
                tuple(None if m is None else (*m[:3], m[3] % 16) for m in memory),
                lengths, tuple(sorted(options.items())))
         hash(key)
@@ -324,39 +334,76 @@ def direct_key(memory, cache_seqlens, options):
     return key
 
 
-def _repeat(fast, q, k_cache, v_cache, k, v, memory, cache_seqlens, stream):
+def _repeat(fast, k, memory, cache_seqlens, stream, context):
     """(out, lse) of a call of a kind ``fast`` (decode_direct.FastDecode) launched
     directly, on the call's stream (numbaflash/streams.py), inputs from other streams
     waited for as the whole call waits for them; None (nothing launched) if it must take
-    the whole call: another device, or an int length out of range."""
+    the whole call: another device, or an int length out of range.
+
+    What runs before the first kernel starts is what a call timed alone pays on top of
+    its kernels, so it is kept short: the inputs' memory read once (``_device_memory``),
+    the context asked for once, the scratch the stream's (``arrays.workspace``), and the
+    output arrays built only after the launches, around buffers taken before them."""
     B, Hq, Sq, d = memory[0][0]
     S_max = memory[1][0][2]
     lengths_on_device = arrays.is_device_array(cache_seqlens)
     if not (lengths_on_device or
             0 <= cache_seqlens <= S_max - (0 if k is None else memory[3][0][2])):
         return None
-    if not fast.ready(launcher.device_id()):
+    device = context.device.id
+    if not fast.ready(device):
         return None
-    inputs = [x for x in (q, k_cache, v_cache, k, v) if x is not None]
-    s = ready_stream(inputs, stream, also=[cache_seqlens] if lengths_on_device else [])
-    if lengths_on_device:
-        seqlens_pointer = _device_memory((cache_seqlens,))[0][3]
-    else:       # as _device_lengths does for one value, without an array around it
-        seqlens, seqlens_pointer = arrays.scratch(4 * B, s)
-        driver.driver.cuMemsetD32Async(seqlens_pointer, cache_seqlens, B, s.handle)
-    pointers = {"q": memory[0][3], "k_cache": memory[1][3], "v_cache": memory[2][3],
-                "seqlens": seqlens_pointer}
+    lengths = _device_memory((cache_seqlens,))[0] if lengths_on_device else None
+    s = ready_handles([m[4] for m in memory if m is not None], stream,
+                      [lengths[4]] if lengths_on_device else [], device)
+    pointers = {"q": memory[0][3], "k_cache": memory[1][3], "v_cache": memory[2][3]}
     if k is not None:
         pointers["k"], pointers["v"] = memory[3][3], memory[4][3]
+    # The scratch (the lengths, unless on the device, then the splits' partial results)
+    # in the stream's workspace, each part 256-byte aligned.
+    parts = [] if lengths_on_device else [("seqlens", 4 * B)]
+    parts += [(role, math.prod(fast.made[role][0]) * fast.made[role][1].itemsize)
+              for role in ("o_parts", "l_parts") if role in fast.made]
+    at, offsets = 0, {}
+    for role, nbytes in parts:
+        offsets[role] = at
+        at += -(-nbytes // 256) * 256
+    base = arrays.workspace(at, s, context)
+    held = []
+    for role, nbytes in parts:
+        if base is None:        # too large, or the caller's allocator owns every buffer
+            owner, pointers[role] = arrays.scratch(nbytes, s, context)
+            held.append(owner)
+        else:
+            pointers[role] = base + offsets[role]
+    if lengths_on_device:
+        pointers["seqlens"] = lengths[3]
+    else:       # as _device_lengths does for one value, without an array around it
+        driver.driver.cuMemsetD32Async(pointers["seqlens"], cache_seqlens, B, s.handle)
+    out_dtype = fast.made["out"][1]
+    if arrays.caller_allocates() or out_dtype != np.dtype(memory[0][2]):
+        # Outputs from the caller's allocator, or bfloat16 (the kernels' bits or float32
+        # sums become a bfloat16 array after them): the whole call's way of finishing.
+        def allocate(role, shape, dtype):
+            if role in ("out", "lse"):          # returned: arrays
+                a = arrays.device_empty(shape, dtype, s, context)
+                return a, a.device_ctypes_pointer.value
+            return None, pointers[role]
+        made = fast.launch(pointers, allocate, s)
+        return (arrays.finish(made["out"], (B, Hq, Sq, d), False, s, np.dtype(memory[0][2])),
+                arrays.finish(made["lse"], (B, Hq, Sq), False, s))
+    lse_dtype = fast.made["lse"][1]
+    buffers = {}
 
     def allocate(role, shape, dtype):
-        if role in ("out", "lse"):          # returned: arrays
-            a = arrays.device_empty(shape, dtype, s)
-            return a, a.device_ctypes_pointer.value
-        return arrays.scratch(int(np.prod(shape)) * np.dtype(dtype).itemsize, s)
-    made = fast.launch(pointers, allocate, s)
-    return (arrays.finish(made["out"], (B, Hq, Sq, d), False, s, _shape_dtype(q, "q")[1]),
-            arrays.finish(made["lse"], (B, Hq, Sq), False, s))
+        if role in ("out", "lse"):          # the buffers now, the arrays after the launch
+            buffers[role], pointer = arrays.scratch(
+                math.prod(shape) * np.dtype(dtype).itemsize, s, context)
+            return None, pointer
+        return None, pointers[role]
+    fast.launch(pointers, allocate, s)
+    return (arrays.c_contiguous((B, Hq, Sq, d), out_dtype, buffers["out"]),
+            arrays.c_contiguous((B, Hq, Sq), lse_dtype, buffers["lse"]))
 
 
 def _whole_call(q, k_cache, v_cache, cache_seqlens, k, v, stream, causal, scale,

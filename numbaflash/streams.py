@@ -91,18 +91,31 @@ def interface_stream(x):
     if not isinstance(interface, dict):
         return None
     value = interface.get("stream")
-    if value is None:
-        return None
-    return 0 if value == LEGACY_DEFAULT else int(value)
+    return None if value is None else _handle_value(int(value))
+
+
+def _handle_value(value):
+    """A CUDA Array Interface stream value as the handle calls compare (0: the legacy
+    default stream)."""
+    return 0 if value == LEGACY_DEFAULT else value
 
 
 def producer_stream(x):
     """The stream handle device input ``x`` was produced on, as far as can be told: its
     interface's stream, else PyTorch's current stream for a PyTorch CUDA tensor, else
     None (no stream named: the data is ready)."""
+    if hasattr(x, "gpu_data") and not simulating():
+        # A Numba device array: the stream its interface would name, without building
+        # the interface's dict (a repeated decoding call reads it for every input).
+        bound = x.stream
+        return None if bound == 0 else _handle_value(int(bound))
     handle = interface_stream(x)
-    if handle is not None:
-        return handle
+    return handle if handle is not None else torch_stream(x)
+
+
+def torch_stream(x):
+    """PyTorch's current stream on the device of ``x`` (its handle) if ``x`` is a PyTorch
+    CUDA tensor, else None. PyTorch is asked only if the caller has imported it."""
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(x, torch.Tensor) and x.is_cuda:
         return handle_of(torch.cuda.current_stream(x.device))
@@ -169,16 +182,26 @@ def ready_stream(inputs, stream=None, also=()):
     (``wait_for``), in one pass over their streams; the CallStream of a handle is made
     once per device (it wraps the handle, it does not own the stream), for calls repeated
     many times (numbaflash/decode_direct.py). Not for the simulator."""
-    handles = [producer_stream(x) for x in inputs]
+    return ready_handles([producer_stream(x) for x in inputs], stream,
+                         [producer_stream(x) for x in also])
+
+
+def ready_handles(handles, stream=None, also=(), device=None):
+    """``ready_stream`` from the inputs' producer handles (``producer_stream`` of each,
+    None where an input names none): the inputs' first named stream, unless ``stream``
+    is given, after waiting for every other one of ``handles`` and ``also``. ``device``:
+    the current device's number if the caller has it (else asked here, when needed)."""
     if stream is not None:
         handle = handle_of(stream)
     else:
         handle = next((h for h in handles if h is not None), None)
-    handles += [producer_stream(x) for x in also]
+    handles = list(handles) + list(also)
     if handle is None or handle == 0:
         call = DEFAULT
     else:
-        key = (cuda.current_context().device.id, handle)
+        if device is None:
+            device = cuda.current_context().device.id
+        key = (device, handle)
         call = _KNOWN.get(key)
         if call is None:
             if len(_KNOWN) >= _KNOWN_MAX:

@@ -70,6 +70,20 @@ def test_time_ms_is_the_median_of_the_timed_runs():
         bench.time_ms(fn, repeats=0)
 
 
+def test_time_ms_queued_is_a_call_of_the_calls_back_to_back():
+    calls = []
+
+    def fn():
+        calls.append(1)
+        time.sleep(0.005)
+
+    ms = bench.time_ms_queued(fn, calls=4, rounds=3, warmup=1)
+    assert len(calls) == 1 + 4 * 3                   # 1 warm-up + 3 rounds of 4 calls
+    assert 4.5 <= ms < 100.0                         # about 5 ms of sleep per call
+    with pytest.raises(ValueError, match="calls and rounds must be >= 1"):
+        bench.time_ms_queued(fn, calls=0)
+
+
 def test_extra_memory_counts_scratch_not_outputs():
     if numbaflash.backend() == "simulator":
         assert bench.extra_memory_bytes(lambda: None) is None      # nothing to read there

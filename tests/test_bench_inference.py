@@ -126,6 +126,7 @@ def test_decode_records_bandwidth_and_targets(cli_run):
         assert r["gbs"] == pytest.approx(r["kv_bytes"] / r["ms"] / 1e6)
         assert r["splits"] == 1 and r["kernel"].startswith("split_kv")
         assert "cache_seqlens = " + str(S_max) in r["options"]
+        assert r["ms_queued"] > 0                 # the same call, queued back to back
         assert r["checked_against"].startswith("numbaflash.reference float64, first batch")
         if r["baseline"] == "HBM copy":
             assert r["target"] is None            # float32 (float16: 1/ratio >= 0.5)
@@ -134,8 +135,10 @@ def test_decode_records_bandwidth_and_targets(cli_run):
             assert r["baseline_ms"] == pytest.approx(r["kv_bytes"] / r["baseline_gbs"] / 1e6)
             assert 1 / r["ratio"] == pytest.approx(r["gbs"] / r["baseline_gbs"])
             assert "device-to-device copy" in r["baseline_detail"]
+            assert r["baseline_ms_queued"] == r["baseline_ms"]     # a bandwidth, not a call
         else:
             assert r["target"] == "1/ratio >= 0.8"
+            assert r["baseline_ms_queued"] is None                 # no SDPA here
 
 
 def test_packed_records_memory_and_targets(cli_run):
@@ -357,6 +360,7 @@ def test_sdpa_decode_takes_the_faster_backend_that_runs():
     g = torch.Generator().manual_seed(0)
     q, k_cache, v_cache = (torch.randn(s, generator=g) for s in
                            ((2, 4, 1, 8), (2, 2, 16, 8), (2, 2, 16, 8)))    # GQA
-    ms, detail = inference._sdpa_decode(torch, q, k_cache, v_cache, "float32", 1, 0)
-    assert ms >= 0 and "SDPA as called (default)" in detail
+    ms, queued, detail = inference._sdpa_decode(torch, q, k_cache, v_cache, "float32", 1, 0)
+    assert ms >= 0 and queued >= 0 and "SDPA as called (default)" in detail
+    assert f"queued {queued:.3f} ms a call" in detail
     assert "EFFICIENT_ATTENTION" in detail                  # float32's fused backend

@@ -422,6 +422,53 @@ def test_repeated_calls_launch_directly_with_the_same_bits(monkeypatch, dtype, l
         assert_bitwise_equal("v_cache", to_host(second[2]), want_v)
 
 
+def test_repeated_calls_share_their_streams_scratch(monkeypatch):
+    """On a GPU repeated calls take their scratch (lengths, the splits' partial results)
+    from one buffer per stream (arrays.workspace), which a call that needs more grows.
+    Two kinds of call (4 and 8 splits) alternated, on the default stream and on a stream
+    of their own, every output kept: each the bits of the same call made alone, through
+    the whole path."""
+    from numbaflash import arrays, decode_direct
+    if not on_gpu():
+        pytest.skip("the workspace is the GPU's: the simulator takes the whole path")
+    case = make_cache_case(B=2, Hk=2, group=2, Sq=1, S_max=64, d=16, dtype="float32",
+                           seed=31)
+
+    def device_inputs(seed):
+        rng = np.random.default_rng(seed)
+        return [cuda.to_device(random_values(rng, x.shape, x.dtype))
+                for x in (case.q, case.k_cache, case.v_cache)]
+    kinds = (4, 8)
+    inputs = [device_inputs(seed) for seed in range(6)]
+
+    def call(xs, splits, stream=None):
+        return numbaflash.attention_with_kvcache(*xs, cache_seqlens=50, num_splits=splits,
+                                                 return_lse=True, stream=stream)
+    decode_direct.forget()
+    want = []
+    for i, xs in enumerate(inputs):            # each alone, through the whole path
+        decode_direct.forget()
+        want.append([to_host(a) for a in call(xs, kinds[i % 2])])
+    arrays._workspaces.clear()
+    for stream in (None, cuda.stream()):
+        decode_direct.forget()
+        for splits in kinds:                    # the whole path once per kind: remembered
+            call(inputs[0], splits, stream)
+        assert len(decode_direct._REMEMBERED) == 2
+
+        def refuse(*args, **kwargs):
+            raise AssertionError("a repeated call took the whole path")
+        with monkeypatch.context() as m:
+            m.setattr(numbaflash.kvcache, "_whole_call", refuse)
+            got = [call(xs, kinds[i % 2], stream) for i, xs in enumerate(inputs)]
+        cuda.synchronize()
+        for i, (out, lse) in enumerate(got):
+            assert_bitwise_equal(f"out {i}", to_host(out), want[i][0])
+            assert_bitwise_equal(f"lse {i}", to_host(lse), want[i][1])
+    handles = {key[1] for key in arrays._workspaces}
+    assert len(handles) == 2                    # one buffer per stream
+
+
 # --- 5. rows that see no key --------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])

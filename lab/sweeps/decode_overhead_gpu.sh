@@ -17,6 +17,9 @@
 #       cProfile, then bench --inference in float16
 #   bash lab/sweeps/decode_overhead_gpu.sh direct-quick  # the same, fewer tests, float16
 #       only, and bench --inference's decode part alone (lab/sweeps/bench_decode_part.py)
+#   bash lab/sweeps/decode_overhead_gpu.sh lean [BEFORE]  # the direct paths' tests and the
+#       agreement part in parallel, then the overhead part (float16, float32) and
+#       bench --inference's decode part, each also for a before tree's package in BEFORE
 set -u
 cd "$(dirname "$0")/../.."
 L="bash lab/sweeps/logged.sh"
@@ -61,8 +64,30 @@ direct-quick)
     $L decode_overhead 60 python3 scripts/decode_gpu.py --parts overhead --dtypes float16
     $L bench_decode 60 python3 lab/sweeps/bench_decode_part.py float16
     ;;
+lean)
+    # after a change to the repeated call's host steps; BEFORE (a second argument): a
+    # before tree's directory holding its numbaflash package, timed in the same call
+    before=${2:-}
+    NUMBAFLASH_PROFILE=gpu-quick $L tests_decode_direct 200 python3 -m pytest -q -n 0 \
+        -p no:cacheprovider tests/test_kvcache.py tests/test_streams.py tests/test_torch.py \
+        -k "repeated or queued or ready_stream or captured or scratch or stream" &
+    $L decode_agreement 200 python3 scripts/decode_gpu.py --parts agreement &
+    wait
+    if [ -n "$before" ]; then
+        PYTHONPATH="$PWD/$before:$PYTHONPATH" $L decode_overhead_before 60 \
+            python3 scripts/decode_gpu.py --parts overhead --dtypes float16,float32
+    fi
+    $L decode_overhead 60 python3 scripts/decode_gpu.py --parts overhead \
+        --dtypes float16,float32
+    $L decode_call_profile 40 python3 lab/sweeps/decode_call_profile.py
+    $L bench_decode 150 python3 lab/sweeps/bench_decode_part.py float16 float32
+    if [ -n "$before" ]; then
+        PYTHONPATH="$PWD/$before:$PYTHONPATH" $L bench_decode_before 80 \
+            python3 lab/sweeps/bench_decode_part.py float16
+    fi
+    ;;
 *)
-    echo "usage: bash lab/sweeps/decode_overhead_gpu.sh profile|check|serving|direct|direct-quick" >&2
+    echo "usage: bash lab/sweeps/decode_overhead_gpu.sh profile|check|serving|direct|direct-quick|lean [BEFORE]" >&2
     exit 2
     ;;
 esac

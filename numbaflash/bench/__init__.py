@@ -17,7 +17,8 @@ and packed batches: ``records = bench.run_inference()``, then
 The modules, in the order a run uses them:
 
     cases.py      shapes, passes, dtypes, the record of one case; run's argument checks
-    timing.py     flops (the FLOP convention), time_ms (CUDA events), extra_memory_bytes
+    timing.py     flops (the FLOP convention), time_ms (CUDA events), time_ms_queued,
+                  extra_memory_bytes
     agreement.py  the error bound of a correct result; the NumPy float64 reference
     pytorch.py    the PyTorch side: SDPA's masks, the SDPA MATH reference, SDPA's timing
     runner.py     run: inputs, check, time, count, compare (its docstring says how)
@@ -51,7 +52,8 @@ from .pytorch import (TorchOracle, _tf32_off, _torch_cuda, sdpa_mask,
                       torch_extra_memory_bytes, torch_references)
 from .report import _json_safe, environment, format_table, plot, save_json
 from .runner import run, wrong_results
-from .timing import PASS_FLOP_FACTOR, SIMULATOR_WARNING, extra_memory_bytes, flops, time_ms
+from .timing import (PASS_FLOP_FACTOR, SIMULATOR_WARNING, extra_memory_bytes, flops, time_ms,
+                     time_ms_queued)
 from .variants import (CASE_NAMES, VARIANT_CASES, format_variant_table, run_variants,
                        target_met, wrong_variants)
 # attention_with_kvcache, attention_varlen and attention_varlen_backward likewise, by
@@ -70,7 +72,8 @@ __all__ = [
     "run_inference", "format_inference_table", "wrong_inference", "hbm_copy",
     "DECODE_SHAPES", "PACKED",
     # counting and timing
-    "flops", "time_ms", "extra_memory_bytes", "PASS_FLOP_FACTOR", "SIMULATOR_WARNING",
+    "flops", "time_ms", "time_ms_queued", "extra_memory_bytes", "PASS_FLOP_FACTOR",
+    "SIMULATOR_WARNING",
     # agreement
     "agreement_bound", "NumpyOracle", "MULT", "FLOAT64_RTOL", "FLOAT32_FLOOR",
     # the PyTorch side

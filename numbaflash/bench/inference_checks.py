@@ -19,7 +19,7 @@ RECORD_KEYS = (
     "bound", "check", "checked_against", "timer", "repeats", "warmup", "note",
     "baseline_ok", "baseline_note", "baseline_detail",
     # decode
-    "splits", "kv_bytes", "gbs", "baseline_gbs",
+    "splits", "kv_bytes", "gbs", "baseline_gbs", "ms_queued", "baseline_ms_queued",
     # packed
     "lengths", "total", "packed_bytes", "padded_bytes", "mask_bytes")
 

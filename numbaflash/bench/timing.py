@@ -76,6 +76,40 @@ def time_ms(fn, repeats=20, warmup=3):
     return statistics.median(times)
 
 
+def time_ms_queued(fn, calls=20, rounds=5, warmup=3):
+    """Milliseconds a call of ``fn()`` when ``calls`` calls run back to back: the median
+    over ``rounds`` of (the time between two CUDA events around the calls) / ``calls``.
+
+    The host does not wait for each call's kernels before it prepares the next, as in a
+    decoding loop or any loop that does not read its results at once: while the GPU runs
+    one call's kernels the host prepares the next, and the time is the GPU's whenever
+    the host keeps ahead. ``time_ms`` times each call alone (the GPU idle while the host
+    prepares it). Under the simulator, the wall time of the calls over ``calls``.
+    """
+    if calls < 1 or rounds < 1 or warmup < 0:
+        raise ValueError(f"calls and rounds must be >= 1 and warmup >= 0; got {calls}, "
+                         f"{rounds}, {warmup}")
+    for _ in range(warmup):
+        fn()
+    cuda.synchronize()
+    times = []
+    for _ in range(rounds):
+        if simulating():
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            times.append((time.perf_counter() - t0) * 1e3 / calls)
+            continue
+        start, end = cuda.event(), cuda.event()
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(cuda.event_elapsed_time(start, end) / calls)
+    return statistics.median(times)
+
+
 def _timer_name():
     return ("simulator: Python wall time (not a GPU)" if simulating()
             else "CUDA events (numba), median")
