@@ -19,7 +19,8 @@
 #       only, and bench --inference's decode part alone (lab/sweeps/bench_decode_part.py)
 #   bash lab/sweeps/decode_overhead_gpu.sh lean [BEFORE]  # the direct paths' tests and the
 #       agreement part in parallel, then the overhead part (float16, float32) and
-#       bench --inference's decode part, each also for a before tree's package in BEFORE
+#       bench --inference's decode part, each also for a before tree's package in BEFORE;
+#       then numbaflash.torch's decoding step against SDPA (the serving part)
 set -u
 cd "$(dirname "$0")/../.."
 L="bash lab/sweeps/logged.sh"
@@ -85,6 +86,8 @@ lean)
         PYTHONPATH="$PWD/$before:$PYTHONPATH" $L bench_decode_before 80 \
             python3 lab/sweeps/bench_decode_part.py float16
     fi
+    $L decode_serving 100 python3 scripts/decode_gpu.py --parts serving \
+        --dtypes float16,float32
     ;;
 *)
     echo "usage: bash lab/sweeps/decode_overhead_gpu.sh profile|check|serving|direct|direct-quick|lean [BEFORE]" >&2
