@@ -155,3 +155,18 @@ def test_ready_stream_chooses_as_call_stream_does_and_caches_the_wrapper():
                 == streams.call_stream(inputs, stream).handle)
     assert streams.ready_stream([plain], also=[on_s]) is streams.DEFAULT
     assert streams.ready_stream([on_s]) is streams.ready_stream([on_s])
+
+
+@gpu_only
+def test_a_numba_arrays_producer_is_the_stream_its_interface_names():
+    """producer_stream reads a Numba device array's bound stream directly (a repeated
+    decoding call asks it of every input): the same handle its CUDA Array Interface names,
+    None for an array bound to no stream, 0 for the legacy default stream."""
+    s = cuda.stream()
+    for stream in (0, s, cuda.legacy_default_stream(), cuda.per_thread_default_stream()):
+        x = cuda.device_array((4, 8), np.float32, stream=stream)
+        assert streams.producer_stream(x) == streams.interface_stream(x)
+    assert streams.producer_stream(cuda.device_array(4, np.float32)) is None
+    assert streams.producer_stream(cuda.device_array(4, np.float32, stream=s)) == int(s)
+    legacy = cuda.device_array(4, np.float32, stream=cuda.legacy_default_stream())
+    assert streams.producer_stream(legacy) == 0
