@@ -69,10 +69,10 @@ lean)
     # after a change to the repeated call's host steps; BEFORE (a second argument): a
     # before tree's directory holding its numbaflash package, timed in the same call
     before=${2:-}
-    NUMBAFLASH_PROFILE=gpu-quick $L tests_decode_direct 200 python3 -m pytest -q -n 0 \
+    NUMBAFLASH_PROFILE=gpu-quick $L tests_decode_direct 170 python3 -m pytest -q -n 0 \
         -p no:cacheprovider tests/test_kvcache.py tests/test_streams.py tests/test_torch.py \
         -k "repeated or queued or ready_stream or captured or scratch or stream" &
-    $L decode_agreement 200 python3 scripts/decode_gpu.py --parts agreement &
+    $L decode_agreement 170 python3 scripts/decode_gpu.py --parts agreement &
     wait
     if [ -n "$before" ]; then
         PYTHONPATH="$PWD/$before:$PYTHONPATH" $L decode_overhead_before 60 \
