@@ -17,10 +17,10 @@
 #       cProfile, then bench --inference in float16
 #   bash lab/sweeps/decode_overhead_gpu.sh direct-quick  # the same, fewer tests, float16
 #       only, and bench --inference's decode part alone (lab/sweeps/bench_decode_part.py)
-#   bash lab/sweeps/decode_overhead_gpu.sh lean [BEFORE]  # the direct paths' tests and the
-#       agreement part in parallel, then the overhead part (float16, float32) and
-#       bench --inference's decode part, each also for a before tree's package in BEFORE;
-#       then numbaflash.torch's decoding step against SDPA (the serving part)
+#   bash lab/sweeps/decode_overhead_gpu.sh lean [BEFORE]  # the direct paths' tests, the
+#       overhead part (float16, float32; also for a before tree's package in BEFORE),
+#       bench --inference's decode part, cProfile, numbaflash.torch's decoding step
+#       against SDPA (the serving part)
 set -u
 cd "$(dirname "$0")/../.."
 L="bash lab/sweeps/logged.sh"
@@ -67,26 +67,22 @@ direct-quick)
     ;;
 lean)
     # after a change to the repeated call's host steps; BEFORE (a second argument): a
-    # before tree's directory holding its numbaflash package, timed in the same call
+    # before tree's directory holding its numbaflash package, timed in the same call.
+    # In the order that matters if the device's time runs out: the tests of the direct
+    # paths, the overhead part both ways, bench's decode part, then the serving part.
     before=${2:-}
-    NUMBAFLASH_PROFILE=gpu-quick $L tests_decode_direct 170 python3 -m pytest -q -n 0 \
+    NUMBAFLASH_PROFILE=gpu-quick $L tests_decode_direct 150 python3 -m pytest -q -n 0 \
         -p no:cacheprovider tests/test_kvcache.py tests/test_streams.py tests/test_torch.py \
-        -k "repeated or queued or ready_stream or captured or scratch or stream" &
-    $L decode_agreement 170 python3 scripts/decode_gpu.py --parts agreement &
-    wait
+        -k "repeated or queued or ready_stream or captured or scratch or stream"
     if [ -n "$before" ]; then
         PYTHONPATH="$PWD/$before:$PYTHONPATH" $L decode_overhead_before 60 \
             python3 scripts/decode_gpu.py --parts overhead --dtypes float16,float32
     fi
     $L decode_overhead 60 python3 scripts/decode_gpu.py --parts overhead \
         --dtypes float16,float32
-    $L decode_call_profile 40 python3 lab/sweeps/decode_call_profile.py
-    $L bench_decode 150 python3 lab/sweeps/bench_decode_part.py float16 float32
-    if [ -n "$before" ]; then
-        PYTHONPATH="$PWD/$before:$PYTHONPATH" $L bench_decode_before 80 \
-            python3 lab/sweeps/bench_decode_part.py float16
-    fi
-    $L decode_serving 100 python3 scripts/decode_gpu.py --parts serving \
+    $L bench_decode 120 python3 lab/sweeps/bench_decode_part.py float16 float32
+    $L decode_call_profile 30 python3 lab/sweeps/decode_call_profile.py
+    $L decode_serving 80 python3 scripts/decode_gpu.py --parts serving \
         --dtypes float16,float32
     ;;
 *)
