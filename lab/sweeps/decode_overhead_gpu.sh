@@ -85,8 +85,23 @@ lean)
     $L decode_serving 80 python3 scripts/decode_gpu.py --parts serving \
         --dtypes float16,float32
     ;;
+lean-short)
+    # lean within about 230 s: the direct path's own tests, the overhead part both ways,
+    # bench's float16 decode part
+    before=${2:-}
+    NUMBAFLASH_PROFILE=gpu-quick $L tests_decode_direct 100 python3 -m pytest -q -n 0 \
+        -p no:cacheprovider tests/test_kvcache.py tests/test_streams.py \
+        -k "repeated or scratch or producer or ready_stream"
+    if [ -n "$before" ]; then
+        PYTHONPATH="$PWD/$before:$PYTHONPATH" $L decode_overhead_before 40 \
+            python3 scripts/decode_gpu.py --parts overhead --dtypes float16,float32
+    fi
+    $L decode_overhead 40 python3 scripts/decode_gpu.py --parts overhead \
+        --dtypes float16,float32
+    $L bench_decode 70 python3 lab/sweeps/bench_decode_part.py float16
+    ;;
 *)
-    echo "usage: bash lab/sweeps/decode_overhead_gpu.sh profile|check|serving|direct|direct-quick|lean [BEFORE]" >&2
+    echo "usage: bash lab/sweeps/decode_overhead_gpu.sh profile|check|serving|direct|direct-quick|lean [BEFORE]|lean-short [BEFORE]" >&2
     exit 2
     ;;
 esac
