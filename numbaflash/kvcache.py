@@ -27,8 +27,8 @@ from .kernels.variants import Variant
 from .launcher import _context_key, _placeholders, launch
 from .masks import band, parse_causal, parse_window
 from .policy import DECODE_MODULES, decode_kernel, default_num_splits, where_to_plan
-from .streams import (call_stream, interface_stream, producer_stream, ready_handles,
-                      torch_stream, wait_for)
+from .streams import (call_stream, handle_value, producer_stream, ready_handles, torch_stream,
+                      wait_for)
 from .dtypes import as_bits, kernel_dtype
 from .validate import (DTYPES_TEXT, GRID_Y_MAX, HEAD_DIM_MAX, SUPPORTED_DTYPES, _check_alibi,
                        _check_softcap, _shape_dtype, check_scale)
@@ -299,7 +299,7 @@ def _device_memory(xs):
                 named = cai.get("stream")
                 out.append((tuple(cai["shape"]), cai.get("strides"), cai["typestr"],
                             cai["data"][0] or 0,
-                            torch_stream(x) if named is None else interface_stream(x)))
+                            torch_stream(x) if named is None else handle_value(int(named))))
             except (AttributeError, TypeError, KeyError):
                 return None
     return out

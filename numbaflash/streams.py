@@ -91,10 +91,10 @@ def interface_stream(x):
     if not isinstance(interface, dict):
         return None
     value = interface.get("stream")
-    return None if value is None else _handle_value(int(value))
+    return None if value is None else handle_value(int(value))
 
 
-def _handle_value(value):
+def handle_value(value):
     """A CUDA Array Interface stream value as the handle calls compare (0: the legacy
     default stream)."""
     return 0 if value == LEGACY_DEFAULT else value
@@ -108,7 +108,7 @@ def producer_stream(x):
         # A Numba device array: the stream its interface would name, without building
         # the interface's dict (a repeated decoding call reads it for every input).
         bound = x.stream
-        return None if bound == 0 else _handle_value(int(bound))
+        return None if bound == 0 else handle_value(int(bound))
     handle = interface_stream(x)
     return handle if handle is not None else torch_stream(x)
 
