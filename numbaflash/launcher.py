@@ -25,7 +25,8 @@ raw launch. Per call, Numba's launch:
 launch configuration and device; per call it does steps 4 and 5 only, in
 ``_DirectLaunch.__call__``. The words are exactly those of
 numba-cuda 0.30's ``_Kernel._prepare_args`` for device arrays (of any layout) and
-float32/float64/int32/int64 scalars. A kernel with other argument types (there is none in
+float32/float64/int32/int64 scalars, and tuples of one such scalar type (their elements'
+words in order). A kernel with other argument types (there is none in
 numbaflash today) is launched by Numba's compiled kernel instead. Every launch without a
 ``types_key``, and every launch on the simulator, goes through Numba's dispatcher.
 """
@@ -137,9 +138,14 @@ _SCALARS = {"float32": ctypes.c_float, "float64": ctypes.c_double,
 
 def _word_maker(numba_type):
     """How one argument of this Numba type becomes its parameter words; None if this
-    module does not know (then Numba's own launch is used)."""
+    module does not know (then Numba's own launch is used). A tuple of one scalar type
+    (a packed batch's equal lengths) is its elements' words, in order, as Numba passes
+    a tuple."""
     if getattr(numba_type, "ndim", None) is not None:          # an array type, any layout
         return _array_words
+    if isinstance(numba_type, numba.types.UniTuple):
+        scalar = _SCALARS.get(str(numba_type.dtype))
+        return None if scalar is None else (lambda x: tuple(scalar(y) for y in x))
     scalar = _SCALARS.get(str(numba_type))
     return None if scalar is None else (lambda x: (scalar(x),))
 
@@ -296,8 +302,24 @@ def launch_backward(plans, p, Q, K, V, O, dO, L, D, dQ, dK, dV, slopes=None, att
                 args = (Q, K, V, dO, L, D, dQ, scale, offset)
             if plan.pass_name not in ("backward dQ zero", "backward dQ narrow"):
                 args += extra                               # the kernels that take variants
+            if seqs is not None and equal_lengths(version, plan, p):
+                args = args[:-1] + (lengths_argument(p),)  # (nq, nk) for cu_seqlens
         launch(kernel, plan.grid, plan.block, args, key,
                plan.shared_bytes if plan.dynamic_shared else 0, stream)
+
+
+def equal_lengths(version, plan, p):
+    """Whether ``plan``'s kernel is built for a packed batch of equal lengths: it takes the
+    pair ``lengths_argument(p)`` where other packed builds take cu_seqlens (its version
+    module's ``equal_lengths`` rule says which kernels; kernels/sequences.py)."""
+    rule = getattr(version, "equal_lengths", None)
+    return rule is not None and rule(plan.kernel, p)
+
+
+def lengths_argument(p):
+    """A packed batch of equal lengths' (nq, nk) as a kernel argument (two int64s)."""
+    nq, nk = p.equal_lengths
+    return (np.int64(nq), np.int64(nk))
 
 
 def tile_table(p, Br, Bc, attn_mask, stream=DEFAULT):

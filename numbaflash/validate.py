@@ -57,6 +57,10 @@ class Problem:
     group: int = 1       # Hq // Hkv: query heads per K/V head (1 without GQA/MQA)
     softcap: float = 0.0
     variant: Variant = PLAIN
+    # a packed batch (variant.varlen) whose every sequence has nq query rows and nk keys:
+    # (nq, nk), else None. Kernels that read it (kernels/sequences.py, equal lengths) take
+    # the two lengths as kernel parameters in place of cu_seqlens.
+    equal_lengths: tuple | None = None
     # run-time arrays of the variant (NumPy or device; not compared)
     alibi_slopes: object = field(default=None, compare=False)   # (1 or B, Hq)
     attn_mask: object = field(default=None, compare=False)      # 4D, broadcastable

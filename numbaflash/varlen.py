@@ -128,8 +128,19 @@ def check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
     # which each sequence shifts by its Sk - Sq in the kernels.
     p = check_attention_inputs(_Shape((B, qs[1], 1, qs[2]), qt), _Shape((B, ks[1], 1, ks[2]), kt),
                                _Shape((B, vs[1], 1, vs[2]), vt), causal, scale, **variants)
-    p = replace(p, Sq=Sq, Sk=Sk, variant=replace(p.variant, varlen=True))
+    p = replace(p, Sq=Sq, Sk=Sk, variant=replace(p.variant, varlen=True),
+                equal_lengths=_equal_lengths(cu_q, cu_k))
     return p, np.stack([cu_q, cu_k]).astype(np.int32)
+
+
+def _equal_lengths(cu_q, cu_k):
+    """(nq, nk) if every sequence of the batch has nq query rows and nk keys (flash-attn's
+    (batch, seqlen, heads, d) layout seen as a packed batch), else None."""
+    lengths_q, lengths_k = np.diff(cu_q), np.diff(cu_k)
+    if lengths_q.size == 0 or (lengths_q != lengths_q[0]).any() or (
+            lengths_k != lengths_k[0]).any():
+        return None
+    return int(lengths_q[0]), int(lengths_k[0])
 
 
 _SAME_SEQS = {}          # (cu_seqlens' bytes, device) -> seqs on the device

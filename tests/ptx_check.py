@@ -519,7 +519,9 @@ def varlen_entries():
     "A"), or for forward v8, v9 and v10 and backward v6, v9 and v10 (PACKED_ROWS) the
     (total, heads, d) arrays as they are; lse, D and seqs C-contiguous. Forward v7 and v10 (float16), v8 (float32, d = 64),
     v9 (float32, d = 128), v2 (float64) and v5 (the simulator's); backward v6 (float16 and
-    float32, GQA), v10 (float32, GQA), v9 (float16), v4 and v1 (float64), and the D kernel on views; causal."""
+    float32, GQA), v10 (float32, GQA), v9 (float16; its dQ kernel also built for a batch of
+    equal lengths, seqs the pair (nq, nk)), v4 and v1 (float64), and the D kernel on views;
+    causal."""
     import numpy as np
     from numbaflash.kernels import backward as bwd
     from numbaflash.kernels.backward import v1_two_kernels as bwd_v1
@@ -585,6 +587,13 @@ def varlen_entries():
                 out.append(Entry(f"backward_{kind}_v9-{tag}-d64-tiles{Br}x{Bc}", "varlen",
                                  lambda m=make, t=(Br, Bc): m(*t, 64, True, varlen=True),
                                  sig, no_f64))
+            # the dQ kernel's build for a batch of equal lengths: seqs is the pair (nq, nk)
+            Br, Bc = tiles9["dq"]
+            pair = numba.types.UniTuple(numba.int64, 2)
+            out.append(Entry(f"backward_dq_v9-{dtype}-varlen-equal-causal-d64-tiles{Br}x{Bc}",
+                             "varlen", lambda t=(Br, Bc): bwd_v9.make_backward_dq_v9(
+                                 *t, 64, True, varlen=True, equal_lengths=True),
+                             dq_rows[:-1] + (pair,), no_f64))
         else:
             for ver, d in (("v8", 64), ("v9", 128)):
                 shared = F["v9"].v9_shared_bytes if ver == "v9" else F["v6"].v6_shared_bytes

@@ -54,6 +54,19 @@ def test_types_keys_say_when_the_dtype_gives_every_argument_type():
     assert launcher._types_key(p, slopes, None, None) is None
 
 
+def test_a_tuple_of_scalars_is_its_elements_words():
+    """A packed batch's equal lengths, (nq, nk) int64, become two int64 words in order, as
+    numba-cuda's _prepare_args flattens a tuple; a tuple of another kind has no maker (the
+    launch then goes through Numba)."""
+    import numba
+    pair = (np.int64(17), np.int64(11))
+    make = launcher._word_maker(numba.typeof(pair))
+    words = make(pair)
+    assert [type(w) for w in words] == [ctypes.c_int64, ctypes.c_int64]
+    assert [w.value for w in words] == [17, 11]
+    assert launcher._word_maker(numba.typeof((np.int64(1), np.float32(2)))) is None
+
+
 def _value(word):
     """A parameter word as a number: Python ints as they are, ctypes values unwrapped."""
     return word.value if isinstance(word, ctypes._SimpleCData) else word
@@ -129,6 +142,36 @@ def test_a_direct_backward_launch_gives_bitwise_the_dispatchers_gradients(versio
         results[direct] = [to_host(g) for g in grads]
     for a, b in zip(results[False], results[True]):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.skipif(not GPU, reason="the direct launch exists only on a GPU")
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_direct_packed_backward_of_equal_lengths_gives_the_dispatchers_gradients(
+        causal, monkeypatch):
+    """A packed float16 batch of equal lengths: backward v9's dQ kernel takes the lengths
+    as a pair of int64s (kernels/sequences.py); launched directly (their words built
+    here) and through Numba's dispatcher, the same bits; and its words are Numba's."""
+    rng = np.random.default_rng(5)
+    B, S, H, d = 3, 97, 2, 64
+    q, k, v, dout = (cuda.to_device(rng.standard_normal((B * S, H, d)).astype(np.float16))
+                     for _ in range(4))
+    cu = np.arange(B + 1, dtype=np.int32) * S
+    out, lse = numbaflash.attention_varlen(q, k, v, cu, cu, causal=causal, return_lse=True)
+    plans = numbaflash.explain_varlen_backward(q, k, v, cu, cu, causal=causal)
+    assert plans[-1].version == "v9" and "taken as kernel parameters" in plans[-1].reason
+    results = {}
+    for direct in (False, True):
+        monkeypatch.setattr(launcher, "DIRECT_LAUNCH", direct)
+        for _ in range(2):          # the first call of a key goes through the dispatcher
+            grads = numbaflash.attention_varlen_backward(dout, q, k, v, out, lse, cu, cu,
+                                                         causal=causal)
+        results[direct] = [to_host(g) for g in grads]
+    for a, b in zip(results[False], results[True]):
+        np.testing.assert_array_equal(a, b)
+    found = [entry for key, entry in launcher._DIRECT.items()
+             if key[0].py_func.__name__ == "backward_dq_v9"
+             and "UniTuple" in str(entry.compiled.argument_types[-1])]
+    assert found and all(entry.makers is not None for entry in found)
 
 
 class _TooManyRegisters(Exception):

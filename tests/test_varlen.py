@@ -541,6 +541,61 @@ def test_packed_only_backward_bitwise_equals_attention(version, dtype, d, causal
             assert_bitwise_equal(f"sequence {b}: {g_name}", seq(got, cu, b), to_host(w))
 
 
+# Batches of equal lengths (flash-attn's layout read in place): Sq > Sk (rows that see no
+# key under causal) and Sq < Sk, 17 and 18 crossing the simulator's 16-row tiles.
+EQUAL_LENGTHS_CASES = [("float16", (17, 17, 17), (11, 11, 11), True),
+                       ("float16", (9, 9), (18, 18), True),
+                       ("bfloat16", (9, 9), (18, 18), True),
+                       ("float16", (9, 9), (18, 18), False)]
+
+
+@pytest.mark.parametrize("dtype,lens_q,lens_k,causal", EQUAL_LENGTHS_CASES)
+def test_packed_equal_lengths_backward_bitwise_equals_attention(dtype, lens_q, lens_k,
+                                                                causal):
+    """A causal packed batch whose sequences all have the same lengths runs backward v9's
+    dQ kernel built for equal lengths (the two lengths as kernel parameters, cu_seqlens
+    not read; kernels/sequences.py), and its plan says so; without the mask the dQ kernel
+    reads cu_seqlens (backward v9's ``equal_lengths`` rule). Either way each sequence's
+    gradients are attention_backward's of its slices, bit for bit, and meet TESTING.md's
+    rule."""
+    case = make_packed_case(lens_q, lens_k, Hq=2, Hkv=2, d=8, dtype=dtype, causal=causal,
+                            seed=3)
+    tiles = None if GPU else (16, 16)
+    args = (case.q, case.k, case.v, case.cu_q, case.cu_k)
+    plans = numbaflash.explain_varlen_backward(*args, **case.options(), version="v9",
+                                               tiles=tiles)
+    said = f"every sequence {lens_q[0]} query rows and {lens_k[0]} keys, taken as kernel"
+    assert (said in plans[-1].reason) == causal and said not in plans[-2].reason, str(plans)
+    out, lse = forward(case)
+    grads = backward(case, out, lse, version="v9", tiles=tiles)
+    check_backward_per_sequence(case, out, lse, grads)
+    for b in range(case.B):
+        q, k, v, dout = case.sequence(b)
+        want = numbaflash.attention_backward(
+            dout, q, k, v, seq(out, case.cu_q, b), seq_lse(lse, case.cu_q, b),
+            causal=case.mode, scale=case.scale, version="v9", tiles=tiles)
+        for g_name, got, w, cu in zip(("dq", "dk", "dv"), grads, want,
+                                      (case.cu_q, case.cu_k, case.cu_k)):
+            assert_bitwise_equal(f"sequence {b}: {g_name}", seq(got, cu, b), to_host(w))
+
+
+def test_equal_lengths_are_found_from_cu_seqlens(no_launch):
+    """check_varlen_inputs names a batch's equal lengths (nq, nk) and only then: one
+    sequence of another length, in q or in k, and there are none."""
+    from numbaflash.varlen import check_varlen_inputs
+    q = np.zeros((12, 2, 8), np.float16)
+    k = np.zeros((15, 2, 8), np.float16)
+    for cu_q, cu_k, want in (([0, 4, 8, 12], [0, 5, 10, 15], (4, 5)),
+                             ([0, 4, 8, 12], [0, 5, 11, 15], None),
+                             ([0, 3, 8, 12], [0, 5, 10, 15], None),
+                             ([0, 12], [0, 15], (12, 15))):
+        p, _ = check_varlen_inputs(q, k, k, np.array(cu_q), np.array(cu_k))
+        assert p.equal_lengths == want, (cu_q, cu_k)
+    case = fixed_case("float16", "plain")
+    p, _ = check_varlen_inputs(case.q, case.k, case.v, case.cu_q, case.cu_k)
+    assert p.equal_lengths is None
+
+
 @pytest.mark.parametrize("which,version", [("forward", v) for v in FORWARD_PACKED_ONLY]
                          + [("backward", v) for v in BACKWARD_PACKED_ONLY])
 @pytest.mark.parametrize("name,options", [

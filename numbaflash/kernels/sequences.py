@@ -22,6 +22,19 @@ Built without ``varlen``, ``locate`` gives the arrays' own lengths and no shift 
 ``cut`` gives the array itself, so the kernel compiles to what it was but for the one
 more parameter.
 
+Equal lengths (``make_sequences(True, equal=True)``): a packed batch whose every
+sequence has nq query rows and nk keys (flash-attn's (batch, seqlen, heads, d) layout
+seen as a packed batch; ``Problem.equal_lengths``) needs no cu_seqlens: sequence b starts
+at row b * nq and key b * nk. Such a build takes ``seqs`` = (nq, nk), a pair of int64
+kernel parameters, in place of the (2, B + 1) array. A value read from cu_seqlens in
+global memory is a per-lane register to ptxas, and so is every index made from it; a
+kernel parameter is known to be the same in every lane, so those indices can stay in
+uniform registers. Backward v9's packed dQ kernel (float16, d = 64, causal) took 148
+registers reading cu_seqlens and 106 with the lengths as parameters, about the plain
+build's 108 (lab/runs/2026-12-07/equal_lengths_registers.txt); the other packed kernels
+gained nothing from it (lab/runs/2026-12-06/packed_equal_lengths_registers.txt), so only
+that kernel is built this way (backward v9's ``equal_lengths`` rule).
+
 Backward v9 takes no views: it adds the sequence's first row to the row indices of the
 packed views themselves (q0 + row), so its arrays' base addresses stay kernel parameters,
 which ptxas keeps in uniform registers; a view's base computed from cu_seqlens is not
@@ -72,9 +85,10 @@ def _all_rows(A, start, n):
 
 
 @functools.lru_cache(maxsize=None)
-def make_sequences(varlen):
+def make_sequences(varlen, equal=False):
     """``SequenceSteps(locate, cut, position, row_step, uniform_range)`` for kernels built
-    with or without ``varlen``:
+    with or without ``varlen``; ``equal``: a packed batch of equal lengths, ``seqs`` the
+    pair (nq, nk) (module docstring):
 
     locate(seqs, b, Sq, Sk) -> (q0, k0, Sq, Sk, shift)
         sequence b's first query row and first key row in the packed arrays, its lengths
@@ -92,6 +106,7 @@ def make_sequences(varlen):
     from .ptx import warp_min_i32   # inline PTX (simulator: simulated.py)
 
     VARLEN = varlen
+    EQUAL = varlen and equal
 
     @cuda.jit(device=True, inline=True)
     def position(A, bh, row, S, d):
@@ -107,6 +122,10 @@ def make_sequences(varlen):
 
     @cuda.jit(device=True, inline=True)
     def locate(seqs, b, Sq, Sk):
+        if EQUAL:       # every sequence nq rows and nk keys: kernel parameters
+            nq = seqs[0]
+            nk = seqs[1]
+            return int64(b) * nq, int64(b) * nk, nq, nk, nk - nq
         if VARLEN:
             q0 = int64(seqs[0, b])
             k0 = int64(seqs[1, b])

@@ -51,6 +51,10 @@ total, d) views and took the sequence from bh // Hq: its dK/dV kernel at d = 64,
 where the plain one needs 95-108 (ptxas, lab/sweeps/packed_half_registers.py,
 lab/runs/2026-12-05/packed_half_registers.txt), and flash-attn's layout read through it
 took 1.6x the copies' time with gradients (lab/runs/2026-12-06/135_layout_f16_d64_grad.txt).
+A packed batch of equal lengths (flash-attn's (batch, seqlen, heads, d) layout read in
+place) gives the causal dQ kernel the two lengths as kernel parameters instead of
+cu_seqlens (``equal_lengths``; kernels/sequences.py says why): the same arithmetic, so
+the same bits.
 GQA, windows and the other variants run on v6 (``PACKED``: the plan refuses them,
 naming the variant).
 
@@ -405,7 +409,8 @@ def make_backward_dkdv_v9(Br, Bc, d, causal, half="float16", max_registers=None,
 
 
 @functools.lru_cache(maxsize=None)
-def make_backward_dq_v9(Br, Bc, d, causal, half="float16", varlen=False):
+def make_backward_dq_v9(Br, Bc, d, causal, half="float16", varlen=False,
+                        equal_lengths=False):
     """v9 dQ kernel: v7's (make_backward_dq_v7) with ldmatrix operands and Kj, Vj copied
     by cp.async into two stages (module docstring). Warp w owns the query rows i * Br +
     16 w .. + 16; per chunk of V7_CHUNK = 16 keys of Kj, as v7:
@@ -417,7 +422,8 @@ def make_backward_dq_v9(Br, Bc, d, causal, half="float16", varlen=False):
 
     Launch: grid (ceil(Sq / Br), BH), block (2 * Br,), ``dq_v9_shared_bytes`` of dynamic
     shared memory; arguments as v7's: Q, K, V, dO, L, D, dQ, softmax_scale, causal_offset;
-    ``varlen`` as make_backward_dkdv_v9's.
+    ``varlen`` as make_backward_dkdv_v9's; ``equal_lengths`` (with varlen): a packed batch
+    of equal lengths, its ``seqs`` argument the pair (nq, nk) (kernels/sequences.py).
     """
     from ..ptx import (cp_async_commit, cp_async_wait_group, exp2_approx, ldmatrix_x4,
                        ldmatrix_x4_trans)
@@ -444,7 +450,7 @@ def make_backward_dq_v9(Br, Bc, d, causal, half="float16", varlen=False):
     copies = _make_copies(d, THREADS, half, varlen)
     copy_rows, copyable = copies.copy_rows, copies.copyable
     VARLEN = varlen
-    sequences = make_sequences(VARLEN)
+    sequences = make_sequences(VARLEN, equal=equal_lengths)
     locate, uniform_range = sequences.locate, sequences.uniform_range
 
     @cuda.jit(device=True, inline=True)
@@ -629,6 +635,18 @@ SHARED_BYTES = {"dkdv": dkdv_v9_shared_bytes, "dq": dq_v9_shared_bytes}
 VARIANTS = False              # plain attention only (causal in both alignments) ...
 PACKED = True                 # ... in one batch or packed (kernels/plan.py: packed_only),
 PACKED_ROWS = True            # the packed arrays as they are (kernels/sequences.py)
+
+
+def equal_lengths(kernel, p):
+    """Whether the kernel named ``kernel`` is built for a packed batch of equal lengths, taking the
+    pair (nq, nk) where other packed builds take cu_seqlens (kernels/sequences.py): the
+    causal dQ kernel. ptxas for sm_90, float16 (lab/sweeps/equal_lengths_registers.py,
+    lab/runs/2026-12-07/equal_lengths_registers.txt): causal at d = 64 106 registers
+    where reading cu_seqlens took 148 (the plain build 108), four blocks of four warps
+    on an SM instead of three; at d = 128 184 against 190 (two blocks either way).
+    Without the mask reading cu_seqlens takes fewer (80 against 90 at d = 64), and
+    the dK/dV kernel gained nothing (lab/runs/2026-12-06/packed_equal_lengths_registers.txt)."""
+    return p.equal_lengths is not None and p.upper and kernel == "backward_dq_v9"
 TILE_TABLE = False
 BFLOAT16 = True               # reads bfloat16 inputs itself (numbaflash/dtypes.py)
 
@@ -688,10 +706,14 @@ def plan(p, where, tiles, reason, preprocess):
                 p.acc_dtype, p.causal, reason + "; one block per K/V tile, each warp 16 keys",
                 variant=variant_description(p), dynamic_shared=True)
     Br, Bc = per_kernel["dq"]
+    dq_reason = reason + "; one block per Q tile, each warp 16 query rows"
+    if equal_lengths("backward_dq_v9", p):
+        dq_reason += ("; every sequence {} query rows and {} keys, taken as kernel "
+                      "parameters rather than read from cu_seqlens").format(*p.equal_lengths)
     dq = Plan("backward dQ", "v9", "backward_dq_v9", where, Br, Bc,
               (math.ceil(p.Sq / Br),) + heads, (2 * Br,), dq_v9_shared_bytes(Br, Bc, p.d),
-              p.acc_dtype, p.causal, reason + "; one block per Q tile, each warp 16 query rows",
-              variant=variant_description(p), dynamic_shared=True)
+              p.acc_dtype, p.causal, dq_reason, variant=variant_description(p),
+              dynamic_shared=True)
     return Plans((preprocess, dkdv, dq))
 
 
@@ -703,4 +725,5 @@ def kernel(plan, p):
         return make_backward_dkdv_v9(plan.Br, plan.Bc, p.d, p.upper, p.dtype.name,
                                      max_registers=cap, varlen=p.variant.varlen)
     return make_backward_dq_v9(plan.Br, plan.Bc, p.d, p.upper, p.dtype.name,
-                               varlen=p.variant.varlen)
+                               varlen=p.variant.varlen,
+                               equal_lengths=equal_lengths(plan.kernel, p))
