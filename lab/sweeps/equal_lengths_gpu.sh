@@ -23,5 +23,5 @@ $L layout_f16_d64_causal_grad 250 python3 lab/sweeps/flash_layout_ways.py --lock
 $L layout_f16_d128_causal_grad 250 python3 lab/sweeps/flash_layout_ways.py --lock $LOCK \
     --dtype float16 --dim 128 --causal --grad &
 $L layout_f16_d64_grad 250 python3 lab/sweeps/flash_layout_ways.py --lock $LOCK \
-    --dtype float16 --dim 64 --grad &
+    --dtype float16 --dim 64 --grad --profile &
 wait

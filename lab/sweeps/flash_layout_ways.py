@@ -6,14 +6,21 @@ process; several processes may run at once: each compiles on its own and times w
 it holds a lock (``--lock``), so their timings do not overlap.
 
     python3 lab/sweeps/flash_layout_ways.py --dtype float32 --dim 64 [--causal] [--grad]
+        [--profile]
 
 Prints, in ms, the median of 20 calls each timed alone with CUDA events (as
 scripts/torch_gpu.py --parts layout times them) and of 5 x 20 calls queued back to back
 (about the kernels' time), and each way's ratio to attention on (b, h, s, d). With
-``--grad`` a call is the forward and the backward of a sum of out * dout.
+``--grad`` a call is the forward and the backward of a sum of out * dout. ``--profile``
+then runs 20 calls of each way and of attention under cProfile (each call synchronized,
+so the host's functions are what is listed) and prints the 25 functions with the most
+time of their own, and the host's time per call outside any wait for the GPU.
 """
 import argparse
+import cProfile
 import fcntl
+import io
+import pstats
 import time
 
 import torch
@@ -41,6 +48,7 @@ def main():
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--grad", action="store_true")
     ap.add_argument("--lock", default="/tmp/flash_layout_ways.lock")
+    ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
     B, S, H, d, c = 2, 4096, 16, args.dim, args.causal
     dtype = getattr(torch, args.dtype)
@@ -98,6 +106,42 @@ def main():
     for name, a, qd in rows:
         print(f"{name:26s} alone {a:8.3f} ms ({a / base_alone:.3f}x)   queued {qd:8.3f} ms "
               f"({qd / base_queued:.3f}x)")
+    if args.profile:
+        with open(args.lock, "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            for way, in_place in (("in place", True), ("copies", False), ("attention", None)):
+                if in_place is not None:
+                    layout.in_place = layout.in_place_grad = in_place
+                fn = plain if in_place is None else flash
+                profile(f"flash_attn_func {way}" if in_place is not None else
+                        "attention (b,h,s,d)", fn)
+            fcntl.flock(lock, fcntl.LOCK_UN)
+        layout.in_place, layout.in_place_grad = default
+
+
+def profile(name, fn, calls=20):
+    """cProfile of ``calls`` synchronized calls: the 25 functions with the most time of
+    their own, and the host's time per call without the waits for the GPU (the time
+    inside torch.cuda.synchronize and the Event/stream waits taken out)."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+        torch.cuda.synchronize()
+    prof.disable()
+    stats = pstats.Stats(prof)
+    total = stats.total_tt
+    waits = sum(tt for (file, line, func), (cc, nc, tt, ct, callers) in stats.stats.items()
+                if "synchronize" in func or "copy_to_host" in func or "wait" in func)
+    print(f"\n## cProfile, {name}: {calls} calls, {1e3 * total / calls:.3f} ms a call "
+          f"in all, {1e3 * (total - waits) / calls:.3f} ms a call outside waits "
+          f"(synchronize, copy_to_host, wait: {1e3 * waits / calls:.3f} ms)")
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+    print(text.getvalue())
 
 
 if __name__ == "__main__":
