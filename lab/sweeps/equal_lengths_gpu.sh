@@ -9,7 +9,9 @@
 # equal lengths bitwise per sequence), then flash_attn_func's two ways with gradients at
 # (2, 4096, 16, d) in float16 (lab/sweeps/flash_layout_ways.py): causal at d = 64 (where
 # the build takes 106 registers instead of 148) and d = 128, and at d = 64 without the mask
-# (the build is not used there: the same kernels as before, for comparison). The three
+# (the build is not used there: the same kernels as before, for comparison; with cProfile
+# of each way's host side: the in-place way's time alone exceeds its time queued more
+# than the other ways' do, lab/runs/2026-12-06/140_layout_f16_d64_grad.txt). The three
 # compile in parallel and time one at a time (--lock).
 set -u
 cd "$(dirname "$0")/../.."
