@@ -13,9 +13,19 @@
 # of each way's host side: the in-place way's time alone exceeds its time queued more
 # than the other ways' do, lab/runs/2026-12-06/140_layout_f16_d64_grad.txt). The three
 # compile in parallel and time one at a time (--lock).
+#
+#   bash lab/sweeps/equal_lengths_gpu.sh short   # within about 250 s: the equal-lengths
+#       tests alone, then float16 causal d = 64 with gradients alone
 set -u
 cd "$(dirname "$0")/../.."
 L="bash lab/sweeps/logged.sh"
+if [ "${1:-}" = short ]; then
+    NUMBAFLASH_PROFILE=gpu-quick $L tests_equal_lengths 100 python3 -m pytest -q -n 0 \
+        -p no:cacheprovider tests/test_launcher.py tests/test_varlen.py -k "equal_lengths"
+    $L layout_f16_d64_causal_grad 150 python3 lab/sweeps/flash_layout_ways.py \
+        --dtype float16 --dim 64 --causal --grad
+    exit
+fi
 NUMBAFLASH_PROFILE=gpu-quick $L tests_equal_lengths 150 python3 -m pytest -q -n 0 \
     -p no:cacheprovider tests/test_launcher.py tests/test_varlen.py \
     -k "equal_lengths or equal_lengths_are or words or packed_only_backward"
