@@ -577,6 +577,11 @@ def test_packed_equal_lengths_backward_bitwise_equals_attention(dtype, lens_q, l
         for g_name, got, w, cu in zip(("dq", "dk", "dv"), grads, want,
                                       (case.cu_q, case.cu_k, case.cu_k)):
             assert_bitwise_equal(f"sequence {b}: {g_name}", seq(got, cu, b), to_host(w))
+    # a grid sized past the lengths (max_seqlen larger): its extra blocks return at once
+    big = dict(max_seqlen_q=lens_q[0] + 9, max_seqlen_k=lens_k[0] + 9)
+    for name, a, b in zip(("dq", "dk", "dv"), backward(case, out, lse, version="v9",
+                                                       tiles=tiles, **big), grads):
+        assert_bitwise_equal(f"{name} (max_seqlen larger)", a, b)
 
 
 def test_equal_lengths_are_found_from_cu_seqlens(no_launch):
