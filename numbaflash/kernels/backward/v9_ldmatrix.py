@@ -51,6 +51,11 @@ total, d) views and took the sequence from bh // Hq: its dK/dV kernel at d = 64,
 where the plain one needs 95-108 (ptxas, lab/sweeps/packed_half_registers.py,
 lab/runs/2026-12-05/packed_half_registers.txt), and flash-attn's layout read through it
 took 1.6x the copies' time with gradients (lab/runs/2026-12-06/135_layout_f16_d64_grad.txt).
+The dK/dV kernel addresses L and D, C-contiguous (heads, total), from their shape (head
+* total + row): from their strides, as the build with views did, its per-tile loop took
+970 SASS instructions where the plain build's takes 700, and 721 from the shape (float16,
+d = 64; lab/sweeps/sass_packed_v9.py, lab/runs/2026-12-07/sass_packed_v9.txt before,
+sass_packed_v9_after.txt after).
 A packed batch of equal lengths (flash-attn's (batch, seqlen, heads, d) layout read in
 place) gives the causal dQ kernel the two lengths as kernel parameters instead of
 cu_seqlens (``equal_lengths``; kernels/sequences.py says why): the same arithmetic, so
@@ -242,7 +247,10 @@ def make_backward_dkdv_v9(Br, Bc, d, causal, half="float16", max_registers=None,
         while r < Br:
             row = i * Br + r
             if row < Sq:
-                at = position(L, bh, q_first + row, Sq, 1)    # L and D alike (Hq, total)
+                if VARLEN:      # L and D alike: C-contiguous (Hq, total)
+                    at = bh * L.shape[1] + q_first + row
+                else:
+                    at = position(L, bh, q_first + row, Sq, 1)
                 cp_async(smem32, U(st * 2 * Br + r), L, U(at))
                 cp_async(smem32, U(st * 2 * Br + Br + r), D, U(at))
             else:
