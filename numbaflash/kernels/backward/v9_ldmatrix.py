@@ -643,20 +643,21 @@ SHARED_BYTES = {"dkdv": dkdv_v9_shared_bytes, "dq": dq_v9_shared_bytes}
 VARIANTS = False              # plain attention only (causal in both alignments) ...
 PACKED = True                 # ... in one batch or packed (kernels/plan.py: packed_only),
 PACKED_ROWS = True            # the packed arrays as they are (kernels/sequences.py)
+TILE_TABLE = False
+BFLOAT16 = True               # reads bfloat16 inputs itself (numbaflash/dtypes.py)
 
 
 def equal_lengths(kernel, p):
-    """Whether the kernel named ``kernel`` is built for a packed batch of equal lengths, taking the
-    pair (nq, nk) where other packed builds take cu_seqlens (kernels/sequences.py): the
-    causal dQ kernel. ptxas for sm_90, float16 (lab/sweeps/equal_lengths_registers.py,
-    lab/runs/2026-12-07/equal_lengths_registers.txt): causal at d = 64 106 registers
-    where reading cu_seqlens took 148 (the plain build 108), four blocks of four warps
-    on an SM instead of three; at d = 128 184 against 190 (two blocks either way).
-    Without the mask reading cu_seqlens takes fewer (80 against 90 at d = 64), and
-    the dK/dV kernel gained nothing (lab/runs/2026-12-06/packed_equal_lengths_registers.txt)."""
+    """Whether the kernel named ``kernel`` is built for a packed batch of equal lengths,
+    taking the pair (nq, nk) where other packed builds take cu_seqlens
+    (kernels/sequences.py): the causal dQ kernel. ptxas for sm_90, float16
+    (lab/sweeps/equal_lengths_registers.py, lab/runs/2026-12-07/equal_lengths_registers.txt):
+    causal at d = 64 106 registers where reading cu_seqlens took 148 (the plain build
+    108), four blocks of four warps on an SM instead of three; at d = 128 184 against
+    190 (two blocks either way). Without the mask reading cu_seqlens takes fewer (80
+    against 90 at d = 64), and the dK/dV kernel gained nothing
+    (lab/runs/2026-12-06/packed_equal_lengths_registers.txt)."""
     return p.equal_lengths is not None and p.upper and kernel == "backward_dq_v9"
-TILE_TABLE = False
-BFLOAT16 = True               # reads bfloat16 inputs itself (numbaflash/dtypes.py)
 
 
 def refusal(p, where):
