@@ -36,7 +36,8 @@ gained nothing from it (lab/runs/2026-12-06/packed_equal_lengths_registers.txt),
 that kernel is built this way (backward v9's ``equal_lengths`` rule).
 
 Backward v9 takes no views: it adds the sequence's first row to the row indices of the
-packed views themselves (q0 + row), so its arrays' base addresses stay kernel parameters,
+packed arrays themselves (q0 + row; packed rows, below), so its arrays' base addresses
+stay kernel parameters,
 which ptxas keeps in uniform registers; a view's base computed from cu_seqlens is not
 known to be the same in every lane (kernels/backward/v9_ldmatrix.py has its registers).
 
