@@ -1,0 +1,79 @@
+"""The decode call's time against its split count, queued back to back (the GPU's time
+when the host keeps ahead), for each decode kernel, at the GQA and batch-1 decode shapes:
+the evidence for policy.default_num_splits on the GPU at hand.
+
+    python3 lab/sweeps/decode_splits_queued.py [--dtype float16] [--shapes b1-gqa,b8-gqa]
+        [--splits 8,16,24,33,48,66,99,132,198,256] [--repeats 50]
+
+Each line: the shape, the kernel, the planner's split count, then per split count the ms
+a call queued (CUDA events around --repeats calls on Numba views of PyTorch tensors) and
+K/V bytes read / time. Every split count's out is compared with the planner's (max |diff|).
+"""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts"))
+
+import numpy as np                                   # noqa: E402
+from numba import cuda                               # noqa: E402
+
+import numbaflash                                    # noqa: E402
+from numbaflash import policy                        # noqa: E402
+from decode_gpu import SHAPES, _inputs, _kv_bytes, _numba   # noqa: E402
+
+
+def queued_ms(call, repeats):
+    for _ in range(3):
+        call()
+    cuda.synchronize()
+    start, end = cuda.event(), cuda.event()
+    start.record()
+    for _ in range(repeats):
+        call()
+    end.record()
+    end.synchronize()
+    return cuda.event_elapsed_time(start, end) / repeats
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dtype", default="float16")
+    ap.add_argument("--shapes", default="b1-gqa,b8-gqa")
+    ap.add_argument("--splits", default="8,16,24,33,48,66,99,132,198,256")
+    ap.add_argument("--repeats", type=int, default=50)
+    ap.add_argument("--kernels", default="split_kv_mma,split_kv")
+    args = ap.parse_args()
+    counts = [int(n) for n in args.splits.split(",")]
+    keep = policy.DECODE_KERNELS
+    for name in args.shapes.split(","):
+        shape = SHAPES[name]
+        S_max = shape[4]
+        q, kc, vc = (_numba(x) for x in _inputs(shape, args.dtype))
+        n_bytes = _kv_bytes(shape, args.dtype)
+        for kernel in args.kernels.split(","):
+            policy.DECODE_KERNELS = (kernel,)
+            try:
+                chosen = numbaflash.explain_kvcache(q, kc, vc, cache_seqlens=S_max)[0].grid[0]
+            except ValueError as e:
+                print(f"splits {name} {kernel}: not run ({e})", flush=True)
+                continue
+            ref = numbaflash.attention_with_kvcache(q, kc, vc, cache_seqlens=S_max)
+            ref = np.asarray(ref.copy_to_host(), np.float64)
+            row = []
+            for n in [None] + counts:
+                call = lambda: numbaflash.attention_with_kvcache(q, kc, vc, cache_seqlens=S_max,
+                                                                 num_splits=n)
+                ms = queued_ms(call, args.repeats)
+                out = np.asarray(call().copy_to_host(), np.float64)
+                diff = float(np.max(np.abs(out - ref)))
+                row.append(f"{'planner' if n is None else n}:{ms:.4f}ms/"
+                           f"{n_bytes / ms / 1e6:.0f}GB/s/d{diff:.1e}")
+            print(f"splits-queued {name} {shape} {args.dtype} {kernel} (planner {chosen}): "
+                  + " ".join(row), flush=True)
+        policy.DECODE_KERNELS = keep
+        del q, kc, vc
+
+
+if __name__ == "__main__":
+    main()
