@@ -497,7 +497,7 @@ for line in DECODERS.read_text().splitlines():
     if line.startswith("decoders"):
         print(line)
 
-SERVING = LAB_RECORD.with_name("125_decode_serving.txt")     # an H100
+SERVING = ROOT / "lab" / "runs" / "2026-12-07" / "141_decode_serving.txt"   # the H200
 print(f"\n{SERVING.relative_to(ROOT)}:")
 for line in SERVING.read_text().splitlines():
     if line.startswith("serving"):
@@ -514,14 +514,13 @@ for line in SERVING.read_text().splitlines():
 #   which `split_kv_mma` does on the tensor cores with each key read once for the group.
 #   Compare each GQA line's fraction of the HBM copy with its multi-head twin's.
 # * **Against SDPA.** In float16, SDPA runs FlashAttention's own CUDA kernels, and the
-#   ratio says how far numbaflash's Numba kernels are from them. In float32 (its lines are
-#   in lab/runs/2026-12-05/104_decode_gpu.txt, an H100) SDPA has no flash kernel and the
-#   ratio goes the other way.
+#   ratio says how far numbaflash's Numba kernels are from them. In float32 (the float32 `serving`
+#   lines) SDPA has no flash kernel and the ratio goes the other way.
 #
 # * **A call is more than its kernel.** The `bandwidth` and `decoders` lines time each
 #   call alone from Python, on the day the host still copied the lengths and checked,
 #   planned and wrapped every call; at these sizes most of a 16-bit call was that Python.
-#   The `serving` lines (an H100) time the same steps as a PyTorch user runs them through
+#   The `serving` lines (a later record, after the host's work was cut) time the same steps as a PyTorch user runs them through
 #   `numbaflash.torch.flash_attn_with_kvcache`, three ways: a call alone, calls queued back
 #   to back, and a step replayed from a CUDA graph. The last two leave the host out, and
 #   compare the kernels with SDPA's (`docs/performance.md`, "Decoding", says what each
