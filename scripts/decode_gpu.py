@@ -89,6 +89,15 @@ SHAPES = {  # name: (B, Hq, Hk, Sq, S_max, d)
 TARGETS = ["b8-mha", "b8-gqa", "b1-mha", "b1-gqa"]      # the default --shapes
 
 
+def _forget_repeats():
+    """A decode kernel's module switch changed: forget what repeated calls recorded.
+    numbaflash/decode_direct.py keys a kind of call by its arrays and options, not by
+    these lab switches, so without this a repeated call would launch the kernel an
+    earlier setting compiled."""
+    from numbaflash import decode_direct
+    decode_direct.forget()
+
+
 def agreement():
     import torch
     rng = np.random.default_rng(11)
@@ -261,6 +270,7 @@ def decoders(shapes, dtypes, repeats):
                                   ("split_kv", None)):
                 policy.DECODE_KERNELS = (kernel,)
                 split_kv_mma.FINITE_TESTS = tests or keep_tests
+                _forget_repeats()
                 try:
                     plan = numbaflash.explain_kvcache(q, kc, vc, cache_seqlens=S_max)[0]
                 except ValueError as error:
@@ -276,6 +286,7 @@ def decoders(shapes, dtypes, repeats):
                            f"{n_bytes / ms / 1e6:.0f} GB/s, max |out - first| {diff:.1e}")
             policy.DECODE_KERNELS = keep
             split_kv_mma.FINITE_TESTS = keep_tests
+            _forget_repeats()
             print(f"decoders {name} {shape} {dtype}: " + "; ".join(row), flush=True)
             del q, kc, vc
             torch.cuda.empty_cache()
@@ -296,6 +307,7 @@ def overhead(shapes, dtypes, repeats):
             row = []
             for kernel in ("split_kv_mma", "split_kv"):
                 policy.DECODE_KERNELS = (kernel,)
+                _forget_repeats()
                 try:
                     plan = numbaflash.explain_kvcache(q, kc, vc, cache_seqlens=S_max)[0]
                 except ValueError:
@@ -318,6 +330,7 @@ def overhead(shapes, dtypes, repeats):
                 row.append(f"{kernel} ({plan.grid[0]} splits): {each:.3f} ms a call timed "
                            f"alone, host {host:.3f} ms a call, {queued:.3f} ms a call queued")
             policy.DECODE_KERNELS = keep
+            _forget_repeats()
             print(f"overhead {name} {shape} {dtype}: " + "; ".join(row), flush=True)
             del q, kc, vc
             torch.cuda.empty_cache()
@@ -353,11 +366,13 @@ def rows(shapes, dtypes, repeats):
             row = []
             for most in (1, 2, 4, 8):
                 split_kv.MAX_ROWS = most
+                _forget_repeats()
                 n = numbaflash.explain_kvcache(q, kc, vc, cache_seqlens=shape[4])[0].grid[0]
                 ms = _ms(lambda: numbaflash.attention_with_kvcache(
                     q, kc, vc, cache_seqlens=shape[4]), repeats)
                 row.append(f"rows<={most} ({n} splits):{ms:.3f}ms/{n_bytes / ms / 1e6:.0f}GB/s")
             split_kv.MAX_ROWS = keep
+            _forget_repeats()
             print(f"rows {name} {shape} {dtype}: " + " ".join(row), flush=True)
             del q, kc, vc
 
@@ -376,11 +391,13 @@ def registers(shapes, dtypes, repeats):
             for cap in (None, 80, 64):
                 split_kv.MAX_REGISTERS = cap
                 split_kv.make_split_kv.cache_clear()
+                _forget_repeats()
                 ms = _ms(lambda: numbaflash.attention_with_kvcache(
                     q, kc, vc, cache_seqlens=shape[4]), repeats)
                 row.append(f"cap {cap}:{ms:.3f}ms/{n_bytes / ms / 1e6:.0f}GB/s")
             split_kv.MAX_REGISTERS = keep
             split_kv.make_split_kv.cache_clear()
+            _forget_repeats()
             print(f"registers {name} {shape} {dtype}: " + " ".join(row), flush=True)
             del q, kc, vc
 
@@ -402,6 +419,7 @@ def kernels(shapes, dtypes, repeats):
             parent = None
             for loads, reduction in builds:
                 split_kv.LOADS, split_kv.REDUCTION = loads, reduction
+                _forget_repeats()
                 plan = numbaflash.explain_kvcache(q, kc, vc, cache_seqlens=S_max)[0]
                 call = lambda: numbaflash.attention_with_kvcache(q, kc, vc, cache_seqlens=S_max)
                 out = torch.as_tensor(call(), device="cuda").float()
@@ -411,6 +429,7 @@ def kernels(shapes, dtypes, repeats):
                 row.append(f"{loads}+{reduction} ({_loads(plan)}): {ms:.3f} ms "
                            f"{n_bytes / ms / 1e6:.0f} GB/s, max |out - first| {diff:.1e}")
             split_kv.LOADS, split_kv.REDUCTION = keep
+            _forget_repeats()
             print(f"kernels {name} {shape} {dtype}: " + "; ".join(row), flush=True)
             del q, kc, vc
             torch.cuda.empty_cache()

@@ -19,7 +19,7 @@ import numpy as np                                   # noqa: E402
 from numba import cuda                               # noqa: E402
 
 import numbaflash                                    # noqa: E402
-from numbaflash import policy                        # noqa: E402
+from numbaflash import decode_direct, policy         # noqa: E402
 from decode_gpu import SHAPES, _inputs, _kv_bytes, _numba   # noqa: E402
 
 
@@ -53,6 +53,7 @@ def main():
         n_bytes = _kv_bytes(shape, args.dtype)
         for kernel in args.kernels.split(","):
             policy.DECODE_KERNELS = (kernel,)
+            decode_direct.forget()      # repeated calls are keyed without the kernel choice
             try:
                 chosen = numbaflash.explain_kvcache(q, kc, vc, cache_seqlens=S_max)[0].grid[0]
             except ValueError as e:
@@ -72,6 +73,7 @@ def main():
             print(f"splits-queued {name} {shape} {args.dtype} {kernel} (planner {chosen}): "
                   + " ".join(row), flush=True)
         policy.DECODE_KERNELS = keep
+        decode_direct.forget()
         del q, kc, vc
 
 
