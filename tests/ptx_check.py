@@ -468,7 +468,8 @@ def decode_entries():
     8, 64, 128, 256 (the rows per block of a GQA group of 8 and of one row), plain, causal,
     and causal with a window, softcap and ALiBi, with one element a load and (float16,
     float32: "-wide") 8 bytes a load; split_kv_mma (float16) at d = 40, 64, 128, the same
-    three variants; combine and append per dtype."""
+    three variants, and with three stages at d = 128, plain and with the three variants
+    together; combine and append per dtype."""
     import numpy as np
     from numbaflash.kernels.decode import append, combine, split_kv, split_kv_mma
     from numbaflash.kernels.variants import PLAIN, Variant
@@ -506,6 +507,13 @@ def decode_entries():
                     out.append(Entry(f"split_kv_mma-{dtype}-d{d}-{what}", "decode",
                                      lambda d=d, c=causal, v=variant:
                                      split_kv_mma.make_split_kv_mma(d, c, v), sig, no_f64))
+            # three stages of shared memory (split_kv_mma.STAGES, a lab switch), at d = 128
+            for causal, variant, what in ((False, PLAIN, "full"),
+                                          (True, full, "causal-window-softcap-alibi")):
+                out.append(Entry(f"split_kv_mma-{dtype}-d128-{what}-stages3", "decode",
+                                 lambda c=causal, v=variant:
+                                 split_kv_mma.make_split_kv_mma(128, c, v, stages=3), sig,
+                                 no_f64))
         out.append(Entry(f"combine-{dtype}", "decode", lambda ac=acc: combine.make_combine(ac),
                          (array(at, 4), array(at, 3), array(dt, 3), array(at, 2)), no_f64))
         out.append(Entry(f"append-{dtype}", "decode", append.make_append,

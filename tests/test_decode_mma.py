@@ -27,8 +27,9 @@ import pytest
 import numbaflash
 from numbaflash import policy
 from numbaflash.kernels.decode import split_kv_mma
-from test_kvcache import (device_like, make_cache_case, no_kvcache_launch,  # noqa: F401
-                          run_and_check)
+from test_kvcache import (check_against_reference, device_like,  # noqa: F401
+                          make_cache_case, no_kvcache_launch, run, run_and_check,
+                          updated_caches)
 
 pytestmark = pytest.mark.usefixtures("nan_prefilled_outputs")
 
@@ -125,6 +126,62 @@ def test_nonfinite_visible_input_propagates(where, kernel):
     else:
         case.v_cache[0, 0, 33, 4] = np.nan
     run_and_check(case)
+
+
+# --- three stages of shared memory (split_kv_mma.STAGES) -----------------------------------
+
+STAGE_CASES = {
+    # name: make_cache_case arguments; tiles of 64 keys per split
+    "six-tiles-one-split": dict(B=1, Hk=1, group=2, Sq=1, S_max=340, d=16, dtype="float16",
+                                lengths=(339,), S_new=1, num_splits=1, seed=151),
+    "splits-inside-tiles": dict(B=2, Hk=1, group=4, Sq=1, S_max=200, d=24, dtype="float16",
+                                lengths=(199, 70), S_new=1, num_splits=3, seed=157),
+    "one-tile-causal-window": dict(B=1, Hk=1, group=2, Sq=3, S_max=60, d=16,
+                                   dtype="float16", lengths=(50,), S_new=3, causal=True,
+                                   window=(30, 0), seed=163),
+}
+
+
+@pytest.mark.parametrize("name", sorted(STAGE_CASES) + ["nonfinite-middle-tiles"])
+def test_three_stages_give_two_stages_bits(name, monkeypatch):
+    """STAGES = 3 (two tiles in flight, the stage index j % 3) against the default two:
+    the same products in the same order, so the same bits, and the reference's rule.
+    The cases: six tiles in one split (every stage reused twice), splits that start
+    inside a tile, fewer tiles than stages, and NaN and inf in keys and values of the
+    third and fifth tiles (each tile's copies tested and flagged in its own stage)."""
+    monkeypatch.setattr(policy, "DECODE_KERNELS", ("split_kv_mma",))
+    if name == "nonfinite-middle-tiles":
+        case = make_cache_case(B=1, Hk=1, group=2, Sq=2, S_max=340, d=16, dtype="float16",
+                               lengths=(332,), causal=True, num_splits=1, seed=167)
+        case.k_cache[0, 0, 140, 3] = np.inf         # tile 2, seen by both rows
+        case.v_cache[0, 0, 300, 5] = np.nan         # tile 4
+        case.v_cache[0, 0, 331, 1] = np.nan         # tile 5, hidden from row 0 (causal)
+    else:
+        case = make_cache_case(**STAGE_CASES[name])
+    got = {}
+    for stages in (2, 3):
+        monkeypatch.setattr(split_kv_mma, "STAGES", stages)
+        plan = planned(case)
+        assert plan.kernel == "split_kv_mma"
+        assert plan.shared_bytes == split_kv_mma.split_kv_mma_shared(
+            case.q.shape[-1], stages).dynamic
+        got[stages] = run(case)
+    for a, b in zip(got[2], got[3]):
+        np.testing.assert_array_equal(a, b)
+    out, lse, k_cache, v_cache = got[3]
+    want_k, want_v = updated_caches(case)
+    check_against_reference(case, out, lse, want_k, want_v)
+
+
+def test_stages_are_two_or_three():
+    assert split_kv_mma.STAGES == 2         # the default until a GPU says otherwise
+    with pytest.raises(ValueError, match="stages must be one of"):
+        split_kv_mma.make_split_kv_mma(64, False, stages=4)
+    three, two = (split_kv_mma.split_kv_mma_shared(128, s) for s in (3, 2))
+    assert three.dynamic == 3 * two.dynamic // 2 and three.static == two.static
+    # Two blocks still fit an SM's 228 KB at d = 128: each reserves 1 KB, and ptxas
+    # reports 9744 static bytes, 1028 above the sum here (tests/ptx_check.py's entries)
+    assert 2 * (three.dynamic + three.static + 1028 + 1024) <= 228 * 1024
 
 
 # --- the policy ---------------------------------------------------------------------------

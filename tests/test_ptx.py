@@ -161,12 +161,13 @@ def test_decode_kernels_compile_and_link_for_sm90(dtype, record_property):
     for sm_90: split_kv at four head dims x one and two rows per block x plain, causal
     and causal with window, softcap and ALiBi (float16 and float32: with one element a
     load and with 8-byte loads), split_kv_mma (float16) at three head dims with the same
-    three variants, then combine and append; the float16 and float32 ones without
-    float64."""
+    three variants and with three stages at d = 128 (plain, and the variants together),
+    then combine and append; the float16 and float32 ones without float64."""
     results = run_ptx_check("--group", "decode", f"--match=-{dtype}", "--link")
     record_property("ptx_report", table(results))
     builds = 1 if dtype == "float64" else 2
-    mma = 3 * 3 if dtype == "float16" else 0        # split_kv_mma at 3 head dims x 3 variants
+    # split_kv_mma at 3 head dims x 3 variants, and 2 builds with three stages
+    mma = 3 * 3 + 2 if dtype == "float16" else 0
     assert len(results) == 4 * 2 * 3 * builds + mma + 2, [r["name"] for r in results]
     assert_compiled_without_f64(results, dtype)
 

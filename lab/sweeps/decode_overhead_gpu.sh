@@ -17,6 +17,10 @@
 #       cProfile, then bench --inference in float16
 #   bash lab/sweeps/decode_overhead_gpu.sh direct-quick  # the same, fewer tests, float16
 #       only, and bench --inference's decode part alone (lab/sweeps/bench_decode_part.py)
+#   bash lab/sweeps/decode_overhead_gpu.sh splits    # the split count against the time of
+#       calls queued back to back at the GQA shapes, float16, split_kv_mma with two and
+#       three stages of shared memory and split_kv (lab/sweeps/decode_splits_queued.py),
+#       then the tensor-core decode tests on the GPU
 #   bash lab/sweeps/decode_overhead_gpu.sh lean [BEFORE]  # the direct paths' tests, the
 #       overhead part (float16, float32; also for a before tree's package in BEFORE),
 #       bench --inference's decode part, cProfile, numbaflash.torch's decoding step
@@ -100,8 +104,14 @@ lean-short)
         --dtypes float16,float32
     $L bench_decode 70 python3 lab/sweeps/bench_decode_part.py float16
     ;;
+splits)
+    $L decode_splits_queued 240 python3 lab/sweeps/decode_splits_queued.py --dtype float16 \
+        --shapes b1-gqa,b8-gqa
+    NUMBAFLASH_PROFILE=gpu-quick $L tests_decode_mma 150 python3 -m pytest -q -n 0 \
+        -p no:cacheprovider tests/test_decode_mma.py
+    ;;
 *)
-    echo "usage: bash lab/sweeps/decode_overhead_gpu.sh profile|check|serving|direct|direct-quick|lean [BEFORE]|lean-short [BEFORE]" >&2
+    echo "usage: bash lab/sweeps/decode_overhead_gpu.sh profile|check|serving|direct|direct-quick|splits|lean [BEFORE]|lean-short [BEFORE]" >&2
     exit 2
     ;;
 esac

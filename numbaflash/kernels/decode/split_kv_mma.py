@@ -23,7 +23,8 @@ it and the launch arguments. What changes is the work per key:
   the next tile on its way while the warps use this one; warp w takes keys 16 w to
   16 w + 15 of each tile, its B fragments from ``ldmatrix`` (K) and ``ldmatrix.trans``
   (V, stored as the cache stores it). A whole tile (32 KB at d = 128) is in flight per
-  block, where split_kv's loads had 8 keys per warp in registers.
+  block, where split_kv's loads had 8 keys per warp in registers; with STAGES = 3 (a lab
+  switch, not the default) two tiles are.
 * Non-finite values. Where every real row sees every key of a tile (all of them at
   Sq = 1 without a window), the products carry NaN and inf as the reference's do (q . k
   and P V in IEEE arithmetic; a padded row's NaN is never written). Where some row does
@@ -89,18 +90,29 @@ MAX_REGISTERS = None            # no cap (ptxas's choice)
 FINITE_TESTS = "edges"
 FINITE_CHOICES = ("edges", "every")
 
-# What split_kv_mma_shared returns, by name: the dynamic array (two stages of K and V
-# tiles, v10_shared_layout) and the static arrays of the warps' merge.
+# Stages of shared memory the K/V tiles are copied into: with STAGES = s a block has s - 1
+# tiles in flight while its warps use one. 2 is the default; 3 doubles the bytes a block
+# has in flight and still lets an SM hold two blocks at d = 128 (111 KB each), for a GPU
+# to say whether the bytes in flight limit the calls with few, long splits
+# (lab/sweeps/decode_splits_queued.py --stages 2,3). A lab switch, set before the plans
+# are made; the same arithmetic, so the same bits, either way.
+STAGES = 2
+STAGE_CHOICES = (2, 3)
+
+# What split_kv_mma_shared returns, by name: the dynamic array (the stages of K and V
+# tiles, rows laid out as v10_shared_layout lays them) and the static arrays of the
+# warps' merge.
 SharedBytes = namedtuple("SharedBytes", "dynamic static")
 
 
-def split_kv_mma_shared(d):
-    """Shared memory of a block at head dim d, in bytes: ``dynamic`` (two stages of
-    TILE_KEYS keys and values, 16-bit, rows padded as forward v10 pads them) and
-    ``static`` (the warps' m and l per row, float32; the merged O, ROWS x d padded to 16,
-    float32; three int32 flags)."""
+def split_kv_mma_shared(d, stages=None):
+    """Shared memory of a block at head dim d, in bytes: ``dynamic`` (``stages``, by
+    default STAGES, of TILE_KEYS keys and values each, 16-bit, rows padded as forward v10
+    pads them) and ``static`` (the warps' m and l per row, float32; the merged O, ROWS x d
+    padded to 16, float32; three int32 flags)."""
+    stages = STAGES if stages is None else stages
     DP = (d + 15) // 16 * 16
-    return SharedBytes(v10_shared_layout(TILE_KEYS, d).END * 2,
+    return SharedBytes(2 * stages * v10_shared_layout(TILE_KEYS, d).TILE * 2,
                        4 * (2 * WARPS * ROWS + ROWS * DP) + 4 * 3)
 
 
@@ -111,23 +123,25 @@ def rows_per_block(rows_needed, d):
 
 
 @functools.lru_cache(maxsize=None)
-def make_split_kv_mma(d, causal, variant=PLAIN, half="float16", finite_tests="edges"):
+def make_split_kv_mma(d, causal, variant=PLAIN, half="float16", finite_tests="edges",
+                      stages=2):
     """The tensor-core split-KV kernel for head dim ``d`` (a multiple of 8, at most
     MAX_HEAD_DIM), ``causal`` (the band's upper bound, as split_kv's) and ``variant``
     (window, softcap, ALiBi), reading ``half`` caches ("float16" or "bfloat16": uint16
     bits, kernels/halves.py), accumulating in float32; ``finite_tests``: which tiles are
-    tested for NaN and inf (FINITE_TESTS).
+    tested for NaN and inf (FINITE_TESTS); ``stages``: of shared memory (STAGES).
 
     Launch and arguments: split_kv's (make_split_kv), with block (THREADS,) and
-    ``split_kv_mma_shared(d).dynamic`` bytes of dynamic shared memory; the caches' rows
-    must start 16-byte aligned (``refusal``). Block (split, tile, b * Hk + hk) holds rows
-    rr = tile * ROWS + r, r < ROWS, of the (batch, K/V head): query head hk * group +
-    rr // Sq, query row rr % Sq; lane (g, t) = (lane // 4, lane % 4) holds rows g and
-    g + 8. Per tile j of the split's keys (stage st = j % 2):
+    ``split_kv_mma_shared(d, stages).dynamic`` bytes of dynamic shared memory; the caches'
+    rows must start 16-byte aligned (``refusal``). Block (split, tile, b * Hk + hk) holds
+    rows rr = tile * ROWS + r, r < ROWS, of the (batch, K/V head): query head hk * group
+    + rr // Sq, query row rr % Sq; lane (g, t) = (lane // 4, lane % 4) holds rows g and
+    g + 8. Tiles 0 ... stages - 2 are started before the loop; per tile j of the split's
+    keys (stage st = j % stages; with two stages tile j + 1 goes to stage 1 - st):
 
-        barrier                      every warp has read stage 1 - st (tile j - 1)
-        start copies of tile j + 1 into stage 1 - st; commit
-        wait_group 1                 this thread's copies of tile j have landed
+        barrier                      every warp has read stage (j - 1) % stages (tile j - 1)
+        start copies of tile j + stages - 1 into that stage; commit
+        wait_group stages - 1        this thread's copies of tile j have landed
         test them for NaN and inf    (edge tiles, or every tile: finite_tests) zero those
                                      in place, flag the tile (bad[1], bad[2])
         barrier                      tile j complete and tested
@@ -144,6 +158,8 @@ def make_split_kv_mma(d, causal, variant=PLAIN, half="float16", finite_tests="ed
     if d % ALIGN or not 0 < d <= MAX_HEAD_DIM:
         raise ValueError(f"the tensor-core decode kernel takes head dims that are multiples "
                          f"of {ALIGN} up to {MAX_HEAD_DIM}; got {d}")
+    if stages not in STAGE_CHOICES:
+        raise ValueError(f"stages must be one of {STAGE_CHOICES}; got {stages!r}")
     halves = make_halves(half)
     HALF = halves.storage
     widen, narrow, pack2, mma = halves.widen, halves.narrow, halves.pack2, halves.mma
@@ -164,7 +180,9 @@ def make_split_kv_mma(d, causal, variant=PLAIN, half="float16", finite_tests="ed
     S_FRAGS = NT * 4
     PIECES = DP // 8                        # 16-byte pieces of a tile row
     COPIES = -(-TILE_KEYS * PIECES // THREADS)
-    ROW, TILE, K_AT, V_AT, END = v10_shared_layout(TILE_KEYS, d)
+    ROW, TILE, K_AT, _, _ = v10_shared_layout(TILE_KEYS, d)
+    V_AT = stages * TILE                    # K's stages first, then V's
+    AHEAD = stages - 1                      # tiles in flight while the warps use one
     WINDOW = variant.window
     SCORES = variant.softcap or variant.alibi
     EVERY_TILE = finite_tests == "every"
@@ -377,7 +395,7 @@ def make_split_kv_mma(d, causal, variant=PLAIN, half="float16", finite_tests="ed
         v_lane = (warp * CHUNK + 8 * (m % 2) + lane % 8) * ROW + 8 * (m // 2)
         HZERO = narrow(ZERO)
 
-        smem = cuda.shared.array(0, HALF, alignment=16)     # two stages of K and V tiles
+        smem = cuda.shared.array(0, HALF, alignment=16)     # the stages of K and V tiles
         bad = cuda.shared.array(3, int32)       # non-finite q, k, v staged as 0
         m_w = cuda.shared.array((WARPS, ROWS), acc)         # each warp's m and l per row
         l_w = cuda.shared.array((WARPS, ROWS), acc)
@@ -393,9 +411,11 @@ def make_split_kv_mma(d, causal, variant=PLAIN, half="float16", finite_tests="ed
         # Wait until bad is clear.
         cuda.syncthreads()
         n_tiles = (last - first + TILE_KEYS - 1) // TILE_KEYS if last > first else 0
-        if n_tiles > 0:
-            start_copies(smem, K, V, k_base, v_base, k_row, v_row, first, last, 0, tid, HZERO)
-        cp_async_commit()
+        for ahead in range(AHEAD):          # tiles 0 ... stages - 2, one group each
+            if ahead < n_tiles:
+                start_copies(smem, K, V, k_base, v_base, k_row, v_row,
+                             first + ahead * TILE_KEYS, last, ahead, tid, HZERO)
+            cp_async_commit()
         # Alg.1 l.4: Q's A fragments (rows g, g + 8; zero past the real rows and d; a
         # non-finite q is staged as 0 and flagged, as forward v10 stages it).
         for ks in range(KS):
@@ -419,16 +439,22 @@ def make_split_kv_mma(d, causal, variant=PLAIN, half="float16", finite_tests="ed
         l1 = ZERO
 
         for j in range(n_tiles):
-            st = j % 2
+            st = j % stages
             mark = int32(j + 1)
             key_first = first + j * TILE_KEYS
-            # Wait until every warp has finished reading stage 1 - st (tile j - 1).
+            # Wait until every warp has finished reading the stage of tile j - 1, where
+            # tile j + stages - 1 goes.
             cuda.syncthreads()
-            if j + 1 < n_tiles:
-                start_copies(smem, K, V, k_base, v_base, k_row, v_row, key_first + TILE_KEYS,
-                             last, 1 - st, tid, HZERO)
-            cp_async_commit()               # (empty at the last tile: the count stays)
-            cp_async_wait_group(1)          # this thread's copies of tile j have landed
+            if j + AHEAD < n_tiles:
+                start_copies(smem, K, V, k_base, v_base, k_row, v_row,
+                             key_first + AHEAD * TILE_KEYS, last, (j + AHEAD) % stages, tid,
+                             HZERO)
+            cp_async_commit()               # (empty at the last tiles: the count stays)
+            # This thread's copies of tile j have landed (at most AHEAD groups after it).
+            if stages == 2:
+                cp_async_wait_group(1)
+            else:
+                cp_async_wait_group(2)
             # Does some real row not see some key of the tile (the band's ends: row 0's
             # causal bound, row Sq - 1's window bound), or does q hold a NaN or inf? Then
             # its NaN and inf are staged as 0 and added back (module docstring). The same
@@ -628,9 +654,11 @@ def plan(p, where, n_splits, reason):
     reason += (f"; the {rows_needed} query rows that read each K/V head ({p.group} heads x "
                f"{p.Sq} rows) as the 16 rows of the tensor cores' products, in {tiles} "
                f"block(s); {WARPS} warps taking {CHUNK} keys each of every {TILE_KEYS}-key "
-               f"tile, copied 16 bytes at a time into two stages of shared memory")
+               f"tile, copied 16 bytes at a time into {('two', 'three')[STAGES - 2]} stages "
+               f"of shared memory")
     return Plan("kvcache", "split_kv_mma", "split_kv_mma", where, None, None,
-                (n_splits, tiles, p.B * p.Hk), (THREADS,), split_kv_mma_shared(p.d).dynamic,
+                (n_splits, tiles, p.B * p.Hk), (THREADS,),
+                split_kv_mma_shared(p.d, STAGES).dynamic,
                 p.acc_dtype, "bottom_right" if p.causal else None, reason,
                 variant_description(p), dynamic_shared=True)
 
@@ -638,4 +666,4 @@ def plan(p, where, n_splits, reason):
 def kernel(plan, p):
     """The compiled kernel of ``plan`` (cached per compile-time parameters)."""
     return make_split_kv_mma(p.d, p.upper, p.variant, half_of(p.dtype) or "float16",
-                             FINITE_TESTS)
+                             FINITE_TESTS, STAGES)
