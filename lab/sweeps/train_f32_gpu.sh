@@ -9,7 +9,8 @@
 #   bash lab/sweeps/train_f32_gpu.sh ncu     # Nsight Compute on the default float32
 #       backward's kernels at (2, 16, 4096, 64) and (2, 16, 4096, 128): speed of light
 #       and the roofline, occupancy, warp stalls, pipes, and shared memory's bank
-#       conflicts (MemoryWorkloadAnalysis), one record per head dim
+#       conflicts (MemoryWorkloadAnalysis, its tables printed in full: --print-details),
+#       one record per head dim
 #   bash lab/sweeps/train_f32_gpu.sh both    # bench, then ncu
 set -u
 cd "$(dirname "$0")/../.."
@@ -17,7 +18,7 @@ L="bash lab/sweeps/logged.sh"
 SECTIONS="--section SpeedOfLight --section SpeedOfLight_RooflineChart --section Occupancy \
 --section LaunchStats --section WarpStateStats --section SchedulerStats \
 --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
---section MemoryWorkloadAnalysis_Tables"
+--section MemoryWorkloadAnalysis_Tables --print-details all"
 
 bench() {
     $L train_f32_bench 330 python3 -m numbaflash bench \
