@@ -142,20 +142,23 @@ STAGE_CASES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(STAGE_CASES) + ["nonfinite-middle-tiles"])
+@pytest.mark.parametrize("name", sorted(STAGE_CASES) + ["nonfinite-edge-tiles"])
 def test_three_stages_give_two_stages_bits(name, monkeypatch):
     """STAGES = 3 (two tiles in flight, the stage index j % 3) against the default two:
     the same products in the same order, so the same bits, and the reference's rule.
     The cases: six tiles in one split (every stage reused twice), splits that start
-    inside a tile, fewer tiles than stages, and NaN and inf in keys and values of the
-    third and fifth tiles (each tile's copies tested and flagged in its own stage)."""
+    inside a tile, fewer tiles than stages, and a window over four tiles (the first used
+    again as the fourth) whose first and last tiles hold a value one row sees and the
+    other does not (each edge tile's copies tested, zeroed and flagged in its own stage):
+    the other row stays finite, bit for bit."""
     monkeypatch.setattr(policy, "DECODE_KERNELS", ("split_kv_mma",))
-    if name == "nonfinite-middle-tiles":
+    if name == "nonfinite-edge-tiles":
+        # rows 0 and 1 see keys 130-330 and 131-331: the split reads keys 130-331
         case = make_cache_case(B=1, Hk=1, group=2, Sq=2, S_max=340, d=16, dtype="float16",
-                               lengths=(332,), causal=True, num_splits=1, seed=167)
-        case.k_cache[0, 0, 140, 3] = np.inf         # tile 2, seen by both rows
-        case.v_cache[0, 0, 300, 5] = np.nan         # tile 4
-        case.v_cache[0, 0, 331, 1] = np.nan         # tile 5, hidden from row 0 (causal)
+                               lengths=(332,), causal=True, window=(200, 0), num_splits=1,
+                               seed=167)
+        case.v_cache[0, 0, 130, 2] = np.inf         # tile 0: row 0 sees it, row 1 not
+        case.v_cache[0, 0, 331, 1] = np.nan         # tile 3: row 1 sees it, row 0 not
     else:
         case = make_cache_case(**STAGE_CASES[name])
     got = {}
@@ -171,6 +174,11 @@ def test_three_stages_give_two_stages_bits(name, monkeypatch):
     out, lse, k_cache, v_cache = got[3]
     want_k, want_v = updated_caches(case)
     check_against_reference(case, out, lse, want_k, want_v)
+    if name == "nonfinite-edge-tiles":
+        row0, row1 = out[0, :, 0].astype(np.float64), out[0, :, 1].astype(np.float64)
+        assert not np.isfinite(row0[:, 2]).any() and np.isnan(row1[:, 1]).all()
+        assert np.isfinite(np.delete(row0, 2, axis=1)).all()
+        assert np.isfinite(np.delete(row1, 1, axis=1)).all()
 
 
 def test_stages_are_two_or_three():
