@@ -16,9 +16,17 @@
 #
 #   bash lab/sweeps/equal_lengths_gpu.sh short   # within about 250 s: the equal-lengths
 #       tests alone, then float16 causal d = 64 with gradients alone
+#   bash lab/sweeps/equal_lengths_gpu.sh tests   # the GPU tests of the build alone, with
+#       the time they need (about 40 s a packed case, compiling: 150 s cut them at six)
 set -u
 cd "$(dirname "$0")/../.."
 L="bash lab/sweeps/logged.sh"
+if [ "${1:-}" = tests ]; then
+    NUMBAFLASH_PROFILE=gpu-quick $L tests_equal_lengths 450 python3 -m pytest -q -n 0 \
+        -p no:cacheprovider tests/test_launcher.py tests/test_varlen.py \
+        -k "equal_lengths or equal_lengths_are or words or packed_only_backward"
+    exit
+fi
 if [ "${1:-}" = short ]; then
     NUMBAFLASH_PROFILE=gpu-quick $L tests_equal_lengths 100 python3 -m pytest -q -n 0 \
         -p no:cacheprovider tests/test_launcher.py tests/test_varlen.py -k "equal_lengths"
