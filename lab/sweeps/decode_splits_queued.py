@@ -7,10 +7,10 @@ the evidence for policy.default_num_splits on the GPU at hand.
 
 Each line: the shape, the kernel (split_kv_mma once per ``--stages``: split_kv_mma.STAGES,
 the stages of shared memory its K/V tiles are copied into), the planner's split count,
-then per split count the ms a call queued (CUDA events around --repeats calls on Numba
-views of PyTorch tensors), K/V bytes read / time, and the max |difference| of its out
-from the planner's count's with the first build (two stages: the same bits for the same
-split count).
+then per split count the ms a call queued (bench's ``time_ms_queued``: the median of
+three rounds of CUDA events around --repeats calls, on Numba views of PyTorch tensors),
+K/V bytes read / time, and the max |difference| of its out from the planner's count's
+with the first build (two stages: the same bits for the same split count).
 """
 import argparse
 import os
@@ -19,25 +19,12 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts"))
 
 import numpy as np                                   # noqa: E402
-from numba import cuda                               # noqa: E402
 
 import numbaflash                                    # noqa: E402
 from numbaflash import decode_direct, policy         # noqa: E402
+from numbaflash.bench.timing import time_ms_queued   # noqa: E402
 from numbaflash.kernels.decode import split_kv_mma   # noqa: E402
 from decode_gpu import SHAPES, _inputs, _kv_bytes, _numba   # noqa: E402
-
-
-def queued_ms(call, repeats):
-    for _ in range(3):
-        call()
-    cuda.synchronize()
-    start, end = cuda.event(), cuda.event()
-    start.record()
-    for _ in range(repeats):
-        call()
-    end.record()
-    end.synchronize()
-    return cuda.event_elapsed_time(start, end) / repeats
 
 
 def main():
@@ -77,7 +64,7 @@ def main():
             for n in [None] + counts:
                 call = lambda: numbaflash.attention_with_kvcache(q, kc, vc, cache_seqlens=S_max,
                                                                  num_splits=n)
-                ms = queued_ms(call, args.repeats)
+                ms = time_ms_queued(call, calls=args.repeats, rounds=3)
                 out = np.asarray(call().copy_to_host(), np.float64)
                 diff = float(np.max(np.abs(out - ref)))
                 row.append(f"{'planner' if n is None else n}:{ms:.4f}ms/"
