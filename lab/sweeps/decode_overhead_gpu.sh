@@ -21,6 +21,9 @@
 #       calls queued back to back at the GQA shapes, float16, split_kv_mma with two and
 #       three stages of shared memory and split_kv (lab/sweeps/decode_splits_queued.py),
 #       then the tensor-core decode tests on the GPU
+#   bash lab/sweeps/decode_overhead_gpu.sh stalls    # Nsight Compute at b1-gqa, float16:
+#       split_kv_mma (one launch) with its warps' stall reasons, and SDPA's kernels for the
+#       same call (what they issue, their occupancy), side by side
 #   bash lab/sweeps/decode_overhead_gpu.sh lean [BEFORE]  # the direct paths' tests, the
 #       overhead part (float16, float32; also for a before tree's package in BEFORE),
 #       bench --inference's decode part, cProfile, numbaflash.torch's decoding step
@@ -104,6 +107,21 @@ lean-short)
         --dtypes float16,float32
     $L bench_decode 70 python3 lab/sweeps/bench_decode_part.py float16
     ;;
+stalls)
+    SECTIONS="--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy
+        --section WarpStateStats --section SchedulerStats --section LaunchStats
+        --section InstructionStats --section ComputeWorkloadAnalysis"
+    STALLS="regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio"
+    # $SECTIONS unquoted on purpose: one word per option
+    $L ncu_stalls_split_kv_mma 150 ncu --kernel-name regex:"split_kv_mma|combine" \
+        --launch-skip 2 --launch-count 2 $SECTIONS --metrics "$STALLS" \
+        python3 scripts/decode_gpu.py --parts bandwidth --shapes b1-gqa --dtypes float16 \
+        --repeats 3
+    $L ncu_stalls_sdpa 150 ncu --kernel-name regex:"flash|fmha|attention" \
+        --launch-skip 2 --launch-count 3 $SECTIONS --metrics "$STALLS" \
+        python3 scripts/decode_gpu.py --parts bandwidth --shapes b1-gqa --dtypes float16 \
+        --repeats 3
+    ;;
 splits)
     $L decode_splits_queued 240 python3 lab/sweeps/decode_splits_queued.py --dtype float16 \
         --shapes b1-gqa,b8-gqa
@@ -111,7 +129,7 @@ splits)
         -p no:cacheprovider tests/test_decode_mma.py
     ;;
 *)
-    echo "usage: bash lab/sweeps/decode_overhead_gpu.sh profile|check|serving|direct|direct-quick|splits|lean [BEFORE]|lean-short [BEFORE]" >&2
+    echo "usage: bash lab/sweeps/decode_overhead_gpu.sh profile|check|serving|direct|direct-quick|stalls|splits|lean [BEFORE]|lean-short [BEFORE]" >&2
     exit 2
     ;;
 esac
