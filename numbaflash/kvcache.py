@@ -19,14 +19,14 @@ from numba.cuda.cudadrv import driver
 
 from . import arrays, decode_direct, launcher
 from .kernels.decode import append as append_kernels
-from .kernels.decode import combine as combine_kernels
 from .kernels.decode import split_kv as split_kv_kernels
 from .kernels import simulating
 from .kernels.plan import Plans
 from .kernels.variants import Variant
 from .launcher import _context_key, _placeholders, launch
 from .masks import band, parse_causal, parse_window
-from .policy import DECODE_MODULES, decode_kernel, default_num_splits, where_to_plan
+from .policy import (COMBINE_MODULES, DECODE_MODULES, combine_kernel, decode_kernel,
+                     default_num_splits, where_to_plan)
 from .streams import (call_stream, handle_value, producer_stream, ready_handles, torch_stream,
                       wait_for)
 from .dtypes import as_bits, kernel_dtype
@@ -209,7 +209,7 @@ def plan_kvcache(p, num_splits=None, where=None):
         n, reason = int(num_splits), f"{num_splits} split(s) asked for by the caller"
     plans = [module.plan(p, where, n, f"{why}; {reason}")]
     if n > 1:
-        plans.append(combine_kernels.plan(p, where))
+        plans.append(combine_kernel().plan(p, where))
     return Plans(plans)
 
 
@@ -516,7 +516,8 @@ def launch_kvcache(plans, p, Q, K, V, S, seqlens, stream):
     if n > 1:
         merge = plans[1]
         args = (O_parts, L_parts, O, L)
-        direct = launch(combine_kernels.kernel(merge, p), merge.grid, merge.block, args,
+        module = COMBINE_MODULES[merge.version]
+        direct = launch(module.kernel(merge, p), merge.grid, merge.block, args,
                         _types_key("combine", p, args), 0, stream)
         _record(direct, args, ("o_parts", "l_parts", "out", "lse"))
     return O, L

@@ -21,7 +21,7 @@ from numba import cuda
 from . import arrays, dtypes
 from .kernels import backward, forward, simulating
 from .kernels.backward.nonfinite import nonfinite_check, nonfinite_check_bfloat16
-from .kernels.decode import split_kv, split_kv_mma
+from .kernels.decode import combine, combine_batched, split_kv, split_kv_mma
 from .kernels.plan import Plans, computes, device_dynamic_shared_limit, needs_variants
 from .launcher import launch
 from .streams import DEFAULT
@@ -343,6 +343,20 @@ def decode_kernel(p):
         refused.append(f"{name}: {why_not}")
     raise ValueError(f"no decode kernel of {DECODE_KERNELS} takes this call: "
                      + "; ".join(refused))
+
+
+# The combine after more than one split (kernels/decode/): combine_batched, the parent's
+# bits with each thread's loads issued a batch of splits at a time (its docstring cites the
+# measurement: the parent's one round trip per split and pass made it an eighth of a batch-1
+# call). A script that times one against the other sets this; it is read when a call is
+# planned (repeated calls launch what their first call planned: decode_direct.forget()).
+COMBINE_KERNEL = "combine_batched"
+COMBINE_MODULES = {"combine_batched": combine_batched, "combine": combine}
+
+
+def combine_kernel():
+    """The module of the combine kernel (COMBINE_KERNEL)."""
+    return COMBINE_MODULES[COMBINE_KERNEL]
 
 
 DECODE_REASONS = {

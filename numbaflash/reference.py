@@ -248,26 +248,28 @@ def backward(dout, q, k, v, causal=False, scale=None, dtype=np.float64, *, dropo
 # level up. Decoding (one query row against a long KV cache) uses it to give the GPU
 # enough blocks: each split is one block's work, and a small kernel merges them.
 
-def combine_splits(outs, lses):
+def combine_splits(outs, lses, dtype=np.float64):
     """Merge the results of attention over disjoint key ranges into the whole.
 
     ``outs`` (n, ..., Sq, d): O_s, the attention of each row over split s's keys alone
     (normalised within the split); ``lses`` (n, ..., Sq): L_s, its logsumexp, -inf where
     the row sees no key of the split. Returns ``(O, L)``: L = log sum_s exp(L_s) and
-    O = sum_s exp(L_s - L) O_s, in float64; a row that sees no key of any split gets
+    O = sum_s exp(L_s - L) O_s, in float64 (or ``dtype``: the naive baseline a lower
+    precision's tolerance is measured by); a row that sees no key of any split gets
     O = 0 and L = -inf (as ``forward`` gives it). A split whose O_s holds NaN or inf
     (a non-finite input it sees) passes it on, as in ``forward``.
     """
-    outs = np.asarray(outs, dtype=np.float64)
-    lses = np.asarray(lses, dtype=np.float64)
-    m = lses.max(axis=0) if lses.shape[0] else np.full(lses.shape[1:], -np.inf)
+    outs = np.asarray(outs, dtype=dtype)
+    lses = np.asarray(lses, dtype=dtype)
+    zero, one = dtype(0), dtype(1)
+    m = lses.max(axis=0) if lses.shape[0] else np.full(lses.shape[1:], -np.inf, dtype)
     seen = m != -np.inf
-    m_safe = np.where(seen, m, 0.0)                 # avoid (-inf) - (-inf) = nan
-    w = np.where(lses == -np.inf, 0.0, np.exp(lses - m_safe))     # (n, ..., Sq)
-    total = np.where(seen, w.sum(axis=0), 1.0)
-    L = np.where(seen, m_safe + np.log(total), -np.inf)
-    terms = np.where((w > 0)[..., None], w[..., None] * outs, 0.0)  # unseen splits add 0
-    O = np.where(seen[..., None], terms.sum(axis=0) / total[..., None], 0.0)
+    m_safe = np.where(seen, m, zero)                # avoid (-inf) - (-inf) = nan
+    w = np.where(lses == -np.inf, zero, np.exp(lses - m_safe))    # (n, ..., Sq)
+    total = np.where(seen, w.sum(axis=0), one)
+    L = np.where(seen, m_safe + np.log(total), dtype(-np.inf))
+    terms = np.where((w > 0)[..., None], w[..., None] * outs, zero)  # unseen splits add 0
+    O = np.where(seen[..., None], terms.sum(axis=0) / total[..., None], zero)
     return O, L
 
 

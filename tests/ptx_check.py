@@ -469,9 +469,9 @@ def decode_entries():
     and causal with a window, softcap and ALiBi, with one element a load and (float16,
     float32: "-wide") 8 bytes a load; split_kv_mma (float16) at d = 40, 64, 128, the same
     three variants, and with three stages at d = 128, plain and with the three variants
-    together; combine and append per dtype."""
+    together; combine, combine_batched and append per dtype."""
     import numpy as np
-    from numbaflash.kernels.decode import append, combine, split_kv, split_kv_mma
+    from numbaflash.kernels.decode import append, combine, combine_batched, split_kv, split_kv_mma
     from numbaflash.kernels.variants import PLAIN, Variant
     i64 = numba.int64
     full = Variant(window=True, softcap=True, alibi=True)
@@ -515,6 +515,9 @@ def decode_entries():
                                  split_kv_mma.make_split_kv_mma(128, c, v, stages=3), sig,
                                  no_f64))
         out.append(Entry(f"combine-{dtype}", "decode", lambda ac=acc: combine.make_combine(ac),
+                         (array(at, 4), array(at, 3), array(dt, 3), array(at, 2)), no_f64))
+        out.append(Entry(f"combine_batched-{dtype}", "decode",
+                         lambda ac=acc: combine_batched.make_combine_batched(ac),
                          (array(at, 4), array(at, 3), array(dt, 3), array(at, 2)), no_f64))
         out.append(Entry(f"append-{dtype}", "decode", append.make_append,
                          (array(dt, 4),) * 4 + (array(np.dtype(np.int32), 1),), no_f64))
@@ -670,7 +673,7 @@ def bfloat16_entries():
                      lambda t=(Br, Bc), v=Variant(varlen=True): F["v7"].make_forward_v7(
                          *t, 64, True, variant=v, gqa=True, half="bfloat16"), vsig, True))
     # decoding against bfloat16 caches (kernels/decode/), read and written as bits
-    from numbaflash.kernels.decode import append, combine, split_kv, split_kv_mma
+    from numbaflash.kernels.decode import append, combine, combine_batched, split_kv, split_kv_mma
     i64, a = numba.int64, numba.float32
     dsig = (array(bits, 4), array(bits, 1), array(bits, 1), array(np.dtype(np.int32), 1), i64,
             array(bits, 3), array(f32, 2), array(f32, 4), array(f32, 3), a, i64, i64, i64, i64,
@@ -697,6 +700,9 @@ def bfloat16_entries():
                              split_kv_mma.make_split_kv_mma(d, c, v, "bfloat16"), dsig, True))
     out.append(Entry("combine-bfloat16", "bfloat16",
                      lambda: combine.make_combine("float32", "bfloat16"),
+                     (array(f32, 4), array(f32, 3), array(bits, 3), array(f32, 2)), True))
+    out.append(Entry("combine_batched-bfloat16", "bfloat16",
+                     lambda: combine_batched.make_combine_batched("float32", "bfloat16"),
                      (array(f32, 4), array(f32, 3), array(bits, 3), array(f32, 2)), True))
     out.append(Entry("append-bfloat16", "bfloat16", append.make_append,
                      (array(bits, 4),) * 4 + (array(np.dtype(np.int32), 1),), True))

@@ -688,7 +688,7 @@ def test_explain_gpu_decode_splits_and_says_why(dtype, Hk, kernel, splits, no_kv
     split = plans[0]
     assert split.kernel == kernel and split.grid == (splits, 1, 8 * Hk)
     assert split.block == (split_kv.THREADS,)
-    assert [plan.kernel for plan in plans[1:]] == (["combine"] if splits > 1 else [])
+    assert [plan.kernel for plan in plans[1:]] == (["combine_batched"] if splits > 1 else [])
     count = "one split" if splits == 1 else f"{splits} split(s)"
     assert count in split.reason and "SM" in split.reason
     assert split.backend == "gpu" and "Why:" in str(plans)

@@ -24,6 +24,9 @@
 #   bash lab/sweeps/decode_overhead_gpu.sh stalls    # Nsight Compute at b1-gqa, float16:
 #       split_kv_mma (one launch) with its warps' stall reasons, and SDPA's kernels for the
 #       same call (what they issue, their occupancy), side by side
+#   bash lab/sweeps/decode_overhead_gpu.sh combine   # the two combine kernels: the combine
+#       tests on the GPU, the whole call with each (lab/sweeps/decode_combine_queued.py),
+#       their durations under Nsight Compute at b1-gqa, then bench --inference's decode part
 #   bash lab/sweeps/decode_overhead_gpu.sh lean [BEFORE]  # the direct paths' tests, the
 #       overhead part (float16, float32; also for a before tree's package in BEFORE),
 #       bench --inference's decode part, cProfile, numbaflash.torch's decoding step
@@ -107,6 +110,15 @@ lean-short)
         --dtypes float16,float32
     $L bench_decode 70 python3 lab/sweeps/bench_decode_part.py float16
     ;;
+combine)
+    NUMBAFLASH_PROFILE=gpu-quick $L tests_combine 100 python3 -m pytest -q -n 0 \
+        -p no:cacheprovider tests/test_combine.py tests/test_kvcache.py -k "combine or split"
+    $L decode_combine_queued 150 python3 lab/sweeps/decode_combine_queued.py
+    $L ncu_combine_durations 100 ncu --metrics gpu__time_duration.sum \
+        --kernel-name regex:"combine|split_kv" python3 lab/sweeps/decode_combine_queued.py \
+        --shapes b1-gqa --dtypes float16 --repeats 2
+    $L bench_decode 120 python3 lab/sweeps/bench_decode_part.py float16 float32
+    ;;
 stalls)
     SECTIONS="--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy
         --section WarpStateStats --section SchedulerStats --section LaunchStats
@@ -129,7 +141,7 @@ splits)
         -p no:cacheprovider tests/test_decode_mma.py
     ;;
 *)
-    echo "usage: bash lab/sweeps/decode_overhead_gpu.sh profile|check|serving|direct|direct-quick|stalls|splits|lean [BEFORE]|lean-short [BEFORE]" >&2
+    echo "usage: bash lab/sweeps/decode_overhead_gpu.sh profile|check|serving|direct|direct-quick|combine|stalls|splits|lean [BEFORE]|lean-short [BEFORE]" >&2
     exit 2
     ;;
 esac
