@@ -142,6 +142,20 @@ STAGE_CASES = {
 }
 
 
+def stage_case(name):
+    """A case of STAGE_CASES, or "nonfinite-edge-tiles": a window over four tiles whose
+    first and last tiles hold a value one row sees and the other does not."""
+    if name != "nonfinite-edge-tiles":
+        return make_cache_case(**STAGE_CASES[name])
+    # rows 0 and 1 see keys 130-330 and 131-331: the split reads keys 130-331
+    case = make_cache_case(B=1, Hk=1, group=2, Sq=2, S_max=340, d=16, dtype="float16",
+                           lengths=(332,), causal=True, window=(200, 0), num_splits=1,
+                           seed=167)
+    case.v_cache[0, 0, 130, 2] = np.inf         # tile 0: row 0 sees it, row 1 not
+    case.v_cache[0, 0, 331, 1] = np.nan         # tile 3: row 1 sees it, row 0 not
+    return case
+
+
 @pytest.mark.parametrize("name", sorted(STAGE_CASES) + ["nonfinite-edge-tiles"])
 def test_three_stages_give_two_stages_bits(name, monkeypatch):
     """STAGES = 3 (two tiles in flight, the stage index j % 3) against the default two:
@@ -152,15 +166,7 @@ def test_three_stages_give_two_stages_bits(name, monkeypatch):
     other does not (each edge tile's copies tested, zeroed and flagged in its own stage):
     the other row stays finite, bit for bit."""
     monkeypatch.setattr(policy, "DECODE_KERNELS", ("split_kv_mma",))
-    if name == "nonfinite-edge-tiles":
-        # rows 0 and 1 see keys 130-330 and 131-331: the split reads keys 130-331
-        case = make_cache_case(B=1, Hk=1, group=2, Sq=2, S_max=340, d=16, dtype="float16",
-                               lengths=(332,), causal=True, window=(200, 0), num_splits=1,
-                               seed=167)
-        case.v_cache[0, 0, 130, 2] = np.inf         # tile 0: row 0 sees it, row 1 not
-        case.v_cache[0, 0, 331, 1] = np.nan         # tile 3: row 1 sees it, row 0 not
-    else:
-        case = make_cache_case(**STAGE_CASES[name])
+    case = stage_case(name)
     got = {}
     for stages in (2, 3):
         monkeypatch.setattr(split_kv_mma, "STAGES", stages)
@@ -179,6 +185,32 @@ def test_three_stages_give_two_stages_bits(name, monkeypatch):
         assert not np.isfinite(row0[:, 2]).any() and np.isnan(row1[:, 1]).all()
         assert np.isfinite(np.delete(row0, 2, axis=1)).all()
         assert np.isfinite(np.delete(row1, 1, axis=1)).all()
+
+
+@pytest.mark.parametrize("name", sorted(STAGE_CASES) + ["nonfinite-edge-tiles"])
+def test_rescaling_on_change_gives_the_same_bits(name, monkeypatch):
+    """RESCALE = "on_change" (O multiplied by alpha only in the lanes whose rows' max grew
+    at this tile; alpha is exactly 1 in the others) against "always": the same bits,
+    and the reference's rule. Random scores make each row's max grow at tiles of its own,
+    so within a warp some lanes rescale and others do not; the non-finite case takes
+    the fix-ups after the skipped or taken multiplies."""
+    monkeypatch.setattr(policy, "DECODE_KERNELS", ("split_kv_mma",))
+    case = stage_case(name)
+    got = {}
+    for rescale in split_kv_mma.RESCALE_CHOICES:
+        monkeypatch.setattr(split_kv_mma, "RESCALE", rescale)
+        assert planned(case).kernel == "split_kv_mma"
+        got[rescale] = run(case)
+    for a, b in zip(got["always"], got["on_change"]):
+        np.testing.assert_array_equal(a, b)
+    out, lse, _, _ = got["on_change"]
+    want_k, want_v = updated_caches(case)
+    check_against_reference(case, out, lse, want_k, want_v)
+
+
+def test_rescale_is_always_or_on_change():
+    with pytest.raises(ValueError, match="rescale must be one of"):
+        split_kv_mma.make_split_kv_mma(64, False, rescale="never")
 
 
 def test_stages_are_two_or_three():
