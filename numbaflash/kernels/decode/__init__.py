@@ -17,6 +17,8 @@ NumPy sibling; reference.forward_splits the whole split computation).
                  (float16 and bfloat16 caches with several rows per K/V head)
     combine      one thread per output element: O = sum_s exp(L_s - L) O_s, L = log
                  sum_s exp(L_s); only launched with more than one split
+    combine_batched  the same, each thread's loads issued 16 splits at a time (the same
+                 bits; the default: policy.COMBINE_KERNEL)
     append       writes the new keys and values into the caches at each batch's length
 
 ``numbaflash/policy.py`` picks the kernel (``decode_kernel``) and the number of splits

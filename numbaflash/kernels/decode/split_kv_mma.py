@@ -92,20 +92,22 @@ FINITE_CHOICES = ("edges", "every")
 
 # Stages of shared memory the K/V tiles are copied into: with STAGES = s a block has s - 1
 # tiles in flight while its warps use one. 2 is the default; 3 doubles the bytes a block
-# has in flight and still lets an SM hold two blocks at d = 128 (111 KB each), for a GPU
-# to say whether the bytes in flight limit the calls with few, long splits
-# (lab/sweeps/decode_splits_queued.py --stages 2,3). A lab switch, set before the plans
-# are made; the same arithmetic, so the same bits, either way.
+# has in flight and still lets an SM hold two blocks at d = 128 (111 KB each). Measured
+# on an H100, float16, queued, three stages are slower at both GQA decode shapes (0.2339
+# against 0.2210 ms at (1, 32/8, 1, 131072), 0.4479 against 0.3857 at (8, 32/8, 1,
+# 32768): lab/runs/2026-12-07/148_decode_rescale_queued.txt; every split count:
+# 145_decode_splits_queued.txt). A lab switch, set before the plans are made; the same
+# arithmetic, so the same bits, either way.
 STAGES = 2
 STAGE_CHOICES = (2, 3)
 
 # When O is rescaled by alpha = exp(m_old - m_new) before P~ V: "always" (every tile, as
 # forward v10 does), or "on_change": only in a lane one of whose rows' max grew (alpha is
 # exactly 1 otherwise, and o * 1 = o, so the same bits). Past the first tiles a decoding
-# row's max rarely grows, and the 4 x ND multiplies a lane and tile are a sixteenth of
-# its instructions (lab/runs/2026-12-07/146_ncu_stalls_split_kv_mma.txt: the kernel issues
-# about 975 instructions a warp and tile at b1-gqa, issue slots 41 % busy). A lab switch,
-# set before the plans are made, for a GPU to say whether skipping them pays.
+# row's max rarely grows. Measured on an H100 at (1, 32/8, 1, 131072), float16
+# (lab/runs/2026-12-07/148_ncu_rescale.txt): 4 % fewer instructions, the same kernel
+# time; the kernel's warps wait on dependency chains, not on issue slots
+# (146_ncu_stalls_split_kv_mma.txt). A lab switch, set before the plans are made.
 RESCALE = "always"
 RESCALE_CHOICES = ("always", "on_change")
 
