@@ -31,6 +31,8 @@
 #       on the GPU, both ways queued at the GQA shapes (two and three stages), their
 #       durations and instructions under Nsight Compute at b1-gqa; combine_batched's BATCH
 #       16 against 64 (lab/sweeps/decode_combine_queued.py)
+#   bash lab/sweeps/decode_overhead_gpu.sh host      # the host's time per repeated call,
+#       step by step (lab/sweeps/decode_host_steps.py), Numba views and PyTorch tensors
 #   bash lab/sweeps/decode_overhead_gpu.sh lean [BEFORE]  # the direct paths' tests, the
 #       overhead part (float16, float32; also for a before tree's package in BEFORE),
 #       bench --inference's decode part, cProfile, numbaflash.torch's decoding step
@@ -114,6 +116,9 @@ lean-short)
         --dtypes float16,float32
     $L bench_decode 70 python3 lab/sweeps/bench_decode_part.py float16
     ;;
+host)
+    $L decode_host_steps 120 python3 lab/sweeps/decode_host_steps.py
+    ;;
 rescale)
     NUMBAFLASH_PROFILE=gpu-quick $L tests_rescale 120 python3 -m pytest -q -n 0 \
         -p no:cacheprovider tests/test_decode_mma.py -k "rescal or stages"
@@ -158,7 +163,7 @@ splits)
         -p no:cacheprovider tests/test_decode_mma.py
     ;;
 *)
-    echo "usage: bash lab/sweeps/decode_overhead_gpu.sh profile|check|serving|direct|direct-quick|rescale|combine|stalls|splits|lean [BEFORE]|lean-short [BEFORE]" >&2
+    echo "usage: bash lab/sweeps/decode_overhead_gpu.sh profile|check|serving|direct|direct-quick|host|rescale|combine|stalls|splits|lean [BEFORE]|lean-short [BEFORE]" >&2
     exit 2
     ;;
 esac
