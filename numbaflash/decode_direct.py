@@ -7,8 +7,10 @@ call (the checks, the plan, a Numba view of every input, the buffers, up to thre
 launches) costs the host more than the kernels take at the shapes decoding runs
 (docs/performance.md, "Decoding"). So the first call of each kind records the kernels it
 launched (``kvcache.recording``), and later calls of that kind launch the same compiled
-kernels again (launcher._DirectLaunch.launch_words) with their own pointers, on the
-call's stream, into outputs from the caller's allocator.
+kernels again with their own pointers, on the call's stream, into outputs from the
+caller's allocator: each kernel's parameter words laid out once and only the pointers
+written per call (launcher.PreparedLaunch; with ``launcher.PREPARED_LAUNCH = False``,
+the words built anew for cuda.core's launch, launcher._DirectLaunch.launch_words).
 
 A kind is everything the checks and the plan depend on; each caller builds its key
 (``kvcache.direct_key`` for device arrays, ``numbaflash.torch`` for tensors): the
@@ -25,7 +27,7 @@ PyTorch: it allocates through PyTorch (inside ``torch.cuda.graph`` that is the g
 memory pool) and launches on PyTorch's current stream, the capturing one.
 """
 
-from . import policy
+from . import launcher, policy
 
 _REMEMBERED = {}            # key -> FastDecode
 _REMEMBERED_MAX = 256
@@ -44,6 +46,7 @@ class FastDecode:
         self.device_index = device_index
         self.launches = []          # (direct, words between the pointers, their names)
         self.made = {}              # "out", "lse", "o_parts", "l_parts" -> (shape, dtype)
+        self.prepared = []          # per launch: its launcher.PreparedLaunch, once made
         for one in launched:
             chunks, names, words = [], [], []
             for make, arg, role in zip(one.direct.makers, one.args, one.roles):
@@ -59,6 +62,7 @@ class FastDecode:
                     self.made[role] = (tuple(arg.shape), arg.dtype)
             chunks.append(tuple(words))
             self.launches.append((one.direct, tuple(chunks), tuple(names)))
+            self.prepared.append(None)
 
     def ready(self, device_index):
         """Whether every kernel can be launched directly on this device."""
@@ -73,13 +77,30 @@ class FastDecode:
         made = {}
         for role, (shape, dtype) in self.made.items():
             made[role], pointers[role] = allocate(role, shape, dtype)
-        for direct, chunks, names in self.launches:
+        for i, (direct, chunks, names) in enumerate(self.launches):
+            if launcher.PREPARED_LAUNCH:
+                prepared = self.prepared[i] or self._prepare(i)
+                if prepared is not None:
+                    prepared.launch([pointers[name] for name in names], stream.handle)
+                    continue
             words = list(chunks[0])
             for name, chunk in zip(names, chunks[1:]):
                 words.append(pointers[name])
                 words.extend(chunk)
             direct.launch_words(words, stream, self.device_index)
         return made
+
+    def _prepare(self, i):
+        """Launch i's launcher.PreparedLaunch: its words laid out once, the pointers'
+        positions set at each launch (None if its kernel cannot be launched that way)."""
+        direct, chunks, names = self.launches[i]
+        words, slots = list(chunks[0]), []
+        for chunk in chunks[1:]:
+            slots.append(len(words))
+            words.append(0)                 # the pointer, set at each launch
+            words.extend(chunk)
+        self.prepared[i] = direct.prepare(words, slots, self.device_index)
+        return self.prepared[i]
 
 
 def remember(key, launched, device_index):

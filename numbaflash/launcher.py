@@ -35,6 +35,7 @@ import ctypes
 import functools
 import logging
 import math
+import threading
 
 import numba
 import numpy as np
@@ -196,6 +197,16 @@ class _DirectLaunch:
         and it is launched directly, not through Numba's dispatcher)."""
         return self.makers is not None and device in self.functions
 
+    def prepare(self, words, slots, device):
+        """A PreparedLaunch of this kernel on a device it has run on, with parameter
+        words ``words`` (as ``launch_words`` takes them) of which the positions ``slots``
+        are set anew at every launch; None if it cannot (the kernel has not run on the
+        device, or it is launched through Numba's dispatcher)."""
+        function = self.functions.get(device)
+        if function is None or self.makers is None:
+            return None
+        return PreparedLaunch(function, self.numba_config, words, slots)
+
     def launch_words(self, words, stream, device):
         """Launch with parameter words built by the caller (``array_words`` for each
         array, the makers' words for the rest), on a device this kernel has already run
@@ -207,6 +218,70 @@ class _DirectLaunch:
         self.core_launch(stream.core or self.numba_config.stream, self.core_config,
                          function, *words)
         return True
+
+
+# Whether repeated decoding calls (numbaflash/decode_direct.py) launch through
+# PreparedLaunch (True) or build their words for cuda.core's launch every time (False).
+# A lab switch: lab/sweeps/decode_host_steps.py times the two in one process.
+PREPARED_LAUNCH = True
+
+
+class PreparedLaunch:
+    """A kernel's launch with its parameter words laid out once in C memory, launched by
+    the driver's cuLaunchKernel with only some words set anew each time (the pointers of
+    a repeated call's arrays).
+
+    cuda.core's launch, which ``_DirectLaunch.launch_words`` uses, converts every word
+    from Python each time: a decoding call's split kernel has over a hundred words (each
+    array is 5 + 2 x its dimensions), and the conversion took about 25 us a launch on an
+    H100 (lab/runs/2026-12-07/149_decode_host_steps.txt), most of a repeated call's host
+    time. Here each word is a ctypes value made once, in an array of their addresses;
+    a launch writes the changed words (``slots``) and passes the array's address.
+
+    The words are the same as ``launch_words``': a Python int is a 64-bit word (as
+    cuda.core passes it), a ctypes value keeps its type. One lock per object keeps two
+    threads from writing the words of one launch while another launches.
+    """
+
+    def __init__(self, function, numba_config, words, slots):
+        from cuda.bindings import driver as binding
+        self._launch = binding.cuLaunchKernel
+        self._success = binding.CUresult.CUDA_SUCCESS
+        err, self.function = binding.cuKernelGetFunction(function.handle)
+        if err != self._success:
+            raise RuntimeError(f"cuKernelGetFunction failed: {err!r}")
+        c = numba_config
+        self.dims = (*_three(c.griddim), *_three(c.blockdim), c.sharedmem)
+        self.values = [_owned_word(w) for w in words]
+        self.slots = [self.values[i] for i in slots]
+        self.addresses = (ctypes.c_void_p * len(self.values))(
+            *(ctypes.addressof(v) for v in self.values))
+        self.params = ctypes.addressof(self.addresses)
+        self.lock = threading.Lock()
+
+    def launch(self, pointers, stream_handle):
+        """Launch on the stream with handle ``stream_handle`` (int, 0 for the legacy
+        default stream), the words at ``slots`` set to ``pointers`` (ints) in order."""
+        with self.lock:
+            for slot, value in zip(self.slots, pointers):
+                slot.value = value
+            err, = self._launch(self.function, *self.dims, stream_handle, self.params, 0)
+        if err != self._success:
+            raise RuntimeError(f"cuLaunchKernel failed: {err!r}")
+
+
+def _three(dim):
+    """A Numba launch dimension as (x, y, z)."""
+    return tuple(dim) + (1,) * (3 - len(dim))
+
+
+def _owned_word(word):
+    """One parameter word as a ctypes value of its own (a copy of a ctypes value; a
+    Python int as a signed 64-bit word, or unsigned past the signed range)."""
+    if isinstance(word, ctypes._SimpleCData):
+        return type(word)(word.value)
+    word = int(word)
+    return ctypes.c_int64(word) if word < 1 << 63 else ctypes.c_uint64(word)
 
 
 # --- plans to launches ---------------------------------------------------------------

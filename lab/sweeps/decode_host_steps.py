@@ -2,14 +2,15 @@
 without a profiler's own cost: each step's function is wrapped with a clock
 (``time.perf_counter_ns``, about 0.1 us a reading), the calls repeated, and the mean
 microseconds a call printed per step, with the whole call's and what is left (the
-Python between the steps).
+Python between the steps); then whether every way gave the same out and lse bits.
 
     python3 lab/sweeps/decode_host_steps.py [--shapes b1-gqa,b8-mha] [--calls 2000]
-        [--inputs numba,torch]
+        [--inputs numba,torch] [--prepared 0,1]
 
 ``--inputs``: the arrays as bench --inference passes them (``numba``: Numba views of
 PyTorch tensors, ``cuda.as_cuda_array``) or as a PyTorch user does (``torch``: the
-tensors). The calls are queued without waiting (the GPU falls behind; only the host's
+tensors). ``--prepared``: launcher.PREPARED_LAUNCH, the kernels' words laid out once
+(1) or built for cuda.core's launch at every call (0). The calls are queued without waiting (the GPU falls behind; only the host's
 time is read), synchronising every 200 calls so the queue stays short.
 """
 import argparse
@@ -57,6 +58,8 @@ def wrap_steps():
                                            kvcache.cuda.current_context)
     launcher._DirectLaunch.launch_words = clocked("launch_words (per launch)",
                                                   launcher._DirectLaunch.launch_words)
+    launcher.PreparedLaunch.launch = clocked("PreparedLaunch.launch",
+                                             launcher.PreparedLaunch.launch)
     d = driver.driver
     d.cuMemsetD32Async = clocked("cuMemsetD32Async", d.cuMemsetD32Async)
     streams.torch_stream = clocked("streams.torch_stream", streams.torch_stream)
@@ -69,6 +72,7 @@ def main():
     ap.add_argument("--shapes", default="b1-gqa,b8-mha")
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--inputs", default="numba,torch")
+    ap.add_argument("--prepared", default="0,1")
     args = ap.parse_args()
     wrap_steps()
     call_fn = clocked("attention_with_kvcache (whole)", numbaflash.attention_with_kvcache)
@@ -76,7 +80,11 @@ def main():
         shape = SHAPES[name]
         S_max = shape[4]
         tensors = _inputs(shape, "float16")
-        for kind in args.inputs.split(","):
+        bits = {}
+        for kind, prepared in [(k, p) for k in args.inputs.split(",")
+                               for p in args.prepared.split(",")]:
+            launcher.PREPARED_LAUNCH = prepared == "1"
+            decode_direct.forget()
             xs = tensors if kind == "torch" else [cuda.as_cuda_array(x) for x in tensors]
             q, kc, vc = xs
             for _ in range(20):                     # the first call records the kernels
@@ -93,14 +101,21 @@ def main():
             torch.cuda.synchronize()
             n = args.calls
             whole = SPENT["attention_with_kvcache (whole)"] / n / 1e3
-            print(f"host-steps {name} {shape} float16, {kind} inputs: "
+            print(f"host-steps {name} {shape} float16, {kind} inputs, PREPARED_LAUNCH="
+                  f"{launcher.PREPARED_LAUNCH}: "
                   f"{whole:.1f} us a call (wall {wall / n / 1e3:.1f} us a call, with the "
                   f"synchronisations)", flush=True)
             for step, ns in SPENT.most_common():
                 print(f"    {step:40s} {ns / n / 1e3:7.2f} us a call, "
                       f"{COUNT[step] / n:.1f} calls", flush=True)
+            out, lse = call_fn(q, kc, vc, cache_seqlens=S_max, return_lse=True)
+            bits[kind, prepared] = (out.copy_to_host().tobytes()
+                                    + lse.copy_to_host().tobytes())
             decode_direct.forget()
             del xs, q, kc, vc
+        print(f"host-steps {name}: every way gives the same out and lse bits: "
+              f"{len(set(bits.values())) == 1}", flush=True)
+        bits.clear()
         del tensors
 
 

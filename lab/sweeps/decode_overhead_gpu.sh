@@ -33,6 +33,9 @@
 #       16 against 64 (lab/sweeps/decode_combine_queued.py)
 #   bash lab/sweeps/decode_overhead_gpu.sh host      # the host's time per repeated call,
 #       step by step (lab/sweeps/decode_host_steps.py), Numba views and PyTorch tensors
+#   bash lab/sweeps/decode_overhead_gpu.sh prepared  # repeated calls launched through
+#       launcher.PreparedLaunch: the direct paths' tests, the host's steps both ways
+#       (lab/sweeps/decode_host_steps.py), bench --inference's float16 decode part
 #   bash lab/sweeps/decode_overhead_gpu.sh lean [BEFORE]  # the direct paths' tests, the
 #       overhead part (float16, float32; also for a before tree's package in BEFORE),
 #       bench --inference's decode part, cProfile, numbaflash.torch's decoding step
@@ -116,6 +119,13 @@ lean-short)
         --dtypes float16,float32
     $L bench_decode 70 python3 lab/sweeps/bench_decode_part.py float16
     ;;
+prepared)
+    NUMBAFLASH_PROFILE=gpu-quick $L tests_decode_direct 200 python3 -m pytest -q -n 0 \
+        -p no:cacheprovider tests/test_kvcache.py tests/test_streams.py tests/test_torch.py \
+        -k "repeated or queued or ready_stream or captured or scratch or stream"
+    $L decode_host_steps 120 python3 lab/sweeps/decode_host_steps.py
+    $L bench_decode 90 python3 lab/sweeps/bench_decode_part.py float16
+    ;;
 host)
     $L decode_host_steps 120 python3 lab/sweeps/decode_host_steps.py
     ;;
@@ -163,7 +173,7 @@ splits)
         -p no:cacheprovider tests/test_decode_mma.py
     ;;
 *)
-    echo "usage: bash lab/sweeps/decode_overhead_gpu.sh profile|check|serving|direct|direct-quick|host|rescale|combine|stalls|splits|lean [BEFORE]|lean-short [BEFORE]" >&2
+    echo "usage: bash lab/sweeps/decode_overhead_gpu.sh profile|check|serving|direct|direct-quick|prepared|host|rescale|combine|stalls|splits|lean [BEFORE]|lean-short [BEFORE]" >&2
     exit 2
     ;;
 esac
