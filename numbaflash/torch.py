@@ -212,7 +212,8 @@ def _widened(x):
 # the device and the options, and at (1, 1, 128, 64) it costs many times the kernel. So a
 # forward call on CUDA tensors that repeats an earlier one in all of those (a training or
 # decoding loop) launches the kernel that call compiled directly, with the tensors'
-# pointers (launcher._DirectLaunch.launch_words), on PyTorch's current stream, into outputs
+# pointers (launcher.PreparedLaunch: its words laid out once, the pointers written per
+# call), on PyTorch's current stream, into outputs
 # from PyTorch's allocator. The first call of each kind takes the whole path, so bad input
 # still raises before any launch; only calls without arrays or device functions among
 # their options (no alibi_slopes, attn_mask, score_mod or mask_mod) and on kernels that
@@ -291,6 +292,7 @@ class _FastForward:
 
     def __init__(self, p, plan, direct, device_index, packed=None):
         self.plan, self.direct, self.device_index = plan, direct, device_index
+        self.prepared = None        # its launcher.PreparedLaunch, once made
         self.lse_dtype = _TORCH_DTYPES[np.dtype(p.acc_dtype)]
         seqs = None
         if packed is None:
@@ -346,16 +348,45 @@ class _FastForward:
         stream = _torch_stream(device)
         out = torch.empty(self.out_shape, dtype=q.dtype, device=device)
         lse = torch.empty(self.lse_shape, dtype=self.lse_dtype, device=device)
-        q_words, k_words, l_words = self.q_words, self.k_words, self.l_words
-        words = (*q_words[0], q.data_ptr(), *q_words[1], *k_words[0], k.data_ptr(),
-                 *k_words[1], *k_words[0], v.data_ptr(), *k_words[1], *q_words[0],
-                 out.data_ptr(), *q_words[1], *l_words[0], lse.data_ptr(), *l_words[1],
-                 *self.before_seed, *seed_part, *self.after_seed)
-        if not self.direct.launch_words(words, stream, index):
+        pointers = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr())
+        prepared = (self.prepared or self._prepare(seed_part, index)
+                    if launcher.PREPARED_LAUNCH else None)
+        if prepared is not None:
+            # the words that change: the five pointers, then the seed's (with dropout)
+            prepared.launch(pointers + (tuple(w.value for w in seed_part) if self.dropout
+                                        else ()), stream.handle)
+        elif not self.direct.launch_words(self._words(pointers, seed_part), stream, index):
             return None
         if launcher.log.isEnabledFor(logging.INFO):
             launcher.log.info("%s", self.plan)
         return out, lse
+
+
+    def _words(self, pointers, seed_part):
+        """The kernel's parameter words for these five pointers (q, k, v, out, lse) and
+        seed words."""
+        q_words, k_words, l_words = self.q_words, self.k_words, self.l_words
+        q, k, v, out, lse = pointers
+        return (*q_words[0], q, *q_words[1], *k_words[0], k, *k_words[1], *k_words[0], v,
+                *k_words[1], *q_words[0], out, *q_words[1], *l_words[0], lse, *l_words[1],
+                *self.before_seed, *seed_part, *self.after_seed)
+
+    def _prepare(self, seed_part, index):
+        """The launcher.PreparedLaunch of this kind (None if its kernel cannot be launched
+        that way): the words laid out once, the pointers' positions (and with dropout
+        the seed's) written at each launch."""
+        words = self._words((0, 0, 0, 0, 0), seed_part)
+        q_words, k_words, l_words = self.q_words, self.k_words, self.l_words
+        slots, at = [], 0
+        for before, after in (q_words, k_words, k_words, q_words, l_words):
+            at += len(before)
+            slots.append(at)
+            at += 1 + len(after)
+        if self.dropout:
+            at += len(self.before_seed)
+            slots += [at, at + 1]
+        self.prepared = self.direct.prepare(words, slots, index)
+        return self.prepared
 
 
 def _tensor_words(t, shape3):

@@ -411,6 +411,8 @@ def test_repeated_calls_launch_directly_with_the_same_bits(monkeypatch, dtype, l
     monkeypatch.setattr(numbaflash.kvcache, "_whole_call", refuse)
     second = arrays_of(1)
     got = call(*second)
+    (fast,) = decode_direct._REMEMBERED.values()        # launched through PreparedLaunch
+    assert all(prepared is not None for prepared in fast.prepared)
     for name, a, b in (("out", got[0], want[0]), ("lse", got[1], want[1])):
         assert_bitwise_equal(name, to_host(a), to_host(b))
     if S_new:

@@ -847,6 +847,8 @@ def test_repeated_cuda_calls_launch_directly_with_the_same_bits(monkeypatch, dty
         graded = [x.clone().requires_grad_() for x in (q2, k2, v2)]
         fast_grad = nft.attention(*graded, **options)
     torch.cuda.synchronize()
+    (remembered,) = nft._FAST.values()
+    assert remembered.prepared is not None, "not launched through launcher.PreparedLaunch"
     assert torch.equal(fast, want)
     assert torch.equal(fast_grad.detach(), want)
     assert fast_grad.grad_fn is not None
@@ -1024,6 +1026,8 @@ def test_repeated_decoding_calls_launch_directly_with_the_same_bits(monkeypatch,
     with torch.cuda.stream(side):
         out, lse = call(*second)
     torch.cuda.synchronize()
+    for fast in decode_direct._REMEMBERED.values():     # launched through PreparedLaunch
+        assert all(prepared is not None for prepared in fast.prepared)
     bits = lambda x: x.view(torch.int16) if x.dtype == torch.bfloat16 else x
     assert out.shape == second[0].shape and lse.shape == (2, 8, 1)
     assert torch.equal(bits(out), bits(want_out)) and torch.equal(lse, want_lse)

@@ -36,6 +36,9 @@
 #   bash lab/sweeps/decode_overhead_gpu.sh prepared  # repeated calls launched through
 #       launcher.PreparedLaunch: the direct paths' tests, the host's steps both ways
 #       (lab/sweeps/decode_host_steps.py), bench --inference's float16 decode part
+#   bash lab/sweeps/decode_overhead_gpu.sh torch-prepared  # numbaflash.torch's repeated
+#       calls through launcher.PreparedLaunch: their GPU tests (forward and decoding,
+#       CUDA graphs), then the small call's parts both ways (lab/sweeps/small_call_parts.py)
 #   bash lab/sweeps/decode_overhead_gpu.sh lean [BEFORE]  # the direct paths' tests, the
 #       overhead part (float16, float32; also for a before tree's package in BEFORE),
 #       bench --inference's decode part, cProfile, numbaflash.torch's decoding step
@@ -119,6 +122,14 @@ lean-short)
         --dtypes float16,float32
     $L bench_decode 70 python3 lab/sweeps/bench_decode_part.py float16
     ;;
+torch-prepared)
+    NUMBAFLASH_PROFILE=gpu-quick $L tests_prepared 200 python3 -m pytest -q -n 0 \
+        -p no:cacheprovider tests/test_torch.py tests/test_kvcache.py \
+        -k "repeated or captured or capture"
+    $L small_call_core 90 python3 lab/sweeps/small_call_parts.py --calls 1000 --launch core
+    $L small_call_prepared 90 python3 lab/sweeps/small_call_parts.py --calls 1000 \
+        --launch prepared
+    ;;
 prepared)
     NUMBAFLASH_PROFILE=gpu-quick $L tests_decode_direct 200 python3 -m pytest -q -n 0 \
         -p no:cacheprovider tests/test_kvcache.py tests/test_streams.py tests/test_torch.py \
@@ -173,7 +184,7 @@ splits)
         -p no:cacheprovider tests/test_decode_mma.py
     ;;
 *)
-    echo "usage: bash lab/sweeps/decode_overhead_gpu.sh profile|check|serving|direct|direct-quick|prepared|host|rescale|combine|stalls|splits|lean [BEFORE]|lean-short [BEFORE]" >&2
+    echo "usage: bash lab/sweeps/decode_overhead_gpu.sh profile|check|serving|direct|direct-quick|torch-prepared|prepared|host|rescale|combine|stalls|splits|lean [BEFORE]|lean-short [BEFORE]" >&2
     exit 2
     ;;
 esac

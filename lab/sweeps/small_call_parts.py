@@ -6,6 +6,7 @@ it (scripts/torch_gpu.py --parts overhead). With ``--tiles`` the same for other 
 tiles of the default forward, which the kernel's time may favour at a one-block grid.
 
     python3 lab/sweeps/small_call_parts.py [--dtype float32] [--calls 1000] [--breakdown] [--tiles]
+        [--launch prepared|core]
 
 ``--breakdown`` instead times, on the host alone, each step numbaflash.torch.attention
 takes before and around the launch on a repeated call (each step in a loop of its own).
@@ -99,7 +100,13 @@ def main():
     ap.add_argument("--calls", type=int, default=1000)
     ap.add_argument("--breakdown", action="store_true")
     ap.add_argument("--tiles", action="store_true", help="also other query tiles")
+    ap.add_argument("--launch", choices=("prepared", "core"), default="prepared",
+                    help="repeated calls' launch: launcher.PreparedLaunch, or cuda.core's "
+                    "launch with the words built per call (launcher.PREPARED_LAUNCH)")
     args = ap.parse_args()
+    from numbaflash import launcher
+    launcher.PREPARED_LAUNCH = args.launch == "prepared"
+    print(f"launcher.PREPARED_LAUNCH = {launcher.PREPARED_LAUNCH}", flush=True)
     dtype = getattr(torch, args.dtype)
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, 1, 128, 64, device=DEV, dtype=dtype) for _ in range(3))
