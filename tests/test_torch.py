@@ -1026,8 +1026,11 @@ def test_repeated_decoding_calls_launch_directly_with_the_same_bits(monkeypatch,
     with torch.cuda.stream(side):
         out, lse = call(*second)
     torch.cuda.synchronize()
-    for fast in decode_direct._REMEMBERED.values():     # launched through PreparedLaunch
-        assert all(prepared is not None for prepared in fast.prepared)
+    # launched through PreparedLaunch (the whole path's inner call on device arrays
+    # remembers a kind of its own, never repeated here)
+    repeated = [fast for key, fast in decode_direct._REMEMBERED.items() if key[0] == "torch"]
+    assert repeated and all(prepared is not None
+                            for fast in repeated for prepared in fast.prepared)
     bits = lambda x: x.view(torch.int16) if x.dtype == torch.bfloat16 else x
     assert out.shape == second[0].shape and lse.shape == (2, 8, 1)
     assert torch.equal(bits(out), bits(want_out)) and torch.equal(lse, want_lse)
