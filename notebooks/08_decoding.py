@@ -328,9 +328,9 @@ print(inspect.getsource(combine.make_combine))
 # %% [markdown]
 # One thread per output element, each reading its row's $L_s$ and its column of $O_s$ split
 # after split: the plain form. The one that runs by default, `combine_batched.py`, does
-# the same arithmetic in the same order but issues 16 splits' loads before it uses them,
-# since a thread that waits for each load in turn makes one trip to memory per split
-# (`docs/performance.md`, "Batch 1 with GQA", has what that cost).
+# the same arithmetic in the same order but starts the loads of 16 splits before it uses
+# them, since a thread that waits for each load in turn makes one trip to memory per
+# split (`docs/performance.md`, "Batch 1 with GQA", has what that cost).
 #
 # Each split's key range comes from the same rule as `reference.split_ranges`, computed in
 # the kernel from its split index (`first` and `last` in `split_kv`). The arithmetic, for

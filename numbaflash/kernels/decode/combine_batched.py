@@ -9,7 +9,7 @@ splits' values into registers first (loads that do not depend on each other, all
 flight at once) and then uses them in order.
 
 What it buys: a call with few rows and many splits (one query row per head and a long
-cache: 32 rows x 128 columns from 33 splits at (1, 32, 1, 131072)) runs 32 blocks whose
+cache: 32 rows x 128 columns from 33 splits at (1, 32, 1, 131072)) has 32 blocks whose
 threads each make 66 dependent round trips; under Nsight Compute on an H100 the parent
 took 25.3 us there, next to the split kernel's 202 us
 (lab/runs/2026-12-07/146_ncu_stalls_split_kv_mma.txt, stall "long scoreboard": 6.2
