@@ -220,9 +220,10 @@ class _DirectLaunch:
         return True
 
 
-# Whether repeated decoding calls (numbaflash/decode_direct.py) launch through
-# PreparedLaunch (True) or build their words for cuda.core's launch every time (False).
-# A lab switch: lab/sweeps/decode_host_steps.py times the two in one process.
+# Whether repeated decoding calls (numbaflash/decode_direct.py) and numbaflash.torch's
+# repeated forward calls launch through PreparedLaunch (True) or build their words for
+# cuda.core's launch every time (False). A lab switch: lab/sweeps/decode_host_steps.py
+# and lab/sweeps/small_call_parts.py --launch time the two in one process.
 PREPARED_LAUNCH = True
 
 

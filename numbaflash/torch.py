@@ -213,11 +213,11 @@ def _widened(x):
 # forward call on CUDA tensors that repeats an earlier one in all of those (a training or
 # decoding loop) launches the kernel that call compiled directly, with the tensors'
 # pointers (launcher.PreparedLaunch: its words laid out once, the pointers written per
-# call), on PyTorch's current stream, into outputs
-# from PyTorch's allocator. The first call of each kind takes the whole path, so bad input
-# still raises before any launch; only calls without arrays or device functions among
-# their options (no alibi_slopes, attn_mask, score_mod or mask_mod) and on kernels that
-# take no tile table are remembered. The dropout seed may differ from call to call.
+# call), on PyTorch's current stream, into outputs from PyTorch's allocator. The first
+# call of each kind takes the whole path, so bad input still raises before any launch;
+# only calls without arrays or device functions among their options (no alibi_slopes,
+# attn_mask, score_mod or mask_mod) and on kernels that take no tile table are
+# remembered. The dropout seed may differ from call to call.
 # bfloat16 takes the direct launch only on a kernel that reads its bits itself (forward
 # v7, and v10, the GPU's default: the tensors' pointers are the bits they read and
 # write); on the others a call also widens the inputs to float32 copies and rounds the
@@ -360,7 +360,6 @@ class _FastForward:
         if launcher.log.isEnabledFor(logging.INFO):
             launcher.log.info("%s", self.plan)
         return out, lse
-
 
     def _words(self, pointers, seed_part):
         """The kernel's parameter words for these five pointers (q, k, v, out, lse) and

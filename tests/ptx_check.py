@@ -468,9 +468,8 @@ def decode_entries():
     8, 64, 128, 256 (the rows per block of a GQA group of 8 and of one row), plain, causal,
     and causal with a window, softcap and ALiBi, with one element a load and (float16,
     float32: "-wide") 8 bytes a load; split_kv_mma (float16) at d = 40, 64, 128, the same
-    three variants, and with three stages and with O rescaled on change at d = 128, plain
-    and with the three variants together; combine, combine_batched and append per
-    dtype."""
+    three variants, and with three stages at d = 128, plain and with the three variants
+    together; combine, combine_batched and append per dtype."""
     import numpy as np
     from numbaflash.kernels.decode import append, combine, combine_batched, split_kv, split_kv_mma
     from numbaflash.kernels.variants import PLAIN, Variant
@@ -515,12 +514,6 @@ def decode_entries():
                                  lambda c=causal, v=variant:
                                  split_kv_mma.make_split_kv_mma(128, c, v, stages=3), sig,
                                  no_f64))
-                # O rescaled only where a row's max grew (split_kv_mma.RESCALE)
-                out.append(Entry(f"split_kv_mma-{dtype}-d128-{what}-on-change", "decode",
-                                 lambda c=causal, v=variant:
-                                 split_kv_mma.make_split_kv_mma(128, c, v,
-                                                                rescale="on_change"),
-                                 sig, no_f64))
         out.append(Entry(f"combine-{dtype}", "decode", lambda ac=acc: combine.make_combine(ac),
                          (array(at, 4), array(at, 3), array(dt, 3), array(at, 2)), no_f64))
         out.append(Entry(f"combine_batched-{dtype}", "decode",

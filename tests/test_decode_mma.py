@@ -187,32 +187,6 @@ def test_three_stages_give_two_stages_bits(name, monkeypatch):
         assert np.isfinite(np.delete(row1, 1, axis=1)).all()
 
 
-@pytest.mark.parametrize("name", sorted(STAGE_CASES) + ["nonfinite-edge-tiles"])
-def test_rescaling_on_change_gives_the_same_bits(name, monkeypatch):
-    """RESCALE = "on_change" (O multiplied by alpha only in the lanes whose rows' max grew
-    at this tile; alpha is exactly 1 in the others) against "always": the same bits,
-    and the reference's rule. Random scores make each row's max grow at tiles of its own,
-    so within a warp some lanes rescale and others do not; the non-finite case takes
-    the fix-ups after the skipped or taken multiplies."""
-    monkeypatch.setattr(policy, "DECODE_KERNELS", ("split_kv_mma",))
-    case = stage_case(name)
-    got = {}
-    for rescale in split_kv_mma.RESCALE_CHOICES:
-        monkeypatch.setattr(split_kv_mma, "RESCALE", rescale)
-        assert planned(case).kernel == "split_kv_mma"
-        got[rescale] = run(case)
-    for a, b in zip(got["always"], got["on_change"]):
-        np.testing.assert_array_equal(a, b)
-    out, lse, _, _ = got["on_change"]
-    want_k, want_v = updated_caches(case)
-    check_against_reference(case, out, lse, want_k, want_v)
-
-
-def test_rescale_is_always_or_on_change():
-    with pytest.raises(ValueError, match="rescale must be one of"):
-        split_kv_mma.make_split_kv_mma(64, False, rescale="never")
-
-
 def test_stages_are_two_or_three():
     assert split_kv_mma.STAGES == 2         # the default until a GPU says otherwise
     with pytest.raises(ValueError, match="stages must be one of"):

@@ -27,10 +27,6 @@
 #   bash lab/sweeps/decode_overhead_gpu.sh combine   # the two combine kernels: the combine
 #       tests on the GPU, the whole call with each (lab/sweeps/decode_combine_queued.py),
 #       their durations under Nsight Compute at b1-gqa, then bench --inference's decode part
-#   bash lab/sweeps/decode_overhead_gpu.sh rescale   # split_kv_mma.RESCALE: the bitwise tests
-#       on the GPU, both ways queued at the GQA shapes (two and three stages), their
-#       durations and instructions under Nsight Compute at b1-gqa; combine_batched's BATCH
-#       16 against 64 (lab/sweeps/decode_combine_queued.py)
 #   bash lab/sweeps/decode_overhead_gpu.sh host      # the host's time per repeated call,
 #       step by step (lab/sweeps/decode_host_steps.py), Numba views and PyTorch tensors
 #   bash lab/sweeps/decode_overhead_gpu.sh prepared  # repeated calls launched through
@@ -140,19 +136,6 @@ prepared)
 host)
     $L decode_host_steps 120 python3 lab/sweeps/decode_host_steps.py
     ;;
-rescale)
-    NUMBAFLASH_PROFILE=gpu-quick $L tests_rescale 120 python3 -m pytest -q -n 0 \
-        -p no:cacheprovider tests/test_decode_mma.py -k "rescal or stages"
-    $L decode_rescale_queued 120 python3 lab/sweeps/decode_splits_queued.py \
-        --dtype float16 --shapes b1-gqa,b8-gqa --kernels split_kv_mma --stages 2,3 \
-        --rescale always,on_change --splits ""
-    $L ncu_rescale 100 ncu --kernel-name regex:split_kv_mma \
-        --metrics gpu__time_duration.sum,smsp__inst_executed.sum,sm__inst_executed_pipe_fma.sum \
-        python3 lab/sweeps/decode_splits_queued.py --dtype float16 --shapes b1-gqa \
-        --kernels split_kv_mma --stages 2 --rescale always,on_change --splits "" --repeats 2
-    $L decode_combine_batch 120 python3 lab/sweeps/decode_combine_queued.py \
-        --dtypes float16 --shapes b1-gqa,b1-mha,b8-gqa --batches 16,64
-    ;;
 combine)
     NUMBAFLASH_PROFILE=gpu-quick $L tests_combine 100 python3 -m pytest -q -n 0 \
         -p no:cacheprovider tests/test_combine.py tests/test_kvcache.py -k "combine or split"
@@ -184,7 +167,7 @@ splits)
         -p no:cacheprovider tests/test_decode_mma.py
     ;;
 *)
-    echo "usage: bash lab/sweeps/decode_overhead_gpu.sh profile|check|serving|direct|direct-quick|torch-prepared|prepared|host|rescale|combine|stalls|splits|lean [BEFORE]|lean-short [BEFORE]" >&2
+    echo "usage: bash lab/sweeps/decode_overhead_gpu.sh profile|check|serving|direct|direct-quick|torch-prepared|prepared|host|combine|stalls|splits|lean [BEFORE]|lean-short [BEFORE]" >&2
     exit 2
     ;;
 esac

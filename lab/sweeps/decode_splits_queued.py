@@ -4,16 +4,15 @@ the evidence for policy.default_num_splits on the GPU at hand.
 
     python3 lab/sweeps/decode_splits_queued.py [--dtype float16] [--shapes b1-gqa,b8-gqa]
         [--splits 8,16,24,33,48,66,99,132,198,256] [--repeats 50] [--stages 2,3]
-        [--rescale always]
 
-Each line: the shape, the kernel (split_kv_mma once per ``--stages`` and ``--rescale``:
-split_kv_mma.STAGES, the stages of shared memory its K/V tiles are copied into, and
-split_kv_mma.RESCALE, when O is rescaled), the planner's split count,
+Each line: the shape, the kernel (split_kv_mma once per ``--stages``: split_kv_mma.STAGES,
+the stages of shared memory its K/V tiles are copied into), the planner's split count,
 then per split count the ms a call queued (bench's ``time_ms_queued``: the median of
 three rounds of CUDA events around --repeats calls, on Numba views of PyTorch tensors),
 K/V bytes read / time, and the max |difference| of its out from the planner's count's
-with the first build (the switches keep the bits: the same bits for the same split
-count). ``--splits ""`` times the planner's count alone.
+with the first build (two stages: the same bits for the same split count). ``--splits
+""`` times the planner's count alone. Run 148 ran it at commit bcda63a with a
+``--rescale`` option for a lab switch of split_kv_mma since taken out (lab/journal.md).
 """
 import argparse
 import os
@@ -38,28 +37,22 @@ def main():
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--kernels", default="split_kv_mma,split_kv")
     ap.add_argument("--stages", default="2,3", help="split_kv_mma.STAGES values to time")
-    ap.add_argument("--rescale", default="always", help="split_kv_mma.RESCALE values to time")
     args = ap.parse_args()
     counts = [int(n) for n in args.splits.split(",") if n]
-    keep = policy.DECODE_KERNELS, split_kv_mma.STAGES, split_kv_mma.RESCALE
+    keep = policy.DECODE_KERNELS, split_kv_mma.STAGES
     builds = []
     for kernel in args.kernels.split(","):
-        if kernel != "split_kv_mma":
-            builds.append((kernel, None, None))
-            continue
-        for stages in args.stages.split(","):
-            for rescale in args.rescale.split(","):
-                builds.append((kernel, int(stages), rescale))
+        for stages in (args.stages.split(",") if kernel == "split_kv_mma" else [None]):
+            builds.append((kernel, None if stages is None else int(stages)))
     for name in args.shapes.split(","):
         shape = SHAPES[name]
         S_max = shape[4]
         q, kc, vc = (_numba(x) for x in _inputs(shape, args.dtype))
         n_bytes = _kv_bytes(shape, args.dtype)
         ref = None
-        for kernel, stages, rescale in builds:
+        for kernel, stages in builds:
             policy.DECODE_KERNELS = (kernel,)
             split_kv_mma.STAGES = keep[1] if stages is None else stages
-            split_kv_mma.RESCALE = keep[2] if rescale is None else rescale
             decode_direct.forget()      # repeated calls are keyed without these switches
             try:
                 chosen = numbaflash.explain_kvcache(q, kc, vc, cache_seqlens=S_max)[0].grid[0]
@@ -78,10 +71,10 @@ def main():
                 diff = float(np.max(np.abs(out - ref)))
                 row.append(f"{'planner' if n is None else n}:{ms:.4f}ms/"
                            f"{n_bytes / ms / 1e6:.0f}GB/s/d{diff:.1e}")
-            what = kernel if stages is None else f"{kernel} stages={stages} rescale={rescale}"
+            what = kernel if stages is None else f"{kernel} stages={stages}"
             print(f"splits-queued {name} {shape} {args.dtype} {what} (planner {chosen}): "
                   + " ".join(row), flush=True)
-        policy.DECODE_KERNELS, split_kv_mma.STAGES, split_kv_mma.RESCALE = keep
+        policy.DECODE_KERNELS, split_kv_mma.STAGES = keep
         decode_direct.forget()
         del q, kc, vc
 

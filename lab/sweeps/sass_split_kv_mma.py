@@ -3,8 +3,8 @@ the opcodes that fill it, and the whole kernel's, with no GPU.
 
     NUMBA_ENABLE_CUDASIM=0 python lab/sweeps/sass_split_kv_mma.py [--nvdisasm PATH]
 
-Builds the tensor-core decode kernel (float16, d = 128, plain, not causal; also with
-RESCALE "on_change") as tests/ptx_check.py's decode entries sign it, links it with
+Builds the tensor-core decode kernel (float16, d = 128, plain, not causal; two and three
+stages) as tests/ptx_check.py's decode entries sign it, links it with
 nvJitLink and disassembles it with nvdisasm (the CUDA 13 wheels carry one:
 .venv/lib/python3.11/site-packages/nvidia/cu13/bin/nvdisasm). Prints every loop with
 tensor-core instructions: its length and its 16 most frequent opcodes. Nsight Compute
@@ -54,8 +54,8 @@ def main():
            array(dt, 3), array(at, 2), array(at, 4), array(at, 3), a, i64, i64, i64, i64,
            a, array(at, 2), array(np.dtype(np.bool_), 4)) + (i64,) * 7
     with tempfile.TemporaryDirectory() as tmp:
-        for rescale in split_kv_mma.RESCALE_CHOICES:
-            kernel = split_kv_mma.make_split_kv_mma(128, False, rescale=rescale)
+        for stages in split_kv_mma.STAGE_CHOICES:
+            kernel = split_kv_mma.make_split_kv_mma(128, False, stages=stages)
             ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))
             info = ptx_check.parse_link_log(ptx_check.link(ptx, "split_kv_mma"))
             path = os.path.join(tmp, "k.cubin")
@@ -64,7 +64,7 @@ def main():
             sass = subprocess.run([args.nvdisasm, path], capture_output=True, text=True,
                                   check=True).stdout
             whole = opcodes(sass.splitlines())
-            print(f"split_kv_mma float16 d=128 plain, RESCALE={rescale}: "
+            print(f"split_kv_mma float16 d=128 plain, STAGES={stages}: "
                   f"{info['registers']} registers, {sum(whole.values())} instructions")
             for body in loop_bodies(sass):
                 ops = opcodes(body)

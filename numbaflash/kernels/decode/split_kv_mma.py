@@ -101,16 +101,6 @@ FINITE_CHOICES = ("edges", "every")
 STAGES = 2
 STAGE_CHOICES = (2, 3)
 
-# When O is rescaled by alpha = exp(m_old - m_new) before P~ V: "always" (every tile, as
-# forward v10 does), or "on_change": only in a lane one of whose rows' max grew (alpha is
-# exactly 1 otherwise, and o * 1 = o, so the same bits). Past the first tiles a decoding
-# row's max rarely grows. Measured on an H100 at (1, 32/8, 1, 131072), float16
-# (lab/runs/2026-12-07/148_ncu_rescale.txt): 4 % fewer instructions, the same kernel
-# time; the kernel's warps wait on dependency chains, not on issue slots
-# (146_ncu_stalls_split_kv_mma.txt). A lab switch, set before the plans are made.
-RESCALE = "always"
-RESCALE_CHOICES = ("always", "on_change")
-
 # What split_kv_mma_shared returns, by name: the dynamic array (the stages of K and V
 # tiles, rows laid out as v10_shared_layout lays them) and the static arrays of the
 # warps' merge.
@@ -136,13 +126,12 @@ def rows_per_block(rows_needed, d):
 
 @functools.lru_cache(maxsize=None)
 def make_split_kv_mma(d, causal, variant=PLAIN, half="float16", finite_tests="edges",
-                      stages=2, rescale="always"):
+                      stages=2):
     """The tensor-core split-KV kernel for head dim ``d`` (a multiple of 8, at most
     MAX_HEAD_DIM), ``causal`` (the band's upper bound, as split_kv's) and ``variant``
     (window, softcap, ALiBi), reading ``half`` caches ("float16" or "bfloat16": uint16
     bits, kernels/halves.py), accumulating in float32; ``finite_tests``: which tiles are
-    tested for NaN and inf (FINITE_TESTS); ``stages``: of shared memory (STAGES);
-    ``rescale``: when O is rescaled (RESCALE).
+    tested for NaN and inf (FINITE_TESTS); ``stages``: of shared memory (STAGES).
 
     Launch and arguments: split_kv's (make_split_kv), with block (THREADS,) and
     ``split_kv_mma_shared(d, stages).dynamic`` bytes of dynamic shared memory; the caches'
@@ -173,10 +162,6 @@ def make_split_kv_mma(d, causal, variant=PLAIN, half="float16", finite_tests="ed
                          f"of {ALIGN} up to {MAX_HEAD_DIM}; got {d}")
     if stages not in STAGE_CHOICES:
         raise ValueError(f"stages must be one of {STAGE_CHOICES}; got {stages!r}")
-    if rescale not in RESCALE_CHOICES:
-        raise ValueError(f"rescale must be one of {RESCALE_CHOICES}; got {rescale!r}")
-    ON_CHANGE = rescale == "on_change"
-    ONE = acc_type("float32")(1)
     halves = make_halves(half)
     HALF = halves.storage
     widen, narrow, pack2, mma = halves.widen, halves.narrow, halves.pack2, halves.mma
@@ -538,32 +523,16 @@ def make_split_kv_mma(d, causal, variant=PLAIN, half="float16", finite_tests="ed
                 p2 = pack2(s[4], s[5])
                 p3 = pack2(s[6], s[7])
                 VJ = V_AT + st * TILE + v_lane
-                if ON_CHANGE:
-                    # Only a lane with a row whose max grew multiplies (in the mma's
-                    # arguments below those are the same products); the others' alphas are
-                    # exactly 1. Per lane, no barrier inside: the mmas after it are warp-wide.
-                    if alpha0 != ONE or alpha1 != ONE:
-                        for nd in range(ND):
-                            o[nd * 4] *= alpha0
-                            o[nd * 4 + 1] *= alpha0
-                            o[nd * 4 + 2] *= alpha1
-                            o[nd * 4 + 3] *= alpha1
                 for nd in range(0, ND, 2):
                     # B[k, n] = V[key k, column n]: .trans gives b0, b1 of columns 8 nd
                     # and b2, b3 of columns 8 (nd + 1), keys 0-15 of the warp's.
                     b0, b1, b2, b3 = ldmatrix_x4_trans(smem, U(VJ + 8 * nd))
-                    if ON_CHANGE:       # rescaled above where it was needed
-                        acc_a = mma(p0, p1, p2, p3, b0, b1, o[nd * 4], o[nd * 4 + 1],
-                                    o[nd * 4 + 2], o[nd * 4 + 3])
-                        acc_b = mma(p0, p1, p2, p3, b2, b3, o[nd * 4 + 4], o[nd * 4 + 5],
-                                    o[nd * 4 + 6], o[nd * 4 + 7])
-                    else:
-                        acc_a = mma(p0, p1, p2, p3, b0, b1, o[nd * 4] * alpha0,
-                                    o[nd * 4 + 1] * alpha0, o[nd * 4 + 2] * alpha1,
-                                    o[nd * 4 + 3] * alpha1)
-                        acc_b = mma(p0, p1, p2, p3, b2, b3, o[nd * 4 + 4] * alpha0,
-                                    o[nd * 4 + 5] * alpha0, o[nd * 4 + 6] * alpha1,
-                                    o[nd * 4 + 7] * alpha1)
+                    acc_a = mma(p0, p1, p2, p3, b0, b1, o[nd * 4] * alpha0,
+                                o[nd * 4 + 1] * alpha0, o[nd * 4 + 2] * alpha1,
+                                o[nd * 4 + 3] * alpha1)
+                    acc_b = mma(p0, p1, p2, p3, b2, b3, o[nd * 4 + 4] * alpha0,
+                                o[nd * 4 + 5] * alpha0, o[nd * 4 + 6] * alpha1,
+                                o[nd * 4 + 7] * alpha1)
                     for x in range(4):
                         o[nd * 4 + x] = acc_a[x]
                         o[nd * 4 + 4 + x] = acc_b[x]
@@ -699,4 +668,4 @@ def plan(p, where, n_splits, reason):
 def kernel(plan, p):
     """The compiled kernel of ``plan`` (cached per compile-time parameters)."""
     return make_split_kv_mma(p.d, p.upper, p.variant, half_of(p.dtype) or "float16",
-                             FINITE_TESTS, STAGES, RESCALE)
+                             FINITE_TESTS, STAGES)
