@@ -5,13 +5,15 @@ microseconds a call printed per step, with the whole call's and what is left (th
 Python between the steps); then whether every way gave the same out and lse bits.
 
     python3 lab/sweeps/decode_host_steps.py [--shapes b1-gqa,b8-mha] [--calls 2000]
-        [--inputs numba,torch] [--prepared 0,1]
+        [--inputs numba,torch] [--prepared 0,1] [--sync-every 200]
 
 ``--inputs``: the arrays as bench --inference passes them (``numba``: Numba views of
 PyTorch tensors, ``cuda.as_cuda_array``) or as a PyTorch user does (``torch``: the
 tensors). ``--prepared``: launcher.PREPARED_LAUNCH, the kernels' words laid out once
 (1) or built for cuda.core's launch at every call (0). The calls are queued without waiting (the GPU falls behind; only the host's
-time is read), synchronising every 200 calls so the queue stays short.
+time is read), synchronising every ``--sync-every`` calls so the queue stays short (a
+launch blocks when the GPU's queue of launches is full: fewer calls between the
+synchronisations keep that out of the host's times).
 """
 import argparse
 import collections
@@ -73,6 +75,7 @@ def main():
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--inputs", default="numba,torch")
     ap.add_argument("--prepared", default="0,1")
+    ap.add_argument("--sync-every", type=int, default=200)
     args = ap.parse_args()
     wrap_steps()
     call_fn = clocked("attention_with_kvcache (whole)", numbaflash.attention_with_kvcache)
@@ -95,7 +98,7 @@ def main():
             start = time.perf_counter_ns()
             for i in range(args.calls):
                 call_fn(q, kc, vc, cache_seqlens=S_max)
-                if i % 200 == 199:
+                if i % args.sync_every == args.sync_every - 1:
                     torch.cuda.synchronize()
             wall = time.perf_counter_ns() - start
             torch.cuda.synchronize()
