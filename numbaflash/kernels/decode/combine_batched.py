@@ -13,7 +13,10 @@ cache: 32 rows x 128 columns from 33 splits at (1, 32, 1, 131072)) has 32 blocks
 threads each make 66 dependent round trips; under Nsight Compute on an H100 the parent
 took 25.3 us there, next to the split kernel's 202 us
 (lab/runs/2026-12-07/146_ncu_stalls_split_kv_mma.txt, stall "long scoreboard": 6.2
-cycles a warp per instruction issued). With batches of 16 that is 3 round trips per pass.
+cycles a warp per instruction issued). With batches of 16 that is 3 round trips per pass,
+and the kernel took 12.7-13.1 us there (147_ncu_combine_durations.txt); whole calls
+queued, 0.2134 ms against 0.2210 (147_decode_combine_queued.txt). Batches of 64 were
+slower (148_decode_combine_batch.txt).
 """
 
 import functools
