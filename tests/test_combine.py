@@ -6,9 +6,9 @@ combine_batched keeps its parent's arithmetic and order and only issues its load
 batch of splits at a time, so the two must give the same bits: split counts below, at
 and past a batch (BATCH = 16) and past two; splits that saw nothing (L_s = -inf), rows
 no split saw, a split whose L_s is NaN, a split whose O_s holds inf; float32 and float64
-sums; bfloat16 outputs. Each is also checked against reference.combine_splits in
-float64 by TESTING.md's rule (tests/tolerance.py), the naive baseline being the same
-formula in float32.
+sums; bfloat16 outputs. The float32 results at every split count are also checked
+against reference.combine_splits in float64 by TESTING.md's rule (tests/tolerance.py),
+the naive baseline being the same formula in float32.
 
 The whole decoding call, with the combine the policy picks, is checked against the
 float64 reference in tests/test_kvcache.py. Cost on the simulator: well under a second a
