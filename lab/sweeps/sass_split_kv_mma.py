@@ -12,9 +12,7 @@ counted about 975 instructions a warp and 64-key tile at (1, 32/8, 1, 131072)
 (lab/runs/2026-12-07/146_ncu_stalls_split_kv_mma.txt): this says which they are.
 """
 import argparse
-import collections
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -27,18 +25,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tests"), os.path.dirname(os.path.abspath(__file__))]
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "0")
 
-from sass_half import cubin, loop_bodies, ptx_check  # noqa: E402
+from sass_half import cubin, loop_bodies, opcodes, ptx_check  # noqa: E402
 from numba import cuda  # noqa: E402
 from numbaflash.kernels.decode import split_kv_mma  # noqa: E402
-
-
-def opcodes(lines):
-    ops = collections.Counter()
-    for line in lines:
-        m = re.search(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
-        if m:
-            ops[m.group(1)] += 1
-    return ops
 
 
 def main():
