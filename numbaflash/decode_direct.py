@@ -27,6 +27,8 @@ PyTorch: it allocates through PyTorch (inside ``torch.cuda.graph`` that is the g
 memory pool) and launches on PyTorch's current stream, the capturing one.
 """
 
+import math
+
 from . import launcher, policy
 
 _REMEMBERED = {}            # key -> FastDecode
@@ -34,6 +36,12 @@ _REMEMBERED_MAX = 256
 
 # The arrays a decoding call makes for its kernels (kvcache.Launched.roles)
 MADE = ("out", "lse", "o_parts", "l_parts")
+# The role of an array argument the kernel does not touch in calls of its kind (the split
+# kernel's out and lse when a combine follows it): its pointer is 0 in every launch.
+UNUSED = "unused"
+# The scratch a repeated call takes from its stream's workspace, in this order: the
+# lengths (when given as an int), then the splits' partial results.
+SCRATCH = ("seqlens", "o_parts", "l_parts")
 
 
 class FastDecode:
@@ -47,6 +55,7 @@ class FastDecode:
         self.launches = []          # (direct, words between the pointers, their names)
         self.made = {}              # "out", "lse", "o_parts", "l_parts" -> (shape, dtype)
         self.prepared = []          # per launch: its launcher.PreparedLaunch, once made
+        self.batch = 0              # B, the length of the lengths array
         for one in launched:
             chunks, names, words = [], [], []
             for make, arg, role in zip(one.direct.makers, one.args, one.roles):
@@ -55,6 +64,12 @@ class FastDecode:
                     words.extend(words_of_arg)
                     continue
                 words.extend(words_of_arg[:4])      # launcher.array_words: the pointer is 5th
+                if role == "seqlens":
+                    self.batch = arg.shape[0]
+                if role == UNUSED:
+                    words.append(0)
+                    words.extend(words_of_arg[5:])
+                    continue
                 chunks.append(tuple(words))
                 names.append(role)
                 words = list(words_of_arg[5:])
@@ -63,6 +78,36 @@ class FastDecode:
             chunks.append(tuple(words))
             self.launches.append((one.direct, tuple(chunks), tuple(names)))
             self.prepared.append(None)
+        # Per launch, the arrays to make just before it (those no earlier launch needed):
+        # a call timed alone waits for what runs before its first kernel, so the outputs
+        # of a call whose split kernel leaves them UNUSED are made while it runs.
+        seen = set()
+        self.make_before = []
+        for _, _, names in self.launches:
+            new = tuple(r for r in names if r in self.made and r not in seen)
+            seen.update(new)
+            self.make_before.append(new)
+        # The scratch layout, by whether the lengths are the caller's device array.
+        self.scratch = {on_device: self._scratch(not on_device) for on_device in (False, True)}
+
+    def _scratch(self, with_lengths):
+        """``(offsets, total bytes)`` of the scratch (SCRATCH) a call takes from its
+        stream's workspace, each part 256-byte aligned; ``with_lengths``: the lengths
+        are an int, written there (else the caller's device array is read)."""
+        at, offsets = 0, {}
+        for role in SCRATCH:
+            if role == "seqlens":
+                if not with_lengths:
+                    continue
+                nbytes = 4 * self.batch
+            elif role in self.made:
+                shape, dtype = self.made[role]
+                nbytes = math.prod(shape) * dtype.itemsize
+            else:
+                continue
+            offsets[role] = at
+            at += -(-nbytes // 256) * 256
+        return offsets, at
 
     def ready(self, device_index):
         """Whether every kernel can be launched directly on this device."""
@@ -75,9 +120,10 @@ class FastDecode:
         ``allocate(role, shape, dtype)`` returns ``(array, pointer)`` for each array the
         call makes (MADE). Returns {role: array}. The caller has checked ``ready``."""
         made = {}
-        for role, (shape, dtype) in self.made.items():
-            made[role], pointers[role] = allocate(role, shape, dtype)
         for i, (direct, chunks, names) in enumerate(self.launches):
+            for role in self.make_before[i]:
+                shape, dtype = self.made[role]
+                made[role], pointers[role] = allocate(role, shape, dtype)
             if launcher.PREPARED_LAUNCH:
                 prepared = self.prepared[i] or self._prepare(i)
                 if prepared is not None:

@@ -265,7 +265,7 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens, k=None, v=None
     options = dict(causal=causal, scale=scale, window_size=window_size, softcap=softcap,
                    alibi_slopes=alibi_slopes, num_splits=num_splits)
     memory = _device_memory((q, k_cache, v_cache, k, v))
-    context = None if memory is None else cuda.current_context()
+    context = None if memory is None else launcher.current_context()
     key = direct_key(memory, cache_seqlens, options, context)
     fast = decode_direct.lookup(key)
     got = None if fast is None else _repeat(fast, k, memory, cache_seqlens, stream, context)
@@ -342,8 +342,10 @@ def _repeat(fast, k, memory, cache_seqlens, stream, context):
 
     What runs before the first kernel starts is what a call timed alone pays on top of
     its kernels, so it is kept short: the inputs' memory read once (``_device_memory``),
-    the context asked for once, the scratch the stream's (``arrays.workspace``), and the
-    output arrays built only after the launches, around buffers taken before them."""
+    the context asked for once (``launcher.current_context``), the scratch the stream's
+    (``arrays.workspace``, laid out once in ``FastDecode.scratch``), the outputs' buffers
+    taken just before the first kernel that writes them (with a combine, while the split
+    kernel runs: FastDecode.launch), and the output arrays built after the launches."""
     B, Hq, Sq, d = memory[0][0]
     S_max = memory[1][0][2]
     lengths_on_device = arrays.is_device_array(cache_seqlens)
@@ -360,22 +362,14 @@ def _repeat(fast, k, memory, cache_seqlens, stream, context):
     if k is not None:
         pointers["k"], pointers["v"] = memory[3][3], memory[4][3]
     # The scratch (the lengths, unless on the device, then the splits' partial results)
-    # in the stream's workspace, each part 256-byte aligned.
-    parts = [] if lengths_on_device else [("seqlens", 4 * B)]
-    parts += [(role, math.prod(fast.made[role][0]) * fast.made[role][1].itemsize)
-              for role in ("o_parts", "l_parts") if role in fast.made]
-    at, offsets = 0, {}
-    for role, nbytes in parts:
-        offsets[role] = at
-        at += -(-nbytes // 256) * 256
+    # in the stream's workspace, each part 256-byte aligned (FastDecode.scratch).
+    offsets, at = fast.scratch[lengths_on_device]
     base = arrays.workspace(at, s, context)
-    held = []
-    for role, nbytes in parts:
-        if base is None:        # too large, or the caller's allocator owns every buffer
-            owner, pointers[role] = arrays.scratch(nbytes, s, context)
-            held.append(owner)
-        else:
-            pointers[role] = base + offsets[role]
+    if base is None:            # too large, or the caller's allocator owns every buffer
+        # (held stays alive until the kernels are queued: the memory is theirs till then)
+        held, base = arrays.scratch(at, s, context)     # noqa: F841
+    for role, offset in offsets.items():
+        pointers[role] = base + offset
     if lengths_on_device:
         pointers["seqlens"] = lengths[3]
     else:       # as _device_lengths does for one value, without an array around it
@@ -511,7 +505,11 @@ def launch_kvcache(plans, p, Q, K, V, S, seqlens, stream):
     direct = launch(module.kernel(split_plan, p), split_plan.grid, split_plan.block, args,
                     _types_key("split", p, args),
                     split_plan.shared_bytes if split_plan.dynamic_shared else 0, stream)
-    _record(direct, args, ("q", "k_cache", "v_cache", "seqlens", None, "out", "lse",
+    # With a combine after it the split kernel writes only the partial results, so a
+    # repeated call makes out and lse while it runs (decode_direct.UNUSED).
+    unused = decode_direct.UNUSED
+    _record(direct, args, ("q", "k_cache", "v_cache", "seqlens", None,
+                           "out" if n == 1 else unused, "lse" if n == 1 else unused,
                            "o_parts", "l_parts"))
     if n > 1:
         merge = plans[1]

@@ -156,6 +156,29 @@ def device_id():
     return cuda.current_context().device.id
 
 
+_CONTEXTS = {}          # CUcontext handle (int) -> Numba's Context of that primary context
+
+
+def current_context():
+    """Numba's current CUDA context, as ``cuda.current_context()`` gives it, for calls
+    that run many times a second (repeated decoding calls). Where another library made
+    the context current (PyTorch does), Numba does not remember it for the thread and
+    asks the driver and its device table again at every call: 9 us a call on an H100
+    (lab/runs/2026-12-07/150_decode_host_steps.txt). Here the driver's current context
+    handle (one call) picks Numba's Context from a table, checked to be its device's
+    primary context still (``cuda.close()`` drops it); anything else asks Numba."""
+    from cuda.bindings import driver as binding
+    err, handle = binding.cuCtxGetCurrent()
+    key = int(handle) if err == binding.CUresult.CUDA_SUCCESS else 0
+    context = _CONTEXTS.get(key) if key else None
+    if context is not None and context.device.primary_context is context:
+        return context
+    context = cuda.current_context()
+    if key and int(context.handle) == key:
+        _CONTEXTS[key] = context
+    return context
+
+
 class _DirectLaunch:
     """One compiled kernel with one launch configuration (but the stream, which is the
     call's), launched by ``cuda.core``:

@@ -21,7 +21,8 @@ from numba import cuda
 from . import arrays, dtypes
 from .kernels import backward, forward, simulating
 from .kernels.backward.nonfinite import nonfinite_check, nonfinite_check_bfloat16
-from .kernels.decode import combine, combine_batched, split_kv, split_kv_mma
+from .kernels.decode import (combine, combine_batched, split_kv, split_kv_mma,
+                              split_kv_mma_t)
 from .kernels.plan import Plans, computes, device_dynamic_shared_limit, needs_variants
 from .launcher import launch
 from .streams import DEFAULT
@@ -304,6 +305,11 @@ SPLIT_MAX = 64
 # nearest 8 blocks per SM (4, 16, 32, 64) were 9 %, 57 % and 6 % slower than those at
 # the first three shapes. This rule picks 1, 4, 8 and 33 there.
 MMA_BLOCKS_PER_SM = 2
+# split_kv_mma_t: 74 KB a block at d = 128 and fewer registers let an SM hold three
+# (kernels/decode/split_kv_mma_t.py's BLOCKS_PER_SM), and the same rule fills one wave of
+# them.
+BLOCKS_PER_SM = {split_kv_mma: MMA_BLOCKS_PER_SM,
+                 split_kv_mma_t: split_kv_mma_t.BLOCKS_PER_SM}
 
 
 def sm_count(where):
@@ -316,20 +322,24 @@ def sm_count(where):
 
 # The decode kernels, in the order decode_kernel tries them (kernels/decode/). A script
 # that times one against the other sets this (scripts/decode_gpu.py --decode-kernels).
-DECODE_KERNELS = ("split_kv_mma", "split_kv")
-DECODE_MODULES = {"split_kv_mma": split_kv_mma, "split_kv": split_kv}
+DECODE_KERNELS = ("split_kv_mma_t", "split_kv_mma", "split_kv")
+DECODE_MODULES = {"split_kv_mma_t": split_kv_mma_t, "split_kv_mma": split_kv_mma,
+                  "split_kv": split_kv}
 
 
 def decode_kernel(p):
     """The decode kernel for CacheProblem ``p`` (its module in kernels/decode/) and why.
     The first of DECODE_KERNELS that takes the call, in order:
 
-    1. split_kv_mma: the query rows of a K/V head on the 16-bit tensor cores, K and V
+    1. split_kv_mma_t: split_kv_mma transposed, the rows on the mma's N side, for the
+       calls with 2 to 8 query rows per K/V head (a GQA group of up to eight decoding one
+       token); fewer products, registers and exps per key than its parent.
+    2. split_kv_mma: the query rows of a K/V head on the 16-bit tensor cores, K and V
        tiles through shared memory; float16 and bfloat16 caches with more than one query
        row per K/V head (GQA, or Sq > 1), d a multiple of 8 up to 128, rows 16-byte
        aligned (its ``refusal`` names what is missing, and cites the measurement behind
        the rows).
-    2. split_kv: every cache, each row's scores reduced over a warp on the CUDA cores.
+    3. split_kv: every cache, each row's scores reduced over a warp on the CUDA cores.
     """
     refused = []
     for name in DECODE_KERNELS:
@@ -360,6 +370,9 @@ def combine_kernel():
 
 
 DECODE_REASONS = {
+    "split_kv_mma_t": ("the transposed tensor-core decode kernel (16-bit caches with "
+                       "aligned rows, 2 to 8 query rows per K/V head on the products' "
+                       "N side)"),
     "split_kv_mma": ("the tensor-core decode kernel (16-bit caches with aligned rows, "
                      "several query rows per K/V head)"),
     "split_kv": "the CUDA-core decode kernel",
@@ -377,8 +390,8 @@ def default_num_splits(p, where, module=split_kv):
     why (kernels/decode/). In order:
 
     1. On the simulator, one: there is no GPU to fill, and each split is work.
-    2. split_kv_mma: one wave of its blocks, MMA_BLOCKS_PER_SM per SM (what its shared
-       memory lets an SM hold), the splits rounded to the nearest count (at least one):
+    2. split_kv_mma and split_kv_mma_t: one wave of their blocks, BLOCKS_PER_SM per SM
+       (what their shared memory and registers let an SM hold), the splits rounded to the nearest count (at least one):
        its blocks pay a prologue and a merge, and a second, partial wave costs more than
        it gives.
     3. split_kv: one split when the grid already has SPLIT_BLOCKS_PER_SM blocks per SM
@@ -394,12 +407,13 @@ def default_num_splits(p, where, module=split_kv):
                    "forces more)")
     sms = sm_count(where)
     most = split_limit(p.n_max)
-    if module is split_kv_mma:
-        target = MMA_BLOCKS_PER_SM * sms
+    if module in BLOCKS_PER_SM:
+        per_sm = BLOCKS_PER_SM[module]
+        target = per_sm * sms
         n = min(max(1, round(target / blocks)), most)
         count = "one split" if n == 1 else f"{n} split(s)"
         return n, (f"{count}: {blocks} blocks without splitting for {sms} SMs; one "
-                   f"wave of {MMA_BLOCKS_PER_SM} blocks per SM, rounded, with at least "
+                   f"wave of {per_sm} blocks per SM, rounded, with at least "
                    f"{SPLIT_MIN_KEYS} keys a split and at most {SPLIT_MAX} splits")
     target = SPLIT_BLOCKS_PER_SM * sms
     if blocks >= target:

@@ -467,11 +467,12 @@ def decode_entries():
     """The decoding kernels (kernels/decode/): split_kv x float16/float32/float64 x d in
     8, 64, 128, 256 (the rows per block of a GQA group of 8 and of one row), plain, causal,
     and causal with a window, softcap and ALiBi, with one element a load and (float16,
-    float32: "-wide") 8 bytes a load; split_kv_mma (float16) at d = 40, 64, 128, the same
-    three variants, and with three stages at d = 128, plain and with the three variants
-    together; combine, combine_batched and append per dtype."""
+    float32: "-wide") 8 bytes a load; split_kv_mma and split_kv_mma_t (float16) at d = 40,
+    64, 128, the same three variants, and split_kv_mma with three stages at d = 128, plain
+    and with the three variants together; combine, combine_batched and append per dtype."""
     import numpy as np
-    from numbaflash.kernels.decode import append, combine, combine_batched, split_kv, split_kv_mma
+    from numbaflash.kernels.decode import (append, combine, combine_batched, split_kv,
+                                           split_kv_mma, split_kv_mma_t)
     from numbaflash.kernels.variants import PLAIN, Variant
     i64 = numba.int64
     full = Variant(window=True, softcap=True, alibi=True)
@@ -507,6 +508,10 @@ def decode_entries():
                     out.append(Entry(f"split_kv_mma-{dtype}-d{d}-{what}", "decode",
                                      lambda d=d, c=causal, v=variant:
                                      split_kv_mma.make_split_kv_mma(d, c, v), sig, no_f64))
+                    out.append(Entry(f"split_kv_mma_t-{dtype}-d{d}-{what}", "decode",
+                                     lambda d=d, c=causal, v=variant:
+                                     split_kv_mma_t.make_split_kv_mma_t(d, c, v), sig,
+                                     no_f64))
             # three stages of shared memory (split_kv_mma.STAGES, a lab switch), at d = 128
             for causal, variant, what in ((False, PLAIN, "full"),
                                           (True, full, "causal-window-softcap-alibi")):
@@ -673,7 +678,8 @@ def bfloat16_entries():
                      lambda t=(Br, Bc), v=Variant(varlen=True): F["v7"].make_forward_v7(
                          *t, 64, True, variant=v, gqa=True, half="bfloat16"), vsig, True))
     # decoding against bfloat16 caches (kernels/decode/), read and written as bits
-    from numbaflash.kernels.decode import append, combine, combine_batched, split_kv, split_kv_mma
+    from numbaflash.kernels.decode import (append, combine, combine_batched, split_kv,
+                                           split_kv_mma, split_kv_mma_t)
     i64, a = numba.int64, numba.float32
     dsig = (array(bits, 4), array(bits, 1), array(bits, 1), array(np.dtype(np.int32), 1), i64,
             array(bits, 3), array(f32, 2), array(f32, 4), array(f32, 3), a, i64, i64, i64, i64,
@@ -698,6 +704,10 @@ def bfloat16_entries():
             out.append(Entry(f"split_kv_mma-bfloat16-d{d}-{what}", "bfloat16",
                              lambda d=d, c=causal, v=variant:
                              split_kv_mma.make_split_kv_mma(d, c, v, "bfloat16"), dsig, True))
+            out.append(Entry(f"split_kv_mma_t-bfloat16-d{d}-{what}", "bfloat16",
+                             lambda d=d, c=causal, v=variant:
+                             split_kv_mma_t.make_split_kv_mma_t(d, c, v, "bfloat16"), dsig,
+                             True))
     out.append(Entry("combine-bfloat16", "bfloat16",
                      lambda: combine.make_combine("float32", "bfloat16"),
                      (array(f32, 4), array(f32, 3), array(bits, 3), array(f32, 2)), True))

@@ -1,7 +1,7 @@
-"""L2 (simulator) / L3 (GPU): the tensor-core decode kernel (kernels/decode/split_kv_mma.py)
-against the float64 reference, beside the CUDA-core kernel it replaces for 16-bit caches
-(kernels/decode/split_kv.py), and the policy that picks between them
-(numbaflash/policy.py's ``decode_kernel``).
+"""L2 (simulator) / L3 (GPU): the tensor-core decode kernels (kernels/decode/split_kv_mma.py
+and its transposed child split_kv_mma_t.py) against the float64 reference, beside the
+CUDA-core kernel they replace for 16-bit caches (kernels/decode/split_kv.py), and the
+policy that picks between them (numbaflash/policy.py's ``decode_kernel``).
 
 The cases and the check are tests/test_kvcache.py's (TESTING.md's rule per batch, caches
 bitwise). The drawn cases there reach split_kv_mma too (float16 at d = 8 and 40, with a
@@ -17,8 +17,8 @@ the fixed cases go where its own structure has edges:
   key or value a row does not see (no effect), in a visible one (propagates), in q;
 * bfloat16 caches.
 
-Each case runs with ``policy.DECODE_KERNELS`` set to one kernel, so both kernels meet the
-same cases. Cost on the simulator: about 1.5-3 s a call (128-thread blocks).
+Each case runs with ``policy.DECODE_KERNELS`` set to one kernel, so every kernel meets the
+same cases (split_kv_mma_t those with at most its 8 rows per K/V head). Cost on the simulator: about 1.5-3 s a call (128-thread blocks).
 """
 
 import numpy as np
@@ -26,14 +26,14 @@ import pytest
 
 import numbaflash
 from numbaflash import policy
-from numbaflash.kernels.decode import split_kv_mma
+from numbaflash.kernels.decode import split_kv_mma, split_kv_mma_t
 from test_kvcache import (check_against_reference, device_like,  # noqa: F401
                           make_cache_case, no_kvcache_launch, run, run_and_check,
                           updated_caches)
 
 pytestmark = pytest.mark.usefixtures("nan_prefilled_outputs")
 
-KERNELS = ("split_kv_mma", "split_kv")
+KERNELS = ("split_kv_mma_t", "split_kv_mma", "split_kv")
 
 
 @pytest.fixture(params=KERNELS)
@@ -41,6 +41,13 @@ def kernel(request, monkeypatch):
     """Run the test with only this decode kernel in policy.DECODE_KERNELS."""
     monkeypatch.setattr(policy, "DECODE_KERNELS", (request.param,))
     return request.param
+
+
+def takes(kernel_name, case_args):
+    """Whether the kernel takes a case of CASES (split_kv_mma_t holds at most its ROWS
+    query rows per K/V head; the others take every case here)."""
+    rows = case_args["group"] * case_args["Sq"]
+    return kernel_name != "split_kv_mma_t" or rows <= split_kv_mma_t.ROWS
 
 
 def planned(case, **override):
@@ -65,11 +72,23 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_matches_reference(name, kernel):
+@pytest.mark.parametrize("name,kernel_name", [(name, k) for name in sorted(CASES)
+                                               for k in KERNELS if takes(k, CASES[name])])
+def test_matches_reference(name, kernel_name, monkeypatch):
+    monkeypatch.setattr(policy, "DECODE_KERNELS", (kernel_name,))
     case = make_cache_case(**CASES[name])
-    assert planned(case).kernel == kernel
+    assert planned(case).kernel == kernel_name
     run_and_check(case)
+
+
+def test_more_rows_than_the_transposed_kernel_holds_go_to_its_parent(no_kvcache_launch):
+    """A GQA group of 8 with Sq = 3 (24 rows per K/V head): split_kv_mma_t refuses (8 a
+    block) and the default order gives the call to split_kv_mma, saying why."""
+    q = device_like((1, 16, 3, 64), "float16")
+    kv = device_like((1, 2, 100, 64), "float16")
+    plan = numbaflash.explain_kvcache(q, kv, kv, cache_seqlens=97, backend="gpu")[0]
+    assert plan.kernel == "split_kv_mma"
+    assert "not split_kv_mma_t: 24 query rows per K/V head" in plan.reason
 
 
 # The NaN pre-fill means nothing for bfloat16's uint16 outputs (NaN casts to 0, with a
@@ -156,8 +175,9 @@ def stage_case(name):
     return case
 
 
+@pytest.mark.parametrize("kernel_name", ["split_kv_mma", "split_kv_mma_t"])
 @pytest.mark.parametrize("name", sorted(STAGE_CASES) + ["nonfinite-edge-tiles"])
-def test_three_stages_give_two_stages_bits(name, monkeypatch):
+def test_three_stages_give_two_stages_bits(name, kernel_name, monkeypatch):
     """STAGES = 3 (two tiles in flight, the stage index j % 3) against the default two:
     the same products in the same order, so the same bits, and the reference's rule.
     The cases: six tiles in one split (every stage reused twice), splits that start
@@ -165,15 +185,16 @@ def test_three_stages_give_two_stages_bits(name, monkeypatch):
     again as the fourth) whose first and last tiles hold a value one row sees and the
     other does not (each edge tile's copies tested, zeroed and flagged in its own stage):
     the other row stays finite, bit for bit."""
-    monkeypatch.setattr(policy, "DECODE_KERNELS", ("split_kv_mma",))
+    monkeypatch.setattr(policy, "DECODE_KERNELS", (kernel_name,))
+    shared = {"split_kv_mma": split_kv_mma.split_kv_mma_shared,
+              "split_kv_mma_t": split_kv_mma_t.split_kv_mma_t_shared}[kernel_name]
     case = stage_case(name)
     got = {}
-    for stages in (2, 3):
+    for stages in (2, 3):           # split_kv_mma_t stages as its parent does
         monkeypatch.setattr(split_kv_mma, "STAGES", stages)
         plan = planned(case)
-        assert plan.kernel == "split_kv_mma"
-        assert plan.shared_bytes == split_kv_mma.split_kv_mma_shared(
-            case.q.shape[-1], stages).dynamic
+        assert plan.kernel == kernel_name
+        assert plan.shared_bytes == shared(case.q.shape[-1], stages).dynamic
         got[stages] = run(case)
     for a, b in zip(got[2], got[3]):
         np.testing.assert_array_equal(a, b)
@@ -211,8 +232,9 @@ def test_stages_are_two_or_three():
 ])
 def test_the_policy_says_which_kernel_and_why(dtype, d, k_strides, k_address, why,
                                               no_kvcache_launch):
-    """explain_kvcache on device caches (batch 1, 2 K/V heads, 100 rows): split_kv_mma
-    where it can run, else split_kv with split_kv_mma's refusal in the reason."""
+    """explain_kvcache on device caches (batch 1, 2 K/V heads, 100 rows, a GQA group of
+    two): split_kv_mma_t where it can run, else split_kv with both tensor-core kernels'
+    refusals in the reason."""
     import ml_dtypes
     dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype
     q = device_like((1, 4, 1, d), dt)
@@ -221,27 +243,31 @@ def test_the_policy_says_which_kernel_and_why(dtype, d, k_strides, k_address, wh
     plan = numbaflash.explain_kvcache(q, k_cache, v_cache, cache_seqlens=100,
                                       backend="gpu")[0]
     if why is None:
-        assert plan.kernel == "split_kv_mma" and "tensor-core" in plan.reason
+        assert plan.kernel == "split_kv_mma_t" and "tensor-core" in plan.reason
         assert plan.block == (split_kv_mma.THREADS,) and plan.grid[1] == 1
-        assert plan.shared_bytes == split_kv_mma.split_kv_mma_shared(d).dynamic
+        assert plan.shared_bytes == split_kv_mma_t.split_kv_mma_t_shared(d).dynamic
     else:
-        assert plan.kernel == "split_kv" and f"not split_kv_mma: {why}" in plan.reason
+        assert plan.kernel == "split_kv"
+        assert f"not split_kv_mma_t: {why}" in plan.reason
+        assert f"not split_kv_mma: {why}" in plan.reason
 
 
 def test_one_row_per_kv_head_stays_on_split_kv(no_kvcache_launch):
     """Multi-head attention with one new token (Sq = 1, as many query as K/V heads): the
     measured case where split_kv is faster (split_kv_mma.refusal cites it); with Sq = 2
-    the rows share each key and split_kv_mma takes the call."""
+    the rows share each key and split_kv_mma_t takes the call."""
     q, kv = device_like((2, 4, 1, 64), "float16"), device_like((2, 4, 100, 64), "float16")
     plan = numbaflash.explain_kvcache(q, kv, kv, cache_seqlens=100, backend="gpu")[0]
     assert plan.kernel == "split_kv" and "one query row per K/V head" in plan.reason
     q2 = device_like((2, 4, 2, 64), "float16")
     assert numbaflash.explain_kvcache(q2, kv, kv, cache_seqlens=100,
-                                      backend="gpu")[0].kernel == "split_kv_mma"
+                                      backend="gpu")[0].kernel == "split_kv_mma_t"
 
 
-def test_factory_refuses_what_it_cannot_compile():
+@pytest.mark.parametrize("make", [split_kv_mma.make_split_kv_mma,
+                                  split_kv_mma_t.make_split_kv_mma_t])
+def test_factory_refuses_what_it_cannot_compile(make):
     with pytest.raises(ValueError, match="multiples of 8 up to 128"):
-        split_kv_mma.make_split_kv_mma(36, False)
+        make(36, False)
     with pytest.raises(ValueError, match="half must be"):
-        split_kv_mma.make_split_kv_mma(64, False, half="float32")
+        make(64, False, half="float32")

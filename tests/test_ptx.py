@@ -160,15 +160,17 @@ def test_decode_kernels_compile_and_link_for_sm90(dtype, record_property):
     """The decoding kernels (kernels/decode/, ptx_check.decode_entries) compile and link
     for sm_90: split_kv at four head dims x one and two rows per block x plain, causal
     and causal with window, softcap and ALiBi (float16 and float32: with one element a
-    load and with 8-byte loads), split_kv_mma (float16) at three head dims with the same
-    three variants and with three stages at d = 128 (plain, and the variants together),
+    load and with 8-byte loads), split_kv_mma and split_kv_mma_t (float16) at three head
+    dims with the same three variants, split_kv_mma with three stages at d = 128 (plain,
+    and the variants together),
     then combine, combine_batched and append; the float16 and float32 ones without
     float64."""
     results = run_ptx_check("--group", "decode", f"--match=-{dtype}", "--link")
     record_property("ptx_report", table(results))
     builds = 1 if dtype == "float64" else 2
-    # split_kv_mma at 3 head dims x 3 variants, and 2 builds with three stages
-    mma = 3 * 3 + 2 if dtype == "float16" else 0
+    # split_kv_mma and split_kv_mma_t at 3 head dims x 3 variants, and 2 builds of
+    # split_kv_mma with three stages
+    mma = 2 * 3 * 3 + 2 if dtype == "float16" else 0
     assert len(results) == 4 * 2 * 3 * builds + mma + 3, [r["name"] for r in results]
     assert_compiled_without_f64(results, dtype)
 
@@ -192,11 +194,11 @@ def test_bfloat16_kernels_compile_and_link_for_sm90(record_property):
     """The kernels bfloat16 inputs run (ptx_check.bfloat16_entries): forward v7 on the
     bfloat16 tensor cores at d = 59, 64, 128, full and causal, with every variant and on a
     packed batch's views, the decoding kernels (split_kv with one element and 8 bytes a
-    load, split_kv_mma, combine, combine_batched, append) on bfloat16 caches, and the two
+    load, split_kv_mma, split_kv_mma_t, combine, combine_batched, append) on bfloat16 caches, and the two
     conversion kernels; none uses float64, and each has its recorded fingerprint."""
     results = run_ptx_check("--group", "bfloat16", "--link")
     record_property("ptx_report", table(results))
-    assert len(results) == 33, [r["name"] for r in results]
+    assert len(results) == 37, [r["name"] for r in results]
     assert_compiled_without_f64(results, "bfloat16")
     assert_fingerprints(results)
 

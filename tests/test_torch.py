@@ -974,6 +974,70 @@ def test_decode_words_are_spliced_back_in_order():
     assert fast.made == {"out": ((8, 1, 8), np.float32), "lse": ((8, 1), np.float32)}
 
 
+def test_decode_outputs_are_made_after_the_split_kernel_that_leaves_them_unused():
+    """With a combine after it, the split kernel's out and lse are UNUSED: their pointer
+    words are 0 in every launch, and a repeated call allocates out and lse only after
+    the split kernel is launched (the partial results before it); the scratch layout
+    puts the lengths (an int's) first, each part 256-byte aligned."""
+    from numbaflash import decode_direct, kvcache, launcher
+
+    def make(a):
+        if isinstance(a, np.ndarray):
+            return launcher.array_words(a.size, a.itemsize, a.ctypes.data, a.shape, a.strides)
+        return (a,)
+
+    events = []
+
+    class Direct:
+        def __init__(self, name, n):
+            self.name, self.makers = name, [make] * n
+
+        def prepare(self, words, slots, device):
+            return None                 # launched through launch_words below
+
+        def launch_words(self, words, stream, device):
+            events.append((self.name, list(words)))
+
+    unused = decode_direct.UNUSED
+    seqlens, out, lse = (np.zeros(s, t) for s, t in (((3,), np.int32),
+                                                      ((6, 1, 8), np.float16),
+                                                      ((6, 1), np.float32)))
+    o_parts, l_parts = np.zeros((5, 6, 1, 8), np.float32), np.zeros((5, 6, 1), np.float32)
+    split = kvcache.Launched(Direct("split", 5), (seqlens, out, lse, o_parts, l_parts),
+                             ("seqlens", unused, unused, "o_parts", "l_parts"))
+    combine = kvcache.Launched(Direct("combine", 4), (o_parts, l_parts, out, lse),
+                               ("o_parts", "l_parts", "out", "lse"))
+    fast = decode_direct.FastDecode([split, combine], 0)
+    assert [names for _, _, names in fast.launches] == [
+        ("seqlens", "o_parts", "l_parts"), ("o_parts", "l_parts", "out", "lse")]
+    assert fast.make_before == [("o_parts", "l_parts"), ("out", "lse")]
+    # lengths 3 x 4 bytes -> 256; o_parts 240 floats -> 1024; l_parts 30 floats -> 256
+    assert fast.scratch[False] == ({"seqlens": 0, "o_parts": 256, "l_parts": 1280}, 1536)
+    assert fast.scratch[True] == ({"o_parts": 0, "l_parts": 1024}, 1280)
+
+    def allocate(role, shape, dtype):
+        events.append(("allocate", role))
+        return role, 1000 + len(events)
+    saved = launcher.PREPARED_LAUNCH
+    try:
+        launcher.PREPARED_LAUNCH = False
+        made = fast.launch({"seqlens": 11}, allocate, stream=None)
+    finally:
+        launcher.PREPARED_LAUNCH = saved
+    assert [e[:2] if e[0] == "allocate" else e[0] for e in events] == [
+        ("allocate", "o_parts"), ("allocate", "l_parts"), "split",
+        ("allocate", "out"), ("allocate", "lse"), "combine"]
+    assert made == {r: r for r in ("o_parts", "l_parts", "out", "lse")}
+    split_words = events[2][1]
+    want = [w for a in (seqlens, out, lse, o_parts, l_parts) for w in make(a)]
+    n_seq, n_out, n_lse = (len(make(a)) for a in (seqlens, out, lse))
+    want[4] = 11                                    # the call's lengths
+    want[n_seq + 4] = want[n_seq + n_out + 4] = 0   # out and lse: unused, pointer 0
+    want[n_seq + n_out + n_lse + 4] = 1001          # o_parts
+    want[n_seq + n_out + n_lse + len(make(o_parts)) + 4] = 1002     # l_parts
+    assert split_words == want
+
+
 def test_cpu_decoding_calls_are_never_launched_directly():
     """Only CUDA tensors have a decoding kind; calls with ALiBi slopes have none either."""
     q = torch.zeros(1, 2, 1, 8)

@@ -2,7 +2,9 @@
 without a profiler's own cost: each step's function is wrapped with a clock
 (``time.perf_counter_ns``, about 0.1 us a reading), the calls repeated, and the mean
 microseconds a call printed per step, with the whole call's and what is left (the
-Python between the steps); then whether every way gave the same out and lse bits.
+Python between the steps), and the time from the call's start to its first launch
+through launcher.PreparedLaunch ("before the first launch"); then whether every way gave
+the same out and lse bits.
 
     python3 lab/sweeps/decode_host_steps.py [--shapes b1-gqa,b8-mha] [--calls 2000]
         [--inputs numba,torch] [--prepared 0,1] [--sync-every 200]
@@ -46,6 +48,28 @@ def clocked(name, fn):
     return wrapper
 
 
+CALL_START = [None]          # when the call being clocked began (None: its first launch seen)
+
+
+def first_launch(fn):
+    """Clock from the start of the whole call to its first kernel launch ("before the
+    first launch": what a call timed alone waits for on top of its kernels)."""
+    def wrapper(*args, **kwargs):
+        if CALL_START[0] is not None:
+            SPENT["before the first launch"] += time.perf_counter_ns() - CALL_START[0]
+            COUNT["before the first launch"] += 1
+            CALL_START[0] = None
+        return fn(*args, **kwargs)
+    return wrapper
+
+
+def whole_call(fn):
+    def wrapper(*args, **kwargs):
+        CALL_START[0] = time.perf_counter_ns()
+        return fn(*args, **kwargs)
+    return wrapper
+
+
 def wrap_steps():
     """The steps of kvcache.attention_with_kvcache's repeated path, by the names it
     calls them through."""
@@ -56,12 +80,12 @@ def wrap_steps():
     for name in ("workspace", "scratch", "c_contiguous", "is_device_array",
                  "caller_allocates"):
         setattr(arrays, name, clocked(f"arrays.{name}", getattr(arrays, name)))
-    kvcache.cuda.current_context = clocked("cuda.current_context",
-                                           kvcache.cuda.current_context)
+    launcher.current_context = clocked("launcher.current_context",
+                                       launcher.current_context)
     launcher._DirectLaunch.launch_words = clocked("launch_words (per launch)",
                                                   launcher._DirectLaunch.launch_words)
-    launcher.PreparedLaunch.launch = clocked("PreparedLaunch.launch",
-                                             launcher.PreparedLaunch.launch)
+    launcher.PreparedLaunch.launch = first_launch(clocked("PreparedLaunch.launch",
+                                                          launcher.PreparedLaunch.launch))
     d = driver.driver
     d.cuMemsetD32Async = clocked("cuMemsetD32Async", d.cuMemsetD32Async)
     streams.torch_stream = clocked("streams.torch_stream", streams.torch_stream)
@@ -78,7 +102,8 @@ def main():
     ap.add_argument("--sync-every", type=int, default=200)
     args = ap.parse_args()
     wrap_steps()
-    call_fn = clocked("attention_with_kvcache (whole)", numbaflash.attention_with_kvcache)
+    call_fn = whole_call(clocked("attention_with_kvcache (whole)",
+                                 numbaflash.attention_with_kvcache))
     for name in args.shapes.split(","):
         shape = SHAPES[name]
         S_max = shape[4]

@@ -35,6 +35,10 @@
 #   bash lab/sweeps/decode_overhead_gpu.sh torch-prepared  # numbaflash.torch's repeated
 #       calls through launcher.PreparedLaunch: their GPU tests (forward and decoding,
 #       CUDA graphs), then the small call's parts both ways (lab/sweeps/small_call_parts.py)
+#   bash lab/sweeps/decode_overhead_gpu.sh transposed  # split_kv_mma_t (the group's rows
+#       on the mma's N side) against split_kv_mma: the decode tests on the GPU, both
+#       kernels alone and queued (lab/sweeps/decode_kernels_queued.py), their durations
+#       and occupancy under Nsight Compute, the host's steps, bench's decode part
 #   bash lab/sweeps/decode_overhead_gpu.sh lean [BEFORE]  # the direct paths' tests, the
 #       overhead part (float16, float32; also for a before tree's package in BEFORE),
 #       bench --inference's decode part, cProfile, numbaflash.torch's decoding step
@@ -166,8 +170,26 @@ splits)
     NUMBAFLASH_PROFILE=gpu-quick $L tests_decode_mma 150 python3 -m pytest -q -n 0 \
         -p no:cacheprovider tests/test_decode_mma.py
     ;;
+transposed)
+    # split_kv_mma_t against split_kv_mma, and the repeated call's host steps after
+    # its outputs moved behind the split kernel: the tensor-core decode tests and the
+    # direct paths' tests on the GPU, both kernels queued and alone at the planner's
+    # and given split counts, their durations and occupancy under Nsight Compute at
+    # b1-gqa, the host's steps, then bench --inference's decode part
+    NUMBAFLASH_PROFILE=gpu-quick $L tests_decode_transposed 200 python3 -m pytest -q -n 0 \
+        -p no:cacheprovider tests/test_decode_mma.py tests/test_kvcache.py tests/test_torch.py \
+        -k "mma or repeated or queued or captured or decode_outputs or nan or bfloat16"
+    $L decode_kernels_queued 150 python3 lab/sweeps/decode_kernels_queued.py \
+        --splits 0,33,50,66
+    $L ncu_decode_kernels 90 ncu --metrics gpu__time_duration.sum,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active,launch__occupancy_limit_registers,launch__occupancy_limit_shared_mem \
+        --kernel-name regex:"split_kv|combine" python3 lab/sweeps/decode_kernels_queued.py \
+        --shapes b1-gqa --dtypes float16 --repeats 2
+    $L decode_host_steps 60 python3 lab/sweeps/decode_host_steps.py --shapes b1-gqa \
+        --calls 1000 --sync-every 5 --prepared 1
+    $L bench_decode 120 python3 lab/sweeps/bench_decode_part.py float16 float32
+    ;;
 *)
-    echo "usage: bash lab/sweeps/decode_overhead_gpu.sh profile|check|serving|direct|direct-quick|torch-prepared|prepared|host|combine|stalls|splits|lean [BEFORE]|lean-short [BEFORE]" >&2
+    echo "usage: bash lab/sweeps/decode_overhead_gpu.sh profile|check|serving|direct|direct-quick|torch-prepared|prepared|host|combine|stalls|splits|transposed|lean [BEFORE]|lean-short [BEFORE]" >&2
     exit 2
     ;;
 esac

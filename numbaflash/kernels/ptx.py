@@ -593,6 +593,28 @@ ldmatrix_x4 = _ldmatrix(False)
 ldmatrix_x4_trans = _ldmatrix(True)
 
 
+@intrinsic
+def movmatrix_trans(typingctx, x):
+    """One 8 x 8 matrix of 16-bit values, held by a warp in the m16n8 accumulator's
+    layout (lane (g, t) holds M[g, 2t] in the low half of ``x`` and M[g, 2t + 1]), returned
+    transposed in the same layout: lane (g, t) gets M[2t, g] (low half) and M[2t + 1, g].
+    A warp collective: ``movmatrix.sync.aligned.m8n8.trans.b16`` (sm_75 and later). The
+    split-KV decode kernel with the group's rows on the mma's N side
+    (kernels/decode/split_kv_mma_t.py) turns P~'s (keys x rows) accumulator words into the
+    B operand of O^T = V^T P~^T with it."""
+    if not isinstance(x, types.Integer) or x.bitwidth != 32:
+        return None
+    sig = types.uint32(x)
+
+    def codegen(context, builder, sig, args):
+        asm = ir.InlineAsm(ir.FunctionType(_I32, [_I32]),
+                           "movmatrix.sync.aligned.m8n8.trans.b16 $0, $1;", "=r,r",
+                           side_effect=True)
+        return builder.call(asm, [args[0]])
+
+    return sig, codegen
+
+
 # Start copying 16 bytes (8 16-bit values) from A's element m into S[n:n + 8], bypassing L1
 # (module docstring).
 cp_async16 = _cp_async((types.float16, types.uint16), "cp.async.cg.shared.global [$0], [$1], 16;")
@@ -642,4 +664,4 @@ if simulating():
         tf32_round, tf32_round_finite, warp_min_i32)
     from .simulated import (  # noqa: E402,F811
         cp_async16, cp_async_commit, cp_async_wait_group, is_aligned16, ldmatrix_x4,
-        ldmatrix_x4_trans)
+        ldmatrix_x4_trans, movmatrix_trans)

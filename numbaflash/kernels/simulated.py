@@ -681,6 +681,24 @@ def ldmatrix_x4_trans(S, n):
     return exchange((S, n), lambda slots: _ldmatrix_warp(slots, True))
 
 
+def _movmatrix_warp(words):
+    """Every lane's word of the transposed 8 x 8 matrix: lane (g, t) held M[g, 2t] (low
+    half) and M[g, 2t + 1]; it gets M[2t, g] and M[2t + 1, g]."""
+    w = np.array([int(x) for x in words], np.uint32)
+    M = np.empty((8, 8), np.uint32)
+    M[_G, 2 * _T] = w & np.uint32(0xFFFF)
+    M[_G, 2 * _T + 1] = w >> np.uint32(16)
+    T = M.T
+    out = T[_G, 2 * _T] | (T[_G, 2 * _T + 1] << np.uint32(16))
+    return [np.uint32(x) for x in out]
+
+
+def movmatrix_trans(x):
+    """``movmatrix.sync.aligned.m8n8.trans.b16``: this lane's word of the warp's 8 x 8
+    matrix of 16-bit values transposed (kernels/ptx.py gives the layout)."""
+    return exchange(np.uint32(x), _movmatrix_warp)
+
+
 def cp_async16(S, n, A, m):
     """S[n:n + 8] = the 8 elements from the element m places after A's first (flat_load),
     at once; raises ValueError, as the GPU faults, if either address is not 16-byte

@@ -124,71 +124,29 @@ def rows_per_block(rows_needed, d):
     return ROWS
 
 
+# The device functions that stage the caches' tiles in shared memory and test them for NaN
+# and inf, by name: the tensor-core decode kernels' common part (this file's and
+# split_kv_mma_t.py's).
+Staging = namedtuple("Staging", "finite start_copies test_copies nonfinite_terms")
+
+
 @functools.lru_cache(maxsize=None)
-def make_split_kv_mma(d, causal, variant=PLAIN, half="float16", finite_tests="edges",
-                      stages=2):
-    """The tensor-core split-KV kernel for head dim ``d`` (a multiple of 8, at most
-    MAX_HEAD_DIM), ``causal`` (the band's upper bound, as split_kv's) and ``variant``
-    (window, softcap, ALiBi), reading ``half`` caches ("float16" or "bfloat16": uint16
-    bits, kernels/halves.py), accumulating in float32; ``finite_tests``: which tiles are
-    tested for NaN and inf (FINITE_TESTS); ``stages``: of shared memory (STAGES).
-
-    Launch and arguments: split_kv's (make_split_kv), with block (THREADS,) and
-    ``split_kv_mma_shared(d, stages).dynamic`` bytes of dynamic shared memory; the caches'
-    rows must start 16-byte aligned (``refusal``). Block (split, tile, b * Hk + hk) holds
-    rows rr = tile * ROWS + r, r < ROWS, of the (batch, K/V head): query head hk * group
-    + rr // Sq, query row rr % Sq; lane (g, t) = (lane // 4, lane % 4) holds rows g and
-    g + 8. Tiles 0 ... stages - 2 are started before the loop; per tile j of the split's
-    keys (stage st = j % stages; with two stages tile j + 1 goes to stage 1 - st):
-
-        barrier                      every warp has read stage (j - 1) % stages (tile j - 1)
-        start copies of tile j + stages - 1 into that stage; commit
-        wait_group stages - 1        this thread's copies of tile j have landed
-        test them for NaN and inf    (edge tiles, or every tile: finite_tests) zero those
-                                     in place, flag the tile (bad[1], bad[2])
-        barrier                      tile j complete and tested
-        warp w, keys 16 w ... 16 w + 15 of the tile:
-            S = Q K^T                KS ldmatrix.x4, 2 KS mma
-            mask, score              visible() and score() per entry (variants.py)
-            online-softmax step      quad max, exp2, rescale O, P~ rounded to 16 bits
-            O += P~ V                ND / 2 ldmatrix.x4.trans, ND mma
-    """
-    if half not in NAMES:
-        raise ValueError(f"half must be one of {NAMES}; got {half!r}")
-    if finite_tests not in FINITE_CHOICES:
-        raise ValueError(f"finite_tests must be one of {FINITE_CHOICES}; got {finite_tests!r}")
-    if d % ALIGN or not 0 < d <= MAX_HEAD_DIM:
-        raise ValueError(f"the tensor-core decode kernel takes head dims that are multiples "
-                         f"of {ALIGN} up to {MAX_HEAD_DIM}; got {d}")
-    if stages not in STAGE_CHOICES:
-        raise ValueError(f"stages must be one of {STAGE_CHOICES}; got {stages!r}")
+def make_staging(d, half, stages):
+    """The Staging of head dim ``d``, ``half`` caches ("float16" or "bfloat16") and
+    ``stages`` of shared memory (make_split_kv_mma's arguments): tiles of TILE_KEYS keys
+    and their values, copied by THREADS threads 16 bytes at a time into
+    ``v10_shared_layout``'s rows, K's stages first, then V's."""
     halves = make_halves(half)
-    HALF = halves.storage
-    widen, narrow, pack2, mma = halves.widen, halves.narrow, halves.pack2, halves.mma
+    widen = halves.widen
     EXP = uint32(0x7C00 if half == "float16" else 0x7F80)   # all ones: NaN or inf
     EXP_HI = uint32(int(EXP) << 16)
-    BF16 = half == "bfloat16"
-    acc = acc_type("float32")
-    ZERO = acc(0)
-    NEG_INF = acc(-math.inf)
-    F32_MAX = acc(3.4028234663852886e38)
-    LOG2E = acc(1.4426950408889634)
-    DP = (d + 15) // 16 * 16                # head dim padded to the mma's k = 16
-    KS = DP // 16                           # k-steps of S = Q K^T
-    ND = DP // 8                            # n-tiles of 8 columns of O (even)
-    NT = CHUNK // 8                         # n-tiles of 8 keys of S (2)
-    Q_WORDS = KS * 4
-    O_FRAGS = ND * 4
-    S_FRAGS = NT * 4
+    F32_MAX = acc_type("float32")(3.4028234663852886e38)
+    ZERO = acc_type("float32")(0)
+    DP = (d + 15) // 16 * 16
     PIECES = DP // 8                        # 16-byte pieces of a tile row
     COPIES = -(-TILE_KEYS * PIECES // THREADS)
     ROW, TILE, K_AT, _, _ = v10_shared_layout(TILE_KEYS, d)
     V_AT = stages * TILE                    # K's stages first, then V's
-    AHEAD = stages - 1                      # tiles in flight while the warps use one
-    WINDOW = variant.window
-    SCORES = variant.softcap or variant.alibi
-    EVERY_TILE = finite_tests == "every"
-    visible, score = make_variant_functions(variant, causal, "float32")
 
     @cuda.jit(device=True, inline=True)
     def finite(x):
@@ -265,6 +223,74 @@ def make_split_kv_mma(d, causal, variant=PLAIN, half="float16", finite_tests="ed
                 x += q * kk
             c += 1
         return x
+
+    return Staging(finite, start_copies, test_copies, nonfinite_terms)
+
+
+@functools.lru_cache(maxsize=None)
+def make_split_kv_mma(d, causal, variant=PLAIN, half="float16", finite_tests="edges",
+                      stages=2):
+    """The tensor-core split-KV kernel for head dim ``d`` (a multiple of 8, at most
+    MAX_HEAD_DIM), ``causal`` (the band's upper bound, as split_kv's) and ``variant``
+    (window, softcap, ALiBi), reading ``half`` caches ("float16" or "bfloat16": uint16
+    bits, kernels/halves.py), accumulating in float32; ``finite_tests``: which tiles are
+    tested for NaN and inf (FINITE_TESTS); ``stages``: of shared memory (STAGES).
+
+    Launch and arguments: split_kv's (make_split_kv), with block (THREADS,) and
+    ``split_kv_mma_shared(d, stages).dynamic`` bytes of dynamic shared memory; the caches'
+    rows must start 16-byte aligned (``refusal``). Block (split, tile, b * Hk + hk) holds
+    rows rr = tile * ROWS + r, r < ROWS, of the (batch, K/V head): query head hk * group
+    + rr // Sq, query row rr % Sq; lane (g, t) = (lane // 4, lane % 4) holds rows g and
+    g + 8. Tiles 0 ... stages - 2 are started before the loop; per tile j of the split's
+    keys (stage st = j % stages; with two stages tile j + 1 goes to stage 1 - st):
+
+        barrier                      every warp has read stage (j - 1) % stages (tile j - 1)
+        start copies of tile j + stages - 1 into that stage; commit
+        wait_group stages - 1        this thread's copies of tile j have landed
+        test them for NaN and inf    (edge tiles, or every tile: finite_tests) zero those
+                                     in place, flag the tile (bad[1], bad[2])
+        barrier                      tile j complete and tested
+        warp w, keys 16 w ... 16 w + 15 of the tile:
+            S = Q K^T                KS ldmatrix.x4, 2 KS mma
+            mask, score              visible() and score() per entry (variants.py)
+            online-softmax step      quad max, exp2, rescale O, P~ rounded to 16 bits
+            O += P~ V                ND / 2 ldmatrix.x4.trans, ND mma
+    """
+    if half not in NAMES:
+        raise ValueError(f"half must be one of {NAMES}; got {half!r}")
+    if finite_tests not in FINITE_CHOICES:
+        raise ValueError(f"finite_tests must be one of {FINITE_CHOICES}; got {finite_tests!r}")
+    if d % ALIGN or not 0 < d <= MAX_HEAD_DIM:
+        raise ValueError(f"the tensor-core decode kernel takes head dims that are multiples "
+                         f"of {ALIGN} up to {MAX_HEAD_DIM}; got {d}")
+    if stages not in STAGE_CHOICES:
+        raise ValueError(f"stages must be one of {STAGE_CHOICES}; got {stages!r}")
+    halves = make_halves(half)
+    HALF = halves.storage
+    widen, narrow, pack2, mma = halves.widen, halves.narrow, halves.pack2, halves.mma
+    BF16 = half == "bfloat16"
+    acc = acc_type("float32")
+    ZERO = acc(0)
+    NEG_INF = acc(-math.inf)
+    LOG2E = acc(1.4426950408889634)
+    DP = (d + 15) // 16 * 16                # head dim padded to the mma's k = 16
+    KS = DP // 16                           # k-steps of S = Q K^T
+    ND = DP // 8                            # n-tiles of 8 columns of O (even)
+    NT = CHUNK // 8                         # n-tiles of 8 keys of S (2)
+    Q_WORDS = KS * 4
+    O_FRAGS = ND * 4
+    S_FRAGS = NT * 4
+    ROW, TILE, K_AT, _, _ = v10_shared_layout(TILE_KEYS, d)
+    V_AT = stages * TILE                    # K's stages first, then V's
+    AHEAD = stages - 1                      # tiles in flight while the warps use one
+    WINDOW = variant.window
+    SCORES = variant.softcap or variant.alibi
+    EVERY_TILE = finite_tests == "every"
+    visible, score = make_variant_functions(variant, causal, "float32")
+
+    staging = make_staging(d, half, stages)
+    finite, start_copies, test_copies, nonfinite_terms = (
+        staging.finite, staging.start_copies, staging.test_copies, staging.nonfinite_terms)
 
     @cuda.jit(device=True, inline=True)
     def add_nonfinite_scores(s, Q, K, b, h0, i0, h1, i1, real0, real1, k_base, k_row, key0,
