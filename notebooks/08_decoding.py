@@ -446,6 +446,12 @@ check(f"GQA, group of 2, {num_splits or 'default'} split(s)", out_g, lse_g, qg, 
 # above. With a single row per K/V head (multi-head attention, one new token) the
 # tensor cores have nothing to share and `split_kv` stays: on the H200 it was the faster
 # of the two there (the measurement is cited in `split_kv_mma.refusal`).
+#
+# A GQA group of four decoding one token fills only 4 of those 16 rows. Transposing both
+# products puts the keys (and, for $P V$, the head dims) on the 16 rows and the group on
+# the 8 columns: $S^T = K_j Q^T$, $O^T \mathrel{+}= V_j^T \tilde P^T$. That is
+# `split_kv_mma_t.py`, the plan's choice for up to 8 rows per K/V head: half the
+# products per key, and each lane keeps 32 floats of $O^T$ instead of 64.
 # `policy.decode_kernel` says which kernel a call gets:
 
 # %%

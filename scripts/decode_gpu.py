@@ -22,8 +22,8 @@ changes, kernels/decode/split_kv.py's docstring).
    forced, and caches one column into wider arrays, which the plan must read one
    element a load) against ``numbaflash.reference.forward`` in float64 on each batch's
    slice of the caches, by the bench's rule (``bench._agreement``).
-1b. decoders: the default call's time with each decode kernel alone (split_kv_mma with
-   FINITE_TESTS "edges" and "every", split_kv; policy.DECODE_KERNELS), each with the
+1b. decoders: the default call's time with each decode kernel alone (split_kv_mma_t,
+   split_kv_mma with FINITE_TESTS "edges" and "every", split_kv; policy.DECODE_KERNELS), each with the
    planner's split count, at each shape and dtype in one process, and each one's out
    against the first's.
 2. splits: the time of one decode call for num_splits in 1, 2, 4, ..., 64 and the
@@ -221,8 +221,8 @@ def _inside_wider(x, offset):
 
 def _loads(plan):
     """The loads the split-KV plan chose, as its reason says (split_kv.load_width);
-    split_kv_mma copies 16 bytes at a time, always."""
-    if plan.kernel == "split_kv_mma":
+    split_kv_mma and split_kv_mma_t copy 16 bytes at a time, always."""
+    if plan.kernel in ("split_kv_mma", "split_kv_mma_t"):
         return "16-byte cp.async copies"
     reason = plan.reason
     at = reason.find("with loads of ")
@@ -266,8 +266,8 @@ def decoders(shapes, dtypes, repeats):
             row = []
             first = None
             q, kc, vc = (_numba(x) for x in (q, kc, vc))
-            for kernel, tests in (("split_kv_mma", "edges"), ("split_kv_mma", "every"),
-                                  ("split_kv", None)):
+            for kernel, tests in (("split_kv_mma_t", "edges"), ("split_kv_mma", "edges"),
+                                  ("split_kv_mma", "every"), ("split_kv", None)):
                 policy.DECODE_KERNELS = (kernel,)
                 split_kv_mma.FINITE_TESTS = tests or keep_tests
                 _forget_repeats()

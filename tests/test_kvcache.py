@@ -658,8 +658,8 @@ def test_error_on_device_caches_writes_nothing(no_kvcache_launch):
 @pytest.fixture
 def cuda_core_decode(monkeypatch):
     """Plan split_kv for every cache (policy.DECODE_KERNELS), as for float32: the tests of
-    its loads and reductions use float16 caches, which split_kv_mma takes otherwise
-    (tests/test_decode_mma.py)."""
+    its loads and reductions use float16 caches, which split_kv_mma_t or split_kv_mma take
+    otherwise (tests/test_decode_mma.py)."""
     monkeypatch.setattr(numbaflash.policy, "DECODE_KERNELS", ("split_kv",))
 
 
@@ -674,8 +674,8 @@ DECODE = dict(q=shaped((8, 32, 1, 128)), k_cache=shaped((8, 32, 32768, 128)),
 @pytest.mark.parametrize("dtype,Hk,kernel,splits", [
     ("float32", 32, "split_kv", 5),         # 8 blocks per SM: 5 x 256
     ("float16", 32, "split_kv", 5),         # one row per K/V head: split_kv's
-    ("float16", 8, "split_kv_mma", 4),      # GQA: one wave of 2 per SM, 4 x 64 blocks
-    ("bfloat16", 4, "split_kv_mma", 8),     # groups of 8: 8 x 32 blocks
+    ("float16", 8, "split_kv_mma_t", 4),    # GQA: one wave of 2 per SM, 4 x 64 blocks
+    ("bfloat16", 4, "split_kv_mma_t", 8),   # groups of 8: 8 x 32 blocks
 ])
 def test_explain_gpu_decode_splits_and_says_why(dtype, Hk, kernel, splits, no_kvcache_launch):
     """The decode plans on a GPU (132 SMs assumed without one): the kernel, the splits

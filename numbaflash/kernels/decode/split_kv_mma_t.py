@@ -28,8 +28,13 @@ which operand holds the query rows:
   order of the additions differs from the parent's, so the two agree within rounding,
   not bit for bit.
 
-What it buys, and where it is the default: docs/performance.md, "Decoding"; numbaflash/
-policy.py's ``decode_kernel`` cites the measurement. Needs what the parent needs (its
+What it buys: on an H100 at (1, 32/8, 1, 131072), float16, 33 splits, 0.2169 ms a call
+queued against the parent's 0.2240 (-3.2 %), 0.2704 against 0.2781 alone; bfloat16
+0.2158 against 0.2218 queued; at (8, 32/8, 1, 32768) within 1.5 % of the parent at every
+split count measured; the same errors against the float64 reference as the parent's
+(lab/runs/2026-12-07/153_decode_kernels_queued.txt). More warps an SM did not help
+(BLOCKS_PER_SM says how that was measured). It is the default for the calls it takes
+(numbaflash/policy.py's ``decode_kernel``). Needs what the parent needs (its
 ``refusal``), and at most ROWS query rows per K/V head (more take more blocks, each
 reading the keys again: the parent takes those calls). Runs on the GPU (sm_80 and later)
 and on the simulator (kernels/simulated.py's stand-ins for ldmatrix, movmatrix, cp.async,
@@ -57,9 +62,14 @@ from .split_kv_mma import (ALIGN, CHUNK, FINITE_CHOICES, MAX_HEAD_DIM, STAGE_CHO
 
 ROWS = 8                        # query rows per block: the mma's N
 MAX_REGISTERS = None            # no cap (ptxas's choice)
-# Blocks an SM holds at d = 128 (shared memory: 74 KB a block; registers), which the
-# planner fills with one wave (policy.default_num_splits).
-BLOCKS_PER_SM = 3
+# Blocks per SM the planner fills with one wave (policy.default_num_splits): 2, as the
+# parent's. An SM could hold three at d = 128 (74 KB of shared memory and 143-149
+# registers a thread), but on an H100, float16 and bfloat16, the counts that give three a
+# SM were slower: at (1, 32/8, 1, 131072) 50 splits took 0.2337 ms a call queued against
+# 0.2169 at 33 (two a SM), 66 took 0.2453; under Nsight Compute 238 us at 50 splits with
+# 18 % of the SM's warps active against the parent's 219 us at 33 with 12 %
+# (lab/runs/2026-12-07/153_decode_kernels_queued.txt, 153_ncu_decode_kernels.txt).
+BLOCKS_PER_SM = 2
 
 
 def split_kv_mma_t_shared(d, stages=None):
