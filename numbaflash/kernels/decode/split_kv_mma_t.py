@@ -14,7 +14,7 @@ which operand holds the query rows:
   S^T = K Q^T (A = 16 keys x 16 head-dim columns from ``ldmatrix``, B = Q^T, the rows
   on N = 8) and O^T += V^T P~^T (A = 16 head-dim columns x 16 keys from
   ``ldmatrix.trans``, B = P~^T). A block holds ROWS = 8 query rows; per 16 keys a warp
-  issues KS + DP / 16 products where the parent issues 2 KS + DP / 8 (16 against 32 at
+  makes KS + DP / 16 products where the parent makes 2 KS + DP / 8 (16 against 32 at
   d = 128), a lane keeps 32 floats of O^T, exponentiates 4 scores and rescales 32
   accumulators (the parent: 8 and 64).
 * P~^T from S^T's accumulator: a lane holds S^T[key g, rows 2t, 2t + 1] and [key g + 8,
