@@ -409,7 +409,8 @@ for group in (2, 4):
     p = numbaflash.explain_kvcache(spec((B, Hk * group, 1, d), np.float32), k_cache, v_cache,
                                    cache_seqlens=lengths)[0]
     print(f"group of {group}: grid {p.grid} (splits, row tiles, batch x K/V heads); "
-          f"{p.Br} query rows per block, so each key is read by {p.grid[1]} block(s) per split")
+          f"{split_kv.rows_per_block(group, d)} query rows per block, so each key is read by "
+          f"{p.grid[1]} block(s) per split")
 
 # %% [markdown]
 # While the group fits in one block (group x $S_q$ <= `MAX_ROWS`), one block per (split,
