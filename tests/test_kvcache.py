@@ -424,6 +424,27 @@ def test_repeated_calls_launch_directly_with_the_same_bits(monkeypatch, dtype, l
         assert_bitwise_equal("v_cache", to_host(second[2]), want_v)
 
 
+def test_torch_tensors_are_read_as_their_interface_says():
+    """On a GPU a repeated call reads float16, float32 and int32 CUDA tensors without
+    building their __cuda_array_interface__ (kvcache._device_memory): the same shape,
+    strides (None when contiguous), typestr and pointer as the interface gives, and
+    PyTorch's current stream as the producer; a tensor that requires grad still goes
+    through the interface, which refuses it (the call takes the whole path)."""
+    from numbaflash import kvcache, streams
+    torch = pytest.importorskip("torch")
+    if not on_gpu() or not torch.cuda.is_available():
+        pytest.skip("on the simulator there is nothing to read: every call is whole")
+    xs = [torch.zeros(2, 3, 4, device="cuda", dtype=torch.float16),
+          torch.zeros(4, 3, 2, device="cuda").transpose(0, 2),
+          torch.zeros(3, device="cuda", dtype=torch.int32), torch.zeros(0, device="cuda")]
+    for x, got in zip(xs, kvcache._device_memory(xs)):
+        cai = x.__cuda_array_interface__
+        assert got == (tuple(cai["shape"]), cai.get("strides"), cai["typestr"],
+                       cai["data"][0] or 0, streams.torch_stream(x))
+    graded = torch.zeros(2, device="cuda", requires_grad=True)
+    assert kvcache._device_memory([xs[0], graded]) is None
+
+
 def test_repeated_calls_share_their_streams_scratch(monkeypatch):
     """On a GPU repeated calls take their scratch (lengths, the splits' partial results)
     from one buffer per stream (arrays.workspace), which a call that needs more grows.

@@ -39,6 +39,8 @@
 #       on the mma's N side) against split_kv_mma: the decode tests on the GPU, both
 #       kernels alone and queued (lab/sweeps/decode_kernels_queued.py), their durations
 #       and occupancy under Nsight Compute, the host's steps, bench's decode part
+#   bash lab/sweeps/decode_overhead_gpu.sh transposed-check  # after it: the direct paths'
+#       tests, split_kv_mma_t's stalls under Nsight Compute, the host's steps, bench
 #   bash lab/sweeps/decode_overhead_gpu.sh lean [BEFORE]  # the direct paths' tests, the
 #       overhead part (float16, float32; also for a before tree's package in BEFORE),
 #       bench --inference's decode part, cProfile, numbaflash.torch's decoding step
@@ -188,8 +190,28 @@ transposed)
         --calls 1000 --sync-every 5 --prepared 1
     $L bench_decode 120 python3 lab/sweeps/bench_decode_part.py float16 float32
     ;;
+transposed-check)
+    # after transposed: the direct paths' GPU tests (outputs made while the split kernel
+    # runs, PyTorch tensors read without their interface), split_kv_mma_t's stalls under
+    # Nsight Compute at b1-gqa (as the stalls mode reads its parent's), the host's steps
+    # on Numba views and tensors, bench --inference's decode part
+    NUMBAFLASH_PROFILE=gpu-quick $L tests_decode_direct 200 python3 -m pytest -q -n 0 \
+        -p no:cacheprovider tests/test_kvcache.py tests/test_torch.py tests/test_streams.py \
+        -k "repeated or queued or captured or capture or torch_tensors or scratch or explain or decode_outputs"
+    SECTIONS="--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy
+        --section WarpStateStats --section SchedulerStats --section LaunchStats
+        --section InstructionStats --section ComputeWorkloadAnalysis"
+    STALLS="regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio"
+    $L ncu_stalls_split_kv_mma_t 120 ncu --kernel-name regex:"split_kv_mma_t" \
+        --launch-skip 2 --launch-count 1 $SECTIONS --metrics "$STALLS" \
+        python3 scripts/decode_gpu.py --parts bandwidth --shapes b1-gqa --dtypes float16 \
+        --repeats 3
+    $L decode_host_steps 60 python3 lab/sweeps/decode_host_steps.py --shapes b1-gqa \
+        --calls 1000 --sync-every 5 --prepared 1
+    $L bench_decode 120 python3 lab/sweeps/bench_decode_part.py float16 float32
+    ;;
 *)
-    echo "usage: bash lab/sweeps/decode_overhead_gpu.sh profile|check|serving|direct|direct-quick|torch-prepared|prepared|host|combine|stalls|splits|transposed|lean [BEFORE]|lean-short [BEFORE]" >&2
+    echo "usage: bash lab/sweeps/decode_overhead_gpu.sh profile|check|serving|direct|direct-quick|torch-prepared|prepared|host|combine|stalls|splits|transposed|transposed-check|lean [BEFORE]|lean-short [BEFORE]" >&2
     exit 2
     ;;
 esac
