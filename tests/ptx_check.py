@@ -468,9 +468,8 @@ def decode_entries():
     8, 64, 128, 256 (the rows per block of a GQA group of 8 and of one row), plain, causal,
     and causal with a window, softcap and ALiBi, with one element a load and (float16,
     float32: "-wide") 8 bytes a load; split_kv_mma and split_kv_mma_t (float16) at d = 40,
-    64, 128, the same three variants, split_kv_mma_t with its copies hoisted at d = 128,
-    and split_kv_mma with three stages at d = 128, plain and with the three variants
-    together; combine, combine_batched and append per dtype."""
+    64, 128, the same three variants, and split_kv_mma with three stages at d = 128, plain
+    and with the three variants together; combine, combine_batched and append per dtype."""
     import numpy as np
     from numbaflash.kernels.decode import (append, combine, combine_batched, split_kv,
                                            split_kv_mma, split_kv_mma_t)
@@ -513,10 +512,6 @@ def decode_entries():
                                      lambda d=d, c=causal, v=variant:
                                      split_kv_mma_t.make_split_kv_mma_t(d, c, v), sig,
                                      no_f64))
-            # split_kv_mma_t with its copies' offsets hoisted (COPIES, a lab switch)
-            out.append(Entry(f"split_kv_mma_t-{dtype}-d128-full-hoisted", "decode",
-                             lambda: split_kv_mma_t.make_split_kv_mma_t(
-                                 128, False, PLAIN, copies="hoisted"), sig, no_f64))
             # three stages of shared memory (split_kv_mma.STAGES, a lab switch), at d = 128
             for causal, variant, what in ((False, PLAIN, "full"),
                                           (True, full, "causal-window-softcap-alibi")):

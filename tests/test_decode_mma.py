@@ -208,24 +208,6 @@ def test_three_stages_give_two_stages_bits(name, kernel_name, monkeypatch):
         assert np.isfinite(np.delete(row1, 1, axis=1)).all()
 
 
-@pytest.mark.parametrize("name", ["splits-inside-tiles", "nonfinite-edge-tiles"])
-def test_hoisted_copies_give_per_copy_bits(name, monkeypatch):
-    """split_kv_mma_t.COPIES = "hoisted" (each copy's offsets worked out before the loop)
-    copies the same pieces as "per_copy" (the parent's start_copies): the same bits, at
-    splits that start inside a tile and with non-finite values in edge tiles."""
-    monkeypatch.setattr(policy, "DECODE_KERNELS", ("split_kv_mma_t",))
-    case = stage_case(name)
-    got = {}
-    for copies in split_kv_mma_t.COPY_CHOICES:
-        monkeypatch.setattr(split_kv_mma_t, "COPIES", copies)
-        got[copies] = run(case)
-    for a, b in zip(*got.values()):
-        np.testing.assert_array_equal(a, b)
-    out, lse, k_cache, v_cache = got["hoisted"]
-    want_k, want_v = updated_caches(case)
-    check_against_reference(case, out, lse, want_k, want_v)
-
-
 def test_stages_are_two_or_three():
     assert split_kv_mma.STAGES == 2         # the default until a GPU says otherwise
     with pytest.raises(ValueError, match="stages must be one of"):

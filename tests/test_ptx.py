@@ -161,16 +161,16 @@ def test_decode_kernels_compile_and_link_for_sm90(dtype, record_property):
     for sm_90: split_kv at four head dims x one and two rows per block x plain, causal
     and causal with window, softcap and ALiBi (float16 and float32: with one element a
     load and with 8-byte loads), split_kv_mma and split_kv_mma_t (float16) at three head
-    dims with the same three variants, split_kv_mma_t with its copies hoisted and
-    split_kv_mma with three stages at d = 128 (plain, and the variants together),
+    dims with the same three variants, split_kv_mma with three stages at d = 128 (plain,
+    and the variants together),
     then combine, combine_batched and append; the float16 and float32 ones without
     float64."""
     results = run_ptx_check("--group", "decode", f"--match=-{dtype}", "--link")
     record_property("ptx_report", table(results))
     builds = 1 if dtype == "float64" else 2
-    # split_kv_mma and split_kv_mma_t at 3 head dims x 3 variants, 1 build of
-    # split_kv_mma_t with its copies hoisted and 2 of split_kv_mma with three stages
-    mma = 2 * 3 * 3 + 1 + 2 if dtype == "float16" else 0
+    # split_kv_mma and split_kv_mma_t at 3 head dims x 3 variants, and 2 builds of
+    # split_kv_mma with three stages
+    mma = 2 * 3 * 3 + 2 if dtype == "float16" else 0
     assert len(results) == 4 * 2 * 3 * builds + mma + 3, [r["name"] for r in results]
     assert_compiled_without_f64(results, dtype)
 

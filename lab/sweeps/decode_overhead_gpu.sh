@@ -40,8 +40,7 @@
 #       kernels alone and queued (lab/sweeps/decode_kernels_queued.py), their durations
 #       and occupancy under Nsight Compute, the host's steps, bench's decode part
 #   bash lab/sweeps/decode_overhead_gpu.sh transposed-check  # after it: the direct paths'
-#       tests, split_kv_mma_t's stalls under Nsight Compute, the host's steps, its copies'
-#       offsets hoisted against per copy (split_kv_mma_t.COPIES), bench
+#       tests, split_kv_mma_t's stalls under Nsight Compute, the host's steps, bench
 #   bash lab/sweeps/decode_overhead_gpu.sh lean [BEFORE]  # the direct paths' tests, the
 #       overhead part (float16, float32; also for a before tree's package in BEFORE),
 #       bench --inference's decode part, cProfile, numbaflash.torch's decoding step
@@ -209,8 +208,6 @@ transposed-check)
         --repeats 3
     $L decode_host_steps 60 python3 lab/sweeps/decode_host_steps.py --shapes b1-gqa \
         --calls 1000 --sync-every 5 --prepared 1
-    $L decode_kernels_copies 90 python3 lab/sweeps/decode_kernels_queued.py \
-        --dtypes float16 --copies per_copy,hoisted
     $L bench_decode 120 python3 lab/sweeps/bench_decode_part.py float16 float32
     ;;
 *)

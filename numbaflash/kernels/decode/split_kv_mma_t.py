@@ -44,15 +44,15 @@ mma and the shuffles).
 import functools
 import math
 
-from numba import cuda, int32, int64
+from numba import cuda, int32
 from numba.types import uint32
 
 from .. import acc_type, jit_options
 from ..forward.v10_ldmatrix import v10_shared_layout
 from ..halves import NAMES, half_of, make_halves
 from ..plan import Plan, variant_description
-from ..ptx import (cp_async16, cp_async_commit, cp_async_wait_group, exp2_approx, flat_load,
-                   fmax, ldmatrix_x4, ldmatrix_x4_trans, movmatrix_trans)
+from ..ptx import (cp_async_commit, cp_async_wait_group, exp2_approx, flat_load, fmax,
+                   ldmatrix_x4, ldmatrix_x4_trans, movmatrix_trans)
 from ..smem import U
 from ..variants import PLAIN, make_variant_functions
 from ..warp import FULL_WARP
@@ -61,14 +61,6 @@ from .split_kv_mma import (ALIGN, CHUNK, FINITE_CHOICES, MAX_HEAD_DIM, STAGE_CHO
                            THREADS, TILE_KEYS, WARPS, SharedBytes, make_staging)
 
 ROWS = 8                        # query rows per block: the mma's N
-# How a thread addresses its 16-byte copies of a tile: "hoisted", each copy's offsets
-# within a tile (its row's, from the row strides, and its place in shared memory) worked
-# out once before the loop, so a tile adds them to the tile's first row; "per_copy", the
-# parent's start_copies, which works each address out again at every tile. The same
-# copies, so the same bits. A lab switch (lab/sweeps/decode_kernels_queued.py --copies
-# times both), read when the kernel is built; "per_copy" is what was measured.
-COPIES = "per_copy"
-COPY_CHOICES = ("hoisted", "per_copy")
 MAX_REGISTERS = None            # no cap (ptxas's choice)
 # Blocks per SM the planner fills with one wave (policy.default_num_splits): 2, as the
 # parent's. An SM could hold three at d = 128 (74 KB of shared memory and 143-149
@@ -116,9 +108,9 @@ def column_sum(x):
 
 @functools.lru_cache(maxsize=None)
 def make_split_kv_mma_t(d, causal, variant=PLAIN, half="float16", finite_tests="edges",
-                        stages=2, copies="per_copy"):
+                        stages=2):
     """The transposed tensor-core split-KV kernel; arguments as the parent's
-    ``make_split_kv_mma``, and ``copies`` (COPIES).
+    ``make_split_kv_mma``.
 
     Launch and arguments: the parent's, with ``split_kv_mma_t_shared(d, stages).dynamic``
     bytes of dynamic shared memory and grid (splits, row tiles of ROWS, B * Hk). Block
@@ -143,8 +135,6 @@ def make_split_kv_mma_t(d, causal, variant=PLAIN, half="float16", finite_tests="
                          f"of {ALIGN} up to {MAX_HEAD_DIM}; got {d}")
     if stages not in STAGE_CHOICES:
         raise ValueError(f"stages must be one of {STAGE_CHOICES}; got {stages!r}")
-    if copies not in COPY_CHOICES:
-        raise ValueError(f"copies must be one of {COPY_CHOICES}; got {copies!r}")
     halves = make_halves(half)
     HALF = halves.storage
     widen, narrow, pack2, mma = halves.widen, halves.narrow, halves.pack2, halves.mma
@@ -168,42 +158,6 @@ def make_split_kv_mma_t(d, causal, variant=PLAIN, half="float16", finite_tests="
     staging = make_staging(d, half, stages)
     finite, start_copies, test_copies, nonfinite_terms = (
         staging.finite, staging.start_copies, staging.test_copies, staging.nonfinite_terms)
-
-    PIECES = DP // 8                        # 16-byte pieces of a tile row
-    N_COPIES = -(-TILE_KEYS * PIECES // THREADS)
-    HOISTED = copies == "hoisted"
-
-    @cuda.jit(device=True, inline=True)
-    def copy_offsets(rows, k_off, v_off, s_off, k_row, v_row, tid):
-        """This thread's copies u of every tile (the parent's start_copies' pieces n =
-        tid + u THREADS): rows[u] the tile row (key) it copies, -1 for none or for columns
-        past d (written as 0); k_off[u], v_off[u] its flat offset in K and V from the
-        tile's first row; s_off[u] its place in a stage of shared memory."""
-        for u in range(N_COPIES):
-            n = tid + u * THREADS
-            r = n // PIECES
-            k0 = (n % PIECES) * 8
-            rows[u] = r if (n < TILE_KEYS * PIECES and k0 < d) else -1
-            k_off[u] = r * k_row + k0
-            v_off[u] = r * v_row + k0
-            s_off[u] = r * ROW + k0 if n < TILE_KEYS * PIECES else -1
-
-    @cuda.jit(device=True, inline=True)
-    def start_copies_hoisted(smem, K, V, k_at, v_at, key_first, last, st, rows, k_off,
-                             v_off, s_off, HZERO):
-        """start_copies with the offsets of copy_offsets: the tile of keys key_first ...
-        (its first row at flat positions k_at of K and v_at of V) into stage st; rows
-        past ``last`` and the columns past d written as 0."""
-        for u in range(N_COPIES):
-            at = s_off[u]
-            if at >= 0:
-                if rows[u] >= 0 and key_first + rows[u] < last:
-                    cp_async16(smem, U(K_AT + st * TILE + at), K, U(k_at + k_off[u]))
-                    cp_async16(smem, U(V_AT + st * TILE + at), V, U(v_at + v_off[u]))
-                else:
-                    for e in range(8):
-                        smem[U(K_AT + st * TILE + at + e)] = HZERO
-                        smem[U(V_AT + st * TILE + at + e)] = HZERO
 
     @cuda.jit(device=True, inline=True)
     def add_nonfinite_scores(s, Q, K, b, h0, i0, h1, i1, real0, real1, k_base, k_row, key0,
@@ -346,22 +300,10 @@ def make_split_kv_mma_t(d, causal, variant=PLAIN, half="float16", finite_tests="
         # Wait until bad is clear.
         cuda.syncthreads()
         n_tiles = (last - first + TILE_KEYS - 1) // TILE_KEYS if last > first else 0
-        rows = cuda.local.array(N_COPIES, int32)
-        k_off = cuda.local.array(N_COPIES, int64)
-        v_off = cuda.local.array(N_COPIES, int64)
-        s_off = cuda.local.array(N_COPIES, int32)
-        if HOISTED:
-            copy_offsets(rows, k_off, v_off, s_off, k_row, v_row, tid)
         for ahead in range(AHEAD):          # tiles 0 ... stages - 2, one group each
             if ahead < n_tiles:
-                key_first = first + ahead * TILE_KEYS
-                if HOISTED:
-                    start_copies_hoisted(smem, K, V, k_base + key_first * k_row,
-                                         v_base + key_first * v_row, key_first, last,
-                                         ahead, rows, k_off, v_off, s_off, HZERO)
-                else:
-                    start_copies(smem, K, V, k_base, v_base, k_row, v_row, key_first,
-                                 last, ahead, tid, HZERO)
+                start_copies(smem, K, V, k_base, v_base, k_row, v_row,
+                             first + ahead * TILE_KEYS, last, ahead, tid, HZERO)
             cp_async_commit()
         # Alg.1 l.4: Q^T's B fragments (b0: columns 2t, 2t + 1 of row g's q in a k-step,
         # b1: columns 2t + 8, 2t + 9; zero past the real rows and d; a non-finite q is
@@ -392,15 +334,9 @@ def make_split_kv_mma_t(d, causal, variant=PLAIN, half="float16", finite_tests="
             # tile j + stages - 1 goes.
             cuda.syncthreads()
             if j + AHEAD < n_tiles:
-                key_next = key_first + AHEAD * TILE_KEYS
-                if HOISTED:
-                    start_copies_hoisted(smem, K, V, k_base + key_next * k_row,
-                                         v_base + key_next * v_row, key_next, last,
-                                         (j + AHEAD) % stages, rows, k_off, v_off, s_off,
-                                         HZERO)
-                else:
-                    start_copies(smem, K, V, k_base, v_base, k_row, v_row, key_next, last,
-                                 (j + AHEAD) % stages, tid, HZERO)
+                start_copies(smem, K, V, k_base, v_base, k_row, v_row,
+                             key_first + AHEAD * TILE_KEYS, last, (j + AHEAD) % stages, tid,
+                             HZERO)
             cp_async_commit()               # (empty at the last tiles: the count stays)
             # This thread's copies of tile j have landed (at most AHEAD groups after it).
             if stages == 2:
@@ -584,4 +520,4 @@ def plan(p, where, n_splits, reason):
 def kernel(plan, p):
     """The compiled kernel of ``plan`` (cached per compile-time parameters)."""
     return make_split_kv_mma_t(p.d, p.upper, p.variant, half_of(p.dtype) or "float16",
-                               parent.FINITE_TESTS, parent.STAGES, COPIES)
+                               parent.FINITE_TESTS, parent.STAGES)
