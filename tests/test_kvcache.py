@@ -429,7 +429,7 @@ def test_torch_tensors_are_read_as_their_interface_says():
     building their __cuda_array_interface__ (kvcache._device_memory): the same shape,
     strides (None when contiguous), typestr and pointer as the interface gives, and
     PyTorch's current stream as the producer; a tensor that requires grad still goes
-    through the interface, which refuses it (the call takes the whole path)."""
+    through the interface, whose error says so (as before the direct read)."""
     from numbaflash import kvcache, streams
     torch = pytest.importorskip("torch")
     if not on_gpu() or not torch.cuda.is_available():
@@ -442,7 +442,8 @@ def test_torch_tensors_are_read_as_their_interface_says():
         assert got == (tuple(cai["shape"]), cai.get("strides"), cai["typestr"],
                        cai["data"][0] or 0, streams.torch_stream(x))
     graded = torch.zeros(2, device="cuda", requires_grad=True)
-    assert kvcache._device_memory([xs[0], graded]) is None
+    with pytest.raises(RuntimeError, match="requires grad"):
+        kvcache._device_memory([xs[0], graded])
 
 
 def test_repeated_calls_share_their_streams_scratch(monkeypatch):

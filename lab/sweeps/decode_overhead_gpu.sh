@@ -202,8 +202,8 @@ transposed-check)
         --section WarpStateStats --section SchedulerStats --section LaunchStats
         --section InstructionStats --section ComputeWorkloadAnalysis"
     STALLS="regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio"
-    $L ncu_stalls_split_kv_mma_t 120 ncu --kernel-name regex:"split_kv_mma_t" \
-        --launch-skip 2 --launch-count 1 $SECTIONS --metrics "$STALLS" \
+    $L ncu_stalls_split_kv_mma_t 120 ncu --kernel-name regex:"split_kv_mma_t|combine" \
+        --launch-skip 2 --launch-count 2 $SECTIONS --metrics "$STALLS" \
         python3 scripts/decode_gpu.py --parts bandwidth --shapes b1-gqa --dtypes float16 \
         --repeats 3
     $L decode_host_steps 60 python3 lab/sweeps/decode_host_steps.py --shapes b1-gqa \
