@@ -4,13 +4,14 @@ SDPA and the HBM copy limit.
     python scripts/decode_gpu.py [--parts agreement,decoders,splits,rows,registers,kernels,
                                           layout,bandwidth,overhead,serving]
                                  [--repeats 20] [--dtypes float16,float32] [--shapes NAME,...]
-                                 [--decode-kernels split_kv_mma,split_kv]
+                                 [--decode-kernels split_kv_mma_t,split_kv_mma,split_kv]
                                  [--loads wide|scalar] [--reduction transposed|allreduce]
 
 ``--decode-kernels`` sets policy.DECODE_KERNELS (the order in which the decode kernels are
-tried: split_kv_mma, the tensor-core kernel, takes 16-bit caches with aligned rows, and
-split_kv every cache) before any plan is made; ``--decode-kernels split_kv`` runs every
-part on the CUDA-core kernel.
+tried: split_kv_mma_t and split_kv_mma, the tensor-core kernels, take 16-bit caches with
+aligned rows, split_kv_mma_t up to 8 rows per K/V head, and split_kv every cache) before
+any plan is made; without it, the policy's own order; ``--decode-kernels split_kv`` runs
+every part on the CUDA-core kernel.
 
 ``--loads`` and ``--reduction`` set split_kv.LOADS and split_kv.REDUCTION before any plan
 is made, so every part runs that build of the split-KV kernel (the defaults: wide and
@@ -592,8 +593,9 @@ def main():
     ap.add_argument("--dtypes", default="float16,float32")
     ap.add_argument("--shapes", default=",".join(TARGETS),
                     help=f"from {', '.join(SHAPES)}")
-    ap.add_argument("--decode-kernels", default="split_kv_mma,split_kv",
-                    help="policy.DECODE_KERNELS for every part, in order")
+    ap.add_argument("--decode-kernels", default=None,
+                    help="policy.DECODE_KERNELS for every part, in order (default: "
+                         "the policy's own)")
     ap.add_argument("--loads", choices=("wide", "scalar"), default="wide",
                     help="split_kv.LOADS for every part (scalar: one element a load)")
     ap.add_argument("--reduction", choices=("transposed", "allreduce"), default="transposed",
@@ -602,7 +604,8 @@ def main():
     from numbaflash.kernels.decode import split_kv
     split_kv.LOADS, split_kv.REDUCTION = args.loads, args.reduction
     from numbaflash import policy
-    policy.DECODE_KERNELS = tuple(args.decode_kernels.split(","))
+    if args.decode_kernels:
+        policy.DECODE_KERNELS = tuple(args.decode_kernels.split(","))
     warnings.filterwarnings("ignore", message=".*(under-utilization|kernel not used|runtime "
                             "disabled|same num_heads).*")
     parts = args.parts.split(",")

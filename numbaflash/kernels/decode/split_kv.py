@@ -267,6 +267,42 @@ def make_step_reduction(keys, acc_dtype):
 # --- the kernel ---------------------------------------------------------------------------
 
 
+# The keys one block of a split-KV kernel reads, by name (make_split_keys): n, the batch's
+# keys (its cached length plus the new rows); causal_offset and window_lo, the band's
+# bounds as bands.py gives them for these rows (variants.py's visible() takes them);
+# first ... last - 1, this split's share of the keys the block's rows see.
+SplitKeys = namedtuple("SplitKeys", "n causal_offset window_lo first last")
+
+
+@functools.lru_cache(maxsize=None)
+def make_split_keys(causal, window):
+    """The device function ``split_keys(seqlens, b, n_new, S_max, Sq, upper_shift,
+    lower_shift, split, n_splits)`` -> SplitKeys of batch b and split ``split`` of
+    ``n_splits``, for a kernel built ``causal`` (the band's upper bound) and with a
+    ``window`` (its lower bound): the decode kernels' common first step (this file's and
+    the tensor-core kernels')."""
+
+    @cuda.jit(device=True, inline=True)
+    def split_keys(seqlens, b, n_new, S_max, Sq, upper_shift, lower_shift, split, n_splits):
+        # This batch's keys, and the band its rows see (bands.py's bounds, in keys).
+        n = min(seqlens[b] + n_new, S_max)
+        causal_offset = n - Sq + upper_shift
+        window_lo = n - Sq + lower_shift
+        lo = 0
+        hi = n
+        if causal:                          # the last row sees up to here
+            hi = min(hi, max(0, Sq + causal_offset))
+        if window:                          # the first row sees from here
+            lo = min(hi, max(0, window_lo))
+        # This split's share of [lo, hi): reference.split_ranges' rule.
+        span = hi - lo
+        first = lo + split * (span // n_splits) + min(split, span % n_splits)
+        last = first + span // n_splits + (1 if split < span % n_splits else 0)
+        return SplitKeys(n, causal_offset, window_lo, first, last)
+
+    return split_keys
+
+
 @functools.lru_cache(maxsize=None)
 def make_split_kv(d, rows, causal, acc_dtype, variant=PLAIN, half=None, vec=1,
                   reduction="transposed"):
@@ -325,6 +361,7 @@ def make_split_kv(d, rows, causal, acc_dtype, variant=PLAIN, half=None, vec=1,
     STEP_VALUES = KEYS * NV            # a lane's share of a step's keys (and values)
     WINDOW = variant.window
     visible, score = make_variant_functions(variant, causal, acc_dtype)
+    split_keys = make_split_keys(causal, WINDOW)
     warp_sums, step_scores, step_max, from_key = make_step_reduction(KEYS, acc_dtype)
 
     @cuda.jit(device=True, inline=True)
@@ -383,20 +420,11 @@ def make_split_kv(d, rows, causal, acc_dtype, variant=PLAIN, half=None, vec=1,
         Sq = Q.shape[2]
         n_rows = group * Sq                 # the rows that read this K/V head
 
-        # This batch's keys, and the band its rows see (bands.py's bounds, in keys).
-        n = min(seqlens[b] + n_new, S_max)
-        causal_offset = n - Sq + upper_shift
-        window_lo = n - Sq + lower_shift
-        lo = 0
-        hi = n
-        if causal:                          # the last row sees up to here
-            hi = min(hi, max(0, Sq + causal_offset))
-        if WINDOW:                          # the first row sees from here
-            lo = min(hi, max(0, window_lo))
-        # This split's share of [lo, hi): reference.split_ranges' rule.
-        span = hi - lo
-        first = lo + split * (span // n_splits) + min(split, span % n_splits)
-        last = first + span // n_splits + (1 if split < span % n_splits else 0)
+        # This batch's keys, the band its rows see, this split's share of it.
+        keys = split_keys(seqlens, b, n_new, S_max, Sq, upper_shift, lower_shift, split,
+                          n_splits)
+        n, causal_offset, window_lo = keys.n, keys.causal_offset, keys.window_lo
+        first, last = keys.first, keys.last
 
         m_w = cuda.shared.array((WARPS, ROWS), acc)        # each warp's m, l, o per row
         l_w = cuda.shared.array((WARPS, ROWS), acc)

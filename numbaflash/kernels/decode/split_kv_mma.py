@@ -74,6 +74,7 @@ from ..ptx import (cp_async16, cp_async_commit, cp_async_wait_group, exp2_approx
 from ..smem import U
 from ..variants import PLAIN, make_variant_functions
 from ..warp import FULL_WARP, quad_max, quad_sum
+from .split_kv import make_split_keys
 
 WARPS = 4                       # warps per block, each taking CHUNK keys of every tile
 THREADS = 32 * WARPS
@@ -122,6 +123,22 @@ def rows_per_block(rows_needed, d):
     """The query rows one block holds: always ROWS (the mma's M; rows past the group x Sq
     rows of a K/V head are zeros)."""
     return ROWS
+
+
+def check_build(d, half, finite_tests, stages):
+    """ValueError, naming the limit, for a build the tensor-core decode kernels (this
+    file's and split_kv_mma_t.py's) cannot compile: ``half`` not a 16-bit type of
+    kernels/halves.py, ``finite_tests`` not in FINITE_CHOICES, d not a multiple of ALIGN
+    up to MAX_HEAD_DIM, ``stages`` not in STAGE_CHOICES."""
+    if half not in NAMES:
+        raise ValueError(f"half must be one of {NAMES}; got {half!r}")
+    if finite_tests not in FINITE_CHOICES:
+        raise ValueError(f"finite_tests must be one of {FINITE_CHOICES}; got {finite_tests!r}")
+    if d % ALIGN or not 0 < d <= MAX_HEAD_DIM:
+        raise ValueError(f"the tensor-core decode kernel takes head dims that are multiples "
+                         f"of {ALIGN} up to {MAX_HEAD_DIM}; got {d}")
+    if stages not in STAGE_CHOICES:
+        raise ValueError(f"stages must be one of {STAGE_CHOICES}; got {stages!r}")
 
 
 # The device functions that stage the caches' tiles in shared memory and test them for NaN
@@ -256,15 +273,7 @@ def make_split_kv_mma(d, causal, variant=PLAIN, half="float16", finite_tests="ed
             online-softmax step      quad max, exp2, rescale O, P~ rounded to 16 bits
             O += P~ V                ND / 2 ldmatrix.x4.trans, ND mma
     """
-    if half not in NAMES:
-        raise ValueError(f"half must be one of {NAMES}; got {half!r}")
-    if finite_tests not in FINITE_CHOICES:
-        raise ValueError(f"finite_tests must be one of {FINITE_CHOICES}; got {finite_tests!r}")
-    if d % ALIGN or not 0 < d <= MAX_HEAD_DIM:
-        raise ValueError(f"the tensor-core decode kernel takes head dims that are multiples "
-                         f"of {ALIGN} up to {MAX_HEAD_DIM}; got {d}")
-    if stages not in STAGE_CHOICES:
-        raise ValueError(f"stages must be one of {STAGE_CHOICES}; got {stages!r}")
+    check_build(d, half, finite_tests, stages)
     halves = make_halves(half)
     HALF = halves.storage
     widen, narrow, pack2, mma = halves.widen, halves.narrow, halves.pack2, halves.mma
@@ -287,6 +296,7 @@ def make_split_kv_mma(d, causal, variant=PLAIN, half="float16", finite_tests="ed
     SCORES = variant.softcap or variant.alibi
     EVERY_TILE = finite_tests == "every"
     visible, score = make_variant_functions(variant, causal, "float32")
+    split_keys = make_split_keys(causal, WINDOW)
 
     staging = make_staging(d, half, stages)
     finite, start_copies, test_copies, nonfinite_terms = (
@@ -388,18 +398,10 @@ def make_split_kv_mma(d, causal, variant=PLAIN, half="float16", finite_tests="ed
         n_rows = group * Sq                 # the rows that read this K/V head
 
         # This batch's keys, the band its rows see, this split's share (split_kv's).
-        n = min(seqlens[b] + n_new, S_max)
-        causal_offset = n - Sq + upper_shift
-        window_lo = n - Sq + lower_shift
-        lo = 0
-        hi = n
-        if causal:
-            hi = min(hi, max(0, Sq + causal_offset))
-        if WINDOW:
-            lo = min(hi, max(0, window_lo))
-        span = hi - lo
-        first = lo + split * (span // n_splits) + min(split, span % n_splits)
-        last = first + span // n_splits + (1 if split < span % n_splits else 0)
+        keys = split_keys(seqlens, b, n_new, S_max, Sq, upper_shift, lower_shift, split,
+                          n_splits)
+        n, causal_offset, window_lo = keys.n, keys.causal_offset, keys.window_lo
+        first, last = keys.first, keys.last
 
         # This lane's rows g and g + 8: their query head and row (a padded row, past the
         # group's last, takes the last one's: its scores are computed, never written).

@@ -49,7 +49,7 @@ from numba.types import uint32
 
 from .. import acc_type, jit_options
 from ..forward.v10_ldmatrix import v10_shared_layout
-from ..halves import NAMES, half_of, make_halves
+from ..halves import half_of, make_halves
 from ..plan import Plan, variant_description
 from ..ptx import (cp_async_commit, cp_async_wait_group, exp2_approx, flat_load, fmax,
                    ldmatrix_x4, ldmatrix_x4_trans, movmatrix_trans)
@@ -57,8 +57,9 @@ from ..smem import U
 from ..variants import PLAIN, make_variant_functions
 from ..warp import FULL_WARP
 from . import split_kv_mma as parent
-from .split_kv_mma import (ALIGN, CHUNK, FINITE_CHOICES, MAX_HEAD_DIM, STAGE_CHOICES,
-                           THREADS, TILE_KEYS, WARPS, SharedBytes, make_staging)
+from .split_kv import make_split_keys
+from .split_kv_mma import (CHUNK, THREADS, TILE_KEYS, WARPS, SharedBytes, check_build,
+                           make_staging)
 
 ROWS = 8                        # query rows per block: the mma's N
 MAX_REGISTERS = None            # no cap (ptxas's choice)
@@ -126,15 +127,7 @@ def make_split_kv_mma_t(d, causal, variant=PLAIN, half="float16", finite_tests="
         P~^T                     2 movmatrix
         O^T += V^T P~^T          DP / 16 ldmatrix.x4.trans, DP / 16 mma
     """
-    if half not in NAMES:
-        raise ValueError(f"half must be one of {NAMES}; got {half!r}")
-    if finite_tests not in FINITE_CHOICES:
-        raise ValueError(f"finite_tests must be one of {FINITE_CHOICES}; got {finite_tests!r}")
-    if d % ALIGN or not 0 < d <= MAX_HEAD_DIM:
-        raise ValueError(f"the tensor-core decode kernel takes head dims that are multiples "
-                         f"of {ALIGN} up to {MAX_HEAD_DIM}; got {d}")
-    if stages not in STAGE_CHOICES:
-        raise ValueError(f"stages must be one of {STAGE_CHOICES}; got {stages!r}")
+    check_build(d, half, finite_tests, stages)
     halves = make_halves(half)
     HALF = halves.storage
     widen, narrow, pack2, mma = halves.widen, halves.narrow, halves.pack2, halves.mma
@@ -155,6 +148,7 @@ def make_split_kv_mma_t(d, causal, variant=PLAIN, half="float16", finite_tests="
     SCORES = variant.softcap or variant.alibi
     EVERY_TILE = finite_tests == "every"
     visible, score = make_variant_functions(variant, causal, "float32")
+    split_keys = make_split_keys(causal, WINDOW)
     staging = make_staging(d, half, stages)
     finite, start_copies, test_copies, nonfinite_terms = (
         staging.finite, staging.start_copies, staging.test_copies, staging.nonfinite_terms)
@@ -241,18 +235,10 @@ def make_split_kv_mma_t(d, causal, variant=PLAIN, half="float16", finite_tests="
         n_rows = group * Sq                 # the rows that read this K/V head
 
         # This batch's keys, the band its rows see, this split's share (split_kv's).
-        n = min(seqlens[b] + n_new, S_max)
-        causal_offset = n - Sq + upper_shift
-        window_lo = n - Sq + lower_shift
-        lo = 0
-        hi = n
-        if causal:
-            hi = min(hi, max(0, Sq + causal_offset))
-        if WINDOW:
-            lo = min(hi, max(0, window_lo))
-        span = hi - lo
-        first = lo + split * (span // n_splits) + min(split, span % n_splits)
-        last = first + span // n_splits + (1 if split < span % n_splits else 0)
+        keys = split_keys(seqlens, b, n_new, S_max, Sq, upper_shift, lower_shift, split,
+                          n_splits)
+        n, causal_offset, window_lo = keys.n, keys.causal_offset, keys.window_lo
+        first, last = keys.first, keys.last
 
         # This lane's rows of S^T and O^T, 2t and 2t + 1: their query head and row (a
         # padded row, past the group's last, takes the last one's: its scores are
