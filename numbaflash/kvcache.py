@@ -355,10 +355,10 @@ def direct_key(memory, cache_seqlens, options, context=None):
         if lengths is None:
             return None
     device = (launcher.device_id() if context is None else context.device.id)
-    try:
+    try:        # options: attention_with_kvcache's dict, its keys always in one order
         key = ("arrays", device,
-               tuple(None if m is None else (*m[:3], m[3] % 16) for m in memory),
-               lengths, tuple(sorted(options.items())))
+               tuple([None if m is None else (m[0], m[1], m[2], m[3] % 16) for m in memory]),
+               lengths, tuple(options.values()))
         hash(key)
     except TypeError:
         return None

@@ -304,6 +304,32 @@ def make_split_keys(causal, window):
 
 
 @functools.lru_cache(maxsize=None)
+def make_store_result(bf16):
+    """The device function ``store_result(O, L, O_parts, L_parts, split, n_splits, bh, i,
+    col, out, lse)``: one row's column ``col`` of the split's result (and its lse, from
+    column 0), into O and L when the call has one split (rounded to bfloat16 bits with
+    ``bf16``), else into the split's partial results for the combine. The decode kernels'
+    common last step (this file's and the tensor-core kernels')."""
+    narrow = make_halves("bfloat16").narrow
+
+    @cuda.jit(device=True, inline=True)
+    def store_result(O, L, O_parts, L_parts, split, n_splits, bh, i, col, out, lse):
+        if n_splits == 1:
+            if bf16:
+                O[bh, i, col] = narrow(out)
+            else:
+                O[bh, i, col] = out
+            if col == 0:
+                L[bh, i] = lse
+        else:
+            O_parts[split, bh, i, col] = out
+            if col == 0:
+                L_parts[split, bh, i] = lse
+
+    return store_result
+
+
+@functools.lru_cache(maxsize=None)
 def make_split_kv(d, rows, causal, acc_dtype, variant=PLAIN, half=None, vec=1,
                   reduction="transposed"):
     """The split-KV decode kernel for head dim ``d``, ``rows`` query rows per block,
@@ -344,7 +370,6 @@ def make_split_kv(d, rows, causal, acc_dtype, variant=PLAIN, half=None, vec=1,
     acc = acc_type(acc_dtype)
     BF16 = half == "bfloat16"
     widen = make_halves("bfloat16").widen if BF16 else acc
-    narrow = make_halves("bfloat16").narrow
     ZERO = acc(0)
     NEG_INF = acc(-math.inf)
     VEC = vec
@@ -362,6 +387,7 @@ def make_split_kv(d, rows, causal, acc_dtype, variant=PLAIN, half=None, vec=1,
     WINDOW = variant.window
     visible, score = make_variant_functions(variant, causal, acc_dtype)
     split_keys = make_split_keys(causal, WINDOW)
+    store_result = make_store_result(BF16)
     warp_sums, step_scores, step_max, from_key = make_step_reduction(KEYS, acc_dtype)
 
     @cuda.jit(device=True, inline=True)
@@ -565,17 +591,7 @@ def make_split_kv(d, rows, causal, acc_dtype, variant=PLAIN, half=None, vec=1,
                 # not 0 and carries through).
                 out = ZERO if l_sum == ZERO else o_sum / l_sum
                 lse = NEG_INF if l_sum == ZERO else m_max + math.log(l_sum)
-                if n_splits == 1:
-                    if BF16:
-                        O[bh, i, col] = narrow(out)
-                    else:
-                        O[bh, i, col] = out
-                    if col == 0:
-                        L[bh, i] = lse
-                else:
-                    O_parts[split, bh, i, col] = out
-                    if col == 0:
-                        L_parts[split, bh, i] = lse
+                store_result(O, L, O_parts, L_parts, split, n_splits, bh, i, col, out, lse)
 
     return split_kv
 

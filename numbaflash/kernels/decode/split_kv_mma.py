@@ -74,7 +74,7 @@ from ..ptx import (cp_async16, cp_async_commit, cp_async_wait_group, exp2_approx
 from ..smem import U
 from ..variants import PLAIN, make_variant_functions
 from ..warp import FULL_WARP, quad_max, quad_sum
-from .split_kv import make_split_keys
+from .split_kv import make_split_keys, make_store_result
 
 WARPS = 4                       # warps per block, each taking CHUNK keys of every tile
 THREADS = 32 * WARPS
@@ -245,6 +245,49 @@ def make_staging(d, half, stages):
 
 
 @functools.lru_cache(maxsize=None)
+def make_write_rows(d, rows, half):
+    """The device function ``write_rows(m_w, l_w, o_w, O, L, O_parts, L_parts, tile, b,
+    hk, Hq, group, Sq, n_rows, split, n_splits, tid)``: the tensor-core decode kernels'
+    last step (this file's with ``rows`` = ROWS, split_kv_mma_t.py's with its ROWS). From
+    the warps' m and l per row (m_w, l_w: WARPS x rows) and their merged O (o_w: rows x
+    d padded), each of the block's real rows (tile ``tile`` of the n_rows that read K/V
+    head hk of batch b) gets O / l and lse = M + log l, its warps' sums rescaled to
+    their max M (a warp that saw no key has l = 0 and is left out; a NaN l counts), the
+    block's THREADS threads taking its elements in turn; stored by split_kv's
+    ``store_result``."""
+    acc = acc_type("float32")
+    ZERO = acc(0)
+    NEG_INF = acc(-math.inf)
+    store_result = make_store_result(half == "bfloat16")
+
+    @cuda.jit(device=True, inline=True)
+    def write_rows(m_w, l_w, o_w, O, L, O_parts, L_parts, tile, b, hk, Hq, group, Sq,
+                   n_rows, split, n_splits, tid):
+        for idx in range(tid, rows * d, THREADS):
+            r = idx // d
+            col = idx % d
+            rr = tile * rows + r
+            if rr < n_rows:
+                bh = b * Hq + hk * group + rr // Sq
+                i = rr % Sq
+                top = NEG_INF
+                for w in range(WARPS):
+                    if m_w[w, r] > top:
+                        top = m_w[w, r]
+                top = ZERO if top == NEG_INF else top
+                l_sum = ZERO
+                for w in range(WARPS):
+                    if l_w[w, r] != ZERO:           # the warp saw a key (a NaN l counts)
+                        l_sum += math.exp(m_w[w, r] - top) * l_w[w, r]
+                # l = 0: the rows saw no key of this split: O = 0, L = -inf.
+                out = ZERO if l_sum == ZERO else o_w[r, col] / l_sum
+                lse = NEG_INF if l_sum == ZERO else top + math.log(l_sum)
+                store_result(O, L, O_parts, L_parts, split, n_splits, bh, i, col, out, lse)
+
+    return write_rows
+
+
+@functools.lru_cache(maxsize=None)
 def make_split_kv_mma(d, causal, variant=PLAIN, half="float16", finite_tests="edges",
                       stages=2):
     """The tensor-core split-KV kernel for head dim ``d`` (a multiple of 8, at most
@@ -277,7 +320,6 @@ def make_split_kv_mma(d, causal, variant=PLAIN, half="float16", finite_tests="ed
     halves = make_halves(half)
     HALF = halves.storage
     widen, narrow, pack2, mma = halves.widen, halves.narrow, halves.pack2, halves.mma
-    BF16 = half == "bfloat16"
     acc = acc_type("float32")
     ZERO = acc(0)
     NEG_INF = acc(-math.inf)
@@ -297,6 +339,7 @@ def make_split_kv_mma(d, causal, variant=PLAIN, half="float16", finite_tests="ed
     EVERY_TILE = finite_tests == "every"
     visible, score = make_variant_functions(variant, causal, "float32")
     split_keys = make_split_keys(causal, WINDOW)
+    write_rows = make_write_rows(d, ROWS, half)
 
     staging = make_staging(d, half, stages)
     finite, start_copies, test_copies, nonfinite_terms = (
@@ -607,36 +650,9 @@ def make_split_kv_mma(d, causal, variant=PLAIN, half="float16", finite_tests="ed
                             o_w[g + 8, col] += x1
             # Wait until warp w's share is added before the next warp adds its own.
             cuda.syncthreads()
-        for idx in range(tid, ROWS * d, THREADS):           # Alg.1 l.12-13
-            r = idx // d
-            col = idx % d
-            rr = tile * ROWS + r
-            if rr < n_rows:
-                bh = b * Hq + hk * group + rr // Sq
-                i = rr % Sq
-                top = NEG_INF
-                for w in range(WARPS):
-                    if m_w[w, r] > top:
-                        top = m_w[w, r]
-                top = ZERO if top == NEG_INF else top
-                l_sum = ZERO
-                for w in range(WARPS):
-                    if l_w[w, r] != ZERO:           # the warp saw a key (a NaN l counts)
-                        l_sum += math.exp(m_w[w, r] - top) * l_w[w, r]
-                # l = 0: the rows saw no key of this split: O = 0, L = -inf.
-                out = ZERO if l_sum == ZERO else o_w[r, col] / l_sum
-                lse = NEG_INF if l_sum == ZERO else top + math.log(l_sum)
-                if n_splits == 1:
-                    if BF16:
-                        O[bh, i, col] = narrow(out)
-                    else:
-                        O[bh, i, col] = out
-                    if col == 0:
-                        L[bh, i] = lse
-                else:
-                    O_parts[split, bh, i, col] = out
-                    if col == 0:
-                        L_parts[split, bh, i] = lse
+        # Alg.1 l.12-13: each row's merged O over its sum, and its lse (write_rows)
+        write_rows(m_w, l_w, o_w, O, L, O_parts, L_parts, tile, b, hk, Hq, group, Sq,
+                   n_rows, split, n_splits, tid)
 
     return split_kv_mma
 

@@ -59,7 +59,7 @@ from ..warp import FULL_WARP
 from . import split_kv_mma as parent
 from .split_kv import make_split_keys
 from .split_kv_mma import (CHUNK, THREADS, TILE_KEYS, WARPS, SharedBytes, check_build,
-                           make_staging)
+                           make_staging, make_write_rows)
 
 ROWS = 8                        # query rows per block: the mma's N
 MAX_REGISTERS = None            # no cap (ptxas's choice)
@@ -131,7 +131,6 @@ def make_split_kv_mma_t(d, causal, variant=PLAIN, half="float16", finite_tests="
     halves = make_halves(half)
     HALF = halves.storage
     widen, narrow, pack2, mma = halves.widen, halves.narrow, halves.pack2, halves.mma
-    BF16 = half == "bfloat16"
     acc = acc_type("float32")
     ZERO = acc(0)
     NEG_INF = acc(-math.inf)
@@ -149,6 +148,7 @@ def make_split_kv_mma_t(d, causal, variant=PLAIN, half="float16", finite_tests="
     EVERY_TILE = finite_tests == "every"
     visible, score = make_variant_functions(variant, causal, "float32")
     split_keys = make_split_keys(causal, WINDOW)
+    write_rows = make_write_rows(d, ROWS, half)
     staging = make_staging(d, half, stages)
     finite, start_copies, test_copies, nonfinite_terms = (
         staging.finite, staging.start_copies, staging.test_copies, staging.nonfinite_terms)
@@ -435,36 +435,10 @@ def make_split_kv_mma_t(d, causal, variant=PLAIN, half="float16", finite_tests="
                             o_w[2 * t + 1, col] += x1
             # Wait until warp w's share is added before the next warp adds its own.
             cuda.syncthreads()
-        for idx in range(tid, ROWS * d, THREADS):           # Alg.1 l.12-13
-            r = idx // d
-            col = idx % d
-            rr = tile * ROWS + r
-            if rr < n_rows:
-                bh = b * Hq + hk * group + rr // Sq
-                i = rr % Sq
-                top = NEG_INF
-                for w in range(WARPS):
-                    if m_w[w, r] > top:
-                        top = m_w[w, r]
-                top = ZERO if top == NEG_INF else top
-                l_sum = ZERO
-                for w in range(WARPS):
-                    if l_w[w, r] != ZERO:           # the warp saw a key (a NaN l counts)
-                        l_sum += math.exp(m_w[w, r] - top) * l_w[w, r]
-                # l = 0: the rows saw no key of this split: O = 0, L = -inf.
-                out = ZERO if l_sum == ZERO else o_w[r, col] / l_sum
-                lse = NEG_INF if l_sum == ZERO else top + math.log(l_sum)
-                if n_splits == 1:
-                    if BF16:
-                        O[bh, i, col] = narrow(out)
-                    else:
-                        O[bh, i, col] = out
-                    if col == 0:
-                        L[bh, i] = lse
-                else:
-                    O_parts[split, bh, i, col] = out
-                    if col == 0:
-                        L_parts[split, bh, i] = lse
+        # Alg.1 l.12-13: each row's merged O over its sum, and its lse (the parent's
+        # write_rows)
+        write_rows(m_w, l_w, o_w, O, L, O_parts, L_parts, tile, b, hk, Hq, group, Sq,
+                   n_rows, split, n_splits, tid)
 
     return split_kv_mma_t
 
