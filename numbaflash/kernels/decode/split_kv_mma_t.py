@@ -31,9 +31,11 @@ which operand holds the query rows:
 What it buys: on an H100 at (1, 32/8, 1, 131072), float16, 33 splits, 0.2169 ms a call
 queued against the parent's 0.2240 (-3.2 %), 0.2704 against 0.2781 alone; bfloat16
 0.2158 against 0.2218 queued; at (8, 32/8, 1, 32768) within 1.5 % of the parent at every
-split count measured; the same errors against the float64 reference as the parent's
-(lab/runs/2026-12-07/153_decode_kernels_queued.txt). More warps an SM did not help
-(BLOCKS_PER_SM says how that was measured). It is the default for the calls it takes
+split count measured; out's error against the float64 reference the parent's (6.13e-06
+at b1-gqa, bound 4.28e-05; lab/runs/2026-12-07/153_decode_kernels_queued.txt). Like the
+parent it runs at about 80 % of DRAM throughput under Nsight Compute (201.7 us at b1-gqa:
+155_ncu_stalls_split_kv_mma_t.txt); more warps an SM did not help (BLOCKS_PER_SM says how
+that was measured). It is the default for the calls it takes
 (numbaflash/policy.py's ``decode_kernel``). Needs what the parent needs (its
 ``refusal``), and at most ROWS query rows per K/V head (more take more blocks, each
 reading the keys again: the parent takes those calls). Runs on the GPU (sm_80 and later)
