@@ -199,13 +199,13 @@ transposed-check)
         -p no:cacheprovider tests/test_kvcache.py tests/test_torch.py tests/test_streams.py \
         -k "repeated or queued or captured or capture or torch_tensors or scratch or explain or decode_outputs"
     SECTIONS="--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy
-        --section WarpStateStats --section SchedulerStats --section LaunchStats
-        --section InstructionStats --section ComputeWorkloadAnalysis"
+        --section WarpStateStats --section SchedulerStats --section LaunchStats"
     STALLS="regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio"
-    $L ncu_stalls_split_kv_mma_t 120 ncu --kernel-name regex:"split_kv_mma_t|combine" \
-        --launch-skip 2 --launch-count 2 $SECTIONS --metrics "$STALLS" \
+    # (the command of lab/runs/2026-12-07/155_ncu_stalls_split_kv_mma_t.txt)
+    $L ncu_stalls_split_kv_mma_t 100 ncu --kernel-name regex:"split_kv_mma_t" \
+        --launch-count 1 $SECTIONS --metrics "$STALLS" \
         python3 scripts/decode_gpu.py --parts bandwidth --shapes b1-gqa --dtypes float16 \
-        --repeats 3
+        --repeats 3 --decode-kernels split_kv_mma_t,split_kv_mma,split_kv
     $L decode_host_steps 60 python3 lab/sweeps/decode_host_steps.py --shapes b1-gqa \
         --calls 1000 --sync-every 5 --prepared 1
     $L bench_decode 120 python3 lab/sweeps/bench_decode_part.py float16 float32
