@@ -208,6 +208,32 @@ def test_three_stages_give_two_stages_bits(name, kernel_name, monkeypatch):
         assert np.isfinite(np.delete(row1, 1, axis=1)).all()
 
 
+@pytest.mark.parametrize("copies", [("k_then_v", None), ("interleaved", 256),
+                                    ("k_then_v", 256)])
+@pytest.mark.parametrize("name", ["splits-inside-tiles", "nonfinite-edge-tiles"])
+def test_copy_switches_give_the_defaults_bits(name, copies, monkeypatch):
+    """split_kv_mma.COPY_ORDER and L2_PREFETCH (lab switches the transposed kernel reads)
+    change only how the tiles' copies are issued: the same values land in shared memory,
+    so the same bits as the default, with rows past a split's end zeroed (splits that
+    start inside a tile) and non-finite values zeroed and flagged in edge tiles."""
+    monkeypatch.setattr(policy, "DECODE_KERNELS", ("split_kv_mma_t",))
+    case = stage_case(name)
+    want = run(case)
+    monkeypatch.setattr(split_kv_mma, "COPY_ORDER", copies[0])
+    monkeypatch.setattr(split_kv_mma, "L2_PREFETCH", copies[1])
+    assert planned(case).kernel == "split_kv_mma_t"
+    for a, b in zip(want, run(stage_case(name))):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_copy_switches_refuse_unknown_values():
+    assert (split_kv_mma.COPY_ORDER, split_kv_mma.L2_PREFETCH) == ("interleaved", None)
+    with pytest.raises(ValueError, match="order must be one of"):
+        split_kv_mma.make_staging(64, "float16", 2, "v_then_k")
+    with pytest.raises(ValueError, match="prefetch one of"):
+        split_kv_mma.make_staging(64, "float16", 2, "interleaved", 128)
+
+
 def test_stages_are_two_or_three():
     assert split_kv_mma.STAGES == 2         # the default until a GPU says otherwise
     with pytest.raises(ValueError, match="stages must be one of"):

@@ -618,6 +618,11 @@ def movmatrix_trans(typingctx, x):
 # Start copying 16 bytes (8 16-bit values) from A's element m into S[n:n + 8], bypassing L1
 # (module docstring).
 cp_async16 = _cp_async((types.float16, types.uint16), "cp.async.cg.shared.global [$0], [$1], 16;")
+# The same copy with the hint that L2 may fetch the 256 aligned bytes around it from DRAM
+# (``.L2::256B``, sm_80 and later): a lab switch of the tensor-core decode kernels
+# (kernels/decode/split_kv_mma.py's L2_PREFETCH).
+cp_async16_l2_256 = _cp_async((types.float16, types.uint16),
+                              "cp.async.cg.shared.global.L2::256B [$0], [$1], 16;")
 # Close this thread's group of asynchronous copies (module docstring).
 cp_async_commit = _no_operand("cp.async.commit_group;")
 
@@ -663,5 +668,5 @@ if simulating():
         load_pair, mma_bf16, mma_f16, mma_tf32, pack_bf16x2, pack_f16x2, store_pair,
         tf32_round, tf32_round_finite, warp_min_i32)
     from .simulated import (  # noqa: E402,F811
-        cp_async16, cp_async_commit, cp_async_wait_group, is_aligned16, ldmatrix_x4,
-        ldmatrix_x4_trans, movmatrix_trans)
+        cp_async16, cp_async16_l2_256, cp_async_commit, cp_async_wait_group, is_aligned16,
+        ldmatrix_x4, ldmatrix_x4_trans, movmatrix_trans)

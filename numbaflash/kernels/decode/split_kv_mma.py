@@ -69,7 +69,7 @@ from .. import acc_type, jit_options
 from ..forward.v10_ldmatrix import v10_shared_layout
 from ..halves import NAMES, half_of, make_halves
 from ..plan import Plan, variant_description
-from ..ptx import (cp_async16, cp_async_commit, cp_async_wait_group, exp2_approx, flat_load,
+from ..ptx import (cp_async16, cp_async16_l2_256, cp_async_commit, cp_async_wait_group, exp2_approx, flat_load,
                    fmax, ldmatrix_x4, ldmatrix_x4_trans, load_b32)
 from ..smem import U
 from ..variants import PLAIN, make_variant_functions
@@ -101,6 +101,17 @@ FINITE_CHOICES = ("edges", "every")
 # arithmetic, so the same bits, either way.
 STAGES = 2
 STAGE_CHOICES = (2, 3)
+
+# How a thread issues its copies of a tile (lab switches, set before the plans are made;
+# the same values land in shared memory either way, so the same bits):
+# COPY_ORDER "interleaved" (each 16-byte piece of K, then the same piece of V) or
+# "k_then_v" (all of the thread's K pieces, then its V pieces); L2_PREFETCH None or 256
+# (each copy hints that L2 may fetch the 256 aligned bytes around it,
+# ptx.cp_async16_l2_256). Read by the transposed kernel (split_kv_mma_t.kernel).
+COPY_ORDER = "interleaved"
+COPY_ORDERS = ("interleaved", "k_then_v")
+L2_PREFETCH = None
+L2_PREFETCHES = (None, 256)
 
 # What split_kv_mma_shared returns, by name: the dynamic array (the stages of K and V
 # tiles, rows laid out as v10_shared_layout lays them) and the static arrays of the
@@ -148,11 +159,17 @@ Staging = namedtuple("Staging", "finite start_copies test_copies nonfinite_terms
 
 
 @functools.lru_cache(maxsize=None)
-def make_staging(d, half, stages):
+def make_staging(d, half, stages, order="interleaved", prefetch=None):
     """The Staging of head dim ``d``, ``half`` caches ("float16" or "bfloat16") and
     ``stages`` of shared memory (make_split_kv_mma's arguments): tiles of TILE_KEYS keys
     and their values, copied by THREADS threads 16 bytes at a time into
-    ``v10_shared_layout``'s rows, K's stages first, then V's."""
+    ``v10_shared_layout``'s rows, K's stages first, then V's; ``order`` and ``prefetch``
+    as COPY_ORDER and L2_PREFETCH."""
+    if order not in COPY_ORDERS or prefetch not in L2_PREFETCHES:
+        raise ValueError(f"order must be one of {COPY_ORDERS} and prefetch one of "
+                         f"{L2_PREFETCHES}; got {order!r}, {prefetch!r}")
+    copy16 = cp_async16 if prefetch is None else cp_async16_l2_256
+    K_FIRST = order == "k_then_v"
     halves = make_halves(half)
     widen = halves.widen
     EXP = uint32(0x7C00 if half == "float16" else 0x7F80)   # all ones: NaN or inf
@@ -170,11 +187,34 @@ def make_staging(d, half, stages):
         return abs(x) <= F32_MAX            # False for NaN and +-inf
 
     @cuda.jit(device=True, inline=True)
+    def copy_piece(smem, X, x_base, x_row, X_AT, key_first, last, st, n, HZERO):
+        """COPY_ORDER "k_then_v": piece n of the tile of X (K or V, at X_AT) into stage
+        st, or zeros past ``last`` and d."""
+        if n < TILE_KEYS * PIECES:
+            r = n // PIECES
+            k0 = (n % PIECES) * 8
+            at = r * ROW + k0
+            key = key_first + r
+            if key < last and k0 < d:
+                copy16(smem, U(X_AT + st * TILE + at), X, U(x_base + key * x_row + k0))
+            else:
+                for e in range(8):
+                    smem[U(X_AT + st * TILE + at + e)] = HZERO
+
+    @cuda.jit(device=True, inline=True)
     def start_copies(smem, K, V, k_base, v_base, k_row, v_row, key_first, last, st, tid,
                      HZERO):
         """Alg.1 l.7, issued: this thread's 16-byte pieces of the tile of keys key_first
         ... key_first + TILE_KEYS - 1 into stage st; rows past ``last`` (the split's end)
         and the columns past d are written as 0."""
+        if K_FIRST:
+            for u in range(COPIES):
+                copy_piece(smem, K, k_base, k_row, K_AT, key_first, last, st,
+                           tid + u * THREADS, HZERO)
+            for u in range(COPIES):
+                copy_piece(smem, V, v_base, v_row, V_AT, key_first, last, st,
+                           tid + u * THREADS, HZERO)
+            return
         for u in range(COPIES):
             n = tid + u * THREADS
             if n < TILE_KEYS * PIECES:
@@ -183,8 +223,8 @@ def make_staging(d, half, stages):
                 at = r * ROW + k0
                 key = key_first + r
                 if key < last and k0 < d:
-                    cp_async16(smem, U(K_AT + st * TILE + at), K, U(k_base + key * k_row + k0))
-                    cp_async16(smem, U(V_AT + st * TILE + at), V, U(v_base + key * v_row + k0))
+                    copy16(smem, U(K_AT + st * TILE + at), K, U(k_base + key * k_row + k0))
+                    copy16(smem, U(V_AT + st * TILE + at), V, U(v_base + key * v_row + k0))
                 else:
                     for e in range(8):
                         smem[U(K_AT + st * TILE + at + e)] = HZERO

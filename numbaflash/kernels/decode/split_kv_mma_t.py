@@ -111,9 +111,10 @@ def column_sum(x):
 
 @functools.lru_cache(maxsize=None)
 def make_split_kv_mma_t(d, causal, variant=PLAIN, half="float16", finite_tests="edges",
-                        stages=2):
+                        stages=2, copy_order="interleaved", l2_prefetch=None):
     """The transposed tensor-core split-KV kernel; arguments as the parent's
-    ``make_split_kv_mma``.
+    ``make_split_kv_mma``, and how the tiles are copied (``copy_order``, ``l2_prefetch``:
+    the parent's lab switches COPY_ORDER and L2_PREFETCH).
 
     Launch and arguments: the parent's, with ``split_kv_mma_t_shared(d, stages).dynamic``
     bytes of dynamic shared memory and grid (splits, row tiles of ROWS, B * Hk). Block
@@ -151,7 +152,7 @@ def make_split_kv_mma_t(d, causal, variant=PLAIN, half="float16", finite_tests="
     visible, score = make_variant_functions(variant, causal, "float32")
     split_keys = make_split_keys(causal, WINDOW)
     write_rows = make_write_rows(d, ROWS, half)
-    staging = make_staging(d, half, stages)
+    staging = make_staging(d, half, stages, copy_order, l2_prefetch)
     finite, start_copies, test_copies, nonfinite_terms = (
         staging.finite, staging.start_copies, staging.test_copies, staging.nonfinite_terms)
 
@@ -482,4 +483,5 @@ def plan(p, where, n_splits, reason):
 def kernel(plan, p):
     """The compiled kernel of ``plan`` (cached per compile-time parameters)."""
     return make_split_kv_mma_t(p.d, p.upper, p.variant, half_of(p.dtype) or "float16",
-                               parent.FINITE_TESTS, parent.STAGES)
+                               parent.FINITE_TESTS, parent.STAGES, parent.COPY_ORDER,
+                               parent.L2_PREFETCH)
