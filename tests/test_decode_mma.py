@@ -208,30 +208,57 @@ def test_three_stages_give_two_stages_bits(name, kernel_name, monkeypatch):
         assert np.isfinite(np.delete(row1, 1, axis=1)).all()
 
 
-@pytest.mark.parametrize("copies", [("k_then_v", None), ("interleaved", 256),
-                                    ("k_then_v", 256)])
+@pytest.mark.parametrize("switches", [("padded", None), ("swizzled", 256), ("padded", 256)])
 @pytest.mark.parametrize("name", ["splits-inside-tiles", "nonfinite-edge-tiles"])
-def test_copy_switches_give_the_defaults_bits(name, copies, monkeypatch):
-    """split_kv_mma.COPY_ORDER and L2_PREFETCH (lab switches the transposed kernel reads)
-    change only how the tiles' copies are issued: the same values land in shared memory,
-    so the same bits as the default, with rows past a split's end zeroed (splits that
-    start inside a tile) and non-finite values zeroed and flagged in edge tiles."""
+def test_layout_and_prefetch_give_the_defaults_bits(name, switches, monkeypatch):
+    """split_kv_mma_t.LAYOUT (where a stage's rows lie in shared memory) and the parent's
+    L2_PREFETCH change only where the tiles' values sit and how their copies are issued:
+    the same values reach the same products, so the same bits as the default (swizzled
+    rows, no prefetch hint), with rows past a split's end zeroed (splits that start
+    inside a tile) and non-finite values zeroed and flagged in edge tiles."""
     monkeypatch.setattr(policy, "DECODE_KERNELS", ("split_kv_mma_t",))
+    assert (split_kv_mma_t.LAYOUT, split_kv_mma.L2_PREFETCH) == ("swizzled", None)
     case = stage_case(name)
     want = run(case)
-    monkeypatch.setattr(split_kv_mma, "COPY_ORDER", copies[0])
-    monkeypatch.setattr(split_kv_mma, "L2_PREFETCH", copies[1])
-    assert planned(case).kernel == "split_kv_mma_t"
+    monkeypatch.setattr(split_kv_mma_t, "LAYOUT", switches[0])
+    monkeypatch.setattr(split_kv_mma, "L2_PREFETCH", switches[1])
+    plan = planned(case)
+    assert plan.kernel == "split_kv_mma_t"
+    assert plan.shared_bytes == split_kv_mma_t.split_kv_mma_t_shared(
+        case.q.shape[-1], split_kv_mma.STAGES, switches[0]).dynamic
     for a, b in zip(want, run(stage_case(name))):
         np.testing.assert_array_equal(a, b)
 
 
-def test_copy_switches_refuse_unknown_values():
-    assert (split_kv_mma.COPY_ORDER, split_kv_mma.L2_PREFETCH) == ("interleaved", None)
-    with pytest.raises(ValueError, match="order must be one of"):
-        split_kv_mma.make_staging(64, "float16", 2, "v_then_k")
-    with pytest.raises(ValueError, match="prefetch one of"):
-        split_kv_mma.make_staging(64, "float16", 2, "interleaved", 128)
+@pytest.mark.parametrize("d", [16, 40, 64, 72, 128])
+def test_swizzled_pieces_fill_lines_and_spread_over_banks(d):
+    """The swizzled layout's promises, for every head dim class: a row's pieces are a
+    permutation of the row's first pieces (nothing overlaps, nothing past the row); the 8
+    pieces q = 8c ... 8c + 7 of a row (what 8 threads copy) fill one 128-byte line; the
+    same piece of 8 consecutive rows from a multiple of 8 (one ldmatrix matrix) lies in
+    8 different groups of 4 banks."""
+    ROW, TILE = split_kv_mma.stage_layout(d, "swizzled")
+    assert ROW % 64 == 0 and TILE == split_kv_mma.TILE_KEYS * ROW
+    pieces = (d + 15) // 16 * 2
+    at = split_kv_mma.make_staging(d, "float16", 2, "swizzled").piece_at.py_func
+    for r in range(16):
+        starts = [at(r, q) for q in range(pieces)]
+        assert len(set(starts)) == pieces
+        assert all(r * ROW <= x and x + 8 <= (r + 1) * ROW for x in starts)
+        for c in range(0, pieces - 7, 8):
+            lines = {at(r, q) * 2 // 128 for q in range(c, c + 8)}
+            assert len(lines) == 1
+    for r0 in (0, 8):
+        for q in range(pieces):
+            banks = {(at(r0 + i, q) * 2 // 16) % 8 for i in range(8)}
+            assert len(banks) == 8
+
+
+def test_layout_and_prefetch_refuse_unknown_values():
+    with pytest.raises(ValueError, match="layout must be one of"):
+        split_kv_mma.stage_layout(64, "skewed")
+    with pytest.raises(ValueError, match="prefetch must be one of"):
+        split_kv_mma.make_staging(64, "float16", 2, "swizzled", 128)
 
 
 def test_stages_are_two_or_three():

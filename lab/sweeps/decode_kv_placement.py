@@ -1,22 +1,22 @@
-"""Where K and V lie in memory, and how the transposed decode kernel copies their tiles,
-against the decode call's time: a test of whether the split kernel's DRAM throughput
-(about 80 % of the peak where SDPA's kernel reaches 91 %) depends on the distance between
-the two caches and on the order of the copies.
+"""Where K and V lie in memory, and how the transposed decode kernel lays out and copies
+their tiles, against the decode call's time: tests of whether the split kernel's DRAM
+throughput (about 80 % of the peak where SDPA's kernel reaches 91 %) depends on the
+distance between the two caches, on where the tiles' rows lie in shared memory, and on an
+L2 prefetch hint.
 
     python3 lab/sweeps/decode_kv_placement.py [--shapes b1-gqa,b8-gqa] [--dtype float16]
-        [--placements separate,0,4096,69632] [--copies interleaved,k_then_v,...]
+        [--placements separate,0,4096,69632] [--layouts swizzled,padded,swizzled+256]
         [--repeats 50]   (--repeats 0: each call once, untimed, for Nsight Compute)
 
 At the bench's decode shapes each cache is a power of two bytes (2^28 at b1-gqa), so two
 caches allocated one after the other usually start a power of two apart. Placements:
 "separate" (two allocations, as bench --inference makes them: the distance is printed),
-or a number g: both caches in one buffer, V starting g bytes after K's end. Copies (the
-lab switches of kernels/decode/split_kv_mma.py): "interleaved" (the default: each 16-byte
-piece of K, then V's), "k_then_v" (all of a thread's K pieces, then its V pieces), with
-"+256" the L2::256B prefetch hint on every copy. Each line: the shape, the placement, the
-distance between the caches, then SDPA's ms a call alone and queued, then per copy
-switch numbaflash's ms a call alone and queued (bench's time_ms and time_ms_queued, the
-default stream) and whether its out has the default's bits.
+or a number g: both caches in one buffer, V starting g bytes after K's end. Layouts
+(split_kv_mma_t.LAYOUT): "swizzled" (the default) or "padded" (forward v10's rows), with
+"+256" the L2::256B prefetch hint on every copy (split_kv_mma.L2_PREFETCH). Each line: the
+shape, the placement, the distance between the caches, then SDPA's ms a call alone and
+queued, then per layout numbaflash's ms a call alone and queued (bench's time_ms and
+time_ms_queued, the default stream) and whether its out has the first layout's bits.
 """
 import argparse
 import os
@@ -29,7 +29,7 @@ import numpy as np                                   # noqa: E402
 import numbaflash                                    # noqa: E402
 from numbaflash import decode_direct                 # noqa: E402
 from numbaflash.bench.timing import time_ms, time_ms_queued   # noqa: E402
-from numbaflash.kernels.decode import split_kv_mma   # noqa: E402
+from numbaflash.kernels.decode import split_kv_mma, split_kv_mma_t   # noqa: E402
 from decode_gpu import SHAPES                        # noqa: E402
 
 
@@ -66,10 +66,10 @@ def main():
     ap.add_argument("--shapes", default="b1-gqa,b8-gqa")
     ap.add_argument("--dtype", default="float16")
     ap.add_argument("--placements", default="separate,0,4096,69632")
-    ap.add_argument("--copies", default="interleaved,k_then_v,interleaved+256,k_then_v+256")
+    ap.add_argument("--layouts", default="swizzled,padded,swizzled+256")
     ap.add_argument("--repeats", type=int, default=50)
     args = ap.parse_args()
-    keep = split_kv_mma.COPY_ORDER, split_kv_mma.L2_PREFETCH
+    keep = split_kv_mma_t.LAYOUT, split_kv_mma.L2_PREFETCH
     for name in args.shapes.split(","):
         shape = SHAPES[name]
         S_max = shape[4]
@@ -87,9 +87,9 @@ def main():
                     f"{apart % 2**20}); SDPA FLASH {theirs[0]:.4f} alone "
                     f"{theirs[1]:.4f} queued")
             first = None
-            for copies in args.copies.split(","):
-                order, _, prefetch = copies.partition("+")
-                split_kv_mma.COPY_ORDER = order
+            for how in args.layouts.split(","):
+                layout, _, prefetch = how.partition("+")
+                split_kv_mma_t.LAYOUT = layout
                 split_kv_mma.L2_PREFETCH = int(prefetch) if prefetch else None
                 decode_direct.forget()      # repeated calls are keyed without the switch
                 call = lambda: numbaflash.attention_with_kvcache(q, kc, vc,
@@ -100,13 +100,13 @@ def main():
                 first = out if first is None else first
                 same = np.array_equal(out.view(np.uint16), first.view(np.uint16))
                 if not args.repeats:        # one call each (for Nsight Compute)
-                    line += f"; {copies} called once{'' if same else ' (bits differ)'}"
+                    line += f"; {how} called once{'' if same else ' (bits differ)'}"
                     continue
                 alone = time_ms(call, repeats=args.repeats)
                 queued = time_ms_queued(call, calls=args.repeats, rounds=3)
-                line += (f"; {copies} {alone:.4f} alone {queued:.4f} queued"
+                line += (f"; {how} {alone:.4f} alone {queued:.4f} queued"
                          f"{'' if same else ' (bits differ)'}")
-            split_kv_mma.COPY_ORDER, split_kv_mma.L2_PREFETCH = keep
+            split_kv_mma_t.LAYOUT, split_kv_mma.L2_PREFETCH = keep
             decode_direct.forget()
             plan = numbaflash.explain_kvcache(q, kc, vc, cache_seqlens=S_max)[0]
             print(line + f" [{plan.kernel}, {plan.grid[0]} splits]", flush=True)

@@ -102,14 +102,10 @@ FINITE_CHOICES = ("edges", "every")
 STAGES = 2
 STAGE_CHOICES = (2, 3)
 
-# How a thread issues its copies of a tile (lab switches, set before the plans are made;
-# the same values land in shared memory either way, so the same bits):
-# COPY_ORDER "interleaved" (each 16-byte piece of K, then the same piece of V) or
-# "k_then_v" (all of the thread's K pieces, then its V pieces); L2_PREFETCH None or 256
-# (each copy hints that L2 may fetch the 256 aligned bytes around it,
-# ptx.cp_async16_l2_256). Read by the transposed kernel (split_kv_mma_t.kernel).
-COPY_ORDER = "interleaved"
-COPY_ORDERS = ("interleaved", "k_then_v")
+# L2_PREFETCH: None, or 256: each copy of a tile hints that L2 may fetch the 256 aligned
+# bytes around it (ptx.cp_async16_l2_256). A lab switch, set before the plans are made;
+# the same values land in shared memory, so the same bits. Read by the transposed kernel
+# (split_kv_mma_t.kernel).
 L2_PREFETCH = None
 L2_PREFETCHES = (None, 256)
 
@@ -152,24 +148,47 @@ def check_build(d, half, finite_tests, stages):
         raise ValueError(f"stages must be one of {STAGE_CHOICES}; got {stages!r}")
 
 
+# How a stage's rows lie in shared memory (16-bit elements): ROW, the elements from one
+# key's row to the next; TILE, those of one stage of K or V (TILE_KEYS rows).
+# "padded": v10_shared_layout's rows, DP + 8 elements, so that the 8 rows one ldmatrix
+# matrix reads start in 8 different groups of 4 banks. "swizzled": rows of a multiple of
+# 64 elements (128 bytes), with row r's 16-byte piece q stored at piece q ^ (r % 8): the
+# same 8 rows read 8 different groups of banks, and 8 threads copying 128 contiguous bytes
+# of a row write one aligned 128-byte line of shared memory, where a padded row that
+# starts off a line splits such a copy in two and L2 serves about 1.5 sectors for each
+# one needed (Nsight Compute, lab/runs/2026-12-07/156_ncu_source_counters_ours.txt).
+LAYOUTS = ("padded", "swizzled")
+StageLayout = namedtuple("StageLayout", "ROW TILE")
+
+
+def stage_layout(d, layout):
+    """The StageLayout of head dim ``d`` in ``layout`` (LAYOUTS)."""
+    DP = (d + 15) // 16 * 16
+    if layout == "padded":
+        ROW = v10_shared_layout(TILE_KEYS, d).ROW
+    elif layout == "swizzled":
+        ROW = -(-DP // 64) * 64
+    else:
+        raise ValueError(f"layout must be one of {LAYOUTS}; got {layout!r}")
+    return StageLayout(ROW, TILE_KEYS * ROW)
+
+
 # The device functions that stage the caches' tiles in shared memory and test them for NaN
 # and inf, by name: the tensor-core decode kernels' common part (this file's and
-# split_kv_mma_t.py's).
-Staging = namedtuple("Staging", "finite start_copies test_copies nonfinite_terms")
+# split_kv_mma_t.py's). piece_at(r, q): where row r's 16-byte piece q starts in a stage.
+Staging = namedtuple("Staging", "finite start_copies test_copies nonfinite_terms piece_at")
 
 
 @functools.lru_cache(maxsize=None)
-def make_staging(d, half, stages, order="interleaved", prefetch=None):
+def make_staging(d, half, stages, layout="padded", prefetch=None):
     """The Staging of head dim ``d``, ``half`` caches ("float16" or "bfloat16") and
     ``stages`` of shared memory (make_split_kv_mma's arguments): tiles of TILE_KEYS keys
-    and their values, copied by THREADS threads 16 bytes at a time into
-    ``v10_shared_layout``'s rows, K's stages first, then V's; ``order`` and ``prefetch``
-    as COPY_ORDER and L2_PREFETCH."""
-    if order not in COPY_ORDERS or prefetch not in L2_PREFETCHES:
-        raise ValueError(f"order must be one of {COPY_ORDERS} and prefetch one of "
-                         f"{L2_PREFETCHES}; got {order!r}, {prefetch!r}")
+    and their values, copied by THREADS threads 16 bytes at a time into rows laid out as
+    ``layout`` says (LAYOUTS), K's stages first, then V's; ``prefetch`` as L2_PREFETCH."""
+    if prefetch not in L2_PREFETCHES:
+        raise ValueError(f"prefetch must be one of {L2_PREFETCHES}; got {prefetch!r}")
     copy16 = cp_async16 if prefetch is None else cp_async16_l2_256
-    K_FIRST = order == "k_then_v"
+    SWIZZLED = layout == "swizzled"
     halves = make_halves(half)
     widen = halves.widen
     EXP = uint32(0x7C00 if half == "float16" else 0x7F80)   # all ones: NaN or inf
@@ -179,7 +198,8 @@ def make_staging(d, half, stages, order="interleaved", prefetch=None):
     DP = (d + 15) // 16 * 16
     PIECES = DP // 8                        # 16-byte pieces of a tile row
     COPIES = -(-TILE_KEYS * PIECES // THREADS)
-    ROW, TILE, K_AT, _, _ = v10_shared_layout(TILE_KEYS, d)
+    ROW, TILE = stage_layout(d, layout)
+    K_AT = 0
     V_AT = stages * TILE                    # K's stages first, then V's
 
     @cuda.jit(device=True, inline=True)
@@ -187,19 +207,11 @@ def make_staging(d, half, stages, order="interleaved", prefetch=None):
         return abs(x) <= F32_MAX            # False for NaN and +-inf
 
     @cuda.jit(device=True, inline=True)
-    def copy_piece(smem, X, x_base, x_row, X_AT, key_first, last, st, n, HZERO):
-        """COPY_ORDER "k_then_v": piece n of the tile of X (K or V, at X_AT) into stage
-        st, or zeros past ``last`` and d."""
-        if n < TILE_KEYS * PIECES:
-            r = n // PIECES
-            k0 = (n % PIECES) * 8
-            at = r * ROW + k0
-            key = key_first + r
-            if key < last and k0 < d:
-                copy16(smem, U(X_AT + st * TILE + at), X, U(x_base + key * x_row + k0))
-            else:
-                for e in range(8):
-                    smem[U(X_AT + st * TILE + at + e)] = HZERO
+    def piece_at(r, q):
+        """Where row r's piece q (elements 8q ... 8q + 7) starts in a stage."""
+        if SWIZZLED:
+            return r * ROW + (q ^ (r & 7)) * 8
+        return r * ROW + q * 8
 
     @cuda.jit(device=True, inline=True)
     def start_copies(smem, K, V, k_base, v_base, k_row, v_row, key_first, last, st, tid,
@@ -207,20 +219,12 @@ def make_staging(d, half, stages, order="interleaved", prefetch=None):
         """Alg.1 l.7, issued: this thread's 16-byte pieces of the tile of keys key_first
         ... key_first + TILE_KEYS - 1 into stage st; rows past ``last`` (the split's end)
         and the columns past d are written as 0."""
-        if K_FIRST:
-            for u in range(COPIES):
-                copy_piece(smem, K, k_base, k_row, K_AT, key_first, last, st,
-                           tid + u * THREADS, HZERO)
-            for u in range(COPIES):
-                copy_piece(smem, V, v_base, v_row, V_AT, key_first, last, st,
-                           tid + u * THREADS, HZERO)
-            return
         for u in range(COPIES):
             n = tid + u * THREADS
             if n < TILE_KEYS * PIECES:
                 r = n // PIECES
                 k0 = (n % PIECES) * 8
-                at = r * ROW + k0
+                at = piece_at(r, n % PIECES)
                 key = key_first + r
                 if key < last and k0 < d:
                     copy16(smem, U(K_AT + st * TILE + at), K, U(k_base + key * k_row + k0))
@@ -260,7 +264,7 @@ def make_staging(d, half, stages, order="interleaved", prefetch=None):
                 r = n // PIECES
                 k0 = (n % PIECES) * 8
                 if key_first + r < last and k0 < d:
-                    at = r * ROW + k0
+                    at = piece_at(r, n % PIECES)
                     if not all_finite(smem, K_AT + st * TILE + at):
                         zero_nonfinite(smem, K_AT + st * TILE + at, bad, 1, mark, HZERO)
                     if not all_finite(smem, V_AT + st * TILE + at):
@@ -281,7 +285,7 @@ def make_staging(d, half, stages, order="interleaved", prefetch=None):
             c += 1
         return x
 
-    return Staging(finite, start_copies, test_copies, nonfinite_terms)
+    return Staging(finite, start_copies, test_copies, nonfinite_terms, piece_at)
 
 
 @functools.lru_cache(maxsize=None)

@@ -50,7 +50,6 @@ from numba import cuda, int32
 from numba.types import uint32
 
 from .. import acc_type, jit_options
-from ..forward.v10_ldmatrix import v10_shared_layout
 from ..halves import half_of, make_halves
 from ..plan import Plan, variant_description
 from ..ptx import (cp_async_commit, cp_async_wait_group, exp2_approx, flat_load, fmax,
@@ -61,7 +60,7 @@ from ..warp import FULL_WARP
 from . import split_kv_mma as parent
 from .split_kv import make_split_keys
 from .split_kv_mma import (CHUNK, THREADS, TILE_KEYS, WARPS, SharedBytes, check_build,
-                           make_staging, make_write_rows)
+                           make_staging, make_write_rows, stage_layout)
 
 ROWS = 8                        # query rows per block: the mma's N
 MAX_REGISTERS = None            # no cap (ptxas's choice)
@@ -74,14 +73,23 @@ MAX_REGISTERS = None            # no cap (ptxas's choice)
 # (lab/runs/2026-12-07/153_decode_kernels_queued.txt, 153_ncu_decode_kernels.txt).
 BLOCKS_PER_SM = 2
 
+# How a stage's rows of K and V lie in shared memory (the parent's LAYOUTS). "swizzled":
+# the 16-byte pieces of each row permuted within 128-byte lines, so that every copy of 8
+# threads fills one line and every ldmatrix reads 8 groups of banks; "padded": the
+# parent's rows (forward v10's). A lab switch, set before the plans are made; the same
+# values in the same order, so the same bits.
+LAYOUT = "swizzled"
 
-def split_kv_mma_t_shared(d, stages=None):
-    """Shared memory of a block at head dim d, in bytes: ``dynamic`` as the parent's (the
-    stages of K and V tiles), ``static`` the warps' m and l per row, the merged O (ROWS x
-    d padded to 16, float32) and three int32 flags."""
+
+def split_kv_mma_t_shared(d, stages=None, layout=None):
+    """Shared memory of a block at head dim d, in bytes: ``dynamic`` the stages of K and V
+    tiles (``stages``, by default the parent's STAGES; rows laid out as ``layout``, by
+    default LAYOUT, says), ``static`` the warps' m and l per row, the merged O (ROWS x d
+    padded to 16, float32) and three int32 flags."""
     stages = parent.STAGES if stages is None else stages
+    layout = LAYOUT if layout is None else layout
     DP = (d + 15) // 16 * 16
-    return SharedBytes(parent.split_kv_mma_shared(d, stages).dynamic,
+    return SharedBytes(2 * stages * stage_layout(d, layout).TILE * 2,
                        4 * (2 * WARPS * ROWS + ROWS * DP) + 4 * 3)
 
 
@@ -111,10 +119,10 @@ def column_sum(x):
 
 @functools.lru_cache(maxsize=None)
 def make_split_kv_mma_t(d, causal, variant=PLAIN, half="float16", finite_tests="edges",
-                        stages=2, copy_order="interleaved", l2_prefetch=None):
+                        stages=2, layout="swizzled", l2_prefetch=None):
     """The transposed tensor-core split-KV kernel; arguments as the parent's
-    ``make_split_kv_mma``, and how the tiles are copied (``copy_order``, ``l2_prefetch``:
-    the parent's lab switches COPY_ORDER and L2_PREFETCH).
+    ``make_split_kv_mma``; ``layout``, how a stage's rows lie in shared memory (the
+    parent's LAYOUTS: LAYOUT here), and ``l2_prefetch``, the parent's L2_PREFETCH.
 
     Launch and arguments: the parent's, with ``split_kv_mma_t_shared(d, stages).dynamic``
     bytes of dynamic shared memory and grid (splits, row tiles of ROWS, B * Hk). Block
@@ -143,7 +151,8 @@ def make_split_kv_mma_t(d, causal, variant=PLAIN, half="float16", finite_tests="
     MT = DP // 16                           # m-tiles of 16 head-dim columns of O^T
     Q_WORDS = KS * 2
     O_FRAGS = MT * 4
-    ROW, TILE, K_AT, _, _ = v10_shared_layout(TILE_KEYS, d)
+    TILE = stage_layout(d, layout).TILE
+    K_AT = 0
     V_AT = stages * TILE                    # K's stages first, then V's
     AHEAD = stages - 1                      # tiles in flight while the warps use one
     WINDOW = variant.window
@@ -152,7 +161,8 @@ def make_split_kv_mma_t(d, causal, variant=PLAIN, half="float16", finite_tests="
     visible, score = make_variant_functions(variant, causal, "float32")
     split_keys = make_split_keys(causal, WINDOW)
     write_rows = make_write_rows(d, ROWS, half)
-    staging = make_staging(d, half, stages, copy_order, l2_prefetch)
+    staging = make_staging(d, half, stages, layout, l2_prefetch)
+    piece_at = staging.piece_at
     finite, start_copies, test_copies, nonfinite_terms = (
         staging.finite, staging.start_copies, staging.test_copies, staging.nonfinite_terms)
 
@@ -269,11 +279,12 @@ def make_split_kv_mma_t(d, causal, variant=PLAIN, half="float16", finite_tests="
         # V (transposed, A of O^T: a0 columns 0-7 by keys 0-7, a1 columns 8-15, a2 and a3
         # keys 8-15).
         m = lane // 8
-        k_lane = (warp * CHUNK + 8 * (m % 2) + lane % 8) * ROW + 8 * (m // 2)
-        v_lane = (warp * CHUNK + 8 * (m // 2) + lane % 8) * ROW + 8 * (m % 2)
+        k_lane = warp * CHUNK + 8 * (m % 2) + lane % 8     # its row of K's stage
+        v_lane = warp * CHUNK + 8 * (m // 2) + lane % 8     # and of V's
         HZERO = narrow(ZERO)
 
-        smem = cuda.shared.array(0, HALF, alignment=16)     # the stages of K and V tiles
+        # The stages of K and V tiles, on a 128-byte line (LAYOUT "swizzled")
+        smem = cuda.shared.array(0, HALF, alignment=128)
         bad = cuda.shared.array(3, int32)       # non-finite q, k, v staged as 0
         m_w = cuda.shared.array((WARPS, ROWS), acc)         # each warp's m and l per row
         l_w = cuda.shared.array((WARPS, ROWS), acc)
@@ -346,15 +357,17 @@ def make_split_kv_mma_t(d, causal, variant=PLAIN, half="float16", finite_tests="
             key0 = key_first + warp * CHUNK                 # this warp's 16 keys
             if key0 < last:                                 # (uniform in the warp)
                 # Alg.1 l.8: S^T = K Q^T, the even and odd k-steps in two chains.
-                KJ = K_AT + st * TILE + k_lane
+                KJ = K_AT + st * TILE
                 acc_a = (ZERO, ZERO, ZERO, ZERO)
                 acc_b = (ZERO, ZERO, ZERO, ZERO)
                 for ks in range(0, KS, 2):
-                    a0, a1, a2, a3 = ldmatrix_x4(smem, U(KJ + 16 * ks))
+                    a0, a1, a2, a3 = ldmatrix_x4(
+                        smem, U(KJ + piece_at(k_lane, 2 * ks + m // 2)))
                     acc_a = mma(a0, a1, a2, a3, q[ks * 2], q[ks * 2 + 1],
                                 acc_a[0], acc_a[1], acc_a[2], acc_a[3])
                     if ks + 1 < KS:
-                        a0, a1, a2, a3 = ldmatrix_x4(smem, U(KJ + 16 * ks + 16))
+                        a0, a1, a2, a3 = ldmatrix_x4(
+                            smem, U(KJ + piece_at(k_lane, 2 * ks + 2 + m // 2)))
                         acc_b = mma(a0, a1, a2, a3, q[ks * 2 + 2], q[ks * 2 + 3],
                                     acc_b[0], acc_b[1], acc_b[2], acc_b[3])
                 for x in range(4):
@@ -387,9 +400,10 @@ def make_split_kv_mma_t(d, causal, variant=PLAIN, half="float16", finite_tests="
                 p0 = movmatrix_trans(pack2(s[0], s[1]))
                 p1 = movmatrix_trans(pack2(s[2], s[3]))
                 # Alg.1 l.10: O^T = O^T diag(alpha) + V^T P~^T; c0, c2 are row 2t's.
-                VJ = V_AT + st * TILE + v_lane
+                VJ = V_AT + st * TILE
                 for mt in range(MT):
-                    a0, a1, a2, a3 = ldmatrix_x4_trans(smem, U(VJ + 16 * mt))
+                    a0, a1, a2, a3 = ldmatrix_x4_trans(
+                        smem, U(VJ + piece_at(v_lane, 2 * mt + m % 2)))
                     acc_a = mma(a0, a1, a2, a3, p0, p1, o[mt * 4] * alpha0,
                                 o[mt * 4 + 1] * alpha1, o[mt * 4 + 2] * alpha0,
                                 o[mt * 4 + 3] * alpha1)
@@ -475,7 +489,7 @@ def plan(p, where, n_splits, reason):
                f"{('two', 'three')[parent.STAGES - 2]} stages of shared memory")
     return Plan("kvcache", "split_kv_mma_t", "split_kv_mma_t", where, None, None,
                 (n_splits, tiles, p.B * p.Hk), (THREADS,),
-                split_kv_mma_t_shared(p.d, parent.STAGES).dynamic,
+                split_kv_mma_t_shared(p.d, parent.STAGES, LAYOUT).dynamic,
                 p.acc_dtype, "bottom_right" if p.causal else None, reason,
                 variant_description(p), dynamic_shared=True)
 
@@ -483,5 +497,5 @@ def plan(p, where, n_splits, reason):
 def kernel(plan, p):
     """The compiled kernel of ``plan`` (cached per compile-time parameters)."""
     return make_split_kv_mma_t(p.d, p.upper, p.variant, half_of(p.dtype) or "float16",
-                               parent.FINITE_TESTS, parent.STAGES, parent.COPY_ORDER,
+                               parent.FINITE_TESTS, parent.STAGES, LAYOUT,
                                parent.L2_PREFETCH)
