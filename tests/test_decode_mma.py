@@ -242,15 +242,15 @@ def test_swizzled_pieces_fill_lines_and_spread_over_banks(d):
     pieces = (d + 15) // 16 * 2
     at = split_kv_mma.make_staging(d, "float16", 2, "swizzled").piece_at.py_func
     for r in range(16):
-        starts = [at(r, q) for q in range(pieces)]
+        starts = [at(r, 8 * q) for q in range(pieces)]
         assert len(set(starts)) == pieces
         assert all(r * ROW <= x and x + 8 <= (r + 1) * ROW for x in starts)
         for c in range(0, pieces - 7, 8):
-            lines = {at(r, q) * 2 // 128 for q in range(c, c + 8)}
+            lines = {at(r, 8 * q) * 2 // 128 for q in range(c, c + 8)}
             assert len(lines) == 1
     for r0 in (0, 8):
         for q in range(pieces):
-            banks = {(at(r0 + i, q) * 2 // 16) % 8 for i in range(8)}
+            banks = {(at(r0 + i, 8 * q) * 2 // 16) % 8 for i in range(8)}
             assert len(banks) == 8
 
 

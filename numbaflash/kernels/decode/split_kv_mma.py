@@ -175,7 +175,8 @@ def stage_layout(d, layout):
 
 # The device functions that stage the caches' tiles in shared memory and test them for NaN
 # and inf, by name: the tensor-core decode kernels' common part (this file's and
-# split_kv_mma_t.py's). piece_at(r, q): where row r's 16-byte piece q starts in a stage.
+# split_kv_mma_t.py's). piece_at(r, c): where row r's 16-byte piece from column c starts
+# in a stage.
 Staging = namedtuple("Staging", "finite start_copies test_copies nonfinite_terms piece_at")
 
 
@@ -207,11 +208,12 @@ def make_staging(d, half, stages, layout="padded", prefetch=None):
         return abs(x) <= F32_MAX            # False for NaN and +-inf
 
     @cuda.jit(device=True, inline=True)
-    def piece_at(r, q):
-        """Where row r's piece q (elements 8q ... 8q + 7) starts in a stage."""
+    def piece_at(r, c):
+        """Where row r's elements c ... c + 7 (c a multiple of 8: one 16-byte piece)
+        start in a stage."""
         if SWIZZLED:
-            return r * ROW + (q ^ (r & 7)) * 8
-        return r * ROW + q * 8
+            return r * ROW + (((c >> 3) ^ (r & 7)) << 3)
+        return r * ROW + c
 
     @cuda.jit(device=True, inline=True)
     def start_copies(smem, K, V, k_base, v_base, k_row, v_row, key_first, last, st, tid,
@@ -224,7 +226,7 @@ def make_staging(d, half, stages, layout="padded", prefetch=None):
             if n < TILE_KEYS * PIECES:
                 r = n // PIECES
                 k0 = (n % PIECES) * 8
-                at = piece_at(r, n % PIECES)
+                at = piece_at(r, k0)
                 key = key_first + r
                 if key < last and k0 < d:
                     copy16(smem, U(K_AT + st * TILE + at), K, U(k_base + key * k_row + k0))
@@ -264,7 +266,7 @@ def make_staging(d, half, stages, layout="padded", prefetch=None):
                 r = n // PIECES
                 k0 = (n % PIECES) * 8
                 if key_first + r < last and k0 < d:
-                    at = piece_at(r, n % PIECES)
+                    at = piece_at(r, k0)
                     if not all_finite(smem, K_AT + st * TILE + at):
                         zero_nonfinite(smem, K_AT + st * TILE + at, bad, 1, mark, HZERO)
                     if not all_finite(smem, V_AT + st * TILE + at):

@@ -362,12 +362,12 @@ def make_split_kv_mma_t(d, causal, variant=PLAIN, half="float16", finite_tests="
                 acc_b = (ZERO, ZERO, ZERO, ZERO)
                 for ks in range(0, KS, 2):
                     a0, a1, a2, a3 = ldmatrix_x4(
-                        smem, U(KJ + piece_at(k_lane, 2 * ks + m // 2)))
+                        smem, U(KJ + piece_at(k_lane, 16 * ks + 8 * (m // 2))))
                     acc_a = mma(a0, a1, a2, a3, q[ks * 2], q[ks * 2 + 1],
                                 acc_a[0], acc_a[1], acc_a[2], acc_a[3])
                     if ks + 1 < KS:
                         a0, a1, a2, a3 = ldmatrix_x4(
-                            smem, U(KJ + piece_at(k_lane, 2 * ks + 2 + m // 2)))
+                            smem, U(KJ + piece_at(k_lane, 16 * ks + 16 + 8 * (m // 2))))
                         acc_b = mma(a0, a1, a2, a3, q[ks * 2 + 2], q[ks * 2 + 3],
                                     acc_b[0], acc_b[1], acc_b[2], acc_b[3])
                 for x in range(4):
@@ -403,7 +403,7 @@ def make_split_kv_mma_t(d, causal, variant=PLAIN, half="float16", finite_tests="
                 VJ = V_AT + st * TILE
                 for mt in range(MT):
                     a0, a1, a2, a3 = ldmatrix_x4_trans(
-                        smem, U(VJ + piece_at(v_lane, 2 * mt + m % 2)))
+                        smem, U(VJ + piece_at(v_lane, 16 * mt + 8 * (m % 2))))
                     acc_a = mma(a0, a1, a2, a3, p0, p1, o[mt * 4] * alpha0,
                                 o[mt * 4 + 1] * alpha1, o[mt * 4 + 2] * alpha0,
                                 o[mt * 4 + 3] * alpha1)
