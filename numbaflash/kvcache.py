@@ -291,7 +291,7 @@ def _device_memory(xs):
     torch = sys.modules.get("torch")
     if torch is not None:
         _torch_typestrs(torch)
-    streams = {}                # a PyTorch device -> its current stream's handle
+    streams = {}                # a PyTorch device's index -> its current stream's handle
     for x in xs:
         if x is None:
             out.append(None)
@@ -305,12 +305,13 @@ def _device_memory(xs):
             # producer is PyTorch's current stream, as torch_stream says), read from the
             # tensor without building the interface's dict: 32 us for three tensors on
             # an H100 (lab/runs/2026-12-07/153_decode_host_steps.txt).
-            if x.device not in streams:
-                streams[x.device] = torch_stream(x)
+            device = x.get_device()
+            if device not in streams:
+                streams[device] = torch_stream(x)
             size = x.element_size()
             strides = None if x.is_contiguous() else tuple(n * size for n in x.stride())
             out.append((tuple(x.shape), strides, _TORCH_TYPESTR[x.dtype],
-                        x.data_ptr() if x.numel() else 0, streams[x.device]))
+                        x.data_ptr() if x.numel() else 0, streams[device]))
         else:
             try:        # a PyTorch bfloat16 tensor raises here: the whole call refuses it
                 cai = x.__cuda_array_interface__

@@ -118,6 +118,12 @@ def torch_stream(x):
     CUDA tensor, else None. PyTorch is asked only if the caller has imported it."""
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(x, torch.Tensor) and x.is_cuda:
+        # The raw handle in one call, without building a torch.cuda.Stream (a private
+        # function Triton uses too; numbaflash/torch.py asks it the same way), where
+        # PyTorch has it: a repeated decoding call on tensors asks at every call.
+        raw = getattr(getattr(torch, "_C", None), "_cuda_getCurrentRawStream", None)
+        if raw is not None:
+            return handle_value(raw(x.get_device()))
         return handle_of(torch.cuda.current_stream(x.device))
     return None
 

@@ -92,6 +92,30 @@ def test_a_pytorch_cuda_tensor_names_pytorch_s_current_stream(monkeypatch):
     assert streams.producer_stream(Tensor()) == 4242 and asked == ["cuda:0"]
     assert streams.producer_stream(_Named(__cuda_array_interface__={"stream": 9})) == 9
     assert streams.producer_stream(np.zeros(2)) is None
+    # Where PyTorch has the raw handle's function, it is asked with the device's index
+    # instead (no Stream object built), the legacy default stream's 1 read as 0.
+    Tensor.get_device = lambda self: 3
+    raw = {3: 777}
+    fake._C = _Named(_cuda_getCurrentRawStream=lambda index: raw[index])
+    assert streams.producer_stream(Tensor()) == 777 and asked == ["cuda:0"]
+    raw[3] = streams.LEGACY_DEFAULT
+    assert streams.torch_stream(Tensor()) == 0
+
+
+@pytest.mark.skipif(not GPU, reason="PyTorch's streams are the GPU's")
+def test_torch_stream_is_pytorch_s_current_stream_on_a_gpu():
+    """streams.torch_stream (the raw handle where PyTorch has the function) equals
+    torch.cuda.current_stream's handle on the default stream and inside a side stream's
+    context."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch without CUDA")
+    x = torch.zeros(2, device="cuda")
+    assert streams.torch_stream(x) == streams.handle_of(torch.cuda.current_stream(x.device))
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        assert streams.torch_stream(x) == side.cuda_stream != 0
+    assert streams.torch_stream(x) == streams.handle_of(torch.cuda.current_stream(x.device))
 
 
 def test_interface_stream_reads_the_array_interface():
