@@ -452,7 +452,14 @@ check(f"GQA, group of 2, {num_splits or 'default'} split(s)", out_g, lse_g, qg, 
 # products puts the keys (and, for $P V$, the head dims) on the 16 rows and the group on
 # the 8 columns: $S^T = K_j Q^T$, $O^T \mathrel{+}= V_j^T \tilde P^T$. That is
 # `split_kv_mma_t.py`, the plan's choice for up to 8 rows per K/V head: half the
-# products per key, and each lane keeps 32 floats of $O^T$ instead of 64.
+# products per key, and each lane keeps 32 floats of $O^T$ instead of 64. It also lays a
+# tile's rows out differently in shared memory. Padding each row by 16 bytes (forward
+# v10's way to keep `ldmatrix` free of bank conflicts) starts most rows partway into a
+# 128-byte line, so the 128 contiguous bytes that 8 threads copy land across two lines and
+# the copy is fetched in pieces: L2 served about 1.5 sectors for each one the kernel
+# needed. Instead, each row is a whole number of lines and its 16-byte piece $q$ is stored
+# at piece $q \oplus (r \bmod 8)$ of row $r$ (a swizzle): a copy fills one line, and the 8
+# rows that one `ldmatrix` matrix reads still fall in 8 different groups of banks.
 # `policy.decode_kernel` says which kernel a call gets:
 
 # %%

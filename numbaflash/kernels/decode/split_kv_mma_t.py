@@ -6,7 +6,7 @@ blocks, the tiles of TILE_KEYS keys and values copied by cp.async into two stage
 shared memory and tested for NaN and inf where the parent tests them (its
 ``make_staging``, shared), the variants per (query row, key), the warps' logsumexp merge
 in the parent's order, the combine after it, and the launch arguments. What changes is
-which operand holds the query rows:
+which operand holds the query rows, and where the tiles' rows lie:
 
 * The parent puts a block's query rows on the mma's M side (16 rows), so with a GQA group
   of four and one new token 12 of every 16 rows are padding, and each lane keeps 64 floats
@@ -23,19 +23,27 @@ which operand holds the query rows:
 * A row's running max and sum are over the 8 lanes that share its column (lanes t, t + 4,
   ..., shuffles by 4, 8 and 16) instead of a quad; its rescale factor is then in the
   lanes that hold its column of O^T, with no shuffle.
+* The stages' rows are swizzled (LAYOUT), not padded: each row a multiple of 128 bytes,
+  its 16-byte piece q stored at piece q ^ (r % 8) of row r (``piece_at``). The 8
+  threads that copy 128 contiguous bytes of a row fill one 128-byte line of shared
+  memory, and the 8 rows an ldmatrix matrix reads lie in 8 different groups of banks.
+  With the parent's padded rows (272 bytes at d = 128) those copies straddled two lines
+  and L2 served about 1.5 sectors for each one needed.
 * S^T's eight k-steps are summed in two chains (even and odd k-steps, added at the end),
   so two products are in flight where the parent's one chain waits on each; and the
   order of the additions differs from the parent's, so the two agree within rounding,
   not bit for bit.
 
-What it buys: on an H100 at (1, 32/8, 1, 131072), float16, 33 splits, 0.2169 ms a call
-queued against the parent's 0.2240 (-3.2 %), 0.2704 against 0.2781 alone; bfloat16
-0.2158 against 0.2218 queued; at (8, 32/8, 1, 32768) within 1.5 % of the parent at every
-split count measured; out's error against the float64 reference the parent's (6.13e-06
-at b1-gqa, bound 4.28e-05; lab/runs/2026-12-07/153_decode_kernels_queued.txt). Like the
-parent it runs at about 80 % of DRAM throughput under Nsight Compute (201.7 us at b1-gqa:
-155_ncu_stalls_split_kv_mma_t.txt); more warps an SM did not help (BLOCKS_PER_SM says how
-that was measured). It is the default for the calls it takes
+What it buys: on an H100 at (1, 32/8, 1, 131072), float16, 33 splits, with padded rows
+as the parent's, 0.2169 ms a call queued against the parent's 0.2240 (-3.2 %), 0.2704
+against 0.2781 alone; bfloat16 0.2158 against 0.2218 queued; at (8, 32/8, 1, 32768)
+within 1.5 % of the parent at every split count measured; out's error against the
+float64 reference the parent's (6.13e-06 at b1-gqa, bound 4.28e-05;
+lab/runs/2026-12-07/153_decode_kernels_queued.txt). Its swizzled rows then took it from
+81 % to 84 % of DRAM throughput under Nsight Compute (198.6 to 190.8 us at b1-gqa, L2's
+sectors from 25.2 M to the 16.8 M the caches need: 157_ncu_layouts.txt) and 3.6 % and 4.0 %
+off a call queued at the two GQA shapes (157_decode_layouts.txt). It is the default for
+the calls it takes
 (numbaflash/policy.py's ``decode_kernel``). Needs what the parent needs (its
 ``refusal``), and at most ROWS query rows per K/V head (more take more blocks, each
 reading the keys again: the parent takes those calls). Runs on the GPU (sm_80 and later)
@@ -66,7 +74,7 @@ ROWS = 8                        # query rows per block: the mma's N
 MAX_REGISTERS = None            # no cap (ptxas's choice)
 # Blocks per SM the planner fills with one wave (policy.default_num_splits): 2, as the
 # parent's. An SM could hold three at d = 128 (74 KB of shared memory and 143-149
-# registers a thread), but on an H100, float16 and bfloat16, the counts that give three a
+# registers a thread with padded rows; 70 KB and 165-168 swizzled), but on an H100, float16 and bfloat16, the counts that give three a
 # SM were slower: at (1, 32/8, 1, 131072) 50 splits took 0.2337 ms a call queued against
 # 0.2169 at 33 (two a SM), 66 took 0.2453; under Nsight Compute 238 us at 50 splits with
 # 18 % of the SM's warps active against the parent's 219 us at 33 with 12 %
@@ -76,8 +84,10 @@ BLOCKS_PER_SM = 2
 # How a stage's rows of K and V lie in shared memory (the parent's LAYOUTS). "swizzled":
 # the 16-byte pieces of each row permuted within 128-byte lines, so that every copy of 8
 # threads fills one line and every ldmatrix reads 8 groups of banks; "padded": the
-# parent's rows (forward v10's). A lab switch, set before the plans are made; the same
-# values in the same order, so the same bits.
+# parent's rows (forward v10's). On an H100, float16, queued: 0.1981 ms against 0.2055
+# at (1, 32/8, 1, 131072), 0.3653 against 0.3806 at (8, 32/8, 1, 32768)
+# (lab/runs/2026-12-07/157_decode_layouts.txt). A lab switch, set before the plans are
+# made; the same values in the same order, so the same bits.
 LAYOUT = "swizzled"
 
 
