@@ -405,7 +405,7 @@ def _repeat(fast, k, memory, cache_seqlens, stream, context):
     if lengths_on_device:
         pointers["seqlens"] = lengths[3]
     else:       # as _device_lengths does for one value, without an array around it
-        driver.driver.cuMemsetD32Async(pointers["seqlens"], cache_seqlens, B, s.handle)
+        launcher.memset_d32_async(pointers["seqlens"], cache_seqlens, B, s.handle)
     out_dtype = fast.made["out"][1]
     if arrays.caller_allocates() or out_dtype != np.dtype(memory[0][2]):
         # Outputs from the caller's allocator, or bfloat16 (the kernels' bits or float32

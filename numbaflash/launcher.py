@@ -157,6 +157,28 @@ def device_id():
 
 
 _CONTEXTS = {}          # CUcontext handle (int) -> Numba's Context of that primary context
+_DRIVER = None          # (cuda.bindings.driver, its CUDA_SUCCESS), imported at first use
+
+
+def _driver():
+    """cuda.bindings' driver module and its success code (imported once: a repeated
+    decoding call asks the driver directly twice before its first launch)."""
+    global _DRIVER
+    if _DRIVER is None:
+        from cuda.bindings import driver as binding
+        _DRIVER = (binding, binding.CUresult.CUDA_SUCCESS)
+    return _DRIVER
+
+
+def memset_d32_async(address, value, count, stream_handle):
+    """Write the 32-bit ``value`` ``count`` times from device ``address``, queued on the
+    stream with handle ``stream_handle``: the driver's cuMemsetD32Async called through
+    its binding directly (Numba's wrapper of it adds a few microseconds of checks and
+    logging to a repeated decoding call, which writes its int lengths this way)."""
+    binding, success = _DRIVER or _driver()
+    err, = binding.cuMemsetD32Async(address, value, count, stream_handle)
+    if err != success:
+        raise RuntimeError(f"cuMemsetD32Async failed: {err!r}")
 
 
 def current_context():
@@ -167,9 +189,9 @@ def current_context():
     (lab/runs/2026-12-07/150_decode_host_steps.txt). Here the driver's current context
     handle (one call) picks Numba's Context from a table, checked to be its device's
     primary context still (``cuda.close()`` drops it); anything else asks Numba."""
-    from cuda.bindings import driver as binding
+    binding, success = _DRIVER or _driver()
     err, handle = binding.cuCtxGetCurrent()
-    key = int(handle) if err == binding.CUresult.CUDA_SUCCESS else 0
+    key = int(handle) if err == success else 0
     context = _CONTEXTS.get(key) if key else None
     if context is not None and context.device.primary_context is context:
         return context

@@ -27,7 +27,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts"
 
 import torch                                         # noqa: E402
 from numba import cuda                               # noqa: E402
-from numba.cuda.cudadrv import driver                # noqa: E402
 
 import numbaflash                                    # noqa: E402
 from numbaflash import arrays, decode_direct, kvcache, launcher, streams   # noqa: E402
@@ -86,8 +85,8 @@ def wrap_steps():
                                                   launcher._DirectLaunch.launch_words)
     launcher.PreparedLaunch.launch = first_launch(clocked("PreparedLaunch.launch",
                                                           launcher.PreparedLaunch.launch))
-    d = driver.driver
-    d.cuMemsetD32Async = clocked("cuMemsetD32Async", d.cuMemsetD32Async)
+    launcher.memset_d32_async = clocked("launcher.memset_d32_async",
+                                        launcher.memset_d32_async)
     streams.torch_stream = clocked("streams.torch_stream", streams.torch_stream)
     kvcache.torch_stream = streams.torch_stream
     kvcache.producer_stream = clocked("streams.producer_stream", kvcache.producer_stream)
