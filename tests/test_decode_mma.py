@@ -210,22 +210,28 @@ def test_three_stages_give_two_stages_bits(name, kernel_name, monkeypatch):
 
 @pytest.mark.parametrize("switches", [("padded", None), ("swizzled", 256), ("padded", 256)])
 @pytest.mark.parametrize("name", ["splits-inside-tiles", "nonfinite-edge-tiles"])
-def test_layout_and_prefetch_give_the_defaults_bits(name, switches, monkeypatch):
-    """split_kv_mma_t.LAYOUT (where a stage's rows lie in shared memory) and the parent's
-    L2_PREFETCH change only where the tiles' values sit and how their copies are issued:
-    the same values reach the same products, so the same bits as the default (swizzled
-    rows, no prefetch hint), with rows past a split's end zeroed (splits that start
-    inside a tile) and non-finite values zeroed and flagged in edge tiles."""
-    monkeypatch.setattr(policy, "DECODE_KERNELS", ("split_kv_mma_t",))
-    assert (split_kv_mma_t.LAYOUT, split_kv_mma.L2_PREFETCH) == ("swizzled", None)
+@pytest.mark.parametrize("kernel_name", ["split_kv_mma", "split_kv_mma_t"])
+def test_layout_and_prefetch_give_the_defaults_bits(kernel_name, name, switches,
+                                                    monkeypatch):
+    """Each kernel's LAYOUT (where a stage's rows lie in shared memory) and the parent's
+    L2_PREFETCH (read by the transposed kernel) change only where the tiles' values sit
+    and how their copies are issued: the same values reach the same products, so the
+    same bits as the default (swizzled rows, no prefetch hint), with rows past a split's
+    end zeroed (splits that start inside a tile) and non-finite values zeroed and
+    flagged in edge tiles."""
+    monkeypatch.setattr(policy, "DECODE_KERNELS", (kernel_name,))
+    module = {"split_kv_mma": split_kv_mma, "split_kv_mma_t": split_kv_mma_t}[kernel_name]
+    shared = {"split_kv_mma": split_kv_mma.split_kv_mma_shared,
+              "split_kv_mma_t": split_kv_mma_t.split_kv_mma_t_shared}[kernel_name]
+    assert (module.LAYOUT, split_kv_mma.L2_PREFETCH) == ("swizzled", None)
     case = stage_case(name)
     want = run(case)
-    monkeypatch.setattr(split_kv_mma_t, "LAYOUT", switches[0])
+    monkeypatch.setattr(module, "LAYOUT", switches[0])
     monkeypatch.setattr(split_kv_mma, "L2_PREFETCH", switches[1])
     plan = planned(case)
-    assert plan.kernel == "split_kv_mma_t"
-    assert plan.shared_bytes == split_kv_mma_t.split_kv_mma_t_shared(
-        case.q.shape[-1], split_kv_mma.STAGES, switches[0]).dynamic
+    assert plan.kernel == kernel_name
+    assert plan.shared_bytes == shared(case.q.shape[-1], split_kv_mma.STAGES,
+                                       switches[0]).dynamic
     for a, b in zip(want, run(stage_case(name))):
         np.testing.assert_array_equal(a, b)
 

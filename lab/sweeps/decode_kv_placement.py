@@ -6,14 +6,16 @@ L2 prefetch hint.
 
     python3 lab/sweeps/decode_kv_placement.py [--shapes b1-gqa,b8-gqa] [--dtype float16]
         [--placements separate,0,4096,69632] [--layouts swizzled,padded,swizzled+256]
+        [--kernel split_kv_mma_t|split_kv_mma]
         [--repeats 50]   (--repeats 0: each call once, untimed, for Nsight Compute)
 
 At the bench's decode shapes each cache is a power of two bytes (2^28 at b1-gqa), so two
 caches allocated one after the other usually start a power of two apart. Placements:
 "separate" (two allocations, as bench --inference makes them: the distance is printed),
 or a number g: both caches in one buffer, V starting g bytes after K's end. Layouts
-(split_kv_mma_t.LAYOUT): "swizzled" (the default) or "padded" (forward v10's rows), with
-"+256" the L2::256B prefetch hint on every copy (split_kv_mma.L2_PREFETCH). Each line: the
+(the LAYOUT of --kernel's module, the only decode kernel the policy may choose here):
+"swizzled" (the default) or "padded" (forward v10's rows), with "+256" the L2::256B
+prefetch hint on every copy (split_kv_mma.L2_PREFETCH, which only split_kv_mma_t reads). Each line: the
 shape, the placement, the distance between the caches, then SDPA's ms a call alone and
 queued, then per layout numbaflash's ms a call alone and queued (bench's time_ms and
 time_ms_queued, the default stream) and whether its out has the first layout's bits.
@@ -27,7 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts"
 import numpy as np                                   # noqa: E402
 
 import numbaflash                                    # noqa: E402
-from numbaflash import decode_direct                 # noqa: E402
+from numbaflash import decode_direct, policy         # noqa: E402
 from numbaflash.bench.timing import time_ms, time_ms_queued   # noqa: E402
 from numbaflash.kernels.decode import split_kv_mma, split_kv_mma_t   # noqa: E402
 from decode_gpu import SHAPES                        # noqa: E402
@@ -67,9 +69,13 @@ def main():
     ap.add_argument("--dtype", default="float16")
     ap.add_argument("--placements", default="separate,0,4096,69632")
     ap.add_argument("--layouts", default="swizzled,padded,swizzled+256")
+    ap.add_argument("--kernel", default="split_kv_mma_t",
+                    choices=("split_kv_mma_t", "split_kv_mma"))
     ap.add_argument("--repeats", type=int, default=50)
     args = ap.parse_args()
-    keep = split_kv_mma_t.LAYOUT, split_kv_mma.L2_PREFETCH
+    module = {"split_kv_mma_t": split_kv_mma_t, "split_kv_mma": split_kv_mma}[args.kernel]
+    keep = module.LAYOUT, split_kv_mma.L2_PREFETCH, policy.DECODE_KERNELS
+    policy.DECODE_KERNELS = (args.kernel,)
     for name in args.shapes.split(","):
         shape = SHAPES[name]
         S_max = shape[4]
@@ -89,7 +95,7 @@ def main():
             first = None
             for how in args.layouts.split(","):
                 layout, _, prefetch = how.partition("+")
-                split_kv_mma_t.LAYOUT = layout
+                module.LAYOUT = layout
                 split_kv_mma.L2_PREFETCH = int(prefetch) if prefetch else None
                 decode_direct.forget()      # repeated calls are keyed without the switch
                 call = lambda: numbaflash.attention_with_kvcache(q, kc, vc,
@@ -106,7 +112,7 @@ def main():
                 queued = time_ms_queued(call, calls=args.repeats, rounds=3)
                 line += (f"; {how} {alone:.4f} alone {queued:.4f} queued"
                          f"{'' if same else ' (bits differ)'}")
-            split_kv_mma_t.LAYOUT, split_kv_mma.L2_PREFETCH = keep
+            module.LAYOUT, split_kv_mma.L2_PREFETCH = keep[:2]
             decode_direct.forget()
             plan = numbaflash.explain_kvcache(q, kc, vc, cache_seqlens=S_max)[0]
             print(line + f" [{plan.kernel}, {plan.grid[0]} splits]", flush=True)

@@ -18,9 +18,13 @@ it and the launch arguments. What changes is the work per key:
   v10's warps do. With GQA each key and value is read once for the whole group (split_kv:
   once per two rows).
 * Keys and values through shared memory. The block copies tiles of TILE_KEYS = 64 keys
-  and their values by cp.async (16 bytes a copy) into two stages (forward v10's
-  ``v10_shared_layout``: rows padded by 16 bytes, so every ldmatrix is conflict-free),
-  the next tile on its way while the warps use this one; warp w takes keys 16 w to
+  and their values by cp.async (16 bytes a copy) into two stages, the next tile on its
+  way while the warps use this one. Their rows are swizzled (LAYOUT): each a multiple of
+  128 bytes, its 16-byte piece q at piece q ^ (r % 8) of row r, so the 8 rows an
+  ldmatrix matrix reads lie in 8 different groups of banks and 8 threads' copies of 128
+  contiguous bytes fill one line of shared memory (forward v10's padded rows, the other
+  LAYOUTS choice, split those copies and made L2 serve about 1.5 sectors for each one
+  needed: split_kv_mma_t.LAYOUT cites the measurement); warp w takes keys 16 w to
   16 w + 15 of each tile, its B fragments from ``ldmatrix`` (K) and ``ldmatrix.trans``
   (V, stored as the cache stores it). A whole tile (32 KB at d = 128) is in flight per
   block, where split_kv's loads had 8 keys per warp in registers; with STAGES = 3 (a lab
@@ -110,19 +114,19 @@ L2_PREFETCH = None
 L2_PREFETCHES = (None, 256)
 
 # What split_kv_mma_shared returns, by name: the dynamic array (the stages of K and V
-# tiles, rows laid out as v10_shared_layout lays them) and the static arrays of the
-# warps' merge.
+# tiles, rows laid out as LAYOUT says) and the static arrays of the warps' merge.
 SharedBytes = namedtuple("SharedBytes", "dynamic static")
 
 
-def split_kv_mma_shared(d, stages=None):
+def split_kv_mma_shared(d, stages=None, layout=None):
     """Shared memory of a block at head dim d, in bytes: ``dynamic`` (``stages``, by
-    default STAGES, of TILE_KEYS keys and values each, 16-bit, rows padded as forward v10
-    pads them) and ``static`` (the warps' m and l per row, float32; the merged O, ROWS x d
-    padded to 16, float32; three int32 flags)."""
+    default STAGES, of TILE_KEYS keys and values each, 16-bit, rows laid out as
+    ``layout``, by default LAYOUT, says) and ``static`` (the warps' m and l per row,
+    float32; the merged O, ROWS x d padded to 16, float32; three int32 flags)."""
     stages = STAGES if stages is None else stages
+    layout = LAYOUT if layout is None else layout
     DP = (d + 15) // 16 * 16
-    return SharedBytes(2 * stages * v10_shared_layout(TILE_KEYS, d).TILE * 2,
+    return SharedBytes(2 * stages * stage_layout(d, layout).TILE * 2,
                        4 * (2 * WARPS * ROWS + ROWS * DP) + 4 * 3)
 
 
@@ -159,6 +163,13 @@ def check_build(d, half, finite_tests, stages):
 # one needed (Nsight Compute, lab/runs/2026-12-07/156_ncu_source_counters_ours.txt).
 LAYOUTS = ("padded", "swizzled")
 StageLayout = namedtuple("StageLayout", "ROW TILE")
+
+
+# The layout of this kernel's stages: "swizzled", as split_kv_mma_t's; "padded", forward
+# v10's rows, as this kernel had them until split_kv_mma_t measured the swizzled ones. A
+# lab switch, set before the plans are made; the same values in the same order, so the
+# same bits.
+LAYOUT = "swizzled"
 
 
 def stage_layout(d, layout):
@@ -335,15 +346,16 @@ def make_write_rows(d, rows, half):
 
 @functools.lru_cache(maxsize=None)
 def make_split_kv_mma(d, causal, variant=PLAIN, half="float16", finite_tests="edges",
-                      stages=2):
+                      stages=2, layout="swizzled"):
     """The tensor-core split-KV kernel for head dim ``d`` (a multiple of 8, at most
     MAX_HEAD_DIM), ``causal`` (the band's upper bound, as split_kv's) and ``variant``
     (window, softcap, ALiBi), reading ``half`` caches ("float16" or "bfloat16": uint16
     bits, kernels/halves.py), accumulating in float32; ``finite_tests``: which tiles are
-    tested for NaN and inf (FINITE_TESTS); ``stages``: of shared memory (STAGES).
+    tested for NaN and inf (FINITE_TESTS); ``stages``: of shared memory (STAGES);
+    ``layout``: how a stage's rows lie in it (LAYOUTS; LAYOUT).
 
     Launch and arguments: split_kv's (make_split_kv), with block (THREADS,) and
-    ``split_kv_mma_shared(d, stages).dynamic`` bytes of dynamic shared memory; the caches'
+    ``split_kv_mma_shared(d, stages, layout).dynamic`` bytes of dynamic shared memory; the caches'
     rows must start 16-byte aligned (``refusal``). Block (split, tile, b * Hk + hk) holds
     rows rr = tile * ROWS + r, r < ROWS, of the (batch, K/V head): query head hk * group
     + rr // Sq, query row rr % Sq; lane (g, t) = (lane // 4, lane % 4) holds rows g and
@@ -377,7 +389,8 @@ def make_split_kv_mma(d, causal, variant=PLAIN, half="float16", finite_tests="ed
     Q_WORDS = KS * 4
     O_FRAGS = ND * 4
     S_FRAGS = NT * 4
-    ROW, TILE, K_AT, _, _ = v10_shared_layout(TILE_KEYS, d)
+    TILE = stage_layout(d, layout).TILE
+    K_AT = 0
     V_AT = stages * TILE                    # K's stages first, then V's
     AHEAD = stages - 1                      # tiles in flight while the warps use one
     WINDOW = variant.window
@@ -387,7 +400,8 @@ def make_split_kv_mma(d, causal, variant=PLAIN, half="float16", finite_tests="ed
     split_keys = make_split_keys(causal, WINDOW)
     write_rows = make_write_rows(d, ROWS, half)
 
-    staging = make_staging(d, half, stages)
+    staging = make_staging(d, half, stages, layout)
+    piece_at = staging.piece_at
     finite, start_copies, test_copies, nonfinite_terms = (
         staging.finite, staging.start_copies, staging.test_copies, staging.nonfinite_terms)
 
@@ -510,11 +524,12 @@ def make_split_kv_mma(d, causal, variant=PLAIN, half="float16", finite_tests="ed
         # of the warp's 16, columns 8 (m % 2) of a k-step; for V, keys 8 (m % 2) + lane % 8,
         # columns 8 (m // 2) of an n-tile pair.
         m = lane // 8
-        k_lane = (warp * CHUNK + 8 * (m // 2) + lane % 8) * ROW + 8 * (m % 2)
-        v_lane = (warp * CHUNK + 8 * (m % 2) + lane % 8) * ROW + 8 * (m // 2)
+        k_lane = warp * CHUNK + 8 * (m // 2) + lane % 8     # its row of K's stage
+        v_lane = warp * CHUNK + 8 * (m % 2) + lane % 8      # and of V's
         HZERO = narrow(ZERO)
 
-        smem = cuda.shared.array(0, HALF, alignment=16)     # the stages of K and V tiles
+        # The stages of K and V tiles, on a 128-byte line (LAYOUT "swizzled")
+        smem = cuda.shared.array(0, HALF, alignment=128)
         bad = cuda.shared.array(3, int32)       # non-finite q, k, v staged as 0
         m_w = cuda.shared.array((WARPS, ROWS), acc)         # each warp's m and l per row
         l_w = cuda.shared.array((WARPS, ROWS), acc)
@@ -592,11 +607,12 @@ def make_split_kv_mma(d, causal, variant=PLAIN, half="float16", finite_tests="ed
             if key0 < last:                                 # (uniform in the warp)
                 # Alg.1 l.8: S = Q K^T; one ldmatrix gives b0, b1 of keys 0-7 and b2, b3
                 # of keys 8-15 for a k-step.
-                KJ = K_AT + st * TILE + k_lane
+                KJ = K_AT + st * TILE
                 acc_a = (ZERO, ZERO, ZERO, ZERO)
                 acc_b = (ZERO, ZERO, ZERO, ZERO)
                 for ks in range(KS):
-                    b0, b1, b2, b3 = ldmatrix_x4(smem, U(KJ + 16 * ks))
+                    b0, b1, b2, b3 = ldmatrix_x4(
+                        smem, U(KJ + piece_at(k_lane, 16 * ks + 8 * (m % 2))))
                     acc_a = mma(q[ks * 4], q[ks * 4 + 1], q[ks * 4 + 2], q[ks * 4 + 3],
                                 b0, b1, acc_a[0], acc_a[1], acc_a[2], acc_a[3])
                     acc_b = mma(q[ks * 4], q[ks * 4 + 1], q[ks * 4 + 2], q[ks * 4 + 3],
@@ -639,11 +655,12 @@ def make_split_kv_mma(d, causal, variant=PLAIN, half="float16", finite_tests="ed
                 p1 = pack2(s[2], s[3])
                 p2 = pack2(s[4], s[5])
                 p3 = pack2(s[6], s[7])
-                VJ = V_AT + st * TILE + v_lane
+                VJ = V_AT + st * TILE
                 for nd in range(0, ND, 2):
                     # B[k, n] = V[key k, column n]: .trans gives b0, b1 of columns 8 nd
                     # and b2, b3 of columns 8 (nd + 1), keys 0-15 of the warp's.
-                    b0, b1, b2, b3 = ldmatrix_x4_trans(smem, U(VJ + 8 * nd))
+                    b0, b1, b2, b3 = ldmatrix_x4_trans(
+                        smem, U(VJ + piece_at(v_lane, 8 * nd + 8 * (m // 2))))
                     acc_a = mma(p0, p1, p2, p3, b0, b1, o[nd * 4] * alpha0,
                                 o[nd * 4 + 1] * alpha0, o[nd * 4 + 2] * alpha1,
                                 o[nd * 4 + 3] * alpha1)
@@ -750,7 +767,7 @@ def plan(p, where, n_splits, reason):
                f"of shared memory")
     return Plan("kvcache", "split_kv_mma", "split_kv_mma", where, None, None,
                 (n_splits, tiles, p.B * p.Hk), (THREADS,),
-                split_kv_mma_shared(p.d, STAGES).dynamic,
+                split_kv_mma_shared(p.d, STAGES, LAYOUT).dynamic,
                 p.acc_dtype, "bottom_right" if p.causal else None, reason,
                 variant_description(p), dynamic_shared=True)
 
@@ -758,4 +775,4 @@ def plan(p, where, n_splits, reason):
 def kernel(plan, p):
     """The compiled kernel of ``plan`` (cached per compile-time parameters)."""
     return make_split_kv_mma(p.d, p.upper, p.variant, half_of(p.dtype) or "float16",
-                             FINITE_TESTS, STAGES)
+                             FINITE_TESTS, STAGES, LAYOUT)
