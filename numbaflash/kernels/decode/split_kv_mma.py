@@ -46,7 +46,7 @@ it and the launch arguments. What changes is the work per key:
   in float32 throughout, so the two agree within rounding, not bit for bit.
 
 What it buys: the per-(row, key) work leaves the CUDA cores, and each key is read once
-for a whole GQA group. Under Nsight Compute on an H100, float16, d = 128
+for a whole GQA group. Under Nsight Compute on an H100, float16, d = 128, padded rows
 (lab/runs/2026-12-06/121_ncu_decode_durations.txt): 0.388 ms against split_kv's 0.682 at
 (8, 32/8, 1, 32768) and 0.207 against 0.335 at (1, 32/8, 1, 131072), 0.86-0.92 of that
 GPU's copy bandwidth. With one query row per K/V head it was the slower of the two
@@ -166,9 +166,11 @@ StageLayout = namedtuple("StageLayout", "ROW TILE")
 
 
 # The layout of this kernel's stages: "swizzled", as split_kv_mma_t's; "padded", forward
-# v10's rows, as this kernel had them until split_kv_mma_t measured the swizzled ones. A
-# lab switch, set before the plans are made; the same values in the same order, so the
-# same bits.
+# v10's rows, as this kernel had them until split_kv_mma_t measured the swizzled ones
+# (its LAYOUT). In this kernel the swizzled rows have not been timed on a GPU yet: they
+# give the same bits on the simulator, and ptxas gives 230-235 registers at d = 128
+# against 214-228 padded, no spills. A lab switch, set before the plans are made; the
+# same values in the same order, so the same bits.
 LAYOUT = "swizzled"
 
 
