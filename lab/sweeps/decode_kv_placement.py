@@ -15,10 +15,11 @@ caches allocated one after the other usually start a power of two apart. Placeme
 or a number g: both caches in one buffer, V starting g bytes after K's end. Layouts
 (the LAYOUT of --kernel's module, the only decode kernel the policy may choose here):
 "swizzled" (the default) or "padded" (forward v10's rows), with "+256" the L2::256B
-prefetch hint on every copy (split_kv_mma.L2_PREFETCH, which only split_kv_mma_t reads). Each line: the
-shape, the placement, the distance between the caches, then SDPA's ms a call alone and
-queued, then per layout numbaflash's ms a call alone and queued (bench's time_ms and
-time_ms_queued, the default stream) and whether its out has the first layout's bits.
+prefetch hint on every copy (split_kv_mma.L2_PREFETCH, which only split_kv_mma_t
+reads). Each line: the shape, the placement, the distance between the caches, then
+SDPA's ms a call alone and queued, then per layout numbaflash's ms a call alone and
+queued (bench's time_ms and time_ms_queued, the default stream) and whether its out has
+the first layout's bits.
 """
 import argparse
 import os

@@ -73,8 +73,8 @@ from .. import acc_type, jit_options
 from ..forward.v10_ldmatrix import v10_shared_layout
 from ..halves import NAMES, half_of, make_halves
 from ..plan import Plan, variant_description
-from ..ptx import (cp_async16, cp_async16_l2_256, cp_async_commit, cp_async_wait_group, exp2_approx, flat_load,
-                   fmax, ldmatrix_x4, ldmatrix_x4_trans, load_b32)
+from ..ptx import (cp_async16, cp_async16_l2_256, cp_async_commit, cp_async_wait_group,
+                   exp2_approx, flat_load, fmax, ldmatrix_x4, ldmatrix_x4_trans, load_b32)
 from ..smem import U
 from ..variants import PLAIN, make_variant_functions
 from ..warp import FULL_WARP, quad_max, quad_sum
@@ -357,12 +357,13 @@ def make_split_kv_mma(d, causal, variant=PLAIN, half="float16", finite_tests="ed
     ``layout``: how a stage's rows lie in it (LAYOUTS; LAYOUT).
 
     Launch and arguments: split_kv's (make_split_kv), with block (THREADS,) and
-    ``split_kv_mma_shared(d, stages, layout).dynamic`` bytes of dynamic shared memory; the caches'
-    rows must start 16-byte aligned (``refusal``). Block (split, tile, b * Hk + hk) holds
-    rows rr = tile * ROWS + r, r < ROWS, of the (batch, K/V head): query head hk * group
-    + rr // Sq, query row rr % Sq; lane (g, t) = (lane // 4, lane % 4) holds rows g and
-    g + 8. Tiles 0 ... stages - 2 are started before the loop; per tile j of the split's
-    keys (stage st = j % stages; with two stages tile j + 1 goes to stage 1 - st):
+    ``split_kv_mma_shared(d, stages, layout).dynamic`` bytes of dynamic shared memory;
+    the caches' rows must start 16-byte aligned (``refusal``). Block (split, tile,
+    b * Hk + hk) holds rows rr = tile * ROWS + r, r < ROWS, of the (batch, K/V head):
+    query head hk * group + rr // Sq, query row rr % Sq; lane (g, t) = (lane // 4,
+    lane % 4) holds rows g and g + 8. Tiles 0 ... stages - 2 are started before the loop;
+    per tile j of the split's keys (stage st = j % stages; with two stages tile j + 1 goes
+    to stage 1 - st):
 
         barrier                      every warp has read stage (j - 1) % stages (tile j - 1)
         start copies of tile j + stages - 1 into that stage; commit

@@ -74,10 +74,11 @@ ROWS = 8                        # query rows per block: the mma's N
 MAX_REGISTERS = None            # no cap (ptxas's choice)
 # Blocks per SM the planner fills with one wave (policy.default_num_splits): 2, as the
 # parent's. An SM could hold three at d = 128 (74 KB of shared memory and 143-149
-# registers a thread with padded rows; 70 KB and 165-168 swizzled), but on an H100, float16 and bfloat16, the counts that give three a
-# SM were slower: at (1, 32/8, 1, 131072) 50 splits took 0.2337 ms a call queued against
-# 0.2169 at 33 (two a SM), 66 took 0.2453; under Nsight Compute 238 us at 50 splits with
-# 18 % of the SM's warps active against the parent's 219 us at 33 with 12 %
+# registers a thread with padded rows; 70 KB and 165-168 swizzled), but on an H100,
+# float16 and bfloat16, with padded rows, the counts that give three a SM were slower:
+# at (1, 32/8, 1, 131072) 50 splits took 0.2337 ms a call queued against 0.2169 at 33
+# (two a SM), 66 took 0.2453; under Nsight Compute 238 us at 50 splits with 18 % of the
+# SM's warps active against the parent's 219 us at 33 with 12 %
 # (lab/runs/2026-12-07/153_decode_kernels_queued.txt, 153_ncu_decode_kernels.txt).
 BLOCKS_PER_SM = 2
 
