@@ -27,8 +27,9 @@ which operand holds the query rows, and where the tiles' rows lie:
   its 16-byte piece q stored at piece q ^ (r % 8) of row r (``piece_at``). The 8
   threads that copy 128 contiguous bytes of a row fill one 128-byte line of shared
   memory, and the 8 rows an ldmatrix matrix reads lie in 8 different groups of banks.
-  With the parent's padded rows (272 bytes at d = 128) those copies straddled two lines
-  and L2 served about 1.5 sectors for each one needed.
+  With forward v10's padded rows (272 bytes at d = 128), which the parent used until it
+  took these too, those copies straddled two lines and L2 served about 1.5 sectors for
+  each one needed.
 * S^T's eight k-steps are summed in two chains (even and odd k-steps, added at the end),
   so two products are in flight where the parent's one chain waits on each; and the
   order of the additions differs from the parent's, so the two agree within rounding,
@@ -84,8 +85,8 @@ BLOCKS_PER_SM = 2
 
 # How a stage's rows of K and V lie in shared memory (the parent's LAYOUTS). "swizzled":
 # the 16-byte pieces of each row permuted within 128-byte lines, so that every copy of 8
-# threads fills one line and every ldmatrix reads 8 groups of banks; "padded": the
-# parent's rows (forward v10's). On an H100, float16, queued: 0.1981 ms against 0.2055
+# threads fills one line and every ldmatrix reads 8 groups of banks; "padded": forward
+# v10's rows. On an H100, float16, queued: 0.1981 ms against 0.2055
 # at (1, 32/8, 1, 131072), 0.3653 against 0.3806 at (8, 32/8, 1, 32768)
 # (lab/runs/2026-12-07/157_decode_layouts.txt). A lab switch, set before the plans are
 # made; the same values in the same order, so the same bits.
@@ -135,10 +136,10 @@ def make_split_kv_mma_t(d, causal, variant=PLAIN, half="float16", finite_tests="
     ``make_split_kv_mma``; ``layout``, how a stage's rows lie in shared memory (the
     parent's LAYOUTS: LAYOUT here), and ``l2_prefetch``, the parent's L2_PREFETCH.
 
-    Launch and arguments: the parent's, with ``split_kv_mma_t_shared(d, stages).dynamic``
-    bytes of dynamic shared memory and grid (splits, row tiles of ROWS, B * Hk). Block
-    (split, tile, b * Hk + hk) holds rows rr = tile * ROWS + r, r < ROWS, of the (batch,
-    K/V head). Lane (g, t) = (lane // 4, lane % 4) gives Q^T's B operand for row g, and
+    Launch and arguments: the parent's, with ``split_kv_mma_t_shared(d, stages,
+    layout).dynamic`` bytes of dynamic shared memory and grid (splits, row tiles of ROWS,
+    B * Hk). Block (split, tile, b * Hk + hk) holds rows rr = tile * ROWS + r, r < ROWS,
+    of the (batch, K/V head). Lane (g, t) = (lane // 4, lane % 4) gives Q^T's B operand for row g, and
     holds S^T and O^T for rows 2t and 2t + 1 (keys g and g + 8 of the warp's 16; head-dim
     columns g and g + 8 of each 16). Per tile j, as the parent, then for warp w's keys
     16 w ... 16 w + 15:
