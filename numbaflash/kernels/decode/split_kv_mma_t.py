@@ -139,9 +139,9 @@ def make_split_kv_mma_t(d, causal, variant=PLAIN, half="float16", finite_tests="
     Launch and arguments: the parent's, with ``split_kv_mma_t_shared(d, stages,
     layout).dynamic`` bytes of dynamic shared memory and grid (splits, row tiles of ROWS,
     B * Hk). Block (split, tile, b * Hk + hk) holds rows rr = tile * ROWS + r, r < ROWS,
-    of the (batch, K/V head). Lane (g, t) = (lane // 4, lane % 4) gives Q^T's B operand for row g, and
-    holds S^T and O^T for rows 2t and 2t + 1 (keys g and g + 8 of the warp's 16; head-dim
-    columns g and g + 8 of each 16). Per tile j, as the parent, then for warp w's keys
+    of the (batch, K/V head). Lane (g, t) = (lane // 4, lane % 4) gives Q^T's B operand
+    for row g, and holds S^T and O^T for rows 2t and 2t + 1 (keys g and g + 8 of the
+    warp's 16; head-dim columns g and g + 8 of each 16). Per tile j, as the parent, then for warp w's keys
     16 w ... 16 w + 15:
 
         S^T = K Q^T              KS ldmatrix.x4, KS mma (two chains)
