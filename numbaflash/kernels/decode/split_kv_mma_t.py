@@ -141,8 +141,8 @@ def make_split_kv_mma_t(d, causal, variant=PLAIN, half="float16", finite_tests="
     B * Hk). Block (split, tile, b * Hk + hk) holds rows rr = tile * ROWS + r, r < ROWS,
     of the (batch, K/V head). Lane (g, t) = (lane // 4, lane % 4) gives Q^T's B operand
     for row g, and holds S^T and O^T for rows 2t and 2t + 1 (keys g and g + 8 of the
-    warp's 16; head-dim columns g and g + 8 of each 16). Per tile j, as the parent, then for warp w's keys
-    16 w ... 16 w + 15:
+    warp's 16; head-dim columns g and g + 8 of each 16). Per tile j, as the parent, then
+    for warp w's keys 16 w ... 16 w + 15:
 
         S^T = K Q^T              KS ldmatrix.x4, KS mma (two chains)
         mask, score              visible() and score() per entry (variants.py)
