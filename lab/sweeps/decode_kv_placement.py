@@ -33,21 +33,19 @@ import numbaflash                                    # noqa: E402
 from numbaflash import decode_direct, policy         # noqa: E402
 from numbaflash.bench.timing import time_ms, time_ms_queued   # noqa: E402
 from numbaflash.kernels.decode import split_kv_mma, split_kv_mma_t   # noqa: E402
-from decode_gpu import SHAPES                        # noqa: E402
+from decode_gpu import SHAPES, _inputs               # noqa: E402
 
 
 def caches(shape, dtype, placement):
     """q, k_cache, v_cache (torch tensors, random normal) with V placed as ``placement``
-    says (module docstring)."""
+    says (module docstring); "separate": scripts/decode_gpu.py's inputs, as bench's."""
     import torch
+    if placement == "separate":
+        return _inputs(shape, dtype)
     B, Hq, Hk, Sq, S_max, d = shape
     g = torch.Generator(device="cuda").manual_seed(0)
     tdt = getattr(torch, dtype)
     q = torch.randn((B, Hq, Sq, d), generator=g, device="cuda", dtype=tdt)
-    if placement == "separate":
-        kc = torch.randn((B, Hk, S_max, d), generator=g, device="cuda", dtype=tdt)
-        vc = torch.randn((B, Hk, S_max, d), generator=g, device="cuda", dtype=tdt)
-        return q, kc, vc
     gap = int(placement)
     n = B * Hk * S_max * d
     size = torch.empty((), dtype=tdt).element_size()
@@ -75,8 +73,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=50)
     args = ap.parse_args()
     module = {"split_kv_mma_t": split_kv_mma_t, "split_kv_mma": split_kv_mma}[args.kernel]
-    keep = module.LAYOUT, split_kv_mma.L2_PREFETCH, policy.DECODE_KERNELS
-    policy.DECODE_KERNELS = (args.kernel,)
+    keep = module.LAYOUT, split_kv_mma.L2_PREFETCH
+    policy.DECODE_KERNELS = (args.kernel,)      # the only kernel the plans may choose
     for name in args.shapes.split(","):
         shape = SHAPES[name]
         S_max = shape[4]
@@ -113,7 +111,7 @@ def main():
                 queued = time_ms_queued(call, calls=args.repeats, rounds=3)
                 line += (f"; {how} {alone:.4f} alone {queued:.4f} queued"
                          f"{'' if same else ' (bits differ)'}")
-            module.LAYOUT, split_kv_mma.L2_PREFETCH = keep[:2]
+            module.LAYOUT, split_kv_mma.L2_PREFETCH = keep
             decode_direct.forget()
             plan = numbaflash.explain_kvcache(q, kc, vc, cache_seqlens=S_max)[0]
             print(line + f" [{plan.kernel}, {plan.grid[0]} splits]", flush=True)

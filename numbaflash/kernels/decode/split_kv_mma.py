@@ -194,7 +194,7 @@ Staging = namedtuple("Staging", "finite start_copies test_copies nonfinite_terms
 
 
 @functools.lru_cache(maxsize=None)
-def make_staging(d, half, stages, layout="padded", prefetch=None):
+def make_staging(d, half, stages, layout, prefetch=None):
     """The Staging of head dim ``d``, ``half`` caches ("float16" or "bfloat16") and
     ``stages`` of shared memory (make_split_kv_mma's arguments): tiles of TILE_KEYS keys
     and their values, copied by THREADS threads 16 bytes at a time into rows laid out as
