@@ -6,7 +6,7 @@ process; several processes may run at once: each compiles on its own and times w
 it holds a lock (``--lock``), so their timings do not overlap.
 
     python3 lab/sweeps/flash_layout_ways.py --dtype float32 --dim 64 [--causal] [--grad]
-        [--profile]
+        [--profile] [--kernels]
 
 Prints, in ms, the median of 20 calls each timed alone with CUDA events (as
 scripts/torch_gpu.py --parts layout times them) and of 5 x 20 calls queued back to back
@@ -15,6 +15,9 @@ scripts/torch_gpu.py --parts layout times them) and of 5 x 20 calls queued back 
 then runs 20 calls of each way and of attention under cProfile (each call synchronized,
 so the host's functions are what is listed) and prints the 25 functions with the most
 time of their own, and the host's time per call outside any wait for the GPU.
+``--kernels`` runs 10 calls of each way under torch.profiler and lists the GPU time of
+every kernel and copy a call runs (CUPTI's activity records: Numba's launches included),
+to say which kernel a way's extra time is in.
 """
 import argparse
 import cProfile
@@ -49,6 +52,7 @@ def main():
     ap.add_argument("--grad", action="store_true")
     ap.add_argument("--lock", default="/tmp/flash_layout_ways.lock")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--kernels", action="store_true")
     args = ap.parse_args()
     B, S, H, d, c = 2, 4096, 16, args.dim, args.causal
     dtype = getattr(torch, args.dtype)
@@ -117,6 +121,41 @@ def main():
                         "attention (b,h,s,d)", fn)
             fcntl.flock(lock, fcntl.LOCK_UN)
         layout.in_place, layout.in_place_grad = default
+    if args.kernels:
+        with open(args.lock, "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            for way, in_place in (("in place", True), ("copies", False), ("attention", None)):
+                if in_place is not None:
+                    layout.in_place = layout.in_place_grad = in_place
+                fn = plain if in_place is None else flash
+                kernel_times(f"flash_attn_func {way}" if in_place is not None else
+                             "attention (b,h,s,d)", fn)
+            fcntl.flock(lock, fcntl.LOCK_UN)
+        layout.in_place, layout.in_place_grad = default
+
+
+def kernel_times(name, fn, calls=10):
+    """The GPU time per call of each kernel (and memcpy/memset) ``calls`` calls run,
+    from torch.profiler's CUDA activity, longest first, and their sum."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    totals = {}
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        count, us = totals.get(e.name, (0, 0.0))
+        totals[e.name] = (count + 1, us + e.time_range.elapsed_us())
+    print(f"\n## GPU time per call, {name} ({calls} calls)")
+    rows = sorted(totals.items(), key=lambda kv: -kv[1][1])
+    for kname, (count, us) in rows:
+        print(f"  {us / calls:10.1f} us  {count / calls:4.1f}x  {kname[:110]}")
+    print(f"  {sum(us for _, us in totals.values()) / calls:10.1f} us  in all")
 
 
 def profile(name, fn, calls=20):
