@@ -5,9 +5,9 @@ the evidence for policy.default_num_splits on the GPU at hand.
     python3 lab/sweeps/decode_splits_queued.py [--dtype float16] [--shapes b1-gqa,b8-gqa]
         [--splits 8,16,24,33,48,66,99,132,198,256] [--repeats 50] [--stages 2,3]
 
-Each line: the shape, the kernel (split_kv_mma once per ``--stages``: split_kv_mma.STAGES,
-the stages of shared memory its K/V tiles are copied into), the planner's split count,
-then per split count the ms a call queued (bench's ``time_ms_queued``: the median of
+Each line: the shape, the kernel (split_kv_mma and split_kv_mma_t once per ``--stages``:
+split_kv_mma.STAGES, the stages of shared memory their K/V tiles are copied into), the
+planner's split count, then per split count the ms a call queued (bench's ``time_ms_queued``: the median of
 three rounds of CUDA events around --repeats calls, on Numba views of PyTorch tensors),
 K/V bytes read / time, and the max |difference| of its out from the planner's count's
 with the first build (two stages: the same bits for the same split count). ``--splits
@@ -42,7 +42,8 @@ def main():
     keep = policy.DECODE_KERNELS, split_kv_mma.STAGES
     builds = []
     for kernel in args.kernels.split(","):
-        for stages in (args.stages.split(",") if kernel == "split_kv_mma" else [None]):
+        for stages in (args.stages.split(",") if kernel.startswith("split_kv_mma")
+                       else [None]):
             builds.append((kernel, None if stages is None else int(stages)))
     for name in args.shapes.split(","):
         shape = SHAPES[name]
