@@ -166,11 +166,11 @@ StageLayout = namedtuple("StageLayout", "ROW TILE")
 
 
 # The layout of this kernel's stages: "swizzled", as split_kv_mma_t's; "padded", forward
-# v10's rows, as this kernel had them until split_kv_mma_t measured the swizzled ones
-# (its LAYOUT). In this kernel the swizzled rows have not been timed on a GPU yet: they
-# give the same bits on the simulator, and ptxas gives 230-235 registers at d = 128
-# against 214-228 padded, no spills. A lab switch, set before the plans are made; the
-# same values in the same order, so the same bits.
+# v10's rows. On an H100, float16, queued: 0.2062 ms against 0.2149 at (1, 32/8, 1,
+# 131072), 0.3730 against 0.3865 at (8, 32/8, 1, 32768)
+# (lab/runs/2026-12-07/158_decode_layouts_parent.txt); ptxas gives 230-235 registers at
+# d = 128 against 214-228 padded, no spills. A lab switch, set before the plans are
+# made; the same values in the same order, so the same bits.
 LAYOUT = "swizzled"
 
 
