@@ -18,7 +18,7 @@ from dataclasses import replace
 import numpy as np
 from numba import cuda
 
-from . import arrays, dtypes
+from . import arrays, dtypes, launcher
 from .kernels import backward, forward, simulating
 from .kernels.backward.nonfinite import nonfinite_check, nonfinite_check_bfloat16
 from .kernels.decode import (combine, combine_batched, split_kv, split_kv_mma,
@@ -260,14 +260,14 @@ def finite_inputs_plans(plans, p, asked, Q, K, V, O, dO, L, stream=DEFAULT):
     version = plans[-1].version
     if version not in ("v5", "v6", "v7", "v8", "v9", "v10"):
         return plans
-    flag = cuda.to_device(np.zeros(1, np.int32))
     n = max(a.size for a in (Q, K, V, O, dO, L))
     threads = 256
     check = nonfinite_check_bfloat16 if dtypes.is_bfloat16(p.dtype) else nonfinite_check
-    launch(check, (min(math.ceil(n / threads), 4096),), (threads,),
-           tuple(arrays.flat_view(a) for a in (Q, K, V, O, dO, L)) + (flag,),
+    views = tuple(arrays.flat_view(a) for a in (Q, K, V, O, dO, L))
+    flag = _cleared_flag(stream)
+    launch(check, (min(math.ceil(n / threads), 4096),), (threads,), views + (flag,),
            (p.dtype, p.acc_dtype), stream=stream)
-    found = flag.copy_to_host(stream=stream.numba)
+    found = flag.copy_to_host(stream=stream.numba)     # waits for the check
     if stream.numba != 0:
         stream.synchronize()
     if found[0] == 0:
@@ -285,6 +285,19 @@ def finite_inputs_plans(plans, p, asked, Q, K, V, O, dO, L, stream=DEFAULT):
     return Plans(replace(plan, reason=f"{why}: {other} instead of the default {version}; "
                                       f"{plan.reason}")
                  for plan in plan_backward(p, other, where=where))
+
+
+def _cleared_flag(stream):
+    """The non-finite check's flag: one int32 on the device, 0, set on ``stream`` (a
+    streams.CallStream) by the driver's memset, queued behind the work before it. A copy
+    from host memory (``cuda.to_device``) would first wait for that work, the forward's
+    kernels: the GPU would then idle while the host builds the check's arguments and
+    launches it. On the simulator, a copy."""
+    if simulating():
+        return cuda.to_device(np.zeros(1, np.int32))
+    flag = arrays.device_empty((1,), np.int32, stream)
+    launcher.memset_d32_async(flag.device_ctypes_pointer.value, 0, 1, stream.handle)
+    return flag
 
 
 # --- decoding against a KV cache: how many splits ------------------------------------
