@@ -7,10 +7,11 @@ the evidence for policy.default_num_splits on the GPU at hand.
 
 Each line: the shape, the kernel (split_kv_mma and split_kv_mma_t once per ``--stages``:
 split_kv_mma.STAGES, the stages of shared memory their K/V tiles are copied into), the
-planner's split count, then per split count the ms a call queued (bench's ``time_ms_queued``: the median of
-three rounds of CUDA events around --repeats calls, on Numba views of PyTorch tensors),
-K/V bytes read / time, and the max |difference| of its out from the planner's count's
-with the first build (two stages: the same bits for the same split count). ``--splits
+planner's split count, then per split count the ms a call queued (bench's
+``time_ms_queued``: the median of three rounds of CUDA events around --repeats calls, on
+Numba views of PyTorch tensors), K/V bytes read / time, and the max |difference| of its
+out from the planner's count's with the first build (two stages: the same bits for the
+same split count). ``--splits
 ""`` times the planner's count alone. Run 148 ran it at commit bcda63a with a
 ``--rescale`` option for a lab switch of split_kv_mma since taken out (lab/journal.md).
 """
