@@ -110,26 +110,18 @@ def main():
     for name, a, qd in rows:
         print(f"{name:26s} alone {a:8.3f} ms ({a / base_alone:.3f}x)   queued {qd:8.3f} ms "
               f"({qd / base_queued:.3f}x)")
-    if args.profile:
+    # Each asked-for look inside a call (cProfile, the kernels' GPU time), for each way.
+    for asked, look in ((args.profile, profile), (args.kernels, kernel_times)):
+        if not asked:
+            continue
         with open(args.lock, "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             for way, in_place in (("in place", True), ("copies", False), ("attention", None)):
                 if in_place is not None:
                     layout.in_place = layout.in_place_grad = in_place
                 fn = plain if in_place is None else flash
-                profile(f"flash_attn_func {way}" if in_place is not None else
-                        "attention (b,h,s,d)", fn)
-            fcntl.flock(lock, fcntl.LOCK_UN)
-        layout.in_place, layout.in_place_grad = default
-    if args.kernels:
-        with open(args.lock, "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            for way, in_place in (("in place", True), ("copies", False), ("attention", None)):
-                if in_place is not None:
-                    layout.in_place = layout.in_place_grad = in_place
-                fn = plain if in_place is None else flash
-                kernel_times(f"flash_attn_func {way}" if in_place is not None else
-                             "attention (b,h,s,d)", fn)
+                look(f"flash_attn_func {way}" if in_place is not None else
+                     "attention (b,h,s,d)", fn)
             fcntl.flock(lock, fcntl.LOCK_UN)
         layout.in_place, layout.in_place_grad = default
 
