@@ -43,7 +43,7 @@ from .v6_tile_steps import (
 
 @functools.lru_cache(maxsize=None)
 def make_forward_v8(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None, variant=PLAIN,
-                    gqa=False):
+                    gqa=False, equal_lengths=False):
     """v8: v6 with the scores of the next chunk computed while this chunk's softmax runs
     (float32 accumulation, float16 and float32 inputs, d <= 128; the same
     arguments, launch and shared memory as v6, and for the same ``chunk`` the same
@@ -80,6 +80,13 @@ def make_forward_v8(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None, varia
     255 and 132; dropout (make_mma_row_steps' ``drop``) alone 240, no spills, with
     causal 255 and 64 bytes of spill stores, and with window, softcap, ALiBi, a bool mask
     and GQA as without dropout (255, 12 bytes).
+
+    ``equal_lengths`` (with ``variant.varlen``): a packed batch of equal lengths, ``seqs``
+    the pair (nq, nk) (kernels/sequences.py), so that a block's first rows and its mask's
+    shift are the same in every lane. A lab build, never planned: whether it runs the
+    packed causal build faster is lab/sweeps/v8_packed_causal_time.py's question. ptxas
+    for sm_90 at d = 64, (128, 64): 244 registers not causal and 249 causal, where the
+    build reading cu_seqlens takes 183 and 244.
     """
     acc = acc_type("float32")
     ZERO = acc(0)
@@ -122,7 +129,7 @@ def make_forward_v8(Br, Bc, d, causal, chunk=V6_CHUNK, max_registers=None, varia
         options["max_registers"] = max_registers
 
     VARLEN = variant.varlen
-    sequences = make_sequences(VARLEN)
+    sequences = make_sequences(VARLEN, equal=equal_lengths)
     locate, uniform_range = sequences.locate, sequences.uniform_range
 
     @cuda.jit(**options)
