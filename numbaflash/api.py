@@ -7,7 +7,7 @@ from . import arrays, dtypes
 from .kernels import backward, forward
 from .streams import DEFAULT, call_stream, wait_for
 from .launcher import launch_backward, launch_forward
-from .policy import backend, finite_inputs_plans, plan_backward, plan_forward
+from .policy import backend, plan_backward, plan_forward, start_finite_check
 from .validate import (backward_memory, check_attention_inputs, check_backward_inputs,
                        check_memory, forward_memory, warn_if_slow)
 
@@ -328,11 +328,19 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, win
         dQ = arrays.device_empty((p.BH, p.Sq, p.d), grad, s)
     dK = arrays.device_empty((p.BHkv, p.Sk, p.d), grad, s)
     dV = arrays.device_empty((p.BHkv, p.Sk, p.d), grad, s)
-    # v5 to v10 (tensor cores) need finite inputs: checked here; v4 if not, or an error
-    # if the caller asked for one of them.
-    plans = finite_inputs_plans(plans, kp, version is not None, Q, K, V, O, dO, L, s)
+    # v5 to v10 (tensor cores) need finite inputs. The check is queued first; a version
+    # the caller named waits for it (an error before its launch), the default's kernels
+    # are queued before the wait, and v4's run after them if an input is not finite
+    # (policy.start_finite_check says why).
+    pending = start_finite_check(plans, kp, Q, K, V, O, dO, L, s)
+    if pending is not None and version is not None:
+        plans, pending = pending.plans(asked=True), None
     launch_backward(plans, kp, Q, K, V, O, dO, L, D, dQ, dK, dV, *_variant_arrays(p, s),
                     stream=s)
+    fallback = plans if pending is None else pending.plans(asked=False)
+    if fallback is not plans:
+        launch_backward(fallback, kp, Q, K, V, O, dO, L, D, dQ, dK, dV,
+                        *_variant_arrays(p, s), stream=s)
     return (arrays.finish(dQ, q_shape, host, s, p.dtype),
             arrays.finish(dK, k_shape, host, s, p.dtype),
             arrays.finish(dV, k_shape, host, s, p.dtype))

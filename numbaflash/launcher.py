@@ -181,6 +181,58 @@ def memset_d32_async(address, value, count, stream_handle):
         raise RuntimeError(f"cuMemsetD32Async failed: {err!r}")
 
 
+class FlagReadback:
+    """A 4-byte flag read back to the host without the host waiting for the stream: the
+    copy lands in page-locked host memory and an event marks it, so that the host can
+    queue more work on the stream and wait later for the copy alone (a copy into
+    pageable memory returns only once everything before it has run). One per thread and
+    CUDA context (``flag_readback``), reused: ``read`` waits for its copy, so a thread's
+    next ``start`` finds it free."""
+
+    def __init__(self):
+        binding, success = _DRIVER or _driver()
+        self.host = cuda.pinned_array(1, np.int32)
+        err, self.event = binding.cuEventCreate(
+            binding.CUevent_flags.CU_EVENT_DISABLE_TIMING)
+        if err != success:
+            raise RuntimeError(f"cuEventCreate failed: {err!r}")
+
+    def start(self, device_pointer, stream_handle):
+        """Queue the copy of the int32 at ``device_pointer`` and the event after it on the
+        stream with handle ``stream_handle``."""
+        binding, success = _DRIVER
+        self.host[0] = -1
+        err, = binding.cuMemcpyDtoHAsync(self.host.ctypes.data, device_pointer, 4,
+                                         stream_handle)
+        if err == success:
+            err, = binding.cuEventRecord(self.event, stream_handle)
+        if err != success:
+            raise RuntimeError(f"copying the flag back failed: {err!r}")
+
+    def read(self):
+        """Wait for the copy (not for the work queued after it) and return the flag."""
+        binding, success = _DRIVER
+        err, = binding.cuEventSynchronize(self.event)
+        if err != success:
+            raise RuntimeError(f"cuEventSynchronize failed: {err!r}")
+        return int(self.host[0])
+
+
+_READBACKS = threading.local()
+
+
+def flag_readback():
+    """This thread's FlagReadback for the current CUDA context (made at first use)."""
+    table = getattr(_READBACKS, "table", None)
+    if table is None:
+        table = _READBACKS.table = {}
+    key = int(current_context().handle)
+    found = table.get(key)
+    if found is None:
+        found = table[key] = FlagReadback()
+    return found
+
+
 def current_context():
     """Numba's current CUDA context, as ``cuda.current_context()`` gives it, for calls
     that run many times a second (repeated decoding calls). Where another library made

@@ -251,15 +251,28 @@ def plan_backward(p, version=None, tiles=None, where=None, deterministic=True):
 
 def finite_inputs_plans(plans, p, asked, Q, K, V, O, dO, L, stream=DEFAULT):
     """``plans``, or the default's without tensor cores (v4, or v1 for a variant v4 does
-    not take) if they are v5's to v10's and an input holds NaN or inf (the
-    tensor-core backward needs finite inputs). One check kernel over the six arrays and a
-    4-byte copy back, on ``stream`` (a streams.CallStream), which is then waited for; for
-    bfloat16 given as its bits (v7: Problem ``p`` says bfloat16) the check reads the
-    exponent bits. ``asked``: the caller named the version, which then raises ValueError
-    instead of falling back (v7 is never the default, so it always raises)."""
-    version = plans[-1].version
-    if version not in ("v5", "v6", "v7", "v8", "v9", "v10"):
-        return plans
+    not take) if they are v5's to v10's and an input holds NaN or inf (the tensor-core
+    backward needs finite inputs): ``start_finite_check``, then waiting for its answer.
+    ``asked``: the caller named the version, which then raises ValueError instead of
+    falling back (v7 is never the default, so it always raises)."""
+    pending = start_finite_check(plans, p, Q, K, V, O, dO, L, stream)
+    return plans if pending is None else pending.plans(asked)
+
+
+def start_finite_check(plans, p, Q, K, V, O, dO, L, stream=DEFAULT):
+    """Queue the check that the six inputs are finite, if ``plans`` are v5's to v10's (the
+    tensor-core backward), and return its ``PendingCheck``; None for other plans. One
+    check kernel over the six arrays on ``stream`` (a streams.CallStream), and its 4-byte
+    flag copied back (launcher.FlagReadback); nothing waits yet. For bfloat16 given as
+    its bits (v7: Problem ``p`` says bfloat16) the check reads the exponent bits.
+
+    The backward call queues its kernels before it waits for the answer, so that the GPU
+    runs them while the host waits: the answer is almost always "finite", and waiting
+    first left the GPU idle while the host made the launches after it (the idle time
+    per call of lab/runs/2026-12-07/158_layout_f16_d64_grad_kernels.txt). If it is not,
+    the call launches the fallback's plans after them, which write every gradient again."""
+    if plans[-1].version not in ("v5", "v6", "v7", "v8", "v9", "v10"):
+        return None
     n = max(a.size for a in (Q, K, V, O, dO, L))
     threads = 256
     check = nonfinite_check_bfloat16 if dtypes.is_bfloat16(p.dtype) else nonfinite_check
@@ -267,24 +280,44 @@ def finite_inputs_plans(plans, p, asked, Q, K, V, O, dO, L, stream=DEFAULT):
     flag = _cleared_flag(stream)
     launch(check, (min(math.ceil(n / threads), 4096),), (threads,), views + (flag,),
            (p.dtype, p.acc_dtype), stream=stream)
-    found = flag.copy_to_host(stream=stream.numba)     # waits for the check
-    if stream.numba != 0:
-        stream.synchronize()
-    if found[0] == 0:
-        return plans
-    why = (f"the inputs hold NaN or inf (q, k, v, out, dout or lse), and backward "
-           f"{version}'s tensor cores would carry them to keys that do not see them")
-    where = plans[-1].backend
-    other, _ = default_backward_version(p, where, tensor_cores=False)
-    if asked:
-        raise ValueError(f"backward {version} cannot run this input: {why}; use {other} (the "
-                         f"default falls back to it)")
-    if version == "v8":     # chosen for deterministic=False
-        why += "; deterministic=False had no atomic version for this input"
-    log.warning("backward: %s; running %s instead of the default %s", why, other, version)
-    return Plans(replace(plan, reason=f"{why}: {other} instead of the default {version}; "
-                                      f"{plan.reason}")
-                 for plan in plan_backward(p, other, where=where))
+    if simulating():
+        return PendingCheck(plans, p, None, int(flag.copy_to_host()[0]), flag)
+    readback = launcher.flag_readback()
+    readback.start(flag.device_ctypes_pointer.value, stream.handle)
+    return PendingCheck(plans, p, readback, None, flag)
+
+
+class PendingCheck:
+    """A queued finiteness check (``start_finite_check``): ``plans(asked)`` waits for its
+    answer and returns the plans to run."""
+
+    def __init__(self, plans, p, readback, found, flag):
+        self.checked, self.p, self.readback, self.found = plans, p, readback, found
+        self.flag = flag            # the device flag, kept until its copy has been read
+
+    def plans(self, asked):
+        """The checked plans if the inputs are finite, else the fallback's (a warning in
+        the log says why), or ValueError if ``asked`` (the caller named the version).
+        Waits for the check's copy only, not for work queued after it."""
+        found = self.readback.read() if self.found is None else self.found
+        plans, p = self.checked, self.p
+        if found == 0:
+            return plans
+        version = plans[-1].version
+        why = (f"the inputs hold NaN or inf (q, k, v, out, dout or lse), and backward "
+               f"{version}'s tensor cores would carry them to keys that do not see them")
+        where = plans[-1].backend
+        other, _ = default_backward_version(p, where, tensor_cores=False)
+        if asked:
+            raise ValueError(f"backward {version} cannot run this input: {why}; use "
+                             f"{other} (the default falls back to it)")
+        if version == "v8":     # chosen for deterministic=False
+            why += "; deterministic=False had no atomic version for this input"
+        log.warning("backward: %s; running %s instead of the default %s", why, other,
+                    version)
+        return Plans(replace(plan, reason=f"{why}: {other} instead of the default "
+                                          f"{version}; {plan.reason}")
+                     for plan in plan_backward(p, other, where=where))
 
 
 def _cleared_flag(stream):

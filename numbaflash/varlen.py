@@ -27,7 +27,7 @@ from .kernels.backward import preprocess
 from .kernels.plan import Plans
 from .launcher import device_id, launch_backward, launch_forward
 from .masks import parse_causal
-from .policy import finite_inputs_plans, plan_backward, plan_forward
+from .policy import plan_backward, plan_forward, start_finite_check
 from .streams import call_stream
 from .validate import (_shape_dtype, backward_memory, check_attention_inputs, check_memory,
                        forward_memory, warn_if_slow)
@@ -349,17 +349,27 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
         dQ = arrays.device_empty(q_shape, grad, s)
     dK = arrays.device_empty(k_shape, grad, s)
     dV = arrays.device_empty(k_shape, grad, s)
-    # v5 and v6 (tensor cores) need finite inputs: checked on the packed arrays
-    checked = finite_inputs_plans(plans, kp, version is not None, Q, K, V, O, dO, L, s)
+    # v5 to v10 (tensor cores) need finite inputs: checked on the packed arrays, as in
+    # attention_backward (the default's kernels queued before the wait)
+    pending = start_finite_check(plans, kp, Q, K, V, O, dO, L, s)
+    if pending is not None and version is not None:
+        plans, pending = pending.plans(asked=True), None
+    dseqs = device_seqs(seqs, s)
+
+    def launch(plans):
+        # the arrays as they are for kernels that add each sequence's first row
+        # themselves (PACKED_ROWS; the launcher gives the D kernel its views), else
+        # (heads, total, d) views
+        rows = getattr(backward.module(plans[-1].version), "PACKED_ROWS", False)
+        first = _as_they_are if rows else arrays.heads_first
+        launch_backward(plans, kp, first(Q), first(K), first(V), first(O), first(dO), L, D,
+                        first(dQ), first(dK), first(dV), *_variant_arrays(p, s), stream=s,
+                        seqs=dseqs)
+
+    launch(plans)
+    checked = plans if pending is None else pending.plans(asked=False)
     if checked is not plans:
-        plans = _packed_plans(checked, p, total_q)
-    # the arrays as they are for kernels that add each sequence's first row themselves
-    # (PACKED_ROWS; the launcher gives the D kernel its views), else (heads, total, d) views
-    rows = getattr(backward.module(plans[-1].version), "PACKED_ROWS", False)
-    first = _as_they_are if rows else arrays.heads_first
-    launch_backward(plans, kp, first(Q), first(K), first(V), first(O), first(dO), L, D,
-                    first(dQ), first(dK), first(dV), *_variant_arrays(p, s), stream=s,
-                    seqs=device_seqs(seqs, s))
+        launch(_packed_plans(checked, p, total_q))
     return (arrays.finish(dQ, q_shape, host, s, p.dtype),
             arrays.finish(dK, k_shape, host, s, p.dtype),
             arrays.finish(dV, k_shape, host, s, p.dtype))

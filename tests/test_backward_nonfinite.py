@@ -405,8 +405,8 @@ def test_tensor_core_versions_refuse_nonfinite_inputs_and_the_default_runs_v4(
         which, dtype, default, refusing, caplog):
     """The tensor-core backwards need finite inputs: with a NaN in any input, asking for
     one of them is a ValueError that says why, and the default (v6 on a GPU in float32, v9
-    in float16) runs v4 instead, logs why, and gives v4's gradients bitwise. With finite
-    inputs the default is v6 or v9."""
+    in float16) runs v4 after its own kernels (queued before the check's answer), logs
+    why, and gives v4's gradients bitwise. With finite inputs the default is v6 or v9."""
     case = make_case(1, 2, 40, 33, 16, dtype, "bottom_right", None, None, "uniform", 4,
                      True)
     out, lse = numbaflash.attention(case.q, case.k, case.v, causal=case.causal,
@@ -430,5 +430,56 @@ def test_tensor_core_versions_refuse_nonfinite_inputs_and_the_default_runs_v4(
     for name, a, b in zip(GRADS, got, want):
         assert_bitwise_equal(name, a, b)
     text = caplog.text
-    assert f"running v4 instead of the default {default}" in text
-    assert "backward_dkdv_v4" in text and f"backward_dkdv_{default}" not in text
+    fell_back = text.index(f"running v4 instead of the default {default}")
+    assert (text.index(f"backward_dkdv_{default}") < fell_back
+            < text.index("backward_dkdv_v4"))
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_the_default_queues_its_kernels_before_the_check_and_v4_writes_after_them(
+        packed, monkeypatch, caplog):
+    """The default's tensor-core kernels are queued before the host waits for the finite
+    check (policy.start_finite_check); with a NaN among the inputs v4 runs after them and
+    writes every gradient again: the result is v4's, bitwise. On the simulator, with v6
+    made the default (it is v4 there), as on a GPU; packed: attention_varlen_backward."""
+    from numbaflash import policy
+    real = policy.default_backward_version
+
+    def v6_by_default(p, where, tensor_cores=True):
+        return ("v6", "v6 for this test") if tensor_cores else real(p, where, False)
+
+    monkeypatch.setattr(policy, "default_backward_version", v6_by_default)
+    case = make_case(1, 2, 9, 7, 8, "float32", "bottom_right", None, None, "uniform", 5,
+                     True)
+    q, k, v, dout = case.q, case.k, case.v, case.dout
+    if packed:
+        q, k, v, dout = (np.ascontiguousarray(x[0].transpose(1, 0, 2))
+                         for x in (q, k, v, dout))
+        cu_q = np.array([0, q.shape[0]], np.int32)
+        cu_k = np.array([0, k.shape[0]], np.int32)
+        out, lse = numbaflash.attention_varlen(q, k, v, cu_q, cu_k, causal=True,
+                                               return_lse=True)
+        dout = dout.copy()
+        dout[3, 1, 2] = np.nan
+
+        def backward(**kw):
+            return numbaflash.attention_varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k,
+                                                        causal=True, **kw)
+    else:
+        out, lse = numbaflash.attention(q, k, v, causal=case.causal, return_lse=True)
+        dout = dout.copy()
+        dout[0, 1, 3, 2] = np.nan
+
+        def backward(**kw):
+            return numbaflash.attention_backward(dout, q, k, v, out, lse,
+                                                 causal=case.causal, **kw)
+    with caplog.at_level("INFO", logger="numbaflash"):
+        got = backward()
+    text = caplog.text
+    fell_back = text.index("running v4 instead of the default v6")
+    assert text.index("backward_dkdv_v6") < fell_back < text.index("backward_dkdv_v4")
+    want = backward(version="v4")
+    for name, a, b in zip(GRADS, got, want):
+        assert_bitwise_equal(name, a, b)
+    with pytest.raises(ValueError, match=r"backward v6 cannot run this input"):
+        backward(version="v6")

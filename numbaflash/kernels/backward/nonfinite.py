@@ -56,8 +56,8 @@ def _make_check(finite_value):
 
 
 # flag[0] = 1 if any element of the 1D arrays Q, K, V, O, dO is NaN or +-inf, or any of L
-# is NaN or +inf (L = -inf is a row that sees no key). policy.finite_inputs_plans runs it
-# before backward v5, v6 and v7, which need finite inputs (grid-stride loop; GPU and
+# is NaN or +inf (L = -inf is a row that sees no key). policy.start_finite_check queues it
+# before backward v5 to v10, which need finite inputs (grid-stride loop; GPU and
 # simulator); the bfloat16 one for Q, K, V, O, dO given as bits (uint16; L is float32).
 nonfinite_check = _make_check(finite)
 nonfinite_check_bfloat16 = _make_check(finite_bfloat16)

@@ -11,12 +11,12 @@ DP + 4 floats, and every operand is split into its TF32 parts where it is read.
 
 What it costs: finite inputs only. A tensor core cannot skip a product, so a NaN in the q
 or dO of a query would reach the keys it does not see as 0 * NaN; nonfinite.py checks the
-six inputs before the launch (numbaflash/policy.py, finite_inputs_plans), and
-version="v5" with a NaN or inf is a ValueError. What it buys: about v4's speed and no
-more, the plain rung of the tensor-core ladder: at (2, 16, 4096, 64) 26.63 / 14.43 ms
-(not causal / causal) against v4's 24.53 / 15.43, at d = 128 with (64, 64) tiles
-74.36 / 39.33 against 64.96 / 34.05 (lab/runs/2026-12-01/35_bwd_v5_sweep.txt). v6 makes
-it pay.
+six inputs (numbaflash/policy.py, start_finite_check): version="v5" with a NaN or
+inf is a ValueError before the launch, and the default runs v4 after it. What it buys:
+about v4's speed and no more, the plain rung of the tensor-core ladder: at
+(2, 16, 4096, 64) 26.63 / 14.43 ms (not causal / causal) against v4's 24.53 / 15.43,
+at d = 128 with (64, 64) tiles 74.36 / 39.33 against 64.96 / 34.05
+(lab/runs/2026-12-01/35_bwd_v5_sweep.txt). v6 makes it pay.
 
 Runs only when asked for (version="v5"). Deterministic; inline PTX on a GPU, on the
 simulator kernels/simulated.py's stand-ins (slow; the default there stays v4); float32
@@ -602,7 +602,7 @@ def tensor_core_plans(p, where, reason, preprocess, version, per_kernel):
     with grid (Tc, B * Hq) and 2 Bc threads, then dQ with grid (Tr, B * Hq) and 2 Br
     threads, both with dynamic shared memory. ``per_kernel``: {"dkdv": (Br, Bc, pairs),
     "dq": (Br, Bc, pairs)}."""
-    reason += "; finite inputs only (checked before the launch)"
+    reason += "; finite inputs only (checked on the GPU)"
     Br, Bc, pairs = per_kernel["dkdv"]
     dkdv = Plan("backward dK dV", version, f"backward_dkdv_{version}", where, Br, Bc,
                 (math.ceil(p.Sk / Bc), p.BH), (2 * Bc,),

@@ -365,7 +365,7 @@ def plan(p, where, tiles, reason, preprocess):
     work = Plan("backward dK dV dQ", "v8", "backward_dkdv_dq_v8", where, Br, Bc,
                 (math.ceil(p.Sk / Bc), p.BHkv), (2 * Bc,),
                 v8_shared_bytes(Br, Bc, p.d, pairs, chunk), p.acc_dtype, p.causal,
-                reason + "; finite inputs only (checked before the launch); v6's dK/dV kernel "
+                reason + "; finite inputs only (checked on the GPU); v6's dK/dV kernel "
                 "(tensor cores, 3xTF32), each warp 16 keys, plus dQ += scale dS Kj per chunk "
                 f"of {chunk} query rows by atomic adds into {target} (its bits may vary "
                 "between runs)" + gqa + table, variant=variant_description(p), pairs=pairs,

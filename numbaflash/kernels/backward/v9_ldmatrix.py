@@ -702,7 +702,7 @@ def plan(p, where, tiles, reason, preprocess):
         per_kernel = check_backward_v9_tiles(tiles, p.d)
         reason += "; tiles given by the caller"
     reason += ("; v7's products with ldmatrix operands and cp.async copies into two stages "
-               "(bitwise v7's gradients); finite inputs only (checked before the launch)")
+               "(bitwise v7's gradients); finite inputs only (checked on the GPU)")
     if p.dtype.name == "bfloat16":
         reason += "; reads the bfloat16 inputs as their bits"
         preprocess = replace(preprocess,
