@@ -186,14 +186,15 @@ class FlagReadback:
     copy lands in page-locked host memory and an event marks it, so that the host can
     queue more work on the stream and wait later for the copy alone (a copy into
     pageable memory returns only once everything before it has run). One per thread and
-    CUDA context (``flag_readback``), reused: ``read`` waits for its copy, so a thread's
-    next ``start`` finds it free."""
+    CUDA context (``flag_readback``), reused: ``read`` waits for its copy, and ``start``
+    waits for the one before it (done, unless an error came between its start and its
+    read), so that an earlier copy cannot land after a later one."""
 
     def __init__(self):
         binding, success = _DRIVER or _driver()
         self.host = cuda.pinned_array(1, np.int32)
         err, self.event = binding.cuEventCreate(
-            binding.CUevent_flags.CU_EVENT_DISABLE_TIMING)
+            int(binding.CUevent_flags.CU_EVENT_DISABLE_TIMING))
         if err != success:
             raise RuntimeError(f"cuEventCreate failed: {err!r}")
 
@@ -201,6 +202,9 @@ class FlagReadback:
         """Queue the copy of the int32 at ``device_pointer`` and the event after it on the
         stream with handle ``stream_handle``."""
         binding, success = _DRIVER
+        err, = binding.cuEventSynchronize(self.event)      # the copy before this one
+        if err != success:
+            raise RuntimeError(f"cuEventSynchronize failed: {err!r}")
         self.host[0] = -1
         err, = binding.cuMemcpyDtoHAsync(self.host.ctypes.data, device_pointer, 4,
                                          stream_handle)
