@@ -142,11 +142,15 @@ _FLASH = {}                 # _flash_key -> _FlashLayout
 _FLASH_MAX = 256
 # flash_attn_func with gradients: in place (the packed backward reading the arrays as
 # they are) or through (batch, heads, seqlen, d) copies, by which was measured faster at
-# (2, 4096, 16, d) on an H100 (lab/runs/2026-12-06/140_layout_*_grad.txt): float32
-# without the causal mask in place (d = 64 and 128); float32 causal and float16 through
-# the copies. bfloat16 computes on float16's kernels and follows float16. The kinds that
-# run in place, as (dtype name, causal):
-_FLASH_GRAD_IN_PLACE = {("float32", False)}
+# (2, 4096, 16, d) on an H100: float32 without the causal mask in place (d = 64 and 128,
+# lab/runs/2026-12-06/140_layout_*_grad.txt), float32 causal through the copies;
+# float16 in place, causal or not, since the backward queues its kernels before it waits
+# for the finite check (d = 64, lab/runs/2026-12-07/159_layout_f16_d64_*.txt: queued
+# 1.019x and 1.003x the (b, h, s, d) call against the copies' 1.051x and 1.080x).
+# bfloat16 computes on float16's kernels and follows float16. The kinds that run in
+# place, as (dtype name, causal):
+_FLASH_GRAD_IN_PLACE = {("float32", False), ("float16", False), ("float16", True),
+                        ("bfloat16", False), ("bfloat16", True)}
 
 
 def _flash_grad_in_place(dtype, causal):
@@ -270,10 +274,13 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     (float32 on forward v8 / v9, float16 and bfloat16 plain attention on forward v10;
     without ALiBi or dropout): they are seen as a packed batch of equal lengths, (batch
     * seqlen, heads, d) views of the same memory, and out is written in this layout.
-    Calls with gradients, and everything else, are copied to (batch, heads, seqlen, d)
-    (``transpose(1, 2).contiguous()``), ``attention`` runs on the copies, and out comes
-    back transposed the same way; autograd carries the gradients through the transposes.
-    docs/pytorch.md has the measured cost of each way.
+    With gradients the same, and the packed backward writes the gradients in this
+    layout, except for float32 with the causal mask (``_FLASH_GRAD_IN_PLACE``: where the
+    copies were measured faster). Those calls, and everything else, are copied to
+    (batch, heads, seqlen, d) (``transpose(1, 2).contiguous()``), ``attention`` runs on
+    the copies, and out comes back transposed the same way; autograd carries the
+    gradients through the transposes. docs/pytorch.md has the measured cost of each
+    way.
 
     Args:
         q: (batch, Sq, Hq, d); k, v: (batch, Sk, Hkv, d). float16, bfloat16, float32 or

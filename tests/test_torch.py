@@ -695,12 +695,13 @@ def test_flash_layout_cu_seqlens_of_empty_sequences():
 
 def test_flash_attn_func_with_gradients_in_place_where_measured_faster():
     """With gradients, flash_attn_func runs in place for float32 without the causal mask
-    and through the copies otherwise (torch_dropins._FLASH_GRAD_IN_PLACE says why)."""
+    and for float16 and bfloat16, and through the copies for float32 with the causal mask
+    (torch_dropins._FLASH_GRAD_IN_PLACE says why)."""
     assert dropins._flash_grad_in_place(np.float32, False)
     assert not dropins._flash_grad_in_place(np.float32, True)
     for dtype in (np.float16, ml_dtypes.bfloat16):
         for causal in (False, True):
-            assert not dropins._flash_grad_in_place(dtype, causal)
+            assert dropins._flash_grad_in_place(dtype, causal)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
