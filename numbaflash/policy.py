@@ -249,16 +249,6 @@ def plan_backward(p, version=None, tiles=None, where=None, deterministic=True):
     return backward.module(version).plan(p, where, tiles, reason, preprocess)
 
 
-def finite_inputs_plans(plans, p, asked, Q, K, V, O, dO, L, stream=DEFAULT):
-    """``plans``, or the default's without tensor cores (v4, or v1 for a variant v4 does
-    not take) if they are v5's to v10's and an input holds NaN or inf (the tensor-core
-    backward needs finite inputs): ``start_finite_check``, then waiting for its answer.
-    ``asked``: the caller named the version, which then raises ValueError instead of
-    falling back (v7 is never the default, so it always raises)."""
-    pending = start_finite_check(plans, p, Q, K, V, O, dO, L, stream)
-    return plans if pending is None else pending.plans(asked)
-
-
 def start_finite_check(plans, p, Q, K, V, O, dO, L, stream=DEFAULT):
     """Queue the check that the six inputs are finite, if ``plans`` are v5's to v10's (the
     tensor-core backward), and return its ``PendingCheck``; None for other plans. One
@@ -289,7 +279,10 @@ def start_finite_check(plans, p, Q, K, V, O, dO, L, stream=DEFAULT):
 
 class PendingCheck:
     """A queued finiteness check (``start_finite_check``): ``plans(asked)`` waits for its
-    answer and returns the plans to run."""
+    answer and returns the plans to run: the checked ones, or the default's without
+    tensor cores (v4, or v1 for a variant v4 does not take) if an input holds NaN or inf;
+    ``asked`` (the caller named the version) raises ValueError instead of falling back
+    (v7 is never the default, so it always raises)."""
 
     def __init__(self, plans, p, readback, found, flag):
         self.checked, self.p, self.readback, self.found = plans, p, readback, found

@@ -323,8 +323,8 @@ def test_vjp_passes_deterministic_on(caplog):
 
 
 def test_nonfinite_inputs_fall_back_to_v4_with_the_reason():
-    """NaN among the inputs of plans that deterministic=False made v8's: the check before
-    the launch gives v4's plans, and the reason says deterministic=False had no atomic
+    """NaN among the inputs of plans that deterministic=False made v8's: the finite check
+    gives v4's plans, and the reason says deterministic=False had no atomic
     version for this input; version="v8" with a NaN raises instead."""
     from numba import cuda
     q, k, v, dout = make_inputs(1, 1, 1, 9, 7, 8, "float32", 16)
@@ -335,7 +335,7 @@ def test_nonfinite_inputs_fall_back_to_v4_with_the_reason():
     plans = policy.plan_backward(p, "v8")          # as deterministic=False plans on a GPU
     arrays = [cuda.to_device(np.ascontiguousarray(a.reshape((-1,) + a.shape[2:])))
               for a in (q, k, v, out, dout, lse)]
-    checked = policy.finite_inputs_plans(plans, p, False, *arrays)
+    checked = policy.start_finite_check(plans, p, *arrays).plans(asked=False)
     assert checked[-1].version == "v4"
     assert "deterministic=False had no atomic version for this input" in checked[-1].reason
     with pytest.raises(ValueError, match=r"backward v8 cannot run this input: the inputs "

@@ -17,7 +17,7 @@ checked:
 - The launch contract: version="v10" plans v6's tiles, pairs, grids and shared memory
   for v10's two kernels; v10 is never a default (deterministic or not, any dtype, either
   backend); refusals before any launch (float64, d > 128, bad tiles); NaN or inf with
-  version="v10" a ValueError (numbaflash/policy.py's finite_inputs_plans checks
+  version="v10" a ValueError (numbaflash/policy.py's start_finite_check checks
   them).
 - On a GPU only: the same bits over reruns (no atomics).
 

@@ -124,8 +124,8 @@ def make_backward_dkdv_v5(Br, Bc, d, causal):
 
     Finite inputs only: a tensor core cannot skip a product, so a NaN or inf in the q or
     dO of a query would reach keys that query does not see as 0 * NaN. The call checks
-    the inputs first (nonfinite.py; policy.finite_inputs_plans runs v4 if any is not
-    finite, or raises ValueError if v5 was asked for).
+    the inputs first (nonfinite.py; policy.start_finite_check: v4 runs if any is not
+    finite, or ValueError if v5 was asked for).
     Rows that see no key (L = -inf) are staged as zeros, so their q and dO play no part.
 
     Launch: grid (ceil(Sk / Bc), BH), block (2 * Bc,): Bc / 16 warps; END * 4 bytes of
