@@ -14,11 +14,14 @@ questions, one part each:
   accuracy    3xTF32 through wgmma (big*big, big*small, small*big, the small products in
               their own accumulator) on a 64 x 64 x 64 product of random float32, its
               error against float64 beside a plain float32 sum's.
+  rs          the same product with A from registers (the "RS" form: P V and dS K would
+              take P and dS from the registers that hold them), for two guesses at
+              which thread holds which A element; prints the one that gives A B^T.
   throughput  tensor work per second: wgmma m64nNk8 (N = 64, 128, 256) in a loop on
               tiles held in shared memory, against mma.sync m16n8k8 (what every
               float32 kernel uses now), each on enough blocks to fill the GPU.
 
-    python3 lab/sweeps/wgmma_tf32_gpu.py [--parts layout,accuracy,throughput]
+    python3 lab/sweeps/wgmma_tf32_gpu.py [--parts layout,accuracy,rs,throughput]
 
 GPU only (sm_90: the kernels compile for sm_90a, which a cc 9.0 device gets by default).
 The intrinsics come from scripts/sm90a_probe.py, which checked on the CPU that they
@@ -270,6 +273,72 @@ def part_accuracy(found):
               f"float32 matmul {np.abs(f32 - want).max():.3g} (max |D| {scale:.3g})")
 
 
+# --- A from registers ------------------------------------------------------------------------
+
+WG64_RS = probe.wgmma_tf32_rs
+
+
+@cuda.jit
+def k_rs(a_words, b_flat, out, lbo, sbo):
+    S = cuda.shared.array(SLOTS, numba.float32)
+    o = aligned_start(S)
+    t = cuda.threadIdx.x
+    for i in range(t, 512, 128):
+        S[o + i] = b_flat[i]
+    fence_proxy_async()
+    cuda.syncthreads()
+    db = descriptor(shared_address(S) + numba.uint32(4) * numba.uint32(o), lbo, sbo)
+    probe.wgmma_fence()
+    acc = WG64_RS(ZERO32(), a_words[t, 0], a_words[t, 1], a_words[t, 2], a_words[t, 3], db,
+                  numba.uint32(0))
+    probe.wgmma_commit()
+    probe.wgmma_wait0()
+    for i in range(32):
+        out[t, i] = acc[i]
+
+
+def a_fragments(A, guess):
+    """The (128, 4) words the threads pass as A (64 x 8): warp w holds rows 16w..16w+15,
+    as mma.sync m16n8k8 holds its A. "mma order": a0 (r, c), a1 (r + 8, c), a2 (r, c + 4),
+    a3 (r + 8, c + 4) with r = lane // 4, c = lane % 4; "columns first": a1 and a2
+    swapped."""
+    words = np.zeros((128, 4), np.uint32)
+    bits = A.astype(np.float32).view(np.uint32)
+    for t in range(128):
+        w, lane = divmod(t, 32)
+        r, c = 16 * w + lane // 4, lane % 4
+        places = [(r, c), (r + 8, c), (r, c + 4), (r + 8, c + 4)]
+        if guess == "columns first":
+            places[1], places[2] = places[2], places[1]
+        for i, (row, col) in enumerate(places):
+            words[t, i] = bits[row, col]
+    return words
+
+
+def part_rs(found):
+    print("== rs: one m64n64k8 wgmma, A from registers, B (64 x 8) from shared memory")
+    if found is None:
+        print("  skipped: no descriptor reading was exact")
+        return None
+    row_stride, k_stride, lbo, sbo = found
+    rows, cols = fragment_places()
+    rng = np.random.default_rng(2)
+    A = (rng.integers(-8, 9, (64, 8)) / 4).astype(np.float32)
+    B = (rng.integers(-8, 9, (64, 8)) / 4).astype(np.float32)
+    want = (A.astype(np.float64) @ B.astype(np.float64).T)[rows, cols]
+    works = None
+    for guess in ("mma order", "columns first"):
+        out = cuda.device_array((128, 32), np.float32)
+        k_rs[1, 128](cuda.to_device(a_fragments(A, guess)),
+                     cuda.to_device(place(B, row_stride, k_stride, 512)), out,
+                     np.uint32(lbo), np.uint32(sbo))
+        err = float(np.abs(out.copy_to_host() - want).max())
+        print(f"  A fragments in {guess}: max |err| {err:g} {'EXACT' if err == 0 else ''}")
+        if err == 0 and works is None:
+            works = guess
+    return works
+
+
 # --- throughput ------------------------------------------------------------------------------
 
 def make_k_wgmma_loop(n, iters):
@@ -372,16 +441,18 @@ def part_throughput():
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--parts", default="layout,accuracy,throughput")
+    ap.add_argument("--parts", default="layout,accuracy,rs,throughput")
     parts = ap.parse_args().parts.split(",")
     dev = cuda.get_current_device()
     print(f"# {dev.name.decode() if isinstance(dev.name, bytes) else dev.name}, "
           f"cc {dev.compute_capability}, {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}")
     found = None
-    if "layout" in parts or "accuracy" in parts:
+    if "layout" in parts or "accuracy" in parts or "rs" in parts:
         found = part_layout()
     if "accuracy" in parts:
         part_accuracy(found)
+    if "rs" in parts:
+        part_rs(found)
     if "throughput" in parts:
         part_throughput()
 
