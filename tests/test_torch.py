@@ -491,20 +491,33 @@ def test_bfloat16_cuda_tensors_give_numbaflash_bits():
             sdpa = nft.scaled_dot_product_attention(q, k, v, is_causal=True)
             flash = nft.flash_attn_func(*(x.transpose(1, 2) for x in (q, k, v)), causal=True)
     torch.cuda.synchronize()
+
+    def differ(got, want):
+        """How many of the bits differ, for the assert's message."""
+        if got.shape != want.shape or got.device != want.device:
+            return f"{tuple(got.shape)} on {got.device} against {tuple(want.shape)} on {want.device}"
+        return f"{int((got != want).sum())} of {want.numel()} values differ"
+
     assert out.dtype == torch.bfloat16 and out.is_cuda
-    assert torch.equal(out.detach().view(torch.int16), want_out)
+    got_out = out.detach().view(torch.int16)
+    assert torch.equal(got_out, want_out), "autograd's out: " + differ(got_out, want_out)
     for name, x, want in zip(("dq", "dk", "dv"), inputs, want_grads):
         assert x.grad.dtype == torch.bfloat16, name
-        assert torch.equal(x.grad.view(torch.int16), want), name
-    for got in (again, flash.transpose(1, 2)):
-        assert torch.equal(got.view(torch.int16), want_out)
+        got = x.grad.view(torch.int16)
+        assert torch.equal(got, want), f"autograd's {name}: " + differ(got, want)
+    for name, got in (("the repeated call", again), ("flash_attn_func", flash.transpose(1, 2))):
+        got = got.view(torch.int16)
+        assert torch.equal(got, want_out), f"{name}'s out: " + differ(got, want_out)
     top_left = numbaflash.attention(Q, K, V, causal="top_left")
-    assert torch.equal(sdpa.view(torch.int16).cpu(),
-                       torch.from_numpy(top_left.copy_to_host().view(np.int16)))
+    want_sdpa = torch.from_numpy(top_left.copy_to_host().view(np.int16))
+    got_sdpa = sdpa.view(torch.int16).cpu()
+    assert torch.equal(got_sdpa, want_sdpa), "SDPA's out: " + differ(got_sdpa, want_sdpa)
     plan = numbaflash.explain(Q, K, V, causal=True)
     p = check_attention_inputs(Q, K, V, True)
     direct = not dtypes.widens(p, forward_kernels.module(plan.version))
-    assert remembered == int(direct), plan.version
+    assert remembered == int(direct), (f"{remembered} direct forward calls remembered; "
+                                       f"forward {plan.version} reads bfloat16 itself: "
+                                       f"{direct}")
 
 
 # --- errors, before any launch ---------------------------------------------------------------
