@@ -495,7 +495,8 @@ def test_bfloat16_cuda_tensors_give_numbaflash_bits():
     def differ(got, want):
         """How many of the bits differ, for the assert's message."""
         if got.shape != want.shape or got.device != want.device:
-            return f"{tuple(got.shape)} on {got.device} against {tuple(want.shape)} on {want.device}"
+            return (f"{tuple(got.shape)} on {got.device} against {tuple(want.shape)} "
+                    f"on {want.device}")
         return f"{int((got != want).sum())} of {want.numel()} values differ"
 
     assert out.dtype == torch.bfloat16 and out.is_cuda
