@@ -17,7 +17,7 @@ questions, one part each:
   rs          the same product with A from registers (the "RS" form: P V and dS K would
               take P and dS from the registers that hold them), for two guesses at
               which thread holds which A element; prints the one that gives A B^T.
-  throughput  tensor work per second: wgmma m64nNk8 (N = 64, 128, 256) in a loop on
+  throughput  tensor work per second: wgmma m64nNk8 (N = 32, 64, 128, 256) in a loop on
               tiles held in shared memory, against mma.sync m16n8k8 (what every
               float32 kernel uses now), each on enough blocks to fill the GPU.
 
@@ -418,7 +418,7 @@ def part_throughput():
     sms = cuda.get_current_device().MULTIPROCESSOR_COUNT
     print(f"== throughput: TF32 tensor work a second ({sms} SMs), best of 5 launches")
     iters = 2000
-    for n in (64, 128, 256):
+    for n in (32, 64, 128, 256):
         for per_sm in (1, 2):
             try:
                 k = make_k_wgmma_loop(n, iters)
