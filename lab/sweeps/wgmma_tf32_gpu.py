@@ -12,7 +12,7 @@ questions, one part each:
               matrices and both readings of the descriptor's two byte offsets; prints
               which reading gives A B^T, and where each accumulator landed otherwise.
   accuracy    3xTF32 through wgmma (big*big, big*small, small*big, the small products in
-              their own accumulator) on a 64 x 64 x 64 product of random float32, its
+              their own accumulator) on a 64 x 64 x 32 product of random float32, its
               error against float64 beside a plain float32 sum's.
   rs          the same product with A from registers (the "RS" form: P V and dS K would
               take P and dS from the registers that hold them), for two guesses at
@@ -195,28 +195,29 @@ def part_layout():
     return found
 
 
-# --- accuracy: 3xTF32 over K = 64 ------------------------------------------------------------
+# --- accuracy: 3xTF32 over K = 32 ------------------------------------------------------------
 
 def make_k_3x(lbo, sbo, k_step_bytes):
-    """D = A B^T for 64 x 64 x 64 float32 tiles by 3xTF32 on wgmma: big*big into acc, the
-    two cross products into their own accumulator (as the mma.sync kernels do), summed at
-    the end. The four parts sit in shared memory, each 16 KB."""
+    """D = A B^T for 64 x 32 float32 tiles A and B by 3xTF32 on wgmma: big*big into acc,
+    the two cross products into their own accumulator (as the mma.sync kernels do),
+    summed at the end. The four parts sit in shared memory, 8 KB each (32 KB in all: the
+    48 KB of static shared memory a block may have)."""
     @cuda.jit
     def k_3x(parts, out):
-        S = cuda.shared.array(4 * 4096 + 32, numba.float32)
+        S = cuda.shared.array(4 * 2048 + 32, numba.float32)
         o = aligned_start(S)
         t = cuda.threadIdx.x
-        for i in range(t, 4 * 4096, 128):
+        for i in range(t, 4 * 2048, 128):
             S[o + i] = parts[i]
         fence_proxy_async()
         cuda.syncthreads()
         base = shared_address(S) + numba.uint32(4) * numba.uint32(o)
-        ab, asm, bb, bs = (base, base + numba.uint32(16384), base + numba.uint32(32768),
-                           base + numba.uint32(49152))
+        ab, asm, bb, bs = (base, base + numba.uint32(8192), base + numba.uint32(16384),
+                           base + numba.uint32(24576))
         big = ZERO32()
         small = ZERO32()
         probe.wgmma_fence()
-        for s in range(8):
+        for s in range(4):
             step = numba.uint32(s * k_step_bytes)
             big = WG64(big, descriptor(ab + step, lbo, sbo), descriptor(bb + step, lbo, sbo),
                        numba.uint32(s))
@@ -239,32 +240,33 @@ def tf32(x):
 
 
 def part_accuracy(found):
-    print("== accuracy: 3xTF32 through wgmma, (64 x 64) (64 x 64)^T of random float32")
+    print("== accuracy: 3xTF32 through wgmma, (64 x 32) (64 x 32)^T of random float32")
     if found is None:
         print("  skipped: no descriptor reading was exact")
         return
     row_stride_8, k_stride, lbo, sbo = found
-    # A 64 x 64 tile: 16 cores along K; keep the found reading's roles, scaled to K = 64.
+    # A 64 x 32 tile: 8 cores along K; keep the found reading's roles, scaled to K = 32.
     if k_stride == 128:                      # cores along K adjacent
-        row_stride, kstep = 16 * 128, 128
+        row_stride, kstep = 8 * 128, 128
     else:                                    # cores along rows adjacent
         row_stride, kstep = 128, 8 * 128
     lbo2, sbo2 = (kstep, row_stride) if lbo == k_stride else (row_stride, kstep)
+    kernel = make_k_3x(lbo2, sbo2, 2 * kstep)
     rows, cols = fragment_places()
     rng = np.random.default_rng(1)
     for trial in range(3):
-        A = rng.standard_normal((64, 64)).astype(np.float32)
-        B = rng.standard_normal((64, 64)).astype(np.float32)
+        A = rng.standard_normal((64, 32)).astype(np.float32)
+        B = rng.standard_normal((64, 32)).astype(np.float32)
         parts = []
         for X in (A, B):
             big = tf32(X)
             small = tf32(X - big)
             parts.append((big, small))
-        flat = np.concatenate([place(p, row_stride, kstep, 4096)
+        flat = np.concatenate([place(p, row_stride, kstep, 2048)
                                for p in (parts[0][0], parts[0][1], parts[1][0],
                                          parts[1][1])])
         out = cuda.device_array((128, 32), np.float32)
-        make_k_3x(lbo2, sbo2, 2 * kstep)[1, 128](cuda.to_device(flat), out)
+        kernel[1, 128](cuda.to_device(flat), out)
         got = out.copy_to_host()
         want = (A.astype(np.float64) @ B.astype(np.float64).T)[rows, cols]
         f32 = (A @ B.T)[rows, cols]
