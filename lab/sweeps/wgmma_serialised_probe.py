@@ -38,8 +38,8 @@ def link(fn, name):
           + ("; ".join(n.split(" in the function")[0].strip() for n in notes) or "no note"))
 
 
-def wgmma_loop(out, scale):
-    S = cuda.shared.array(4096, numba.float32)
+@cuda.jit(device=True, inline=True)
+def wgmma_body(S, out):
     base = w.shared_address(S)
     acc = ZERO()
     probe.wgmma_fence()
@@ -50,6 +50,11 @@ def wgmma_loop(out, scale):
         probe.wgmma_wait0()
     for i in range(32):
         out[i] = acc[i]
+
+
+def wgmma_loop(out, scale):
+    S = cuda.shared.array(4096, numba.float32)
+    wgmma_body(S, out)
 
 
 def dynamic_index_sum(out, scale):
@@ -82,20 +87,6 @@ def fill_step_block_size(out, scale):
     w.fence_proxy_async()
     cuda.syncthreads()
     wgmma_body(S, out)
-
-
-@cuda.jit(device=True, inline=True)
-def wgmma_body(S, out):
-    base = w.shared_address(S)
-    acc = ZERO()
-    probe.wgmma_fence()
-    for it in range(100):
-        acc = MMA(acc, w.descriptor(base, 128, 1024), w.descriptor(base, 128, 1024),
-                  numba.uint32(1))
-        probe.wgmma_commit()
-        probe.wgmma_wait0()
-    for i in range(32):
-        out[i] = acc[i]
 
 
 if __name__ == "__main__":
