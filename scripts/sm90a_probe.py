@@ -134,32 +134,35 @@ N_ACC = 32
 ACC = types.UniTuple(types.float32, N_ACC)
 
 
-def accumulator_operands():
-    regs = ", ".join(f"${i}" for i in range(N_ACC))
-    constraints = ",".join(["=f"] * N_ACC + [str(i) for i in range(N_ACC)])
+def accumulator_operands(count=N_ACC):
+    regs = ", ".join(f"${i}" for i in range(count))
+    constraints = ",".join(["=f"] * count + [str(i) for i in range(count)])
     return "{" + regs + "}", constraints
 
 
-def wgmma_ss(kind):
+def wgmma_ss(kind, n=64):
     """An intrinsic (acc, desc_a, desc_b, scale_d) -> acc for one SS wgmma of ``kind``:
-    "f16" (m64n64k16, float16 inputs) or "tf32" (m64n64k8). scale_d = 0 ignores acc."""
-    regs, constraints = accumulator_operands()
-    a, b, s = f"${2 * N_ACC}", f"${2 * N_ACC + 1}", f"${2 * N_ACC + 2}"
+    "f16" (m64nNk16, float16 inputs) or "tf32" (m64nNk8), N = ``n``; acc is a
+    UniTuple(float32, n // 2). scale_d = 0 ignores acc."""
+    count = n // 2
+    acc_t = types.UniTuple(types.float32, count)
+    regs, constraints = accumulator_operands(count)
+    a, b, s = f"${2 * count}", f"${2 * count + 1}", f"${2 * count + 2}"
     if kind == "f16":   # imm-scale-a, imm-scale-b, imm-trans-a, imm-trans-b
-        tail, shape = "1, 1, 0, 0", "m64n64k16.f32.f16.f16"
+        tail, shape = "1, 1, 0, 0", f"m64n{n}k16.f32.f16.f16"
     else:               # tf32 takes no transpose immediates (K-major only)
-        tail, shape = "1, 1", "m64n64k8.f32.tf32.tf32"
+        tail, shape = "1, 1", f"m64n{n}k8.f32.tf32.tf32"
     text = ("{ .reg .pred p; setp.ne.b32 p, " + s + ", 0;\n\t"
             f"wgmma.mma_async.sync.aligned.{shape} {regs}, {a}, {b}, p, {tail}; }}")
     constraints += ",l,l,r,~{memory}"
 
     @intrinsic
     def mma(typingctx, acc, desc_a, desc_b, scale_d):
-        sig = ACC(ACC, types.uint64, types.uint64, types.uint32)
+        sig = acc_t(acc_t, types.uint64, types.uint64, types.uint32)
 
         def codegen(context, builder, sig, args):
-            accs = [builder.extract_value(args[0], i) for i in range(N_ACC)]
-            outs = call_asm(builder, text, constraints, [F32] * N_ACC, accs + list(args[1:]))
+            accs = [builder.extract_value(args[0], i) for i in range(count)]
+            outs = call_asm(builder, text, constraints, [F32] * count, accs + list(args[1:]))
             return context.make_tuple(builder, sig.return_type, outs)
         return sig, codegen
     return mma
@@ -194,13 +197,19 @@ def wgmma_rs(kind):
     return mma
 
 
-@intrinsic
-def zero_accumulators(typingctx):
-    """A UniTuple(float32, 32) of zeros (Numba cannot repeat a tuple)."""
-    def codegen(context, builder, sig, args):
-        zero = ir.Constant(F32, 0.0)
-        return context.make_tuple(builder, sig.return_type, [zero] * N_ACC)
-    return ACC(), codegen
+def zeros(count):
+    """An intrinsic () -> a UniTuple(float32, count) of zeros (Numba cannot repeat a
+    tuple)."""
+    @intrinsic
+    def make(typingctx):
+        def codegen(context, builder, sig, args):
+            return context.make_tuple(builder, sig.return_type,
+                                      [ir.Constant(F32, 0.0)] * count)
+        return types.UniTuple(types.float32, count)(), codegen
+    return make
+
+
+zero_accumulators = zeros(N_ACC)
 
 
 wgmma_f16_ss = wgmma_ss("f16")

@@ -22,7 +22,7 @@ from numba.cuda.cudadrv import driver  # noqa: E402
 import wgmma_tf32_gpu as w  # noqa: E402
 
 probe = w.probe
-MMA, _ = w.wgmma_tf32_ss(64)
+MMA = w.wgmma_tf32_ss(64)
 ZERO = w.zeros(32)
 F32A = types.float32[::1]
 

@@ -29,6 +29,7 @@ assemble.
 """
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -38,56 +39,19 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts"))
 
 import numba  # noqa: E402
-from llvmlite import ir  # noqa: E402
-from numba import cuda, types  # noqa: E402
-from numba.core.extending import intrinsic  # noqa: E402
+from numba import cuda  # noqa: E402
 
 import sm90a_probe as probe  # noqa: E402
 from numbaflash.kernels import ptx  # noqa: E402
-
-F32 = ir.FloatType()
+from numbaflash.kernels.simulated import tf32_round_finite  # noqa: E402
 
 fence_proxy_async = probe.void_asm("fence.proxy.async.shared::cta;")
 
 
-# --- wgmma m64nNk8 TF32, both operands from shared memory, N a parameter -------------------
-
-def wgmma_tf32_ss(n):
-    """(acc, desc_a, desc_b, scale_d) -> acc, acc a UniTuple(float32, n // 2)."""
-    count = n // 2
-    acc_t = types.UniTuple(types.float32, count)
-    regs = "{" + ", ".join(f"${i}" for i in range(count)) + "}"
-    constraints = ",".join(["=f"] * count + [str(i) for i in range(count)]) + ",l,l,r,~{memory}"
-    a, b, s = f"${2 * count}", f"${2 * count + 1}", f"${2 * count + 2}"
-    text = ("{ .reg .pred p; setp.ne.b32 p, " + s + ", 0;\n\t"
-            f"wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32 {regs}, {a}, {b}, p, 1, 1; }}")
-
-    @intrinsic
-    def mma(typingctx, acc, desc_a, desc_b, scale_d):
-        sig = acc_t(acc_t, types.uint64, types.uint64, types.uint32)
-
-        def codegen(context, builder, sig, args):
-            accs = [builder.extract_value(args[0], i) for i in range(count)]
-            outs = probe.call_asm(builder, text, constraints, [F32] * count,
-                                  accs + list(args[1:]))
-            return context.make_tuple(builder, sig.return_type, outs)
-        return sig, codegen
-    return mma, acc_t
-
-
-def zeros(count):
-    acc_t = types.UniTuple(types.float32, count)
-
-    @intrinsic
-    def make(typingctx):
-        def codegen(context, builder, sig, args):
-            return context.make_tuple(builder, sig.return_type,
-                                      [ir.Constant(F32, 0.0)] * count)
-        return acc_t(), codegen
-    return make
-
-
-WG64, ACC64 = wgmma_tf32_ss(64)
+# m64nNk8 TF32 with both operands from shared memory (scripts/sm90a_probe.py's)
+wgmma_tf32_ss = functools.partial(probe.wgmma_ss, "tf32")
+zeros = probe.zeros
+WG64 = wgmma_tf32_ss(64)
 ZERO32 = zeros(32)
 descriptor = probe.descriptor_dev
 shared_address = probe.shared_address
@@ -232,13 +196,6 @@ def make_k_3x(lbo, sbo, k_step_bytes):
     return k_3x
 
 
-def tf32(x):
-    """Round to nearest TF32 (10 stored mantissa bits), ties away: as cvt.rna.tf32.f32."""
-    bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
-    bits = (bits + 0x1000) & 0xFFFFE000
-    return bits.astype(np.uint32).view(np.float32)
-
-
 def part_accuracy(found):
     print("== accuracy: 3xTF32 through wgmma, (64 x 32) (64 x 32)^T of random float32")
     if found is None:
@@ -259,8 +216,8 @@ def part_accuracy(found):
         B = rng.standard_normal((64, 32)).astype(np.float32)
         parts = []
         for X in (A, B):
-            big = tf32(X)
-            small = tf32(X - big)
+            big = tf32_round_finite(X)          # the GPU kernels' split, on the host
+            small = tf32_round_finite(X - big)
             parts.append((big, small))
         flat = np.concatenate([place(p, row_stride, kstep, 2048)
                                for p in (parts[0][0], parts[0][1], parts[1][0],
@@ -344,7 +301,7 @@ def part_rs(found):
 # --- throughput ------------------------------------------------------------------------------
 
 def make_k_wgmma_loop(n, iters):
-    mma, acc_t = wgmma_tf32_ss(n)
+    mma = wgmma_tf32_ss(n)
     zero = zeros(n // 2)
     count = n // 2
     # A: 64 x 32 (8 KB), B: n x 32; cores along K adjacent, 8 cores a row group.
